@@ -1,0 +1,63 @@
+"""DHT key schema.
+
+Every key is ``"<swarm>/<model>/<kind>"``: the swarm id and the model come first so that two
+swarms (or two models in one swarm) sharing a DHT never read each other's records. Each kind
+is one DHT *dictionary* key whose subkeys are owned by the signer of the record stored there
+(see :mod:`p2pserve.dht.signing`), so one peer / coordinator owns exactly one entry per kind.
+
+Pure string functions; no hivemind import.
+"""
+
+from __future__ import annotations
+
+import re
+from enum import Enum
+
+from p2pserve.errors import ConfigError
+
+# Swarm ids and model names become part of DHT keys; keep them printable and separator-free so
+# that "a/b" + "c" can never collide with "a" + "b/c".
+_NAME_RE = re.compile(r"^[A-Za-z0-9._:@+=-]{1,128}$")
+
+
+class RecordKind(str, Enum):
+    """The four record kinds stored in the DHT (one dictionary key each per swarm+model)."""
+
+    PEERS = "peers"
+    LINKS = "links"
+    COORDINATORS = "coordinators"
+    PLAN = "plan"
+
+
+def check_name(value: str, what: str) -> str:
+    """Return ``value`` if it is a valid swarm id / model name, else raise ``ConfigError``."""
+    if not isinstance(value, str) or not _NAME_RE.match(value):
+        raise ConfigError(
+            f"invalid {what} {value!r}: use 1-128 characters from letters, digits and ._:@+=- "
+            "(no '/', it separates key parts)"
+        )
+    return value
+
+
+def model_slug(model: str) -> str:
+    """Turn a model name or Hugging Face repo id into a key-safe name ("org/name" -> "org--name")."""
+    slug = model.strip().replace("/", "--")
+    return check_name(slug, "model name")
+
+
+def record_key(swarm: str, model: str, kind: RecordKind | str) -> str:
+    """The DHT key holding all records of ``kind`` for ``model`` in ``swarm``."""
+    kind = RecordKind(kind)
+    return f"{check_name(swarm, 'swarm id')}/{model_slug(model)}/{kind.value}"
+
+
+def parse_key(key: str) -> tuple[str, str, RecordKind]:
+    """Inverse of :func:`record_key`: ``(swarm, model_slug, kind)``; ``ConfigError`` if malformed."""
+    parts = key.split("/")
+    if len(parts) != 3:
+        raise ConfigError(f"not a p2pserve DHT key: {key!r}")
+    swarm, slug, kind = parts
+    try:
+        return check_name(swarm, "swarm id"), check_name(slug, "model name"), RecordKind(kind)
+    except ValueError as e:
+        raise ConfigError(f"not a p2pserve DHT key: {key!r}") from e

@@ -1,0 +1,320 @@
+"""Typed DHT records: ``PeerInfo``, ``LinkInfo``, ``CoordinatorCandidate``, ``Plan``.
+
+Records are ``msgspec.Struct``s encoded as MessagePack (never pickle). Decoding untrusted bytes
+goes through :func:`decode_record`, which checks field types (msgspec) and then the record's own
+``validate()``, which rejects absurd figures with a human-readable reason. Nothing here does I/O.
+
+Every record carries a ``schema`` version. A reader accepts only ``schema == SCHEMA_VERSION``
+for now; a later version bump must keep readers of the old one working for a release.
+
+Layer ranges are half-open ``(start, end)`` pairs, i.e. layers ``start .. end-1``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal, Optional, TypeVar, Union
+
+import msgspec
+
+from p2pserve.errors import MalformedFrameError
+
+SCHEMA_VERSION = 1
+
+# Sanity bounds. They are deliberately generous (a record within them may still be wrong) but
+# they stop a single buggy or hostile peer from poisoning the planner with figures that would
+# dominate any max-flow (10^12 tokens/s) or break arithmetic (negative memory, NaN).
+MAX_LAYERS = 4096
+MAX_MEMORY_BYTES = 1 << 50  # 1 PiB: far beyond any single peer
+MAX_TOKENS_PER_S = 1e8  # per peer, for one layer: ~1000x a fast GPU today
+MAX_BANDWIDTH_BYTES_S = 1e12  # 8 Tbit/s
+MAX_RTT_S = 60.0
+MAX_TOKENS = 1 << 40
+MAX_ADDRS = 32
+MAX_STR = 512
+MAX_LINKS = 4096
+MAX_PEERS_IN_PLAN = 4096
+MAX_FLOWS = 1 << 17
+
+PeerState = Literal["joining", "loading", "serving", "draining"]
+PEER_STATES: tuple[str, ...] = ("joining", "loading", "serving", "draining")
+# A pseudo-node name used in Plan.flows for the clients' side of the graph.
+SOURCE = "source"
+SINK = "sink"
+
+LayerSpan = tuple[int, int]
+
+
+class RecordRejected(MalformedFrameError):
+    """A record decoded fine but its contents are not acceptable; ``reason`` says why."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+def ttl_for(refresh_period: float, max_clock_skew: float) -> float:
+    """Lifetime of a record refreshed every ``refresh_period`` seconds.
+
+    Two periods so that one late refresh does not make a live record vanish, and never less
+    than the tolerated clock skew between nodes, since expirations are absolute DHT times.
+    """
+    return max(2.0 * refresh_period, max_clock_skew)
+
+
+# ---------------------------------------------------------------------------------------------
+# small validation helpers: each returns None or raises RecordRejected with a reason
+
+
+def _finite(name: str, x: float, lo: float, hi: float) -> None:
+    if not isinstance(x, (int, float)) or isinstance(x, bool) or not math.isfinite(x) or not lo <= x <= hi:
+        raise RecordRejected(f"{name}={x!r} outside [{lo:g}, {hi:g}]")
+
+
+def _int(name: str, x: int, lo: int, hi: int) -> None:
+    if not lo <= x <= hi:
+        raise RecordRejected(f"{name}={x!r} outside [{lo}, {hi}]")
+
+
+def _str(name: str, s: str, *, allow_empty: bool = False) -> None:
+    if (not s and not allow_empty) or len(s) > MAX_STR:
+        raise RecordRejected(f"{name} must be 1-{MAX_STR} characters, got {len(s)}")
+
+
+def check_span(name: str, span: Optional[LayerSpan], num_layers: Optional[int] = None) -> None:
+    """Reject a half-open layer range that is empty, reversed or out of bounds."""
+    if span is None:
+        return
+    start, end = span
+    upper = MAX_LAYERS if num_layers is None else num_layers
+    if not 0 <= start < end <= upper:
+        raise RecordRejected(f"{name}=[{start}, {end}) is not a valid range within [0, {upper})")
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+class PeerInfo(msgspec.Struct, kw_only=True, frozen=True):
+    """What a peer announces about itself (refreshed every few seconds).
+
+    ``throughput_decode[j-1]`` / ``throughput_prefill[j-1]`` are tokens/s when the peer holds
+    ``j`` layers (Helix's T[j]); both tables have ``max_layers`` entries or are empty while the
+    peer has not profiled yet.
+    """
+
+    schema: int = SCHEMA_VERSION
+    model: str
+    peer_id: str  # libp2p peer id (base58) of the peer's DHT/P2P node
+    addrs: list[str] = []
+    device: str = "unknown"
+    weights_memory_bytes: int = 0
+    kv_memory_bytes: int = 0
+    dtype: str = "float16"
+    throughput_decode: list[float] = []
+    throughput_prefill: list[float] = []
+    max_layers: int = 0
+    serving: Optional[LayerSpan] = None
+    loading: Optional[LayerSpan] = None
+    state: PeerState = "joining"
+    kv_free_tokens: int = 0
+    queued_tokens: int = 0
+    version: str = ""
+    relayed: bool = False
+    timestamp: float = 0.0  # DHT time of this announcement
+
+    def validate(self, num_layers: Optional[int] = None) -> None:
+        """Raise :class:`RecordRejected` if any figure is absurd or inconsistent."""
+        _check_schema(self.schema)
+        _str("model", self.model)
+        _str("peer_id", self.peer_id)
+        if len(self.addrs) > MAX_ADDRS:
+            raise RecordRejected(f"{len(self.addrs)} addrs, at most {MAX_ADDRS}")
+        for a in self.addrs:
+            _str("addr", a)
+        _str("device", self.device)
+        _str("dtype", self.dtype)
+        _str("version", self.version, allow_empty=True)
+        _int("weights_memory_bytes", self.weights_memory_bytes, 0, MAX_MEMORY_BYTES)
+        _int("kv_memory_bytes", self.kv_memory_bytes, 0, MAX_MEMORY_BYTES)
+        _int("max_layers", self.max_layers, 0, MAX_LAYERS if num_layers is None else num_layers)
+        for name, table in (("throughput_decode", self.throughput_decode), ("throughput_prefill", self.throughput_prefill)):
+            if table and len(table) != self.max_layers:
+                raise RecordRejected(f"{name} has {len(table)} entries but max_layers={self.max_layers}")
+            for j, t in enumerate(table, start=1):
+                _finite(f"{name}[{j}]", t, 0.0, MAX_TOKENS_PER_S)
+        check_span("serving", self.serving, num_layers)
+        check_span("loading", self.loading, num_layers)
+        for name, span in (("serving", self.serving), ("loading", self.loading)):
+            if span is not None and self.max_layers and span[1] - span[0] > self.max_layers:
+                raise RecordRejected(f"{name} holds {span[1] - span[0]} layers but max_layers={self.max_layers}")
+        if self.state == "serving" and self.serving is None:
+            raise RecordRejected("state=serving without a serving range")
+        if self.state == "loading" and self.loading is None:
+            raise RecordRejected("state=loading without a loading range")
+        _int("kv_free_tokens", self.kv_free_tokens, 0, MAX_TOKENS)
+        _int("queued_tokens", self.queued_tokens, 0, MAX_TOKENS)
+        _finite("timestamp", self.timestamp, 0.0, 1e11)
+
+    def decode_rate(self, n_layers: int) -> float:
+        """Decode tokens/s when holding ``n_layers`` layers (0 if unknown)."""
+        if 1 <= n_layers <= len(self.throughput_decode):
+            return self.throughput_decode[n_layers - 1]
+        return 0.0
+
+
+class LinkStat(msgspec.Struct, kw_only=True, frozen=True, array_like=True):
+    """One measured link: bandwidth in bytes/s, round-trip time in seconds, when measured."""
+
+    bandwidth: float
+    rtt: float
+    measured_at: float = 0.0
+
+
+class LinkInfo(msgspec.Struct, kw_only=True, frozen=True):
+    """Links measured by ``peer_id`` to other peers (refreshed less often than PeerInfo)."""
+
+    schema: int = SCHEMA_VERSION
+    model: str
+    peer_id: str
+    links: dict[str, LinkStat] = {}
+    timestamp: float = 0.0
+
+    def validate(self) -> None:
+        """Raise :class:`RecordRejected` on absurd bandwidth / RTT or too many entries."""
+        _check_schema(self.schema)
+        _str("model", self.model)
+        _str("peer_id", self.peer_id)
+        if len(self.links) > MAX_LINKS:
+            raise RecordRejected(f"{len(self.links)} links, at most {MAX_LINKS}")
+        for other, stat in self.links.items():
+            _str("link peer id", other)
+            if other == self.peer_id:
+                raise RecordRejected("a link to itself")
+            _finite(f"bandwidth to {other}", stat.bandwidth, 0.0, MAX_BANDWIDTH_BYTES_S)
+            _finite(f"rtt to {other}", stat.rtt, 0.0, MAX_RTT_S)
+            _finite(f"measured_at for {other}", stat.measured_at, 0.0, 1e11)
+        _finite("timestamp", self.timestamp, 0.0, 1e11)
+
+
+class CoordinatorCandidate(msgspec.Struct, kw_only=True, frozen=True):
+    """An election candidate. ``public_key`` must be the key that signed the record."""
+
+    schema: int = SCHEMA_VERSION
+    model: str
+    coordinator_id: str
+    priority: int = 0
+    start_time: float
+    public_key: str  # OpenSSH text ("ssh-rsa AAAA...")
+
+    def validate(self) -> None:
+        """Raise :class:`RecordRejected` on malformed fields."""
+        _check_schema(self.schema)
+        _str("model", self.model)
+        _str("coordinator_id", self.coordinator_id)
+        _int("priority", self.priority, -(1 << 31), (1 << 31) - 1)
+        _finite("start_time", self.start_time, 0.0, 1e11)
+        if not self.public_key or len(self.public_key) > 4096:
+            raise RecordRejected("public_key missing or too long")
+
+
+class Flow(msgspec.Struct, frozen=True, array_like=True):
+    """Tokens/s routed from ``src`` to ``dst`` (peer ids, or ``"source"`` / ``"sink"``)."""
+
+    src: str
+    dst: str
+    rate: float
+
+
+class Plan(msgspec.Struct, kw_only=True, frozen=True):
+    """A placement and routing plan published by the elected coordinator.
+
+    ``targets`` is where each peer *should* be (it loads, then flips); ``spans`` is what each
+    peer *serves now* and the graph ``flows`` were computed over, so a client following
+    ``flows`` never reaches a range that is not loaded.
+    """
+
+    schema: int = SCHEMA_VERSION
+    model: str
+    epoch: int
+    leader_id: str
+    num_layers: int
+    targets: dict[str, LayerSpan] = {}
+    spans: dict[str, LayerSpan] = {}
+    flows: list[Flow] = []
+    max_flow: float = 0.0
+    upper_bound: float = 0.0
+    solve_time: float = 0.0
+    defaulted_links: list[tuple[str, str]] = []
+    created_at: float = 0.0
+    reason: str = ""
+
+    def validate(self) -> None:
+        """Raise :class:`RecordRejected` on malformed ranges, negative flows, absurd sizes."""
+        _check_schema(self.schema)
+        _str("model", self.model)
+        _str("leader_id", self.leader_id)
+        _int("epoch", self.epoch, 0, 1 << 62)
+        _int("num_layers", self.num_layers, 1, MAX_LAYERS)
+        if len(self.targets) > MAX_PEERS_IN_PLAN or len(self.spans) > MAX_PEERS_IN_PLAN:
+            raise RecordRejected("too many peers in plan")
+        if len(self.flows) > MAX_FLOWS or len(self.defaulted_links) > MAX_FLOWS:
+            raise RecordRejected("too many flows in plan")
+        for peer, span in self.targets.items():
+            check_span(f"target of {peer}", span, self.num_layers)
+        for peer, span in self.spans.items():
+            check_span(f"span of {peer}", span, self.num_layers)
+        for f in self.flows:
+            _finite(f"flow {f.src}->{f.dst}", f.rate, 0.0, MAX_TOKENS_PER_S * MAX_LAYERS)
+            for end in (f.src, f.dst):
+                if end not in (SOURCE, SINK) and end not in self.spans:
+                    raise RecordRejected(f"flow {f.src}->{f.dst} names {end}, which serves nothing in this plan")
+        for name, x in (("max_flow", self.max_flow), ("upper_bound", self.upper_bound), ("solve_time", self.solve_time)):
+            _finite(name, x, 0.0, 1e12)
+        _finite("created_at", self.created_at, 0.0, 1e11)
+
+    def coverage(self, use_targets: bool = False) -> list[int]:
+        """How many peers hold each layer (in ``spans``, or in ``targets`` if asked)."""
+        cover = [0] * self.num_layers
+        for start, end in (self.targets if use_targets else self.spans).values():
+            for layer in range(start, end):
+                cover[layer] += 1
+        return cover
+
+
+def _check_schema(schema: int) -> None:
+    if schema != SCHEMA_VERSION:
+        raise RecordRejected(f"schema {schema} not supported (this build reads {SCHEMA_VERSION})")
+
+
+Record = Union[PeerInfo, LinkInfo, CoordinatorCandidate, Plan]
+R = TypeVar("R", PeerInfo, LinkInfo, CoordinatorCandidate, Plan)
+
+_ENCODER = msgspec.msgpack.Encoder()
+_DECODERS: dict[type, msgspec.msgpack.Decoder] = {}
+MAX_RECORD_BYTES = 4 << 20  # a 4096-peer plan is well under this
+
+
+def encode_record(record: Record) -> bytes:
+    """MessagePack bytes of a record (no signature; the DHT validator appends that)."""
+    return _ENCODER.encode(record)
+
+
+def decode_record(data: bytes, cls: type[R]) -> R:
+    """Decode and validate untrusted bytes into ``cls``.
+
+    Raises :class:`MalformedFrameError` (bad MessagePack / wrong field types) or
+    :class:`RecordRejected` (decoded, but figures out of bounds), each with a reason.
+    """
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise MalformedFrameError(f"expected bytes, got {type(data).__name__}")
+    if len(data) > MAX_RECORD_BYTES:
+        raise MalformedFrameError(f"record of {len(data)} bytes exceeds {MAX_RECORD_BYTES}")
+    dec = _DECODERS.get(cls)
+    if dec is None:
+        dec = _DECODERS[cls] = msgspec.msgpack.Decoder(cls)
+    try:
+        record = dec.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        raise MalformedFrameError(f"not a valid {cls.__name__}: {e}") from e
+    record.validate()
+    return record

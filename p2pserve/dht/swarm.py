@@ -1,0 +1,289 @@
+"""``Swarm``: the thin async shell over ``hivemind.DHT`` for one swarm + model.
+
+Writes go under this node's owner subkey (signed by the DHT's validator); reads decode every
+entry into a typed record, validate it and drop what fails with a logged reason. All policy
+(who leads, which plan wins, what a record may contain) lives in the pure modules
+:mod:`records`, :mod:`election`, :mod:`signing`; this file only moves bytes.
+
+Typical use (a peer)::
+
+    swarm = await Swarm.create(DHTConfig(model="llama", initial_peers=(...,)))
+    await swarm.announce_peer(PeerInfo(model=..., peer_id=swarm.peer_id, ...))
+    plan = await swarm.get_plan()          # SignedPlan | None
+    await swarm.withdraw_all(); swarm.shutdown()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import Callable, Generic, Optional, TypeVar
+
+import hivemind
+from hivemind.utils import get_dht_time
+
+from p2pserve.dht import keys
+from p2pserve.dht.config import DHTConfig
+from p2pserve.dht.election import SignedPlan, choose_plan
+from p2pserve.dht.records import (
+    CoordinatorCandidate,
+    LinkInfo,
+    PeerInfo,
+    Plan,
+    Record,
+    RecordRejected,
+    decode_record,
+    encode_record,
+)
+from p2pserve.dht.signing import (
+    LoggingSignatureValidator,
+    is_trusted,
+    load_or_create_key,
+    normalize_public_key,
+    owner_of_subkey,
+    owner_subkey,
+    public_key_text,
+    trusted_set,
+)
+from p2pserve.errors import ConfigError, MalformedFrameError
+
+logger = logging.getLogger(__name__)
+
+R = TypeVar("R")
+TOMBSTONE = b""  # what withdraw() stores: an empty value, ignored by readers
+
+
+@dataclass(frozen=True)
+class Signed(Generic[R]):
+    """A validated record, the public key that signed it and its DHT expiration time."""
+
+    record: R
+    signer: str
+    expiration: float
+
+
+class RejectLog:
+    """Logs each (signer, reason) rejection at most once per ``interval`` seconds."""
+
+    def __init__(self, interval: float, clock: Callable[[], float] = time.monotonic):
+        self._interval = interval
+        self._clock = clock
+        self._last: dict[tuple[str, str], float] = {}
+        self.count = 0  # total rejections seen, for tests and status
+
+    def reject(self, kind: str, signer: Optional[str], reason: str) -> None:
+        """Record one rejection; logs a WARNING unless the same one was logged recently."""
+        self.count += 1
+        who = f"...{signer[-12:]}" if signer else "<no owner>"
+        now = self._clock()
+        k = (f"{kind}:{signer}", reason)
+        if now - self._last.get(k, -1e18) >= self._interval:
+            if len(self._last) > 10_000:
+                self._last.clear()
+            self._last[k] = now
+            logger.warning(f"ignored {kind} record signed by {who}: {reason}")
+
+
+class Swarm:
+    """One node's handle on the records of one model in one swarm.
+
+    ``__init__`` does no I/O; use :meth:`create` to start a DHT node, or pass an existing one.
+    """
+
+    def __init__(
+        self,
+        config: DHTConfig,
+        dht: hivemind.DHT,
+        private_key,
+        *,
+        clock: Callable[[], float] = get_dht_time,
+    ):
+        self.config = config
+        self.dht = dht
+        self._key = private_key
+        self._subkey = owner_subkey(private_key)
+        self.public_key = public_key_text(private_key)
+        self._clock = clock
+        self._trusted = trusted_set(config.trusted_coordinators)
+        self._last_expiration: dict[keys.RecordKind, float] = {}
+        self.rejects = RejectLog(config.reject_log_interval)
+        self._keys = {kind: keys.record_key(config.swarm_id, config.model, kind) for kind in keys.RecordKind}
+
+    # ----------------------------------------------------------------------------- lifecycle
+
+    @staticmethod
+    def start_dht(config: DHTConfig, private_key) -> hivemind.DHT:
+        """Start a hivemind DHT node with our signature validator (blocks ~1-3 s)."""
+        kwargs = dict(
+            initial_peers=list(config.initial_peers),
+            start=True,
+            record_validators=[LoggingSignatureValidator(private_key)],
+            host_maddrs=list(config.host_maddrs),
+            use_relay=config.use_relay,
+            use_auto_relay=config.use_auto_relay,
+            client_mode=config.client_mode,
+        )
+        if config.announce_maddrs:
+            kwargs["announce_maddrs"] = list(config.announce_maddrs)
+        if config.identity_path:
+            kwargs["identity_path"] = config.identity_path
+        return hivemind.DHT(**kwargs)
+
+    @classmethod
+    def create(cls, config: DHTConfig, *, clock: Callable[[], float] = get_dht_time) -> "Swarm":
+        """Load (or create) the signing key and start a DHT node for ``config``."""
+        key = load_or_create_key(config.key_path)
+        return cls(config, cls.start_dht(config, key), key, clock=clock)
+
+    @property
+    def peer_id(self) -> str:
+        """This node's libp2p peer id (base58)."""
+        return self.dht.peer_id.to_base58()
+
+    def visible_maddrs(self) -> list[str]:
+        """Multiaddrs others can use as ``--initial-peers`` to reach this node."""
+        return [str(a) for a in self.dht.get_visible_maddrs()]
+
+    def shutdown(self) -> None:
+        """Stop the DHT node (records stay until they expire unless withdrawn first)."""
+        self.dht.shutdown()
+
+    # ----------------------------------------------------------------------------- writes
+
+    async def _put(self, kind: keys.RecordKind, value: bytes, ttl: float) -> bool:
+        # hivemind keeps the entry with the later expiration, so each write must expire later
+        # than the previous one (a refresh does by construction; a withdraw must take care)
+        expiration = max(self._clock() + ttl, self._last_expiration.get(kind, 0.0) + 1e-3)
+        self._last_expiration[kind] = expiration
+        fut = self.dht.store(
+            self._keys[kind], value, expiration_time=expiration, subkey=self._subkey, return_future=True
+        )
+        return bool(await asyncio.wait_for(asyncio.wrap_future(fut), self.config.rpc_timeout))
+
+    async def announce_peer(self, info: PeerInfo) -> bool:
+        """Store (or refresh) this node's PeerInfo; validated first so we never publish junk."""
+        info.validate()
+        return await self._put(keys.RecordKind.PEERS, encode_record(info), self.config.peer_ttl)
+
+    async def announce_links(self, info: LinkInfo) -> bool:
+        """Store (or refresh) this node's LinkInfo."""
+        info.validate()
+        return await self._put(keys.RecordKind.LINKS, encode_record(info), self.config.link_ttl)
+
+    async def announce_candidate(self, cand: CoordinatorCandidate) -> bool:
+        """Store (or refresh) this coordinator's candidacy."""
+        cand.validate()
+        if normalize_public_key(cand.public_key) != normalize_public_key(self.public_key):
+            raise ConfigError("a candidacy must carry this node's own public key")
+        return await self._put(keys.RecordKind.COORDINATORS, encode_record(cand), self.config.candidate_ttl)
+
+    async def publish_plan(self, plan: Plan) -> bool:
+        """Store (or refresh) the plan this coordinator leads with."""
+        plan.validate()
+        return await self._put(keys.RecordKind.PLAN, encode_record(plan), self.config.plan_ttl)
+
+    async def withdraw(self, kind: keys.RecordKind) -> bool:
+        """Replace this node's entry of ``kind`` by a short-lived tombstone."""
+        if kind not in self._last_expiration:
+            return True  # never announced
+        return await self._put(kind, TOMBSTONE, self.config.max_clock_skew + 1.0)
+
+    async def withdraw_all(self) -> None:
+        """Withdraw everything this node announced (called on shutdown)."""
+        for kind in list(self._last_expiration):
+            try:
+                await self.withdraw(kind)
+            except (asyncio.TimeoutError, OSError) as e:  # shutting down anyway; records will expire
+                logger.info(f"withdraw {kind.value} failed ({e!r}); it will expire on its own")
+
+    # ----------------------------------------------------------------------------- reads
+
+    async def _entries(self, kind: keys.RecordKind, cls: type) -> list[Signed]:
+        fut = self.dht.get(self._keys[kind], latest=True, return_future=True)
+        found = await asyncio.wait_for(asyncio.wrap_future(fut), self.config.rpc_timeout)
+        if found is None:
+            return []
+        value = found.value
+        if not isinstance(value, dict):
+            self.rejects.reject(kind.value, None, "key holds a plain value, expected owner subkeys")
+            return []
+        now = self._clock()
+        out = []
+        for subkey, item in value.items():
+            signer = owner_of_subkey(subkey)
+            if signer is None:
+                self.rejects.reject(kind.value, None, "subkey names no owner (unsigned record)")
+                continue
+            if item.expiration_time < now:
+                continue
+            if isinstance(item.value, (bytes, bytearray)) and len(item.value) == 0:
+                continue  # tombstone: withdrawn
+            try:
+                record = decode_record(item.value, cls)
+            except (RecordRejected, MalformedFrameError) as e:
+                self.rejects.reject(kind.value, signer, str(e))
+                continue
+            if getattr(record, "model", self.config.model) != self.config.model:
+                self.rejects.reject(kind.value, signer, f"record for model {record.model!r} under this model's key")
+                continue
+            out.append(Signed(record, signer, item.expiration_time))
+        return out
+
+    async def get_peers(self) -> dict[str, Signed[PeerInfo]]:
+        """Live, valid PeerInfo records by peer id.
+
+        If two signers claim one peer id (a restart with a new key, or an impostor), the newer
+        announcement wins and the conflict is logged.
+        """
+        out: dict[str, Signed[PeerInfo]] = {}
+        for s in await self._entries(keys.RecordKind.PEERS, PeerInfo):
+            pid = s.record.peer_id
+            if pid in out:
+                older, newer = sorted((out[pid], s), key=lambda x: x.record.timestamp)
+                self.rejects.reject("peers", older.signer, f"peer id {pid} also claimed by another key; using newer")
+                out[pid] = newer
+            else:
+                out[pid] = s
+        return out
+
+    async def get_links(self) -> dict[str, Signed[LinkInfo]]:
+        """Live, valid LinkInfo records by measuring peer id (newest wins on a conflict)."""
+        out: dict[str, Signed[LinkInfo]] = {}
+        for s in await self._entries(keys.RecordKind.LINKS, LinkInfo):
+            prev = out.get(s.record.peer_id)
+            if prev is None or prev.record.timestamp < s.record.timestamp:
+                out[s.record.peer_id] = s
+        return out
+
+    async def get_candidates(self) -> list[Signed[CoordinatorCandidate]]:
+        """Live coordinator candidacies whose declared key is their signer's (trusted only, if set)."""
+        out = []
+        for s in await self._entries(keys.RecordKind.COORDINATORS, CoordinatorCandidate):
+            try:
+                same = normalize_public_key(s.record.public_key) == normalize_public_key(s.signer)
+            except ConfigError:
+                same = False
+            if not same:
+                self.rejects.reject("coordinators", s.signer, "declared public key is not the signer's")
+                continue
+            if not is_trusted(s.signer, self._trusted):
+                self.rejects.reject("coordinators", s.signer, "coordinator key not in trusted_coordinators")
+                continue
+            out.append(s)
+        return out
+
+    async def get_plans(self) -> list[SignedPlan]:
+        """All live plans signed by trusted coordinators."""
+        out = []
+        for s in await self._entries(keys.RecordKind.PLAN, Plan):
+            if not is_trusted(s.signer, self._trusted):
+                self.rejects.reject("plan", s.signer, "plan signed by a key not in trusted_coordinators")
+                continue
+            out.append(SignedPlan(s.record, s.signer))
+        return out
+
+    async def get_plan(self) -> Optional[SignedPlan]:
+        """The plan to follow: highest epoch among trusted, valid plans (``None`` if none)."""
+        return choose_plan(await self.get_plans())
