@@ -1,0 +1,292 @@
+"""Link prober: bandwidth and RTT to other peers over hivemind P2P binary streams.
+
+Probes travel the transport activations use (a libp2p stream through the node's go-libp2p
+daemon), so they see what a hop will see, relays included.
+
+Wire format of the ``p2pserve.probe`` protocol, one stream per probe round, any number of
+requests on it::
+
+    request  := u32 big-endian length + MessagePack {"v": 1, "op": "ping"|"bulk", "n": int}
+    ping     -> reply frame {"ok": true}
+    bulk     -> the client then sends exactly n raw bytes; reply {"ok": true, "n": n}
+                or, before any payload is read, {"ok": false, "error": "..."} (too big / busy)
+
+Bandwidth = n / (time from first payload byte to reply - one RTT). Transfers grow (64 KiB,
+x4 each time, scaled by how far off the target the last one was) until one lasts at least
+``target_transfer_s`` or reaches ``max_probe_bytes``: a 10 Mbit/s link stops at the first
+64 KiB (~52 ms), a 10 Gbit/s one at 64 MiB (~54 ms).
+
+Rate limiting, so probing never starves serving: the server accepts at most
+``max_concurrent`` bulk transfers and ``server_bytes_per_s`` on average (token bucket), and
+answers "busy" otherwise; the client probes one peer at a time and each peer at most once per
+``min_interval_s``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterable, Optional
+
+import msgspec
+from hivemind.p2p import P2P, PeerID
+from hivemind.utils.multiaddr import Multiaddr
+
+from p2pserve.dht.records import LinkInfo, LinkStat
+from p2pserve.errors import MalformedFrameError, PayloadTooLargeError, ProtocolError
+
+logger = logging.getLogger(__name__)
+
+PROTOCOL = "p2pserve.probe"
+PROBE_VERSION = 1
+_MAX_HEADER = 1024
+_CHUNK = 1 << 16
+
+
+@dataclass(frozen=True)
+class ProberConfig:
+    """Sizes, targets and limits of link probing."""
+
+    min_probe_bytes: int = 64 << 10
+    max_probe_bytes: int = 64 << 20
+    target_transfer_s: float = 0.06
+    pings: int = 3
+    min_interval_s: float = 60.0  # per target
+    server_bytes_per_s: float = 200e6  # average probe bytes accepted per second
+    server_burst_bytes: int = 160 << 20
+    max_concurrent: int = 1
+    timeout_s: float = 10.0
+
+
+def next_probe_size(n: int, elapsed: float, cfg: ProberConfig) -> Optional[int]:
+    """Size of the next transfer after ``n`` bytes took ``elapsed`` s, or ``None`` when done.
+
+    Done when the transfer was long enough to trust or already at the cap. Otherwise grow toward
+    a transfer of ~1.5x the target, at least x2 and at most x16 per step.
+    """
+    if elapsed >= cfg.target_transfer_s or n >= cfg.max_probe_bytes:
+        return None
+    factor = 16.0 if elapsed <= 0 else 1.5 * cfg.target_transfer_s / elapsed
+    factor = min(16.0, max(2.0, factor))
+    return min(cfg.max_probe_bytes, int(n * factor))
+
+
+def bandwidth_from(n: int, elapsed: float, rtt: float) -> float:
+    """Bytes/s of an n-byte transfer that took ``elapsed`` s including one request/ack RTT."""
+    # never subtract more than half the transfer: on a tiny transfer the RTT estimate dominates
+    busy = max(elapsed - rtt, elapsed / 2, 1e-9)
+    return n / busy
+
+
+class TokenBucket:
+    """Average-rate limiter (bytes/s with a burst), injected clock."""
+
+    def __init__(self, rate: float, burst: float, clock: Callable[[], float] = time.monotonic):
+        self.rate, self.burst, self._clock = rate, burst, clock
+        self._level, self._t = burst, clock()
+
+    def take(self, amount: float) -> bool:
+        """Take ``amount`` if available now; returns whether it was."""
+        now = self._clock()
+        self._level = min(self.burst, self._level + (now - self._t) * self.rate)
+        self._t = now
+        if amount <= self._level:
+            self._level -= amount
+            return True
+        return False
+
+
+_enc = msgspec.msgpack.Encoder()
+_dec = msgspec.msgpack.Decoder(dict)
+
+
+async def _write_frame(writer: asyncio.StreamWriter, obj: dict) -> None:
+    data = _enc.encode(obj)
+    writer.write(len(data).to_bytes(4, "big") + data)
+    await writer.drain()
+
+
+async def _read_frame(reader: asyncio.StreamReader) -> dict:
+    header = await reader.readexactly(4)
+    size = int.from_bytes(header, "big")
+    if size > _MAX_HEADER:  # checked before reading the body
+        raise PayloadTooLargeError(f"probe frame of {size} bytes exceeds {_MAX_HEADER}")
+    try:
+        msg = _dec.decode(await reader.readexactly(size))
+    except msgspec.DecodeError as e:
+        raise MalformedFrameError(f"probe frame is not MessagePack: {e}") from e
+    return msg
+
+
+class LinkProber:
+    """Serves ``p2pserve.probe`` on a P2P handle and measures links to other peers."""
+
+    def __init__(self, p2p: P2P, config: ProberConfig = ProberConfig(), *, clock: Callable[[], float] = time.perf_counter):
+        self.p2p = p2p
+        self.config = config
+        self._clock = clock
+        self._bucket = TokenBucket(config.server_bytes_per_s, config.server_burst_bytes, clock)
+        self._active = 0
+        self.results: dict[str, LinkStat] = {}
+        self._last_probe: dict[str, float] = {}
+        self._zeros = bytes(_CHUNK)
+
+    # ----------------------------------------------------------------------------- server
+
+    async def start(self) -> None:
+        """Register the probe handler on this node's P2P."""
+        await self.p2p.add_binary_stream_handler(PROTOCOL, self._handle)
+
+    async def stop(self) -> None:
+        """Unregister the handler."""
+        await self.p2p.remove_binary_stream_handler(PROTOCOL)
+
+    async def _handle(self, _info, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                try:
+                    req = await _read_frame(reader)
+                except asyncio.IncompleteReadError:
+                    return  # client closed the stream: normal end of a probe round
+                if req.get("v") != PROBE_VERSION:
+                    await _write_frame(writer, {"ok": False, "error": f"probe version {req.get('v')!r} unsupported"})
+                    return
+                op = req.get("op")
+                if op == "ping":
+                    await _write_frame(writer, {"ok": True})
+                elif op == "bulk":
+                    n = req.get("n")
+                    if not isinstance(n, int) or not 0 < n <= self.config.max_probe_bytes:
+                        await _write_frame(writer, {"ok": False, "error": f"bulk size {n!r} not in (0, {self.config.max_probe_bytes}]"})
+                        return
+                    if self._active >= self.config.max_concurrent or not self._bucket.take(n):
+                        await _write_frame(writer, {"ok": False, "error": "busy"})
+                        continue
+                    await _write_frame(writer, {"ok": True, "go": True})
+                    self._active += 1
+                    try:
+                        left = n
+                        while left > 0:  # read and discard: never hold the payload
+                            chunk = await reader.read(min(left, 1 << 20))
+                            if not chunk:
+                                raise asyncio.IncompleteReadError(b"", left)
+                            left -= len(chunk)
+                    finally:
+                        self._active -= 1
+                    await _write_frame(writer, {"ok": True, "n": n})
+                else:
+                    await _write_frame(writer, {"ok": False, "error": f"unknown op {op!r}"})
+                    return
+        except (ProtocolError, asyncio.IncompleteReadError, ConnectionError) as e:
+            logger.info(f"probe stream ended: {e!r}")
+        finally:
+            writer.close()
+
+    # ----------------------------------------------------------------------------- client
+
+    async def _ping(self, reader, writer) -> float:
+        t0 = self._clock()
+        await _write_frame(writer, {"v": PROBE_VERSION, "op": "ping"})
+        reply = await _read_frame(reader)
+        if not reply.get("ok"):
+            raise ProtocolError(f"ping refused: {reply.get('error')}")
+        return self._clock() - t0
+
+    async def _bulk(self, reader, writer, n: int) -> Optional[float]:
+        """Send n bytes; returns seconds from first payload byte to the ack, None if busy."""
+        await _write_frame(writer, {"v": PROBE_VERSION, "op": "bulk", "n": n})
+        go = await _read_frame(reader)
+        if not go.get("ok"):
+            if go.get("error") == "busy":
+                return None
+            raise ProtocolError(f"bulk refused: {go.get('error')}")
+        t0 = self._clock()
+        left = n
+        while left > 0:
+            k = min(left, _CHUNK)
+            writer.write(self._zeros[:k] if k < _CHUNK else self._zeros)
+            left -= k
+            if left % (16 * _CHUNK) == 0 or left == 0:
+                await writer.drain()
+        reply = await _read_frame(reader)
+        if not reply.get("ok") or reply.get("n") != n:
+            raise ProtocolError(f"bulk not acknowledged: {reply}")
+        return self._clock() - t0
+
+    async def probe(self, peer_id: str, addrs: Iterable[str] = ()) -> Optional[LinkStat]:
+        """Measure RTT and bandwidth to one peer; ``None`` if it is busy (try later).
+
+        Raises ``ProtocolError`` / ``ConnectionError`` / ``asyncio.TimeoutError`` when the peer
+        cannot be probed at all.
+        """
+        return await asyncio.wait_for(self._probe(peer_id, list(addrs)), self.config.timeout_s)
+
+    async def _probe(self, peer_id: str, addrs: list[str]) -> Optional[LinkStat]:
+        pid = PeerID.from_base58(peer_id)
+        if addrs:
+            try:  # the daemon may not know the peer's addresses yet
+                await self.p2p._client.connect(pid, [Multiaddr(a) for a in addrs])
+            except Exception as e:  # noqa: BLE001 - stream_open below reports the real failure
+                logger.debug(f"connect to {peer_id} failed: {e!r}")
+        _info, reader, writer = await self.p2p.call_binary_stream_handler(pid, PROTOCOL)
+        try:
+            rtt = min([await self._ping(reader, writer) for _ in range(max(1, self.config.pings))])
+            n, elapsed = self.config.min_probe_bytes, 0.0
+            while True:
+                took = await self._bulk(reader, writer, n)
+                if took is None:
+                    return None
+                elapsed = took
+                nxt = next_probe_size(n, elapsed, self.config)
+                if nxt is None:
+                    break
+                n = nxt
+        finally:
+            writer.close()
+        stat = LinkStat(bandwidth=bandwidth_from(n, elapsed, rtt), rtt=rtt, measured_at=time.time())
+        self.results[peer_id] = stat
+        return stat
+
+    def due(self, peer_id: str, now: Optional[float] = None) -> bool:
+        """Whether ``peer_id`` has not been probed within ``min_interval_s``."""
+        now = time.monotonic() if now is None else now
+        last = self._last_probe.get(peer_id)
+        return last is None or now - last >= self.config.min_interval_s
+
+    async def probe_many(self, targets: dict[str, list[str]]) -> dict[str, LinkStat]:
+        """Probe every due target in turn (one at a time); returns the fresh measurements."""
+        fresh = {}
+        for peer_id, addrs in targets.items():
+            if not self.due(peer_id):
+                continue
+            self._last_probe[peer_id] = time.monotonic()
+            try:
+                stat = await self.probe(peer_id, addrs)
+            except (ProtocolError, ConnectionError, OSError, asyncio.TimeoutError, asyncio.IncompleteReadError) as e:
+                logger.info(f"probe to {peer_id} failed: {e!r}")
+                continue
+            except Exception as e:  # p2pd control errors have no common base class
+                logger.info(f"probe to {peer_id} failed: {e!r}")
+                continue
+            if stat is None:
+                self._last_probe.pop(peer_id, None)  # busy: retry next round
+            else:
+                fresh[peer_id] = stat
+        return fresh
+
+    def forget(self, keep: Iterable[str]) -> None:
+        """Drop results for peers no longer in the swarm."""
+        keep = set(keep)
+        for d in (self.results, self._last_probe):
+            for pid in [p for p in d if p not in keep]:
+                del d[pid]
+
+    def link_info(self, model: str, my_peer_id: str) -> Optional[LinkInfo]:
+        """A LinkInfo record of the current results (``None`` before the first measurement)."""
+        if not self.results:
+            return None
+        links = {p: s for p, s in self.results.items() if p != my_peer_id and math.isfinite(s.bandwidth)}
+        return LinkInfo(model=model, peer_id=my_peer_id, links=links, timestamp=time.time())
