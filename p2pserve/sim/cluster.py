@@ -1,0 +1,251 @@
+"""The simulated cluster: nodes and links wired by a routing topology, driven by a scheduler.
+
+This is the composition root of one simulation. The coordinator is the source and the sink:
+it routes a new query (asking the scheduler), sends the prompt job to the first stage, and each
+time a job's token comes back it sends the next decode job down the same route, until the query
+has produced ``output_len`` tokens; then the query's KV reservation is released and queries
+waiting for a route are retried (FIFO).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import Callable, Mapping
+
+from p2pserve.sim.batching import CapsPolicy
+from p2pserve.sim.engine import EventLoop
+from p2pserve.sim.kv import KvEstimator
+from p2pserve.sim.link import Link
+from p2pserve.sim.metrics import Distribution, Recorder, SimResult
+from p2pserve.sim.node import Node, entry_overhead_per_token
+from p2pserve.sim.profiles import LayerLatency
+from p2pserve.sim.request import Query
+from p2pserve.sim.schedulers.base import Scheduler
+from p2pserve.sim.topology import SINK, SOURCE, Edge, Topology
+
+
+class ClusterSim:
+    """One cluster under one scheduler; implements :class:`SchedulerView` for it."""
+
+    def __init__(
+        self,
+        topology: Topology,
+        scheduler: Scheduler,
+        kv: KvEstimator,
+        latencies: Mapping[int, LayerLatency],
+        *,
+        speed_prior: Mapping[int, float] | None = None,
+        batch_policy=None,
+        window: tuple[float, float] = (0.0, float("inf")),
+        loop: EventLoop | None = None,
+        entry_overhead: bool = True,
+    ) -> None:
+        self.loop = loop if loop is not None else EventLoop()
+        self.topology = topology
+        self.scheduler = scheduler
+        self.kv = kv
+        self.latencies = dict(latencies)
+        self.recorder = Recorder(*window)
+        self.pending: deque[Query] = deque()
+        self.submitted = 0
+        self.routed = 0
+        self.depth_total = 0
+        self.on_query_done: Callable[[Query], None] | None = None
+        self.on_prompt_done: Callable[[Query], None] | None = None
+        self._speed_prior = dict(speed_prior or {})
+        policy = batch_policy if batch_policy is not None else CapsPolicy()
+        self._policy = policy
+        overhead = entry_overhead_per_token(topology.activation_bytes) if entry_overhead else 0.0
+        self.nodes: dict[int, Node] = {}
+        for idx, spec in topology.nodes.items():
+            self.nodes[idx] = Node(
+                self.loop, idx, spec.start, spec.end, self.latencies[idx], spec.caps, overhead,
+                self._node_exit, policy=policy, kv_free=kv.free_fraction,
+            )
+        # One Link object per directed pair the routing graph can use.
+        self.links: dict[tuple[int, int], Link] = {}
+        for u, edges in topology.out_edges.items():
+            for e in edges:
+                spec = topology.link(u, e.dst)
+                deliver = self._at_sink if e.dst == SINK else self.nodes[e.dst].receive
+                self.links[(u, e.dst)] = Link(
+                    self.loop, u, e.dst, spec.bandwidth, spec.latency, deliver
+                )
+        self._token_bytes = topology.token_bytes
+        self._act_bytes = topology.activation_bytes
+
+    # ------------------------------------------------------------ SchedulerView
+    def admissible(self, edge: Edge, query: Query) -> bool:
+        """Mask a node when the prompt exceeds its prompt cap or its KV estimate is full."""
+        if edge.stage is None:
+            return True
+        node = self.topology.nodes[edge.dst]
+        if query.input_len > node.caps.prompt_max_tokens:
+            return False
+        need = self.kv.tokens_per_layer(query.input_len) * edge.stage.layers
+        return self.kv.fits(edge.dst, need)
+
+    def queued_tokens(self, node: int) -> int:
+        """Tokens of jobs inside ``node``."""
+        return self.nodes[node].queued_tokens
+
+    def speed(self, node: int) -> float:
+        """Measured token-layers/s once a node has run a few batches, else the prior."""
+        n = self.nodes[node]
+        if n.batches >= 16:
+            return n.speed()
+        return self._speed_prior.get(node, 1.0)
+
+    def layer_time(self, node: int, tokens: int, prompt: bool) -> float:
+        """Profiled seconds for one layer of ``node``."""
+        lat = self.latencies[node]
+        return lat.prompt(tokens) if prompt else lat.decode(tokens)
+
+    # ------------------------------------------------------------ coordinator
+    def submit(self, query: Query) -> bool:
+        """A query arrives: route it now, or queue it until a route becomes admissible."""
+        self.submitted += 1
+        if self.pending or not self._try_start(query):
+            self.pending.append(query)
+            return False
+        return True
+
+    def _try_start(self, query: Query) -> bool:
+        route = self.scheduler.route(query, self)
+        if route is None:
+            return False
+        query.route = route
+        self.kv.reserve(query)
+        self.routed += 1
+        self.depth_total += len(route)
+        query.is_prompt = True
+        query.tokens = query.input_len
+        self._emit([query])
+        return True
+
+    def retry_pending(self) -> None:
+        """Start waiting queries in arrival order until one still cannot be routed."""
+        pending = self.pending
+        while pending:
+            if not self._try_start(pending[0]):
+                return
+            pending.popleft()
+
+    def _emit(self, jobs: list[Query]) -> None:
+        """Send jobs from the coordinator to their first stage, one message per first node."""
+        now = self.loop.now
+        by_dst: dict[int, list[Query]] = {}
+        for j in jobs:
+            j.hop = 0
+            j.job_start = now
+            dst = j.route[0].node
+            lst = by_dst.get(dst)
+            if lst is None:
+                by_dst[dst] = [j]
+            else:
+                lst.append(j)
+        tb = self._token_bytes
+        for dst, lst in by_dst.items():
+            self.links[(SOURCE, dst)].send(lst, tb * sum(j.tokens for j in lst))
+
+    def _node_exit(self, node: Node, jobs: list[Query]) -> None:
+        """Jobs finished their stage on ``node``: forward each to its next hop."""
+        src = node.idx
+        by_dst: dict[int, list[Query]] = {}
+        for j in jobs:
+            j.hop += 1
+            dst = j.route[j.hop].node if j.hop < len(j.route) else SINK
+            lst = by_dst.get(dst)
+            if lst is None:
+                by_dst[dst] = [j]
+            else:
+                lst.append(j)
+        links = self.links
+        for dst, lst in by_dst.items():
+            if dst == SINK:
+                nbytes = self._token_bytes * len(lst)  # one sampled token id per job
+            else:
+                nbytes = self._act_bytes * sum(j.tokens for j in lst)
+            links[(src, dst)].send(lst, nbytes)
+
+    def _at_sink(self, jobs: list[Query]) -> None:
+        """Tokens come back to the coordinator; start each query's next decode job."""
+        now = self.loop.now
+        rec = self.recorder
+        sched = self.scheduler
+        again: list[Query] = []
+        done: list[Query] = []
+        for j in jobs:
+            if j.is_prompt:
+                j.prompt_done = now
+                rec.prompt(now, now - j.arrival)
+                j.is_prompt = False
+                j.tokens = 1
+                if self._policy.dynamic:
+                    depth = len(j.route)
+                    for st in j.route:
+                        n = self.nodes[st.node]
+                        n.running_decodes += 1
+                        n.depth_sum += depth
+                if self.on_prompt_done is not None:
+                    self.on_prompt_done(j)
+            else:
+                rec.decode(now, now - j.job_start)
+                j.decoded += 1
+            if j.decoded >= j.output_len:
+                done.append(j)
+            else:
+                sched.on_decode(j)
+                again.append(j)
+        if again:
+            self._emit(again)
+        for j in done:
+            self._finish(j)
+
+    def _finish(self, query: Query) -> None:
+        now = self.loop.now
+        query.finished = now
+        self.recorder.finish(now)
+        self.kv.release(query)
+        self.scheduler.on_finish(query)
+        if self._policy.dynamic:
+            depth = len(query.route)
+            for st in query.route:
+                n = self.nodes[st.node]
+                n.running_decodes -= 1
+                n.depth_sum -= depth
+        self.retry_pending()
+        if self.on_query_done is not None:
+            self.on_query_done(query)
+
+    # ------------------------------------------------------------ results
+    def result(self, wall_s: float, extra: dict | None = None) -> SimResult:
+        """Summarise the run so far."""
+        rec = self.recorder
+        t0 = rec.t0
+        t1 = min(rec.t1, self.loop.now)
+        window = max(t1 - t0, 1e-12)
+        now = max(self.loop.now, 1e-12)
+        return SimResult(
+            decode_throughput_tokens_per_s=rec.decode_tokens / window,
+            prompt_latency_s=Distribution.of(rec.prompt_lat),
+            decode_latency_s=Distribution.of(rec.decode_lat),
+            window_s=window,
+            queries_submitted=self.submitted,
+            queries_finished_in_window=rec.finished,
+            queries_waiting_at_end=len(self.pending),
+            simulated_s=self.loop.now,
+            wall_s=wall_s,
+            events=self.loop.events_run,
+            avg_route_depth=self.depth_total / self.routed if self.routed else 0.0,
+            node_utilization={i: n.busy_time / now for i, n in sorted(self.nodes.items())},
+            extra=dict(extra or {}),
+        )
+
+
+def run_until(sim: ClusterSim, until: float) -> float:
+    """Advance ``sim`` to ``until``; returns the wall-clock seconds it took."""
+    t = time.perf_counter()
+    sim.loop.run(until)
+    return time.perf_counter() - t

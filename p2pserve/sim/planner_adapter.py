@@ -1,0 +1,40 @@
+"""Get a placement from our planner (``p2pserve.coordinator``) for ``--placement planner``.
+
+The coordinator owns planning; this module only calls it. It prefers the planner's entry point
+when the checkout has one, else composes the coordinator's public pieces the same way the
+planner does: heuristic warm starts (Petals-greedy, Swarm-even, separate pipelines, balanced
+chains) improved by its seeded annealing search on max-flow.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from p2pserve.coordinator import helix_format as hf
+
+
+def plan_placement(
+    cluster: hf.HelixCluster, model: str, time_limit_s: float = 20.0, seed: int = 0
+) -> dict[int, tuple[int, int]]:
+    """A placement ``{node: (start, end)}`` for ``cluster`` from the coordinator's planner."""
+    from p2pserve.coordinator.topology import topology_from_helix
+
+    topo = topology_from_helix(cluster, model)
+    entry = _planner_entry()
+    if entry is not None:
+        return dict(entry(topo, time_limit_s=time_limit_s, seed=seed))
+    from p2pserve.coordinator.heuristics import all_heuristics
+    from p2pserve.coordinator.search import improve, max_flow_score
+
+    starts = list(all_heuristics(topo).values())
+    best, _stats = improve(topo, starts, max_flow_score(topo), time_limit_s, seed=seed)
+    return dict(best)
+
+
+def _planner_entry():
+    """The planner's ``plan_for_topology(topo, time_limit_s=, seed=)`` if it exists."""
+    try:
+        mod = importlib.import_module("p2pserve.coordinator.planner")
+    except ImportError:
+        return None
+    return getattr(mod, "plan_for_topology", None)

@@ -1,0 +1,142 @@
+"""Run one simulation: a scenario, a scheduler, a workload, a measurement window."""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from p2pserve.errors import ConfigError
+from p2pserve.sim.batching import CapsPolicy, ThrottlePolicy
+from p2pserve.sim.cluster import ClusterSim
+from p2pserve.sim.kv import KvEstimator, KvSettings
+from p2pserve.sim.metrics import SimResult
+from p2pserve.sim.request import Query
+from p2pserve.sim.scenario import Scenario
+from p2pserve.sim.schedulers import make_scheduler
+from p2pserve.sim.workload import (
+    LengthSampler,
+    OfflineFeeding,
+    load_arrival_counts,
+    load_lengths,
+    online_arrival_times,
+)
+
+#: Offline warm-up and window (Helix: 1 min + 10 min); online window (30 s + 30 min).
+OFFLINE_WARMUP_S = 60.0
+ONLINE_WARMUP_S = 30.0
+
+
+@dataclass
+class SimConfig:
+    """How to drive a scenario."""
+
+    scheduler: str = "iwrr"
+    mode: str = "offline"  # offline | online
+    duration: float = 600.0  # measurement window, seconds
+    warmup: float | None = None  # default by mode
+    seed: int = 0
+    token_rate: float | None = None  # online: offered prompt+output tokens/s (required)
+    throttle: bool = False  # gLLM token throttling instead of fixed caps
+    kv: KvSettings | None = None  # default by mode (Helix's values)
+    feeding: OfflineFeeding = field(default_factory=OfflineFeeding)
+    lengths: str = "azure_conv"
+    arrivals: str = "azure_conv"
+    entry_overhead: bool = True
+
+    def resolved_warmup(self) -> float:
+        """Warm-up seconds for this mode."""
+        if self.warmup is not None:
+            return self.warmup
+        return OFFLINE_WARMUP_S if self.mode == "offline" else ONLINE_WARMUP_S
+
+
+def build_sim(scenario: Scenario, cfg: SimConfig) -> ClusterSim:
+    """Wire a :class:`ClusterSim` for ``scenario`` under ``cfg`` (workload not yet attached)."""
+    if cfg.mode not in ("offline", "online"):
+        raise ConfigError(f"mode must be offline or online, not {cfg.mode!r}")
+    kv_settings = cfg.kv or (KvSettings.offline() if cfg.mode == "offline" else KvSettings.online())
+    caps = {i: n.kv_capacity for i, n in scenario.topology.nodes.items()}
+    kv = KvEstimator(caps, kv_settings, scenario.layer_capacity)
+    rng = random.Random(cfg.seed)
+    scheduler = make_scheduler(cfg.scheduler, scenario.flows, rng)
+    warm = cfg.resolved_warmup()
+    return ClusterSim(
+        scenario.topology,
+        scheduler,
+        kv,
+        scenario.latencies,
+        speed_prior=scenario.speed_prior,
+        batch_policy=ThrottlePolicy() if cfg.throttle else CapsPolicy(),
+        window=(warm, warm + cfg.duration),
+        entry_overhead=cfg.entry_overhead,
+    )
+
+
+def simulate(scenario: Scenario, cfg: SimConfig) -> SimResult:
+    """Run ``cfg`` on ``scenario`` and return the measurements."""
+    sim = build_sim(scenario, cfg)
+    inputs, outputs = load_lengths(cfg.lengths)
+    sampler = LengthSampler(inputs, outputs, np.random.default_rng(cfg.seed + 1))
+    end = cfg.resolved_warmup() + cfg.duration
+    extra: dict = {"scheduler": cfg.scheduler, "mode": cfg.mode, "throttle": cfg.throttle}
+    extra.update(scenario.describe())
+    if cfg.mode == "offline":
+        _attach_offline(sim, sampler, cfg.feeding)
+    else:
+        if cfg.token_rate is None or cfg.token_rate <= 0:
+            raise ConfigError("online mode needs a positive token rate (--rate)")
+        n = _attach_online(sim, sampler, cfg, end)
+        extra["token_rate"] = cfg.token_rate
+        extra["arrivals"] = n
+    t = time.perf_counter()
+    sim.loop.run(end)
+    wall = time.perf_counter() - t
+    return sim.result(wall, extra)
+
+
+def _attach_offline(sim: ClusterSim, sampler: LengthSampler, feeding: OfflineFeeding) -> None:
+    """Feed queries as fast as the cluster takes them (Helix's offline rule)."""
+    state = {"next_id": 0, "batch": [], "pos": 0}
+
+    def new_query() -> Query:
+        if state["pos"] >= len(state["batch"]):
+            state["batch"] = sampler.draw(4096)
+            state["pos"] = 0
+        inp, out = state["batch"][state["pos"]]
+        state["pos"] += 1
+        q = Query(state["next_id"], inp, out, sim.loop.now)
+        state["next_id"] += 1
+        return q
+
+    def top_up(_arg=None) -> None:
+        kv = sim.kv
+        while not sim.pending and kv.max_layer_usage() <= feeding.max_usage:
+            if not sim.submit(new_query()):
+                break
+
+    def start(_arg=None) -> None:
+        for _ in range(feeding.initial):
+            sim.submit(new_query())
+        top_up()
+
+    sim.on_query_done = lambda q: top_up()
+    sim.on_prompt_done = lambda q: top_up()
+    sim.loop.at(0.0, start)
+
+
+def _attach_online(sim: ClusterSim, sampler: LengthSampler, cfg: SimConfig, until: float) -> int:
+    """Schedule the rescaled Azure arrivals; returns how many there are."""
+    counts = load_arrival_counts(cfg.arrivals)
+    rng = np.random.default_rng(cfg.seed + 2)
+    times = online_arrival_times(counts, cfg.token_rate, sampler.mean_tokens(), until, rng)
+    pairs = sampler.draw(len(times))
+
+    def arrive(q: Query) -> None:
+        sim.submit(q)
+
+    for qid, (t, (inp, out)) in enumerate(zip(times.tolist(), pairs)):
+        sim.loop.at(t, arrive, Query(qid, inp, out, t))
+    return len(times)

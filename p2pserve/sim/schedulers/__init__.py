@@ -1,0 +1,48 @@
+"""Request schedulers: Helix IWRR, random, shortest-queue, Swarm-style and Petals-style."""
+
+from __future__ import annotations
+
+import random
+from typing import Mapping
+
+from p2pserve.errors import ConfigError
+from p2pserve.sim.schedulers.base import HopByHopScheduler, Scheduler, SchedulerView, route_edges
+from p2pserve.sim.schedulers.iwrr import IwrrScheduler
+from p2pserve.sim.schedulers.petals import PetalsScheduler
+from p2pserve.sim.schedulers.random_choice import RandomScheduler
+from p2pserve.sim.schedulers.shortest_queue import ShortestQueueScheduler
+from p2pserve.sim.schedulers.swarm import SwarmScheduler
+
+SCHEDULERS = ("iwrr", "random", "shortest-queue", "swarm", "petals")
+
+
+def make_scheduler(
+    name: str, flows: Mapping[tuple[int, int], float], rng: random.Random
+) -> Scheduler:
+    """Build the scheduler called ``name``; ``flows`` feeds IWRR, ``rng`` the random ones."""
+    if name == "iwrr":
+        return IwrrScheduler(flows)
+    if name == "random":
+        return RandomScheduler(rng)
+    if name == "shortest-queue":
+        return ShortestQueueScheduler(rng)
+    if name == "swarm":
+        return SwarmScheduler(rng)
+    if name == "petals":
+        return PetalsScheduler()
+    raise ConfigError(f"unknown scheduler {name!r}; expected one of {', '.join(SCHEDULERS)}")
+
+
+__all__ = [
+    "SCHEDULERS",
+    "HopByHopScheduler",
+    "IwrrScheduler",
+    "PetalsScheduler",
+    "RandomScheduler",
+    "Scheduler",
+    "SchedulerView",
+    "ShortestQueueScheduler",
+    "SwarmScheduler",
+    "make_scheduler",
+    "route_edges",
+]
