@@ -58,6 +58,11 @@ class Announcer:
         self._last_peer = None
         self._wake.set()
 
+    def poke_links(self) -> None:
+        """Store LinkInfo now (fresh measurements arrived)."""
+        self._last_link = None
+        self._wake.set()
+
     async def step(self) -> float:
         """Store whatever is due; returns seconds until the next record is due."""
         now = self._clock()

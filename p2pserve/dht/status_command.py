@@ -1,0 +1,160 @@
+"""``p2pserve status``: the swarm as the DHT shows it.
+
+    p2pserve status --initial-peers /ip4/.../p2p/Qm... --model M [--json]
+
+Peers (state, served and loading range, device, decode throughput at the served size, KV
+load), measured links, coordinators and the elected leader, the followed plan (epoch,
+targets, max-flow, upper bound) and its flows. The formatting is pure (:func:`collect_status`,
+:func:`format_status`) so it is tested without a network.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from typing import Any, Optional
+
+from p2pserve.dht.cli_common import add_dht_arguments, dht_config_from_args, setup_logging
+from p2pserve.dht.election import SignedPlan, elect_leader
+from p2pserve.dht.records import CoordinatorCandidate, LinkInfo, PeerInfo
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of ``p2pserve status``."""
+    add_dht_arguments(parser)
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+
+
+def _span(s) -> Optional[list[int]]:
+    return None if s is None else [int(s[0]), int(s[1])]
+
+
+def collect_status(
+    peers: dict[str, PeerInfo],
+    links: list[LinkInfo],
+    candidates: list[CoordinatorCandidate],
+    plan: Optional[SignedPlan],
+    now: float,
+) -> dict[str, Any]:
+    """A JSON-ready description of the swarm."""
+    leader = elect_leader(candidates)
+    out: dict[str, Any] = {
+        "peers": [
+            {
+                "peer_id": p.peer_id,
+                "state": p.state,
+                "serving": _span(p.serving),
+                "loading": _span(p.loading),
+                "target": _span(plan.plan.targets.get(p.peer_id)) if plan else None,
+                "device": p.device,
+                "max_layers": p.max_layers,
+                "decode_tps": p.decode_rate(p.serving[1] - p.serving[0]) if p.serving else None,
+                "kv_free_tokens": p.kv_free_tokens,
+                "queued_tokens": p.queued_tokens,
+                "relayed": p.relayed,
+                "age_s": round(max(0.0, now - p.timestamp), 2),
+            }
+            for p in sorted(peers.values(), key=lambda p: (p.serving or (1 << 30, 0), p.peer_id))
+        ],
+        "links": [
+            {"src": li.peer_id, "dst": other, "bandwidth_Bps": s.bandwidth, "rtt_s": s.rtt}
+            for li in sorted(links, key=lambda li: li.peer_id)
+            for other, s in sorted(li.links.items())
+        ],
+        "coordinators": [
+            {"id": c.coordinator_id, "priority": c.priority, "start_time": c.start_time,
+             "leader": leader is not None and c.coordinator_id == leader.coordinator_id}
+            for c in sorted(candidates, key=lambda c: c.coordinator_id)
+        ],
+        "leader": leader.coordinator_id if leader else None,
+        "plan": None,
+    }
+    if plan is not None:
+        p = plan.plan
+        cover = p.coverage()
+        out["plan"] = {
+            "epoch": p.epoch,
+            "leader_id": p.leader_id,
+            "reason": p.reason,
+            "age_s": round(max(0.0, now - p.created_at), 2),
+            "num_layers": p.num_layers,
+            "uncovered_layers": [i for i, c in enumerate(cover) if c == 0],
+            "max_flow": p.max_flow,
+            "upper_bound": p.upper_bound,
+            "solve_time_s": p.solve_time,
+            "defaulted_links": [list(x) for x in p.defaulted_links],
+            "flows": [{"src": f.src, "dst": f.dst, "tokens_per_s": f.rate} for f in p.flows],
+        }
+    return out
+
+
+def _short(pid: Optional[str]) -> str:
+    if pid is None:
+        return "-"
+    return pid if len(pid) <= 12 or pid in ("source", "sink") else "…" + pid[-10:]
+
+
+def _table(headers: list[str], rows: list[list[Any]]) -> str:
+    cells = [headers] + [["-" if v is None else str(v) for v in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells)
+
+
+def format_status(d: dict[str, Any]) -> str:
+    """Human-readable tables of :func:`collect_status` output."""
+    rng = lambda s: "-" if s is None else f"[{s[0]},{s[1]})"  # noqa: E731
+    parts = [f"PEERS ({len(d['peers'])})"]
+    parts.append(_table(
+        ["peer", "state", "serving", "loading", "target", "device", "decode tok/s", "kv free", "queued", "age s"],
+        [[_short(p["peer_id"]), p["state"], rng(p["serving"]), rng(p["loading"]), rng(p["target"]), p["device"],
+          None if p["decode_tps"] is None else f"{p['decode_tps']:.1f}", p["kv_free_tokens"], p["queued_tokens"], p["age_s"]]
+         for p in d["peers"]],
+    ))
+    parts.append(f"\nLINKS ({len(d['links'])})")
+    parts.append(_table(["from", "to", "MB/s", "rtt ms"],
+                        [[_short(l["src"]), _short(l["dst"]), f"{l['bandwidth_Bps'] / 1e6:.2f}", f"{l['rtt_s'] * 1e3:.2f}"] for l in d["links"]]))
+    parts.append(f"\nCOORDINATORS (leader: {_short(d['leader'])})")
+    parts.append(_table(["id", "priority", "leader"], [[_short(c["id"]), c["priority"], "*" if c["leader"] else ""] for c in d["coordinators"]]))
+    p = d["plan"]
+    if p is None:
+        parts.append("\nPLAN: none published")
+    else:
+        parts.append(
+            f"\nPLAN epoch {p['epoch']} by {_short(p['leader_id'])} ({p['reason']}, {p['age_s']} s ago): "
+            f"max-flow {p['max_flow']:.1f} tok/s, upper bound {p['upper_bound']:.1f}, solve {p['solve_time_s'] * 1e3:.1f} ms"
+            + (f", UNCOVERED layers {p['uncovered_layers']}" if p["uncovered_layers"] else "")
+            + (f", {len(p['defaulted_links'])} links defaulted" if p["defaulted_links"] else "")
+        )
+        parts.append(_table(["from", "to", "tok/s"], [[_short(f["src"]), _short(f["dst"]), f"{f['tokens_per_s']:.1f}"] for f in p["flows"]]))
+    return "\n".join(parts)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Read the swarm once and print it."""
+    setup_logging("WARNING" if args.log_level == "INFO" else args.log_level)
+    from hivemind.utils import get_dht_time
+
+    from p2pserve.dht.swarm import Swarm
+
+    dcfg, _ = dht_config_from_args(args)
+    dcfg = dcfg.replace(client_mode=True, host_maddrs=("/ip4/127.0.0.1/tcp/0",) if not args.host_maddrs else dcfg.host_maddrs)
+    swarm = Swarm.create(dcfg)
+    try:
+        async def read():
+            peers = {pid: s.record for pid, s in (await swarm.get_peers()).items()}
+            links = [s.record for s in (await swarm.get_links()).values()]
+            cands = [s.record for s in await swarm.get_candidates()]
+            return peers, links, cands, await swarm.get_plan()
+
+        peers, links, cands, plan = asyncio.run(read())
+        d = collect_status(peers, links, cands, plan, get_dht_time())
+    finally:
+        swarm.shutdown()
+    if args.json:
+        json.dump(d, sys.stdout, indent=2)
+        print()
+    else:
+        print(format_status(d))
+    return 0

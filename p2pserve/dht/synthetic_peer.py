@@ -1,0 +1,161 @@
+"""A synthetic peer: real DHT node, real signed records, real link probes, no model.
+
+It stands in for the peer runtime in control-plane tests and demos: it announces a PeerInfo
+shaped like a small GPU peer, probes links over ``p2pserve.probe`` and follows the plan
+(joining -> loading the target range for ``--load-delay`` seconds -> serving it).
+
+    python -m p2pserve.dht.synthetic_peer --initial-peers ... --model M --max-layers 4
+
+``--absurd`` announces 10^12 tokens/s (bypassing local validation) so that tests can check
+that readers drop such records with a logged reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+import time
+from typing import Optional
+
+from p2pserve.dht.cli_common import add_dht_arguments, dht_config_from_args, setup_logging
+from p2pserve.dht.keys import RecordKind
+from p2pserve.dht.records import LayerSpan, PeerInfo, encode_record
+
+logger = logging.getLogger("p2pserve.synthetic_peer")
+
+
+class SyntheticState:
+    """Mutable self-description of the synthetic peer (what it would announce)."""
+
+    def __init__(self, model: str, peer_id: str, addrs: list[str], args: argparse.Namespace):
+        self.model, self.peer_id, self.addrs, self.args = model, peer_id, addrs, args
+        self.state = "joining"
+        self.serving: Optional[LayerSpan] = None
+        self.loading: Optional[LayerSpan] = None
+
+    def peer_info(self) -> PeerInfo:
+        """The PeerInfo for the current state. T[j] = tps / j (one device, j layers in sequence)."""
+        k = self.args.max_layers
+        scale = 1e12 if self.args.absurd else self.args.tps
+        return PeerInfo(
+            model=self.model,
+            peer_id=self.peer_id,
+            addrs=self.addrs,
+            device=self.args.device,
+            weights_memory_bytes=k * 200 << 20,
+            kv_memory_bytes=1 << 30,
+            dtype="float16",
+            throughput_decode=[scale / j for j in range(1, k + 1)],
+            throughput_prefill=[8 * scale / j for j in range(1, k + 1)],
+            max_layers=k,
+            serving=self.serving,
+            loading=self.loading,
+            state=self.state,
+            kv_free_tokens=100_000,
+            queued_tokens=0,
+            version="synthetic",
+            timestamp=time.time(),
+        )
+
+
+class _UncheckedSwarm:
+    """Swarm wrapper that skips local validation of PeerInfo (``--absurd`` only)."""
+
+    def __init__(self, swarm):
+        self._s = swarm
+        self.config = swarm.config
+
+    async def announce_peer(self, info):
+        return await self._s._put(RecordKind.PEERS, encode_record(info), self.config.peer_ttl)
+
+    async def announce_links(self, info):
+        return await self._s.announce_links(info)
+
+    async def withdraw_all(self):
+        return await self._s.withdraw_all()
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of the synthetic peer."""
+    add_dht_arguments(parser)
+    parser.add_argument("--max-layers", type=int, default=4)
+    parser.add_argument("--tps", type=float, default=400.0, help="decode tokens/s holding one layer")
+    parser.add_argument("--device", default="synthetic-gpu")
+    parser.add_argument("--load-delay", type=float, default=0.5, help="seconds 'loading' a range takes")
+    parser.add_argument("--no-probe", action="store_true")
+    parser.add_argument("--absurd", action="store_true", help="announce 10^12 tokens/s")
+
+
+async def amain(args: argparse.Namespace) -> int:
+    """Run until SIGTERM/SIGINT; withdraws its records on the way out."""
+    from p2pserve.dht.announcer import Announcer
+    from p2pserve.dht.prober import LinkProber, ProberConfig
+    from p2pserve.dht.swarm import Swarm
+
+    dcfg, _ = dht_config_from_args(args)
+    swarm = Swarm.create(dcfg)
+    try:
+        st = SyntheticState(dcfg.model, swarm.peer_id, swarm.visible_maddrs(), args)
+        prober = None
+        if not args.no_probe:
+            prober = LinkProber(await swarm.dht.replicate_p2p(), ProberConfig(min_interval_s=dcfg.link_refresh, max_probe_bytes=16 << 20))
+            await prober.start()
+        target_swarm = _UncheckedSwarm(swarm) if args.absurd else swarm
+        announcer = Announcer(
+            target_swarm,
+            st.peer_info,
+            (lambda: prober.link_info(dcfg.model, st.peer_id)) if prober else None,
+        )
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        print(f"peer {st.peer_id}", flush=True)
+        ann_task = asyncio.create_task(announcer.run(stop))
+        flip_at: Optional[float] = None
+        last_probe = 0.0
+        while not stop.is_set():
+            try:
+                signed = await swarm.get_plan()
+                target = signed.plan.targets.get(st.peer_id) if signed else None
+                if target is not None and target != st.serving and target != st.loading:
+                    logger.info(f"plan epoch {signed.plan.epoch}: loading {target}")
+                    st.loading, st.state, flip_at = target, "loading", time.monotonic() + args.load_delay
+                    announcer.poke()
+                if flip_at is not None and time.monotonic() >= flip_at:
+                    st.serving, st.loading, st.state, flip_at = st.loading, None, "serving", None
+                    logger.info(f"serving {st.serving}")
+                    announcer.poke()
+                if prober and time.monotonic() - last_probe >= min(dcfg.link_refresh, 2.0):
+                    last_probe = time.monotonic()
+                    peers = await swarm.get_peers()
+                    targets = {pid: s.record.addrs for pid, s in peers.items() if pid != st.peer_id}
+                    prober.forget(list(targets) + [st.peer_id])
+                    if await prober.probe_many(targets):
+                        announcer.poke_links()
+            except (asyncio.TimeoutError, OSError) as e:
+                logger.warning(f"synthetic peer round failed: {e!r}")
+            try:
+                await asyncio.wait_for(stop.wait(), min(dcfg.peer_refresh, 0.5))
+            except asyncio.TimeoutError:
+                pass
+        await ann_task
+    finally:
+        swarm.shutdown()
+    return 0
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """``python -m p2pserve.dht.synthetic_peer``."""
+    parser = argparse.ArgumentParser(prog="python -m p2pserve.dht.synthetic_peer", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    setup_logging(args.log_level)
+    return asyncio.run(amain(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
