@@ -90,6 +90,7 @@ class Shard(torch.nn.Module):
                 self.norm = self.lm_head = None
         self.rotary = rotary_cls(config=hf_config)
         self.windows = [self._sliding_window(i) for i in range(start, end)]
+        self.device = torch.device("cpu")
 
     def _sliding_window(self, layer: int) -> int | None:
         cfg = self.hf_config
@@ -105,7 +106,7 @@ class Shard(torch.nn.Module):
 
     # ------------------------------------------------------------------ loading
     @classmethod
-    def load(cls, model_path: str, spec: ModelSpec, start: int, end: int) -> "Shard":
+    def load(cls, model_path: str, spec: ModelSpec, start: int, end: int, device: str = "cpu") -> "Shard":
         """Read only this shard's tensors from the checkpoint and build the shard."""
         hf_config = AutoConfig.from_pretrained(model_path)
         hf_config._attn_implementation = "sdpa"
@@ -138,6 +139,8 @@ class Shard(torch.nn.Module):
             raise BadRequestError(f"checkpoint lacks tensors for this shard: {sorted(missing)[:5]}")
         shard.load_state_dict(state, strict=False, assign=True)
         shard.rotary.to(dtype=torch.float32)
+        shard.to(device)
+        shard.device = torch.device(device)
         shard.eval()
         return shard
 
@@ -151,14 +154,15 @@ class Shard(torch.nn.Module):
         """Run every segment through its span; returns hidden [n, H] or logits [V] per segment."""
         dtype = TORCH_DTYPES[self.spec.dtype]
         for seg in segments:
+            inputs = seg.inputs.to(self.device, non_blocking=True)
             if seg.start == 0:
-                seg.hidden = self.embed_tokens(seg.inputs)
+                seg.hidden = self.embed_tokens(inputs)
             else:
-                seg.hidden = seg.inputs.to(dtype)
+                seg.hidden = inputs.to(dtype)
         lo = min(s.start for s in segments)
         hi = max(s.end for s in segments)
         # Rotary tables for every token in the batch, computed once per step.
-        positions = torch.cat([torch.arange(s.position, s.position + s.n) for s in segments])
+        positions = torch.cat([torch.arange(s.position, s.position + s.n) for s in segments]).to(self.device)
         cos_all, sin_all = self.rotary(segments[0].hidden[None], positions[None])
         cos_all, sin_all = cos_all[0], sin_all[0]  # [T, D]
         offsets, acc = [], 0
@@ -176,6 +180,7 @@ class Shard(torch.nn.Module):
                     cos, sin = cos_all, sin_all
                 else:
                     rows = torch.cat([torch.arange(offsets[i], offsets[i] + segments[i].n) for i in active])
+                    rows = rows.to(self.device)
                     cos, sin = cos_all[rows], sin_all[rows]
                 previous_active = active
             x = torch.cat([segments[i].hidden for i in active]) if len(active) > 1 else segments[active[0]].hidden
@@ -191,7 +196,7 @@ class Shard(torch.nn.Module):
                 if seg.end != self.spec.num_layers or self.lm_head is None:
                     raise BadRequestError("logits requested from a span that does not end at the last layer")
                 last = self.norm(seg.hidden[-1:])
-                outputs.append(self.lm_head(last)[0].float())
+                outputs.append(self.lm_head(last)[0].float().cpu())
             else:
                 outputs.append(seg.hidden)
         return outputs

@@ -17,11 +17,12 @@ from p2pserve.errors import BadRequestError, OverloadedError
 class SequenceCache:
     """K/V of one session for layers [start, end): per layer [nKV, capacity, D] buffers."""
 
-    def __init__(self, start: int, end: int, num_kv_heads: int, head_dim: int, max_length: int, dtype):
+    def __init__(self, start: int, end: int, num_kv_heads: int, head_dim: int, max_length: int, dtype, device="cpu"):
         self.start, self.end = start, end
         self.max_length = max_length
         self._shape = (num_kv_heads, head_dim)
         self._dtype = dtype
+        self._device = device
         self._k: list[torch.Tensor | None] = [None] * (end - start)
         self._v: list[torch.Tensor | None] = [None] * (end - start)
         self._len = [0] * (end - start)
@@ -48,8 +49,8 @@ class SequenceCache:
         if buf_k is None or buf_k.shape[1] < new:
             cap = min(self.max_length, max(new, 2 * (buf_k.shape[1] if buf_k is not None else 16)))
             nkv, d = self._shape
-            grown_k = torch.empty(nkv, cap, d, dtype=self._dtype)
-            grown_v = torch.empty(nkv, cap, d, dtype=self._dtype)
+            grown_k = torch.empty(nkv, cap, d, dtype=self._dtype, device=self._device)
+            grown_v = torch.empty(nkv, cap, d, dtype=self._dtype, device=self._device)
             if buf_k is not None and old:
                 grown_k[:, :old] = buf_k[:, :old]
                 grown_v[:, :old] = self._v[i][:, :old]

@@ -4,7 +4,8 @@ A scheduler is a small policy. The simulator hands it a :class:`SchedulerView` â
 graph, the shared admission masks (KV estimate, prompt size) and a few live measurements â€” and
 the scheduler answers with a route or ``None`` (nothing admissible now; the query waits).
 Most policies decide hop by hop, like Helix's per-vertex IWRR: :class:`HopByHopScheduler`
-walks source -> sink and asks :meth:`HopByHopScheduler.choose` at every vertex.
+walks source -> sink and asks :meth:`HopByHopScheduler.choose` at every vertex, backing up
+when a choice leads only to masked nodes.
 """
 
 from __future__ import annotations
@@ -65,21 +66,31 @@ class HopByHopScheduler(Scheduler):
         """Called once a complete route was found (IWRR updates its loads here)."""
 
     def route(self, query: Query, view: SchedulerView) -> tuple[Stage, ...] | None:
-        """Greedy walk without backtracking: a dead end means "not now"."""
-        u = SOURCE
-        stages: list[Stage] = []
+        """Depth-first walk in the policy's order, backing up from dead ends.
+
+        At each vertex the policy picks among the admissible out-edges; if everything beyond
+        the pick is masked (say the KV estimate rules out a node three hops on), the walk backs
+        up and asks the policy again without that edge. A vertex found dead stays dead for this
+        query: what lies beyond a node does not depend on how the walk reached it.
+        """
+        dead: set[int] = set()
         edges: list[Edge] = []
-        while u != SINK:
-            cands = self.candidates(u, query, view)
-            if not cands:
-                return None
+        if not self._walk(SOURCE, query, view, dead, edges):
+            return None
+        self.commit(edges, query)
+        return tuple(e.stage for e in edges if e.stage is not None)
+
+    def _walk(self, u: int, query: Query, view: SchedulerView, dead: set[int], edges: list[Edge]) -> bool:
+        cands = [e for e in self.candidates(u, query, view) if e.dst not in dead]
+        while cands:
             e = self.choose(u, cands, query, view)
             edges.append(e)
-            if e.stage is not None:
-                stages.append(e.stage)
-            u = e.dst
-        self.commit(edges, query)
-        return tuple(stages)
+            if e.dst == SINK or self._walk(e.dst, query, view, dead, edges):
+                return True
+            edges.pop()
+            dead.add(e.dst)
+            cands = [c for c in cands if c.dst != e.dst]
+        return False
 
 
 def route_edges(route: Sequence[Stage]) -> list[tuple[int, int]]:

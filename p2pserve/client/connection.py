@@ -1,0 +1,142 @@
+"""One client-side stream to one peer, carrying one session hop.
+
+Every call sends a frame and waits for its reply under a timeout; a typed ``ErrorReply`` is
+raised as the matching ``RemoteError`` subclass, naming the peer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+import torch
+
+from p2pserve.errors import MalformedFrameError, RemoteError
+from p2pserve.protocol import (
+    PROTOCOL_VERSION,
+    SESSION_PROTOCOL,
+    CloseSession,
+    ErrorReply,
+    Forward,
+    ForwardResult,
+    FrameLimits,
+    GetStats,
+    PeerStats,
+    OpenSession,
+    SamplingParams,
+    SessionOpened,
+    decode_reply,
+)
+from p2pserve.transport import read_frame, tensor_from_wire, tensor_to_wire, write_frame
+
+
+@dataclass(frozen=True)
+class Hop:
+    """Run layers [start, end) on ``peer_id`` (reachable at ``maddrs``)."""
+
+    peer_id: str
+    start: int
+    end: int
+    maddrs: tuple[str, ...] = ()
+
+    def __str__(self) -> str:
+        return f"{self.peer_id[-8:]}[{self.start}:{self.end})"
+
+
+async def connect_p2p(p2p, hops: list[Hop]) -> None:
+    """Make sure the libp2p daemon can reach every hop (dial the maddrs we were given)."""
+    from hivemind.p2p import PeerID
+    from multiaddr import Multiaddr
+
+    for hop in hops:
+        if hop.maddrs:
+            await p2p._client.connect(PeerID.from_base58(hop.peer_id), [Multiaddr(m) for m in hop.maddrs])
+
+
+class HopConnection:
+    """A session stream to one peer."""
+
+    def __init__(self, p2p, hop: Hop, limits: FrameLimits, timeout_s: float):
+        self.p2p = p2p
+        self.hop = hop
+        self.limits = limits
+        self.timeout_s = timeout_s
+        self._reader = self._writer = None
+        self.session_id: str | None = None
+        self.opened: SessionOpened | None = None
+
+    async def open(self, model_id: str, session_id: str, max_length: int, sampling: SamplingParams) -> SessionOpened:
+        """Open the stream and the session on the peer."""
+        await self.connect()
+        msg = OpenSession(
+            version=PROTOCOL_VERSION,
+            model_id=model_id,
+            session_id=session_id,
+            start=self.hop.start,
+            end=self.hop.end,
+            max_length=max_length,
+            sampling=sampling,
+        )
+        reply, _ = await self._call(msg)
+        if not isinstance(reply, SessionOpened):
+            raise MalformedFrameError(f"expected SessionOpened from {self.hop}, got {type(reply).__name__}")
+        self.session_id, self.opened = session_id, reply
+        return reply
+
+    async def forward(self, step: int, position: int, inputs: torch.Tensor) -> ForwardResult | tuple:
+        """Send inputs for [position, position + n); returns (result, hidden or None)."""
+        meta, data = tensor_to_wire(inputs)
+        msg = Forward(session_id=self.session_id, step=step, position=position, tensor=meta)
+        reply, payload = await self._call(msg, data)
+        if not isinstance(reply, ForwardResult):
+            raise MalformedFrameError(f"expected ForwardResult from {self.hop}, got {type(reply).__name__}")
+        hidden = tensor_from_wire(reply.tensor, payload) if reply.tensor is not None else None
+        return reply, hidden
+
+    async def connect(self) -> None:
+        """Open the stream without opening a session (for GetStats)."""
+        from hivemind.p2p import PeerID
+
+        _, self._reader, self._writer = await asyncio.wait_for(
+            self.p2p.call_binary_stream_handler(PeerID.from_base58(self.hop.peer_id), SESSION_PROTOCOL),
+            self.timeout_s,
+        )
+
+    async def stats(self) -> PeerStats:
+        """Ask the peer for its load counters."""
+        if self._writer is None:
+            await self.connect()
+        reply, _ = await self._call(GetStats())
+        return reply
+
+    async def close(self) -> None:
+        """Close the session (best effort) and the stream."""
+        if self._writer is None:
+            return
+        try:
+            if self.session_id is not None:
+                await asyncio.wait_for(self._call(CloseSession(session_id=self.session_id)), 2.0)
+        except Exception:  # the peer may be dead; closing is best effort
+            pass
+        try:
+            self._writer.close()
+        except Exception:
+            pass
+        self._writer = self._reader = None
+
+    async def _call(self, msg, payload=b""):
+        if self._writer is None:
+            raise ConnectionError(f"stream to {self.hop} is closed")
+
+        async def roundtrip():
+            await write_frame(self._writer, msg, payload)
+            header, body = await read_frame(self._reader, self.limits)
+            return decode_reply(header), body
+
+        try:
+            reply, body = await asyncio.wait_for(roundtrip(), self.timeout_s)
+        except asyncio.IncompleteReadError:
+            raise ConnectionError(f"peer {self.hop} closed the stream") from None
+        if isinstance(reply, ErrorReply):
+            raise RemoteError.from_code(reply.code, reply.message, peer=self.hop.peer_id)
+        return reply, body

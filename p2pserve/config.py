@@ -1,0 +1,65 @@
+"""One frozen config dataclass per role. Defaults and their documentation live only here.
+
+The control-plane and planner configs (``DHTConfig``, ``CoordinatorConfig``, ``PlannerConfig``)
+are defined next to their code in ``p2pserve.dht`` and ``p2pserve.coordinator`` and re-exported
+lazily below, so that importing this module stays cheap.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from p2pserve.protocol import FrameLimits
+
+
+@dataclass(frozen=True)
+class BatchingConfig:
+    """Per-step token budget after gLLM's token throttling (seed 002, §3).
+
+    Prefill tokens per step: ``max(min(WP / throttle_steps, max_prefill * (kv_free - kv_threshold)
+    / (1 - kv_threshold)), min_prefill)`` where WP is the number of waiting prefill tokens and
+    kv_free the free share of the KV budget. Decode tokens per step: waiting decode tokens
+    divided by ``pipeline_depth`` (spread evenly over the micro-batches in flight).
+    """
+
+    throttle_steps: int = 8  # gLLM's #T: spread waiting prefill over this many steps
+    max_prefill_tokens: int = 2048  # #MaxP
+    min_prefill_tokens: int = 32  # #MinP: never starve prefill entirely
+    kv_threshold: float = 0.05  # KVthresh: below this free share, prefill gets #MinP only
+    pipeline_depth: int = 1  # PP depth seen by this peer's decode spreading
+    max_batch_tokens: int = 4096  # hard cap on tokens in one step, whatever the formula says
+
+
+@dataclass(frozen=True)
+class PeerConfig:
+    """Everything a peer process needs; built from CLI flags by ``p2pserve peer``."""
+
+    model: str = "default"  # checkpoint directory, or "default" for the embedded SmolLM2
+    start: int | None = None  # fixed layer range [start, end); None = whole model / plan-driven
+    end: int | None = None
+    device: str = "cpu"
+    dtype: str = "float32"
+    num_threads: int | None = None  # torch intra-op threads; tests use 1 (cores are shared)
+    kv_budget_token_layers: int | None = None  # KV slots; None = derive from kv_memory_bytes
+    kv_memory_bytes: int = 2 * 1024**3
+    session_idle_timeout_s: float = 300.0
+    max_sessions: int = 1024
+    request_timeout_s: float = 120.0
+    frame_limits: FrameLimits = field(default_factory=FrameLimits)
+    batching: BatchingConfig = field(default_factory=BatchingConfig)
+    initial_peers: tuple[str, ...] = ()
+    host_maddrs: tuple[str, ...] = ("/ip4/127.0.0.1/tcp/0",)
+    announce_maddrs: tuple[str, ...] = ()
+    identity_path: str | None = None
+
+
+@dataclass(frozen=True)
+class ClientConfig:
+    """Client-side limits and timeouts."""
+
+    hop_timeout_s: float = 60.0  # one Forward round trip, prefill included
+    connect_timeout_s: float = 20.0
+    frame_limits: FrameLimits = field(default_factory=FrameLimits)
+    max_retries: int = 3  # pipeline rebuilds per request before GenerationFailedError
+    ban_base_s: float = 5.0  # first ban of a failed peer; doubles per repeat failure
+    ban_max_s: float = 120.0

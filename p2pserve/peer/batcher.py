@@ -1,0 +1,93 @@
+"""Continuous batching with gLLM token throttling: which tokens run in the next step.
+
+Pure logic: ``TokenThrottle.schedule()`` picks work from the waiting queue given the free KV
+share; the compute worker runs what it picked and calls ``Pending.advance()``. Decode tokens
+(one per session) go first because a whole pipeline is waiting on each of them; prefill is
+chunked so a long prompt cannot stall every decode behind it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from p2pserve.config import BatchingConfig
+
+
+@dataclass
+class Pending:
+    """One Forward waiting on this peer: ``total`` tokens of which ``done`` have run."""
+
+    key: Any  # opaque handle of the compute worker (its job object)
+    total: int
+    arrival: int  # monotonically increasing ticket, for FIFO order
+    done: int = 0
+
+    @property
+    def remaining(self) -> int:
+        return self.total - self.done
+
+    @property
+    def is_decode(self) -> bool:
+        """A single-token request from a session that already has a cache."""
+        return self.total == 1
+
+    def advance(self, n: int) -> bool:
+        """Record n more tokens run; returns True when the request is complete."""
+        self.done += n
+        return self.done >= self.total
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Run tokens [offset, offset + n) of a pending request in this step."""
+
+    pending: Pending
+    offset: int
+    n: int
+
+
+@dataclass
+class TokenThrottle:
+    """gLLM token throttling over a FIFO of pending requests."""
+
+    config: BatchingConfig = field(default_factory=BatchingConfig)
+
+    def prefill_budget(self, waiting_prefill_tokens: int, kv_free_fraction: float) -> int:
+        """#P = max(min(#WP/#T, #MaxP·(KVfree−KVthresh)/(1−KVthresh)), #MinP)."""
+        c = self.config
+        spread = math.ceil(waiting_prefill_tokens / max(1, c.throttle_steps))
+        kv_term = c.max_prefill_tokens * (kv_free_fraction - c.kv_threshold) / (1.0 - c.kv_threshold)
+        return int(max(min(spread, kv_term), c.min_prefill_tokens))
+
+    def decode_budget(self, waiting_decode: int) -> int:
+        """#D = #RD / PP_depth, at least one when any decode waits."""
+        if waiting_decode == 0:
+            return 0
+        return max(1, math.ceil(waiting_decode / max(1, self.config.pipeline_depth)))
+
+    def schedule(self, waiting: list[Pending], kv_free_fraction: float) -> list[Chunk]:
+        """Choose this step's chunks; never returns an empty list when work is waiting."""
+        if not waiting:
+            return []
+        decodes = [p for p in waiting if p.is_decode]
+        prefills = sorted((p for p in waiting if not p.is_decode), key=lambda p: p.arrival)
+        cap = self.config.max_batch_tokens
+        chosen: list[Chunk] = []
+        used = 0
+        for p in sorted(decodes, key=lambda p: p.arrival)[: min(self.decode_budget(len(decodes)), cap)]:
+            chosen.append(Chunk(p, p.done, 1))
+            used += 1
+        waiting_prefill = sum(p.remaining for p in prefills)
+        budget = min(self.prefill_budget(waiting_prefill, kv_free_fraction), cap - used)
+        for p in prefills:
+            if budget <= 0:
+                break
+            n = min(p.remaining, budget)
+            chosen.append(Chunk(p, p.done, n))
+            budget -= n
+        if not chosen:  # a cap of zero left nothing: make progress on the oldest request
+            oldest = min(waiting, key=lambda p: p.arrival)
+            chosen.append(Chunk(oldest, oldest.done, min(oldest.remaining, max(1, cap))))
+        return chosen

@@ -1,0 +1,217 @@
+"""RPC edge of the peer: reads frames from a session stream, answers each with a reply.
+
+This is one of the few places that catch broad exceptions: whatever a client sends, the peer
+answers with a typed ``ErrorReply`` and keeps serving every other session. A frame whose size
+limit is exceeded leaves the stream out of sync, so that stream alone is closed after the reply.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import torch
+
+from p2pserve import __version__
+from p2pserve.errors import (
+    BadRequestError,
+    ErrorCode,
+    P2PServeError,
+    PayloadTooLargeError,
+    ProtocolError,
+    RemoteError,
+    UnknownModelError,
+)
+from p2pserve.model.spec import ModelSpec
+from p2pserve.peer.sessions import SessionTable
+from p2pserve.peer.worker import ComputeWorker, Job
+from p2pserve.protocol import (
+    CloseSession,
+    ErrorReply,
+    Forward,
+    ForwardResult,
+    FrameLimits,
+    GetStats,
+    PeerStats,
+    OpenSession,
+    SessionClosed,
+    SessionOpened,
+    decode_request,
+    error_reply,
+)
+from p2pserve.transport import read_frame, tensor_from_wire, tensor_to_wire, write_frame
+
+log = logging.getLogger(__name__)
+
+
+class SessionHandler:
+    """Serves the session protocol on hivemind binary streams."""
+
+    def __init__(
+        self,
+        spec: ModelSpec,
+        table: SessionTable,
+        worker: ComputeWorker,
+        limits: FrameLimits,
+        request_timeout_s: float,
+    ):
+        self.spec = spec
+        self.table = table
+        self.worker = worker
+        self.limits = limits
+        self.request_timeout_s = request_timeout_s
+        self.streams_open = 0
+
+    async def handle_stream(self, stream_info, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """hivemind stream-handler callback: serve frames until the client hangs up."""
+        owner = object()
+        self.streams_open += 1
+        try:
+            while True:
+                try:
+                    header, payload = await read_frame(reader, self.limits)
+                except (asyncio.IncompleteReadError, ConnectionError):
+                    return
+                except PayloadTooLargeError as e:
+                    await self._reply_error(writer, e)
+                    return  # the body was not read, so the stream is out of sync
+                reply, out_payload = await self._dispatch(header, payload, owner)
+                await write_frame(writer, reply, out_payload)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            return
+        finally:
+            self.streams_open -= 1
+            closed = self.table.close_owned_by(owner)
+            if closed:
+                log.debug("stream closed; freed %d session(s)", closed)
+            try:
+                writer.close()
+            except Exception:  # the transport may already be gone
+                pass
+
+    async def _reply_error(self, writer, exc: P2PServeError) -> None:
+        try:
+            await write_frame(writer, error_reply(exc.code, str(exc)))
+        except (ConnectionError, RuntimeError):
+            pass
+
+    async def _dispatch(self, header: bytes, payload: bytes, owner) -> tuple[object, bytes]:
+        session_id = step = None
+        try:
+            msg = decode_request(header)
+            session_id = getattr(msg, "session_id", None)
+            step = getattr(msg, "step", None)
+            if isinstance(msg, OpenSession):
+                return self._open(msg, owner), b""
+            if isinstance(msg, Forward):
+                return await self._forward(msg, payload)
+            if isinstance(msg, GetStats):
+                return self.stats(), b""
+            if isinstance(msg, CloseSession):
+                self.table.close(msg.session_id)
+                return SessionClosed(session_id=msg.session_id), b""
+            raise BadRequestError(f"unexpected message {type(msg).__name__}")
+        except (ProtocolError, RemoteError, UnknownModelError) as e:
+            code = e.code if hasattr(e, "code") else ErrorCode.BAD_REQUEST
+            if isinstance(e, UnknownModelError):
+                code = ErrorCode.UNKNOWN_MODEL
+            log.info("rejected request (%s): %s", code.value, getattr(e, "message", e))
+            return ErrorReply(code=code.value, message=getattr(e, "message", str(e)), session_id=session_id, step=step), b""
+        except Exception as e:  # never crash on input: report and keep serving
+            log.exception("internal error while handling a request")
+            return error_reply(ErrorCode.INTERNAL, f"{type(e).__name__}: {e}", session_id, step), b""
+
+    def stats(self) -> PeerStats:
+        """Current load and batching counters."""
+        st, budget = self.worker.stats, self.table.budget
+        lo, hi = self.table.served
+        return PeerStats(
+            model_id=self.spec.model_id,
+            served_start=lo,
+            served_end=hi,
+            sessions=len(self.table),
+            kv_capacity_token_layers=budget.capacity,
+            kv_free_token_layers=budget.free,
+            queued_tokens=self.worker.queued_tokens,
+            steps=st.steps,
+            tokens=st.tokens,
+            max_batch_tokens=st.max_batch_tokens,
+            max_batch_sessions=st.max_batch_sessions,
+        )
+
+    def _open(self, msg: OpenSession, owner) -> SessionOpened:
+        if msg.model_id != self.spec.model_id:
+            raise RemoteError(
+                f"this peer serves model {self.spec.model_id!r}, not {msg.model_id!r}",
+                code=ErrorCode.UNKNOWN_MODEL,
+            )
+        session = self.table.open(msg, owner)
+        lo, hi = self.table.served
+        return SessionOpened(
+            session_id=session.id,
+            start=session.start,
+            end=session.end,
+            served_start=lo,
+            served_end=hi,
+            hidden_size=self.spec.hidden_size,
+            dtype=self.spec.dtype,
+            peer_version=__version__,
+        )
+
+    async def _forward(self, msg: Forward, payload: bytes) -> tuple[ForwardResult, bytes]:
+        session = self.table.get(msg.session_id)
+        if session.busy:
+            raise BadRequestError(f"session {msg.session_id!r} already has a request in flight")
+        inputs = tensor_from_wire(msg.tensor, payload)
+        self._check_inputs(session, inputs)
+        n = inputs.shape[0]
+        if msg.position > session.position:
+            raise BadRequestError(
+                f"position {msg.position} skips ahead of the session's {session.position} cached tokens"
+            )
+        if msg.position + n > session.max_length:
+            raise BadRequestError(
+                f"positions up to {msg.position + n} exceed the session's max_length {session.max_length}"
+            )
+        if msg.position < session.position:
+            session.cache.truncate(msg.position)  # the client rewinds (e.g. regenerates a turn)
+        loop = asyncio.get_running_loop()
+        job = Job(
+            session=session,
+            inputs=inputs,
+            position=msg.position,
+            sample=session.end == self.spec.num_layers,
+            future=loop.create_future(),
+            loop=loop,
+        )
+        session.busy = True
+        try:
+            self.worker.submit(job)
+            result = await asyncio.wait_for(asyncio.shield(job.future), self.request_timeout_s)
+        finally:
+            session.busy = False
+            session.last_used = self.table.clock()
+        position = msg.position + n
+        if isinstance(result, int):
+            return ForwardResult(session_id=session.id, step=msg.step, position=position, token=result), b""
+        meta, data = tensor_to_wire(result)
+        return ForwardResult(session_id=session.id, step=msg.step, position=position, tensor=meta), data
+
+    def _check_inputs(self, session, inputs: torch.Tensor) -> None:
+        if session.start == 0:
+            if inputs.dtype != torch.int64 or inputs.dim() != 1:
+                raise BadRequestError(
+                    f"a span starting at layer 0 takes token ids int64 [n], got {inputs.dtype} {list(inputs.shape)}"
+                )
+            if inputs.numel() and (int(inputs.min()) < 0 or int(inputs.max()) >= self.spec.vocab_size):
+                raise BadRequestError(f"token ids must be in [0, {self.spec.vocab_size})")
+        else:
+            expected = str(inputs.dtype).removeprefix("torch.")
+            if inputs.dim() != 2 or inputs.shape[1] != self.spec.hidden_size:
+                raise BadRequestError(
+                    f"hidden states must be [n, {self.spec.hidden_size}], got {list(inputs.shape)}"
+                )
+            if expected != self.spec.dtype:
+                raise BadRequestError(f"hidden states must be {self.spec.dtype}, got {expected}")
+        if inputs.shape[0] == 0:
+            raise BadRequestError("a Forward must carry at least one token")

@@ -1,0 +1,41 @@
+"""Next-token choice on the peer that holds the last layer.
+
+Sampling is reproducible per position: the draw for the token at absolute position p uses a
+generator seeded from (session seed, p). A client replaying a session after a failover, on
+other peers, therefore samples exactly the tokens the original route would have.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from p2pserve.protocol import SamplingParams
+
+_MASK64 = (1 << 63) - 1
+
+
+def position_seed(seed: int, position: int) -> int:
+    """Mix a session seed and a position into a 63-bit generator seed (SplitMix64 finaliser)."""
+    z = (seed * 0x9E3779B97F4A7C15 + position + 1) & 0xFFFFFFFFFFFFFFFF
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    return (z ^ (z >> 31)) & _MASK64
+
+
+def sample_token(logits: torch.Tensor, params: SamplingParams, position: int) -> int:
+    """Pick a token from fp32 logits [V] for absolute position ``position``."""
+    if params.temperature == 0.0:
+        return int(torch.argmax(logits))
+    scores = logits.float() / params.temperature
+    if params.top_k and params.top_k < scores.shape[-1]:
+        kth = torch.topk(scores, params.top_k).values[-1]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    if params.top_p < 1.0:
+        sorted_scores, order = torch.sort(scores, descending=True)
+        cumulative = torch.softmax(sorted_scores, dim=-1).cumsum(-1)
+        # Drop tokens once the mass before them already reaches top_p (keep at least one).
+        drop = (cumulative - torch.softmax(sorted_scores, dim=-1)) >= params.top_p
+        scores = scores.scatter(0, order, sorted_scores.masked_fill(drop, float("-inf")))
+    probs = torch.softmax(scores, dim=-1)
+    gen = torch.Generator().manual_seed(position_seed(params.seed, position))
+    return int(torch.multinomial(probs, 1, generator=gen))

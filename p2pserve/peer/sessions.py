@@ -1,0 +1,138 @@
+"""The peer's session table: admission against the KV budget, idle expiry, explicit close.
+
+Pure bookkeeping with an injected clock; the compute worker owns the tensors inside each
+session's cache, the asyncio handlers own this table.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Callable
+
+from p2pserve.errors import BadRequestError, OverloadedError, SessionNotFoundError
+from p2pserve.model.spec import ModelSpec
+from p2pserve.peer.kv_cache import KVBudget, SequenceCache
+from p2pserve.protocol import OpenSession, SamplingParams
+
+
+@dataclass
+class Session:
+    """One client's session on this peer: its span, its cache and its position counter.
+
+    The peer counts positions itself: a peer without layer 0 cannot infer them from token ids.
+    """
+
+    id: str
+    start: int
+    end: int
+    max_length: int
+    sampling: SamplingParams
+    cache: SequenceCache
+    reserved: int
+    owner: object  # the stream that opened it; closed together with it
+    last_used: float
+    busy: bool = False
+
+    @property
+    def position(self) -> int:
+        return self.cache.length
+
+
+@dataclass
+class SessionTable:
+    """Open sessions of one peer, keyed by session id."""
+
+    spec: ModelSpec
+    served: tuple[int, int]
+    budget: KVBudget
+    idle_timeout_s: float
+    max_sessions: int = 1024
+    clock: Callable[[], float] = time.monotonic
+    torch_dtype: object = None
+    device: str = "cpu"
+    _sessions: dict[str, Session] = field(default_factory=dict)
+    _expired: OrderedDict = field(default_factory=OrderedDict)  # recently expired ids, for messages
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def open(self, msg: OpenSession, owner: object) -> Session:
+        """Validate an OpenSession and reserve its KV; raises a typed error when it cannot."""
+        lo, hi = self.served
+        if not (lo <= msg.start < msg.end <= hi):
+            raise BadRequestError(
+                f"layers [{msg.start}, {msg.end}) are outside this peer's range [{lo}, {hi})"
+            )
+        if msg.max_length <= 0 or msg.max_length > self.spec.max_position_embeddings:
+            raise BadRequestError(
+                f"max_length must be in [1, {self.spec.max_position_embeddings}], got {msg.max_length}"
+            )
+        reason = msg.sampling.validate()
+        if reason:
+            raise BadRequestError(reason)
+        if msg.session_id in self._sessions:
+            raise BadRequestError(f"session {msg.session_id!r} is already open")
+        if not msg.session_id or len(msg.session_id) > 128:
+            raise BadRequestError("session_id must be 1..128 characters")
+        if len(self._sessions) >= self.max_sessions:
+            raise OverloadedError(f"this peer already holds {self.max_sessions} sessions")
+        need = msg.max_length * (msg.end - msg.start)
+        self.budget.reserve(need)
+        cache = SequenceCache(
+            msg.start, msg.end, self.spec.num_kv_heads, self.spec.head_dim, msg.max_length, self.torch_dtype, self.device
+        )
+        session = Session(
+            id=msg.session_id,
+            start=msg.start,
+            end=msg.end,
+            max_length=msg.max_length,
+            sampling=msg.sampling,
+            cache=cache,
+            reserved=need,
+            owner=owner,
+            last_used=self.clock(),
+        )
+        self._sessions[msg.session_id] = session
+        return session
+
+    def get(self, session_id: str) -> Session:
+        """The open session with this id, or SessionNotFoundError saying whether it expired."""
+        session = self._sessions.get(session_id)
+        if session is None:
+            if session_id in self._expired:
+                raise SessionNotFoundError(
+                    f"session {session_id!r} expired after {self.idle_timeout_s:.0f} s idle; open a new one"
+                )
+            raise SessionNotFoundError(f"unknown session {session_id!r}; open it first")
+        session.last_used = self.clock()
+        return session
+
+    def close(self, session_id: str) -> bool:
+        """Close a session and free its KV reservation; False if it was not open."""
+        session = self._sessions.pop(session_id, None)
+        if session is None:
+            return False
+        self.budget.release(session.reserved)
+        return True
+
+    def close_owned_by(self, owner: object) -> int:
+        """Close every session opened on a stream that went away; returns how many."""
+        ids = [s.id for s in self._sessions.values() if s.owner is owner]
+        for sid in ids:
+            self.close(sid)
+        return len(ids)
+
+    def expire_idle(self) -> list[str]:
+        """Close sessions idle longer than the timeout (never one with a request in flight)."""
+        now = self.clock()
+        stale = [
+            s.id for s in self._sessions.values() if not s.busy and now - s.last_used > self.idle_timeout_s
+        ]
+        for sid in stale:
+            self.close(sid)
+            self._expired[sid] = now
+            while len(self._expired) > 4096:
+                self._expired.popitem(last=False)
+        return stale

@@ -1,0 +1,160 @@
+"""The compute thread: one per device, running continuous batches over all sessions.
+
+The asyncio loop submits jobs and awaits futures; this thread repeatedly asks the
+``TokenThrottle`` for the next step's chunks, runs them through the shard in one batch, and
+resolves futures when a job's last chunk is done. Network I/O never waits on compute and
+compute never waits on I/O.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import threading
+from dataclasses import dataclass, field
+
+import torch
+
+from p2pserve.errors import P2PServeError, RemoteError
+from p2pserve.model.shard import Segment, Shard
+from p2pserve.peer.batcher import Pending, TokenThrottle
+from p2pserve.peer.kv_cache import KVBudget
+from p2pserve.peer.sampling import sample_token
+from p2pserve.peer.sessions import Session
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Job:
+    """A Forward to run: ``inputs`` are token ids [n] or hidden states [n, H]."""
+
+    session: Session
+    inputs: torch.Tensor
+    position: int
+    sample: bool  # span ends at the last layer: return a sampled token
+    future: asyncio.Future
+    loop: asyncio.AbstractEventLoop
+    outputs: list = field(default_factory=list)
+
+
+@dataclass
+class WorkerStats:
+    """Counters for status and benchmarks."""
+
+    steps: int = 0
+    tokens: int = 0
+    max_batch_tokens: int = 0
+    max_batch_sessions: int = 0
+
+
+class ComputeWorker:
+    """Owns the shard and runs batches on a dedicated thread."""
+
+    def __init__(self, shard: Shard, throttle: TokenThrottle, budget: KVBudget):
+        self.shard = shard
+        self.throttle = throttle
+        self.budget = budget
+        self.stats = WorkerStats()
+        self._cv = threading.Condition()
+        self._incoming: list[Job] = []
+        self._waiting: list[Pending] = []
+        self._tickets = itertools.count()
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name="p2pserve-compute", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self._cv:
+            self._stop = True
+            self._cv.notify()
+        self._thread.join(timeout=10)
+
+    @property
+    def queued_tokens(self) -> int:
+        """Tokens waiting to run (announced as live load)."""
+        return sum(p.remaining for p in self._waiting) + sum(j.inputs.shape[0] for j in self._incoming)
+
+    def submit(self, job: Job) -> None:
+        """Queue a job; its future resolves with hidden states [n, H] or a token id."""
+        with self._cv:
+            self._incoming.append(job)
+            self._cv.notify()
+
+    # ------------------------------------------------------------------ thread
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._stop and not self._incoming and not self._waiting:
+                    self._cv.wait()
+                if self._stop:
+                    break
+                for job in self._incoming:
+                    self._waiting.append(Pending(job, job.inputs.shape[0], next(self._tickets)))
+                self._incoming.clear()
+            self._step()
+        for p in self._waiting:
+            _resolve(p.key, exc=RemoteError("peer is shutting down"))
+
+    def _step(self) -> None:
+        chunks = self.throttle.schedule(self._waiting, self.budget.free_fraction)
+        segments = []
+        for ch in chunks:
+            job: Job = ch.pending.key
+            last = ch.offset + ch.n == ch.pending.total
+            segments.append(
+                Segment(
+                    inputs=job.inputs[ch.offset : ch.offset + ch.n],
+                    position=job.position + ch.offset,
+                    start=job.session.start,
+                    end=job.session.end,
+                    cache=job.session.cache,
+                    want_logits=job.sample and last,
+                )
+            )
+        try:
+            outputs = self.shard.forward_batch(segments)
+        except Exception as e:  # a bug or OOM must fail these jobs, not the peer
+            log.exception("batch failed")
+            err = e if isinstance(e, P2PServeError) else RemoteError(f"compute failed: {type(e).__name__}: {e}")
+            for ch in chunks:
+                job = ch.pending.key
+                job.session.cache.truncate(job.position)  # drop half-written positions
+                self._waiting.remove(ch.pending)
+                _resolve(job, exc=err)
+            return
+        st = self.stats
+        n_tokens = sum(c.n for c in chunks)
+        st.steps += 1
+        st.tokens += n_tokens
+        st.max_batch_tokens = max(st.max_batch_tokens, n_tokens)
+        st.max_batch_sessions = max(st.max_batch_sessions, len(chunks))
+        for ch, out in zip(chunks, outputs):
+            job = ch.pending.key
+            job.outputs.append(out)
+            if ch.pending.advance(ch.n):
+                self._waiting.remove(ch.pending)
+                if job.sample:
+                    position = job.position + ch.pending.total  # position of the new token
+                    _resolve(job, value=sample_token(out, job.session.sampling, position))
+                else:
+                    value = job.outputs[0] if len(job.outputs) == 1 else torch.cat(job.outputs)
+                    _resolve(job, value=value)
+
+
+def _resolve(job: Job, value=None, exc: BaseException | None = None) -> None:
+    def deliver() -> None:
+        if job.future.done():
+            return
+        if exc is not None:
+            job.future.set_exception(exc)
+        else:
+            job.future.set_result(value)
+
+    try:
+        job.loop.call_soon_threadsafe(deliver)
+    except RuntimeError:  # loop already closed during shutdown
+        pass

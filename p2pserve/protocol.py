@@ -1,0 +1,233 @@
+"""Every message that crosses the wire, and how frames are laid out. No I/O here.
+
+A frame is ``[u32 header_len][u64 payload_len][header][payload]`` (big-endian). The header is a
+MessagePack map decoded by msgspec straight into one of the typed structs below (tagged by its
+``t`` field); the payload is raw tensor bytes described by a ``TensorMeta`` in the header. Sizes
+are checked against limits before anything is allocated, and nothing is ever unpickled.
+
+Client -> peer: ``OpenSession``, ``Forward``, ``CloseSession``, ``GetStats``.
+Peer -> client: ``SessionOpened``, ``ForwardResult``, ``SessionClosed``, ``PeerStats``, ``ErrorReply``.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from dataclasses import dataclass
+from typing import Union
+
+import msgspec
+
+from p2pserve.errors import (
+    ErrorCode,
+    MalformedFrameError,
+    PayloadTooLargeError,
+    VersionMismatchError,
+)
+
+PROTOCOL_VERSION = 1
+SESSION_PROTOCOL = "/p2pserve/session/1"
+
+FRAME_PREFIX = struct.Struct(">IQ")  # header_len, payload_len
+DTYPE_SIZES = {"float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4}
+MAX_TENSOR_DIMS = 4
+
+
+@dataclass(frozen=True)
+class FrameLimits:
+    """Upper bounds checked before any allocation; configured per role."""
+
+    max_header_bytes: int = 64 * 1024
+    max_payload_bytes: int = 256 * 1024 * 1024
+
+
+class TensorMeta(msgspec.Struct, frozen=True):
+    """Describes the raw payload bytes: dtype, shape, and their product in bytes."""
+
+    dtype: str
+    shape: list[int]
+    nbytes: int
+
+    def validate(self, payload_len: int) -> None:
+        """Raise MalformedFrameError unless dtype, shape and byte counts agree."""
+        if self.dtype not in DTYPE_SIZES:
+            raise MalformedFrameError(f"unsupported tensor dtype {self.dtype!r}")
+        if len(self.shape) > MAX_TENSOR_DIMS or any(d < 0 for d in self.shape):
+            raise MalformedFrameError(f"invalid tensor shape {self.shape}")
+        expected = math.prod(self.shape) * DTYPE_SIZES[self.dtype]
+        if expected != self.nbytes or self.nbytes != payload_len:
+            raise MalformedFrameError(
+                f"tensor of shape {self.shape} {self.dtype} needs {expected} bytes, "
+                f"header says {self.nbytes}, payload has {payload_len}"
+            )
+
+
+class SamplingParams(msgspec.Struct, frozen=True):
+    """How the peer holding the last layer picks the next token.
+
+    temperature 0 means greedy. The random draw for the token at absolute position p uses a
+    generator seeded from (seed, p), so replaying a session reproduces its tokens exactly.
+    """
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+
+    def validate(self) -> str | None:
+        """Return a reason if the parameters are unusable, else None."""
+        if not (0.0 <= self.temperature <= 100.0) or math.isnan(self.temperature):
+            return f"temperature must be in [0, 100], got {self.temperature}"
+        if self.top_k < 0:
+            return f"top_k must be >= 0, got {self.top_k}"
+        if not (0.0 < self.top_p <= 1.0):
+            return f"top_p must be in (0, 1], got {self.top_p}"
+        return None
+
+
+class OpenSession(msgspec.Struct, frozen=True, tag_field="t", tag="open"):
+    """Open a session that will run layers [start, end) of ``model_id`` on this peer.
+
+    ``max_length`` bounds the positions the session will ever hold; the peer reserves that much
+    KV cache up front (or answers "overloaded"). When ``end`` is the model's last layer the
+    peer samples a token with ``sampling``; otherwise it returns hidden states.
+    """
+
+    version: int
+    model_id: str
+    session_id: str
+    start: int
+    end: int
+    max_length: int
+    sampling: SamplingParams = SamplingParams()
+
+
+class Forward(msgspec.Struct, frozen=True, tag_field="t", tag="forward"):
+    """Run tokens [position, position + n) of a session through its span.
+
+    The payload is token ids (int64 [n]) when the span starts at layer 0, else hidden states
+    [n, hidden]. ``position`` below the session's length rewinds the cache to it first.
+    """
+
+    session_id: str
+    step: int
+    position: int
+    tensor: TensorMeta
+
+
+class CloseSession(msgspec.Struct, frozen=True, tag_field="t", tag="close"):
+    """Free a session's KV cache now instead of waiting for the idle timeout."""
+
+    session_id: str
+
+
+class GetStats(msgspec.Struct, frozen=True, tag_field="t", tag="get_stats"):
+    """Ask the peer for its load and batching counters (no session needed)."""
+
+
+class SessionOpened(msgspec.Struct, frozen=True, tag_field="t", tag="opened"):
+    """The session is open; echoes what the peer serves so the client can check the chain."""
+
+    session_id: str
+    start: int
+    end: int
+    served_start: int
+    served_end: int
+    hidden_size: int
+    dtype: str
+    peer_version: str
+
+
+class ForwardResult(msgspec.Struct, frozen=True, tag_field="t", tag="result"):
+    """Output of one Forward: hidden states (payload) or, at the last layer, a sampled token."""
+
+    session_id: str
+    step: int
+    position: int
+    tensor: TensorMeta | None = None
+    token: int | None = None
+
+
+class SessionClosed(msgspec.Struct, frozen=True, tag_field="t", tag="closed"):
+    """Acknowledges CloseSession."""
+
+    session_id: str
+
+
+class PeerStats(msgspec.Struct, frozen=True, tag_field="t", tag="stats"):
+    """Live load and counters of a peer."""
+
+    model_id: str
+    served_start: int
+    served_end: int
+    sessions: int
+    kv_capacity_token_layers: int
+    kv_free_token_layers: int
+    queued_tokens: int
+    steps: int
+    tokens: int
+    max_batch_tokens: int
+    max_batch_sessions: int
+
+
+class ErrorReply(msgspec.Struct, frozen=True, tag_field="t", tag="error"):
+    """A typed error: ``code`` is an ErrorCode value; ``message`` says what to do about it."""
+
+    code: str
+    message: str
+    session_id: str | None = None
+    step: int | None = None
+
+
+Request = Union[OpenSession, Forward, CloseSession, GetStats]
+Reply = Union[SessionOpened, ForwardResult, SessionClosed, PeerStats, ErrorReply]
+
+_request_decoder = msgspec.msgpack.Decoder(Request)
+_reply_decoder = msgspec.msgpack.Decoder(Reply)
+_encoder = msgspec.msgpack.Encoder()
+
+
+def encode_frame(message: msgspec.Struct, payload: bytes | memoryview = b"") -> list[bytes | memoryview]:
+    """Serialize a message and its raw payload into frame parts (written without copying)."""
+    header = _encoder.encode(message)
+    return [FRAME_PREFIX.pack(len(header), len(payload)), header, payload]
+
+
+def check_prefix(prefix: bytes, limits: FrameLimits) -> tuple[int, int]:
+    """Parse a frame prefix and enforce limits before the body is read."""
+    header_len, payload_len = FRAME_PREFIX.unpack(prefix)
+    if header_len == 0 or header_len > limits.max_header_bytes:
+        raise PayloadTooLargeError(
+            f"frame header of {header_len} bytes is outside (0, {limits.max_header_bytes}]"
+        )
+    if payload_len > limits.max_payload_bytes:
+        raise PayloadTooLargeError(
+            f"payload of {payload_len} bytes exceeds the limit of {limits.max_payload_bytes}"
+        )
+    return header_len, payload_len
+
+
+def decode_request(header: bytes) -> Request:
+    """Decode a client->peer header; raises MalformedFrameError / VersionMismatchError."""
+    try:
+        msg = _request_decoder.decode(header)
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        raise MalformedFrameError(f"cannot decode request: {e}") from None
+    if isinstance(msg, OpenSession) and msg.version != PROTOCOL_VERSION:
+        raise VersionMismatchError(
+            f"client speaks protocol {msg.version}, this peer speaks {PROTOCOL_VERSION}; upgrade p2pserve"
+        )
+    return msg
+
+
+def decode_reply(header: bytes) -> Reply:
+    """Decode a peer->client header; raises MalformedFrameError."""
+    try:
+        return _reply_decoder.decode(header)
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        raise MalformedFrameError(f"cannot decode reply: {e}") from None
+
+
+def error_reply(code: ErrorCode, message: str, session_id: str | None = None, step: int | None = None) -> ErrorReply:
+    """Build an ErrorReply from an ErrorCode."""
+    return ErrorReply(code=code.value, message=message, session_id=session_id, step=step)

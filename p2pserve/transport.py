@@ -1,0 +1,64 @@
+"""Frames over a byte stream, and tensors to and from raw bytes.
+
+Shared by the peer's handlers and the client's connections: it knows asyncio streams and
+torch, and nothing about sessions. Layout and limits are defined in ``protocol.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import msgspec
+import torch
+
+from p2pserve.protocol import FRAME_PREFIX, FrameLimits, TensorMeta, check_prefix, encode_frame
+
+_TORCH_DTYPES = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "int64": torch.int64,
+    "int32": torch.int32,
+}
+_DTYPE_NAMES = {v: k for k, v in _TORCH_DTYPES.items()}
+
+
+def tensor_to_wire(t: torch.Tensor) -> tuple[TensorMeta, memoryview]:
+    """Describe a tensor and expose its bytes without copying (after making it contiguous)."""
+    t = t.detach().contiguous().cpu()
+    if t.dtype not in _DTYPE_NAMES:
+        raise TypeError(f"cannot send tensors of dtype {t.dtype}")
+    raw = t.view(torch.uint8).reshape(-1).numpy() if t.numel() else b""
+    data = memoryview(raw)
+    return TensorMeta(dtype=_DTYPE_NAMES[t.dtype], shape=list(t.shape), nbytes=len(data)), data
+
+
+def tensor_from_wire(meta: TensorMeta, payload: bytes | bytearray) -> torch.Tensor:
+    """Rebuild a tensor from a validated TensorMeta and its payload."""
+    meta.validate(len(payload))
+    dtype = _TORCH_DTYPES[meta.dtype]
+    if not meta.nbytes:
+        return torch.empty(meta.shape, dtype=dtype)
+    buf = payload if isinstance(payload, bytearray) else bytearray(payload)
+    return torch.frombuffer(buf, dtype=dtype).reshape(meta.shape)
+
+
+async def write_frame(writer: asyncio.StreamWriter, message: msgspec.Struct, payload=b"") -> None:
+    """Write one frame and wait until the transport accepted it."""
+    for part in encode_frame(message, payload):
+        if len(part):
+            writer.write(part)
+    await writer.drain()
+
+
+async def read_frame(reader: asyncio.StreamReader, limits: FrameLimits) -> tuple[bytes, bytes]:
+    """Read one frame's header and payload bytes, enforcing limits before reading the body.
+
+    Raises asyncio.IncompleteReadError at end of stream and PayloadTooLargeError when a limit
+    is exceeded (the stream is then out of sync and must be closed by the caller).
+    """
+    prefix = await reader.readexactly(FRAME_PREFIX.size)
+    header_len, payload_len = check_prefix(prefix, limits)
+    header = await reader.readexactly(header_len)
+    payload = await reader.readexactly(payload_len) if payload_len else b""
+    return header, payload
