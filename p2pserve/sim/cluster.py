@@ -40,12 +40,14 @@ class ClusterSim:
         window: tuple[float, float] = (0.0, float("inf")),
         loop: EventLoop | None = None,
         entry_overhead: bool = True,
+        kv_mask: bool = True,
     ) -> None:
         self.loop = loop if loop is not None else EventLoop()
         self.topology = topology
         self.scheduler = scheduler
         self.kv = kv
         self.latencies = dict(latencies)
+        self.kv_mask = kv_mask  # apply Helix's KV estimate as a routing mask
         self.recorder = Recorder(*window)
         self.pending: deque[Query] = deque()
         self.submitted = 0
@@ -62,6 +64,7 @@ class ClusterSim:
             self.nodes[idx] = Node(
                 self.loop, idx, spec.start, spec.end, self.latencies[idx], spec.caps, overhead,
                 self._node_exit, policy=policy, kv_free=kv.free_fraction,
+                kv_capacity=spec.kv_capacity,
             )
         # One Link object per directed pair the routing graph can use.
         self.links: dict[tuple[int, int], Link] = {}
@@ -77,12 +80,15 @@ class ClusterSim:
 
     # ------------------------------------------------------------ SchedulerView
     def admissible(self, edge: Edge, query: Query) -> bool:
-        """Mask a node when the prompt exceeds its prompt cap or its KV estimate is full."""
+        """Mask a node when the prompt exceeds its prompt cap or (with ``kv_mask``) its KV
+        estimate is full."""
         if edge.stage is None:
             return True
         node = self.topology.nodes[edge.dst]
         if query.input_len > node.caps.prompt_max_tokens:
             return False
+        if not self.kv_mask:
+            return True
         need = self.kv.tokens_per_layer(query.input_len) * edge.stage.layers
         return self.kv.fits(edge.dst, need)
 
@@ -208,6 +214,9 @@ class ClusterSim:
         query.finished = now
         self.recorder.finish(now)
         self.kv.release(query)
+        nodes = self.nodes
+        for st in query.route:
+            nodes[st.node].release(query)
         self.scheduler.on_finish(query)
         if self._policy.dynamic:
             depth = len(query.route)
@@ -240,7 +249,7 @@ class ClusterSim:
             events=self.loop.events_run,
             avg_route_depth=self.depth_total / self.routed if self.routed else 0.0,
             node_utilization={i: n.busy_time / now for i, n in sorted(self.nodes.items())},
-            extra=dict(extra or {}),
+            extra=dict(extra or {}, kv_gate_waits=sum(n.kv_waits for n in self.nodes.values())),
         )
 
 

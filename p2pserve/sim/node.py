@@ -10,6 +10,13 @@ Semantics follow the Helix simulator (see ``shared/data/helix/README.md``):
   exactly one decode token, plus a concat/transfer overhead per token entering the node here;
 * after the layer, jobs whose stage ends there leave through ``on_exit``; the rest move on to
   the next layer's queue.
+
+KV cache: a node holds ``kv_capacity`` token-layer entries. A query's prompt is admitted only
+when its whole footprint ``(input + output) * layers`` fits (vLLM would otherwise have to preempt
+or swap sessions); otherwise it waits, FIFO, until finished queries release entries. The
+footprint uses the query's true output length — an optimistic stand-in for vLLM's incremental
+allocation with preemption. Schedulers that keep Helix's KV estimate never make a node wait
+here; schedulers without it can over-subscribe a node and stall behind this gate.
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ class Node:
         "loop", "idx", "start", "end", "k", "latency", "caps", "policy", "overhead",
         "on_exit", "kv_free", "pq", "dq", "busy", "ptr", "queued_tokens", "busy_time",
         "batches", "work_ema", "time_ema", "running_decodes", "depth_sum", "_p", "_d",
+        "kv_capacity", "kv_used", "kv_held", "kv_wait", "kv_waits",
     )
 
     def __init__(
@@ -53,6 +61,7 @@ class Node:
         on_exit: Callable[["Node", list[Query]], None],
         policy=None,
         kv_free: Callable[[int], float] | None = None,
+        kv_capacity: int = 0,
     ) -> None:
         self.loop = loop
         self.idx = idx
@@ -78,6 +87,11 @@ class Node:
         self.time_ema = 0.0
         self.running_decodes = 0  # decode-phase queries whose route passes here (throttling)
         self.depth_sum = 0  # sum of their route depths
+        self.kv_capacity = kv_capacity  # token-layer entries; 0 = unlimited
+        self.kv_used = 0
+        self.kv_held: dict[int, int] = {}  # qid -> entries held
+        self.kv_wait: list[Query] = []  # prompts waiting for KV space, FIFO
+        self.kv_waits = 0  # how many prompts had to wait (diagnostic)
         # prompt/decode latency tables bound locally for the hot path
         self._p = latency.prompt_s
         self._d = latency.decode_s
@@ -88,17 +102,47 @@ class Node:
         start = self.start
         pq, dq = self.pq, self.dq
         tokens = 0
+        cap = self.kv_capacity
         for j in jobs:
             st = j.route[j.hop]
             j.entry = st.start
             j.exit = st.end
+            tokens += j.tokens
             if j.is_prompt:
+                if cap:
+                    need = (j.input_len + j.output_len) * (st.end - st.start)
+                    if self.kv_wait or self.kv_used + need > cap:
+                        self.kv_wait.append(j)
+                        self.kv_waits += 1
+                        continue
+                    self.kv_used += need
+                    self.kv_held[j.qid] = need
                 pq[st.start - start].append(j)
             else:
                 dq[st.start - start].append(j)
-            tokens += j.tokens
         self.queued_tokens += tokens
         if not self.busy:
+            self._next()
+
+    def release(self, query: Query) -> None:
+        """``query`` finished: free its KV entries and admit waiting prompts that now fit."""
+        need = self.kv_held.pop(query.qid, 0)
+        if not need:
+            return
+        self.kv_used -= need
+        wait = self.kv_wait
+        admitted = 0
+        while wait:
+            j = wait[0]
+            need = (j.input_len + j.output_len) * (j.exit - j.entry)
+            if self.kv_used + need > self.kv_capacity:
+                break
+            wait.pop(0)
+            self.kv_used += need
+            self.kv_held[j.qid] = need
+            self.pq[j.entry - self.start].append(j)
+            admitted += 1
+        if admitted and not self.busy:
             self._next()
 
     def speed(self) -> float:

@@ -45,6 +45,11 @@ class SimConfig:
     lengths: str = "azure_conv"
     arrivals: str = "azure_conv"
     entry_overhead: bool = True
+    kv_mask: bool | None = None  # Helix's KV-estimate mask; default: on for iwrr only
+
+    def resolved_kv_mask(self) -> bool:
+        """KV masking is part of Helix's scheduler (§5.2); the baselines route without it."""
+        return self.scheduler == "iwrr" if self.kv_mask is None else self.kv_mask
 
     def resolved_warmup(self) -> float:
         """Warm-up seconds for this mode."""
@@ -72,6 +77,7 @@ def build_sim(scenario: Scenario, cfg: SimConfig) -> ClusterSim:
         batch_policy=ThrottlePolicy() if cfg.throttle else CapsPolicy(),
         window=(warm, warm + cfg.duration),
         entry_overhead=cfg.entry_overhead,
+        kv_mask=cfg.resolved_kv_mask(),
     )
 
 
@@ -81,7 +87,12 @@ def simulate(scenario: Scenario, cfg: SimConfig) -> SimResult:
     inputs, outputs = load_lengths(cfg.lengths)
     sampler = LengthSampler(inputs, outputs, np.random.default_rng(cfg.seed + 1))
     end = cfg.resolved_warmup() + cfg.duration
-    extra: dict = {"scheduler": cfg.scheduler, "mode": cfg.mode, "throttle": cfg.throttle}
+    extra: dict = {
+        "scheduler": cfg.scheduler,
+        "mode": cfg.mode,
+        "throttle": cfg.throttle,
+        "kv_mask": cfg.resolved_kv_mask(),
+    }
     extra.update(scenario.describe())
     if cfg.mode == "offline":
         _attach_offline(sim, sampler, cfg.feeding)
