@@ -56,6 +56,9 @@ class CoordinatorConfig:
     default_bandwidth: float = 1.25e6  # bytes/s assumed for an unmeasured link (10 Mbit/s)
     default_rtt: float = 0.1  # seconds assumed for an unmeasured link
     client_bandwidth: float = 12.5e6  # bytes/s of source/sink edges (clients are not probed)
+    # a new candidate only observes for this long before it may lead, so that it has seen every
+    # live candidacy (default: one candidate TTL); avoids two leaders right after a start
+    election_grace: Optional[float] = None
 
     def __post_init__(self) -> None:
         if self.num_layers < 1:
@@ -360,10 +363,13 @@ class CoordinatorService:
         if not any(c.coordinator_id == me.coordinator_id for c in cands):
             cands.append(me)  # our own record may not be readable yet
         leader = elect_leader(cands)
-        was_leader, self.is_leader = self.is_leader, leader is not None and leader.coordinator_id == self.coordinator_id
+        grace = self.config.election_grace if self.config.election_grace is not None else self.swarm.config.candidate_ttl
+        may_lead = now - self.start_time >= grace
+        was_leader = self.is_leader
+        self.is_leader = may_lead and leader is not None and leader.coordinator_id == self.coordinator_id
         if not self.is_leader:
             if was_leader:
-                logger.info(f"stepping down: {leader.coordinator_id} leads now")
+                logger.info(f"stepping down: {leader.coordinator_id if leader else 'nobody'} leads now")
             self._last_summary = None  # take fresh decisions if leadership comes back
             return None
         peers = {pid: s.record for pid, s in (await self.swarm.get_peers()).items()}

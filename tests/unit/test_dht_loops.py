@@ -1,0 +1,157 @@
+"""Announcer, coordinator loop and prober arithmetic against fakes (no network, fake clock)."""
+
+import asyncio
+
+import pytest
+
+from p2pserve.coordinator.service import CoordinatorConfig, CoordinatorService
+from p2pserve.dht.announcer import Announcer
+from p2pserve.dht.config import DHTConfig
+from p2pserve.dht.election import SignedPlan, choose_plan
+from p2pserve.dht.prober import ProberConfig, TokenBucket, bandwidth_from, next_probe_size
+from p2pserve.dht.records import LinkInfo, LinkStat, PeerInfo
+from p2pserve.dht.status_command import collect_status, format_status
+from p2pserve.dht.swarm import Signed
+
+
+class Clock:
+    def __init__(self):
+        self.t = 1000.0
+
+    def __call__(self):
+        return self.t
+
+
+class FakeSwarm:
+    """An in-memory DHT view shared by several fake nodes."""
+
+    def __init__(self, shared, name, cfg):
+        self.shared, self.name, self.config = shared, name, cfg
+        self.peer_id = name
+        self.public_key = "key-" + name
+
+    async def announce_peer(self, info):
+        self.shared.setdefault("peers", {})[self.name] = info
+        return True
+
+    async def announce_links(self, info):
+        self.shared.setdefault("links", {})[self.name] = info
+        return True
+
+    async def announce_candidate(self, c):
+        self.shared.setdefault("cands", {})[self.name] = c
+        return True
+
+    async def publish_plan(self, plan):
+        self.shared.setdefault("plans", {})[self.name] = plan
+        return True
+
+    async def withdraw(self, kind):
+        self.shared.get("cands", {}).pop(self.name, None)
+
+    async def withdraw_all(self):
+        for k in ("peers", "links", "cands"):
+            self.shared.get(k, {}).pop(self.name, None)
+
+    async def get_peers(self):
+        return {p.peer_id: Signed(p, "k", 0) for p in self.shared.get("peers", {}).values()}
+
+    async def get_links(self):
+        return {}
+
+    async def get_candidates(self):
+        return [Signed(c, "k", 0) for c in self.shared.get("cands", {}).values()]
+
+    async def get_plans(self):
+        return [SignedPlan(p, n) for n, p in self.shared.get("plans", {}).items()]
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_announcer_refreshes_on_period_and_withdraws():
+    shared, clock = {}, Clock()
+    sw = FakeSwarm(shared, "p", DHTConfig(model="m", peer_refresh=5.0, link_refresh=20.0))
+    calls = []
+
+    def info():
+        calls.append(clock.t)
+        return PeerInfo(model="m", peer_id="p")
+
+    ann = Announcer(sw, info, lambda: LinkInfo(model="m", peer_id="p"), clock=clock)
+
+    async def go():
+        assert await ann.step() == 5.0
+        clock.t += 2.0
+        assert await ann.step() == 3.0
+        clock.t += 3.0
+        await ann.step()
+        assert calls == [1000.0, 1005.0]
+        assert "p" in shared["peers"] and "p" in shared["links"]
+        await ann.shutdown()
+        assert "p" not in shared["peers"]
+
+    run(go())
+
+
+def test_coordinator_failover_with_fake_clock():
+    shared, clock = {}, Clock()
+    cfg = DHTConfig(model="m", candidate_refresh=1.0, plan_refresh=2.0, max_clock_skew=0.0)
+    a = CoordinatorService(FakeSwarm(shared, "a", cfg), CoordinatorConfig(num_layers=4, priority=2), clock=clock)
+    b = CoordinatorService(FakeSwarm(shared, "b", cfg), CoordinatorConfig(num_layers=4, priority=1), clock=clock)
+    shared["peers"] = {"x": PeerInfo(model="m", peer_id="x", max_layers=4, throughput_decode=[4.0, 3.0, 2.0, 1.0])}
+
+    async def go():
+        await a.step(), await b.step()  # inside the election grace: nobody leads yet
+        assert not a.is_leader and not b.is_leader and "plans" not in shared
+        clock.t += 2.5
+        assert (await a.step()).startswith("published")
+        assert await b.step() is None and a.is_leader and not b.is_leader
+        assert shared["plans"]["a"].epoch == 1 and shared["plans"]["a"].targets == {"x": (0, 4)}
+        # a dies (its candidacy disappears); b takes over with a higher epoch and the same placement
+        shared["cands"].pop("a")
+        assert (await b.step()).startswith("published")
+        pb = shared["plans"]["b"]
+        assert pb.epoch == 2 and pb.targets == {"x": (0, 4)} and pb.leader_id == "b"
+        assert choose_plan([SignedPlan(p, n) for n, p in shared["plans"].items()]).plan.leader_id == "b"
+        # nothing changed: only refreshes, same epoch
+        clock.t += 2.5
+        assert await b.step() == "refreshed"
+        assert shared["plans"]["b"].epoch == 2
+
+    run(go())
+
+
+def test_probe_sizing_covers_slow_and_fast_links():
+    cfg = ProberConfig()
+    # 10 Mbit/s: 64 KiB takes 52 ms -> almost there; one more step at most
+    assert next_probe_size(64 << 10, 0.0524, cfg) is not None
+    assert next_probe_size(64 << 10, 0.07, cfg) is None
+    # 10 Gbit/s: grows until the cap
+    n, steps = cfg.min_probe_bytes, 0
+    while n is not None and steps < 20:
+        elapsed = n / 1.25e9 + 1e-4
+        last = n
+        n = next_probe_size(n, elapsed, cfg)
+        steps += 1
+    assert last == cfg.max_probe_bytes or last / 1.25e9 >= cfg.target_transfer_s
+    assert bandwidth_from(1_000_000, 0.011, 0.001) == pytest.approx(1e8)
+    assert bandwidth_from(1000, 0.002, 0.002) == pytest.approx(1e6)  # RTT-dominated: capped correction
+
+
+def test_token_bucket():
+    clock = Clock()
+    b = TokenBucket(rate=100.0, burst=200.0, clock=clock)
+    assert b.take(150) and not b.take(100)
+    clock.t += 1.0
+    assert b.take(100)
+
+
+def test_status_format():
+    peers = {"p" * 20: PeerInfo(model="m", peer_id="p" * 20, max_layers=2, throughput_decode=[5.0, 2.5], serving=(0, 2), state="serving")}
+    links = [LinkInfo(model="m", peer_id="p" * 20, links={"q": LinkStat(bandwidth=2e6, rtt=0.003)})]
+    d = collect_status(peers, links, [], None, now=0.0)
+    assert d["peers"][0]["decode_tps"] == 2.5 and d["links"][0]["bandwidth_Bps"] == 2e6 and d["plan"] is None
+    text = format_status(d)
+    assert "serving" in text and "2.00" in text and "PLAN: none" in text
