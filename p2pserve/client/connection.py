@@ -46,11 +46,13 @@ class Hop:
 async def connect_p2p(p2p, hops: list[Hop]) -> None:
     """Make sure the libp2p daemon can reach every hop (dial the maddrs we were given)."""
     from hivemind.p2p import PeerID
-    from multiaddr import Multiaddr
+    from hivemind.utils.multiaddr import Multiaddr
 
     for hop in hops:
         if hop.maddrs:
-            await p2p._client.connect(PeerID.from_base58(hop.peer_id), [Multiaddr(m) for m in hop.maddrs])
+            # The daemon wants transport addresses; the /p2p/<id> suffix goes in peer_id.
+            addrs = [Multiaddr(m.split("/p2p/")[0]) for m in hop.maddrs]
+            await p2p._client.connect(PeerID.from_base58(hop.peer_id), addrs)
 
 
 class HopConnection:

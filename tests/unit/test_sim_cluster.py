@@ -1,0 +1,91 @@
+"""Whole-cluster behaviour: a hand-computed 2-node case and conservation of requests."""
+
+import random
+
+import pytest
+
+from p2pserve.sim.batching import BatchCaps, ThrottlePolicy
+from p2pserve.sim.kv import KvSettings
+from p2pserve.sim.request import Query
+
+from tests.unit._sim_helpers import make_sim, make_topology
+
+
+def test_two_nodes_hand_computed():
+    # 2 layers: node 0 runs layer 0, node 1 runs layer 1. Links: 1 ms + bytes / 1e5 B/s.
+    # Token ids are 2 B, activations 100 B per token. Prompt: 1 ms/token/layer. Decode: 1 ms
+    # per layer, doubled for a lone token.
+    topo = make_topology([(0, 1), (1, 2)], num_layers=2)
+    sim = make_sim(topo)
+    q = Query(0, input_len=10, output_len=2, arrival=0.0)
+    sim.loop.at(0.0, lambda _: sim.submit(q))
+    sim.loop.run(10.0)
+
+    t = 0.001 + 10 * 2 / 1e5  # source -> node 0: 10 token ids
+    t += 0.010  # layer 0 prefill of 10 tokens
+    t += 0.001 + 10 * 100 / 1e5  # node 0 -> node 1: 10 activations
+    t += 0.010  # layer 1
+    t += 0.001 + 2 / 1e5  # node 1 -> sink: one token id
+    prompt_done = t
+    step = (0.001 + 2 / 1e5) + 0.002 + (0.001 + 100 / 1e5) + 0.002 + (0.001 + 2 / 1e5)
+
+    assert q.prompt_done == pytest.approx(prompt_done, abs=1e-12)
+    assert q.finished == pytest.approx(prompt_done + 2 * step, abs=1e-12)
+    rec = sim.recorder
+    assert rec.prompt_lat == [pytest.approx(prompt_done, abs=1e-12)]
+    assert rec.decode_lat == [pytest.approx(step, abs=1e-12)] * 2
+    assert rec.decode_tokens == 2 and rec.finished == 1
+    assert sim.kv.active_tokens == 0 and all(v == 0 for v in sim.kv.reserved.values())
+
+
+def test_batching_joins_jobs_that_arrived_meanwhile_and_doubles_single_decode():
+    # Two prompts arrive 0.5 ms apart at a one-layer node: the second waits for the first batch
+    # (dynamic batching never waits on purpose), then runs alone.
+    topo = make_topology([(0, 1)], num_layers=1, bandwidth=1e12, latency=0.0)
+    sim = make_sim(topo)
+    a, b = Query(0, 100, 0, 0.0), Query(1, 100, 0, 0.0005)
+    sim.loop.at(0.0, lambda _: sim.submit(a))
+    sim.loop.at(0.0005, lambda _: sim.submit(b))
+    sim.loop.run(1.0)
+    assert a.prompt_done == pytest.approx(0.100, abs=1e-9)
+    assert b.prompt_done == pytest.approx(0.200, abs=1e-9)
+
+
+def test_prompt_cap_splits_batches():
+    caps = BatchCaps(prompt_max_requests=1, prompt_max_tokens=2048, decode_max_tokens=64)
+    topo = make_topology([(0, 1)], num_layers=1, bandwidth=1e12, latency=0.0, caps=caps)
+    sim = make_sim(topo)
+    qs = [Query(i, 10, 0, 0.0) for i in range(3)]
+    sim.loop.at(0.0, lambda _: [sim.submit(q) for q in qs])
+    sim.loop.run(1.0)
+    assert [round(q.prompt_done, 9) for q in qs] == [0.01, 0.02, 0.03]
+
+
+@pytest.mark.parametrize("scheduler", ["iwrr", "random", "shortest-queue", "swarm", "petals"])
+@pytest.mark.parametrize("throttle", [False, True])
+def test_every_query_finishes_once_with_all_its_tokens(scheduler, throttle):
+    # Overlapping ranges (partial inference), tight KV so that queries wait, mixed lengths.
+    ranges = [(0, 3), (0, 2), (2, 5), (3, 6), (5, 8), (4, 8)]
+    topo = make_topology(ranges, num_layers=8, kv_capacity=40_000)
+    sim = make_sim(topo, scheduler=scheduler, kv_settings=KvSettings(hwm=0.9, output_ratio=0.6, avg_output=20),
+                   batch_policy=ThrottlePolicy() if throttle else None)
+    rng = random.Random(7)
+    queries = [Query(i, rng.randint(1, 300), rng.randint(0, 40), rng.uniform(0, 2.0)) for i in range(200)]
+    for q in queries:
+        sim.loop.at(q.arrival, sim.submit, q)
+    finished = []
+    sim.on_query_done = finished.append
+    sim.loop.run(float("inf"))
+    assert sorted(q.qid for q in finished) == list(range(200))  # each exactly once
+    assert sim.recorder.decode_tokens == sum(q.output_len for q in queries)
+    assert all(q.decoded == q.output_len for q in queries)
+    assert not sim.pending
+    assert sim.kv.active_tokens == 0
+    for node in sim.nodes.values():
+        assert node.kv_used == 0 and not node.kv_wait and node.queued_tokens == 0
+        assert not any(node.pq) and not any(node.dq)
+    for link in sim.links.values():
+        assert not link.busy and link.queued() == 0
+    for q in queries:  # routes cover every layer exactly once, in order
+        layers = [l for st in q.route for l in range(st.start, st.end)]
+        assert layers == list(range(8))
