@@ -1,9 +1,11 @@
 """Get a placement from our planner (``p2pserve.coordinator``) for ``--placement planner``.
 
 The coordinator owns planning; this module only calls it. It prefers the planner's entry point
-when the checkout has one, else composes the coordinator's public pieces the same way the
-planner does: heuristic warm starts (Petals-greedy, Swarm-even, separate pipelines, balanced
-chains) improved by its seeded annealing search on max-flow.
+(``p2pserve.coordinator.planner.plan_for_topology``) when the checkout has one, else composes the
+coordinator's public pieces the way DESIGN.md §3 describes: heuristic warm starts (Petals-greedy,
+Swarm-even, separate pipelines, balanced chains) improved by the coordinator's seeded annealing
+search, scored by its decode-throughput estimate (``coordinator.estimate``) when present, else by
+max-flow.
 """
 
 from __future__ import annotations
@@ -27,8 +29,22 @@ def plan_placement(
     from p2pserve.coordinator.search import improve, max_flow_score
 
     starts = list(all_heuristics(topo).values())
-    best, _stats = improve(topo, starts, max_flow_score(topo), time_limit_s, seed=seed)
+    score = _estimate_score(topo) or max_flow_score(topo)
+    best, _stats = improve(topo, starts, score, time_limit_s, seed=seed)
     return dict(best)
+
+
+def _estimate_score(topo):
+    """Score = the coordinator's decode-throughput estimate, if the module exists."""
+    try:
+        from p2pserve.coordinator.estimate import estimate
+    except ImportError:
+        return None
+
+    def score(p):
+        return estimate(topo, p).decode_tokens_per_s
+
+    return score
 
 
 def _planner_entry():
