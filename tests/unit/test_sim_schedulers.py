@@ -14,7 +14,7 @@ from p2pserve.sim.schedulers import (
 )
 from p2pserve.sim.topology import SINK, SOURCE
 
-from tests.unit._sim_helpers import make_topology
+from tests.unit.test_sim_support import make_topology
 
 
 class StubView:

@@ -1,4 +1,4 @@
-"""Shared builders for the simulator tests: tiny hand-made clusters with round-number profiles."""
+"""Shared builders for the simulator tests (no tests here): tiny clusters, round-number profiles."""
 
 from __future__ import annotations
 
