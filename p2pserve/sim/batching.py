@@ -49,6 +49,7 @@ class ThrottlePolicy:
     max_prefill: int = 2048  # #MaxP
     min_prefill: int = 32  # #MinP
     kv_thresh: float = 0.05  # KVthresh
+    throttle_decode: bool = True  # False: only the prefill budget (decode keeps its cap)
     name: str = "throttle"
     dynamic: bool = True
 
@@ -57,7 +58,12 @@ class ThrottlePolicy:
         """Budgets for one batch, never above the node's static caps."""
         kv_share = self.max_prefill * (kv_free - self.kv_thresh) / (1.0 - self.kv_thresh)
         prefill = max(min(waiting_prompt_tokens / self.iterations, kv_share), self.min_prefill)
-        decode = math.ceil(running_decodes / mean_depth) if running_decodes and mean_depth > 0 else 1
+        if not self.throttle_decode:
+            decode = caps.decode_max_tokens
+        elif running_decodes and mean_depth > 0:
+            decode = math.ceil(running_decodes / mean_depth)
+        else:
+            decode = 1
         return (
             caps.prompt_max_requests,
             min(caps.prompt_max_tokens, int(prefill)),

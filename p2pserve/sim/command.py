@@ -45,8 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rate", type=float, default=None,
                         help="online offered load, prompt+output tokens/s (default: calibrated)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--throttle", action="store_true",
-                        help="gLLM token throttling instead of the fixed batch caps")
+    parser.add_argument("--throttle", nargs="?", const="on", default="off", choices=["off", "on", "prefill"],
+                        help="gLLM token throttling instead of the fixed batch caps (prefill: prompt budget only)")
     parser.add_argument("--kv-mask", choices=["auto", "on", "off"], default="auto",
                         help="route with Helix's KV estimate mask (auto: only for iwrr)")
     parser.add_argument("--bandwidth-convention", choices=["helix", "bits"], default="helix",

@@ -39,7 +39,7 @@ class SimConfig:
     warmup: float | None = None  # default by mode
     seed: int = 0
     token_rate: float | None = None  # online: offered prompt+output tokens/s (required)
-    throttle: bool = False  # gLLM token throttling instead of fixed caps
+    throttle: bool | str = False  # gLLM token throttling: False/"off", True/"on", "prefill"
     kv: KvSettings | None = None  # default by mode (Helix's values)
     feeding: OfflineFeeding = field(default_factory=OfflineFeeding)
     lengths: str = "azure_conv"
@@ -58,6 +58,17 @@ class SimConfig:
         return OFFLINE_WARMUP_S if self.mode == "offline" else ONLINE_WARMUP_S
 
 
+def batch_policy(throttle: bool | str):
+    """The node batching policy: Helix's caps, gLLM throttling, or prefill-only throttling."""
+    if throttle in (False, None, "off"):
+        return CapsPolicy()
+    if throttle in (True, "on"):
+        return ThrottlePolicy()
+    if throttle == "prefill":
+        return ThrottlePolicy(throttle_decode=False)
+    raise ConfigError(f"throttle must be off, on or prefill, not {throttle!r}")
+
+
 def build_sim(scenario: Scenario, cfg: SimConfig) -> ClusterSim:
     """Wire a :class:`ClusterSim` for ``scenario`` under ``cfg`` (workload not yet attached)."""
     if cfg.mode not in ("offline", "online"):
@@ -74,7 +85,7 @@ def build_sim(scenario: Scenario, cfg: SimConfig) -> ClusterSim:
         kv,
         scenario.latencies,
         speed_prior=scenario.speed_prior,
-        batch_policy=ThrottlePolicy() if cfg.throttle else CapsPolicy(),
+        batch_policy=batch_policy(cfg.throttle),
         window=(warm, warm + cfg.duration),
         entry_overhead=cfg.entry_overhead,
         kv_mask=cfg.resolved_kv_mask(),
