@@ -1,0 +1,197 @@
+"""Churn handling: keep serving through joins and leaves with as few layer moves as possible.
+
+* :func:`on_leave` -- nodes left. If the remaining placement still covers every layer, just
+  recompute the max-flow on it (milliseconds, nothing reloads). Otherwise re-solve.
+* :func:`resolve` -- warm-started search from the current placement where every layer a node
+  must newly load costs ``reload_cost`` (tokens/s of objective per layer); only the nodes near
+  the damage (new nodes, nodes whose neighbours vanished, plus a few random ones) are movable
+  first, then everyone.
+* :func:`periodic` -- a fresh solve is adopted only if its gain beats the reload cost of moving
+  to it.
+
+Nodes are identified by *name* across topologies (indices shift when nodes leave).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+from typing import Callable, Mapping
+
+from p2pserve.coordinator.maxflow import flow_value
+from p2pserve.coordinator.planner import Plan, PlannerConfig, make_plan, plan_for_topology, throughput_score, validate_placement
+from p2pserve.coordinator.search import improve, max_flow_score
+from p2pserve.coordinator.topology import Topology
+
+NamedPlacement = dict[str, tuple[int, int]]
+
+
+@dataclass(frozen=True)
+class ChurnResult:
+    """Outcome of a churn step: the new plan, layers loaded, and whether it re-solved."""
+
+    plan: Plan
+    layers_moved: int
+    resolved: bool
+    elapsed_s: float
+
+
+def by_name(topo: Topology, placement: Mapping[int, tuple[int, int]]) -> NamedPlacement:
+    """Index placement -> name placement."""
+    return {topo.nodes[i].name: r for i, r in placement.items()}
+
+
+def by_index(topo: Topology, named: Mapping[str, tuple[int, int]]) -> dict[int, tuple[int, int]]:
+    """Name placement -> index placement (names not in ``topo`` are dropped)."""
+    idx = {n.name: i for i, n in enumerate(topo.nodes)}
+    return {idx[name]: r for name, r in named.items() if name in idx}
+
+
+def layers_to_load(old: Mapping[str, tuple[int, int]], new: Mapping[str, tuple[int, int]]) -> int:
+    """Layers nodes must newly load to go from ``old`` to ``new`` (kept layers are free)."""
+    moved = 0
+    for name, (s, e) in new.items():
+        if name in old:
+            os_, oe = old[name]
+            keep = max(0, min(e, oe) - max(s, os_))
+            moved += (e - s) - keep
+        else:
+            moved += e - s
+    return moved
+
+
+def _score_fn(topo: Topology, config: PlannerConfig):
+    if config.objective == "max-flow":
+        return max_flow_score(topo, config.partial)
+    return throughput_score(topo, config)
+
+
+def resolve(
+    topo: Topology,
+    current: Mapping[str, tuple[int, int]],
+    config: PlannerConfig,
+    reload_cost: float,
+    time_limit_s: float,
+    focus: list[int] | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> ChurnResult:
+    """Warm-started re-solve charging ``reload_cost`` per newly loaded layer.
+
+    ``focus``: node indices to move first (new nodes, neighbours of departed ones); half of the
+    time goes to them, the rest to all nodes.
+    """
+    t0 = clock()
+    base = _score_fn(topo, config)
+    cur_idx = by_index(topo, current)
+
+    def score(p):
+        return base(p) - reload_cost * layers_to_load(current, by_name(topo, p))
+
+    starts = [cur_idx]
+    if validate_placement(topo, cur_idx):
+        # Uncovered layers: repair greedily first so the search starts from something valid.
+        starts.append(_repair(topo, cur_idx))
+    movable = focus if focus else None
+    best, _ = improve(topo, starts, score, time_limit_s * 0.5, seed=config.seed, movable=movable, clock=clock)
+    left = time_limit_s - (clock() - t0)
+    if left > 0:
+        best, _ = improve(topo, [best], score, left, seed=config.seed + 7, clock=clock)
+    plan = make_plan(topo, best, config, clock() - t0, "incremental")
+    return ChurnResult(plan, layers_to_load(current, by_name(topo, best)), True, clock() - t0)
+
+
+def _repair(topo: Topology, placement: Mapping[int, tuple[int, int]]) -> dict[int, tuple[int, int]]:
+    """Cover missing layers: idle nodes first, then stretch neighbours, then move the weakest."""
+    out = dict(placement)
+    L = topo.num_layers
+    for _ in range(L):
+        covered = [False] * L
+        for s, e in out.values():
+            for l in range(s, e):
+                covered[l] = True
+        missing = [l for l in range(L) if not covered[l]]
+        if not missing:
+            break
+        l0 = missing[0]
+        run_end = l0
+        while run_end < L and not covered[run_end]:
+            run_end += 1
+        gap = run_end - l0
+        # Candidate nodes: idle ones, else those whose range touches the gap and can grow.
+        best = None
+        for i in range(topo.num_nodes):
+            kmax = topo.nodes[i].max_layers
+            if i not in out:
+                k = min(kmax, gap)
+                cand = (l0, l0 + k)
+                key = (0, -k)
+            else:
+                s, e = out[i]
+                if e == l0 and e - s < kmax:
+                    cand = (s, min(e + gap, s + kmax))
+                    key = (1, -(cand[1] - e))
+                elif s == run_end and e - s < kmax:
+                    cand = (max(s - gap, e - kmax), e)
+                    key = (1, -(s - cand[0]))
+                else:
+                    continue
+            if best is None or key < best[0]:
+                best = (key, i, cand)
+        if best is None:
+            # Move the node with the most layers held by others too (a replica) onto the gap.
+            i = max(out, key=lambda j: topo.nodes[j].max_layers)
+            k = min(topo.nodes[i].max_layers, gap)
+            out[i] = (l0, l0 + k)
+        else:
+            out[best[1]] = best[2]
+    return out
+
+
+def on_leave(
+    topo: Topology,
+    current: Mapping[str, tuple[int, int]],
+    config: PlannerConfig,
+    reload_cost: float,
+    time_limit_s: float = 10.0,
+    clock: Callable[[], float] = time.monotonic,
+) -> ChurnResult:
+    """Nodes left (``topo`` no longer has them). Recompute flows only, if coverage holds."""
+    t0 = clock()
+    cur_idx = by_index(topo, current)
+    if not validate_placement(topo, cur_idx) and flow_value(topo, cur_idx, config.partial) > 0:
+        plan = make_plan(topo, cur_idx, config, clock() - t0, "flows-only")
+        return ChurnResult(plan, 0, False, clock() - t0)
+    return resolve(topo, current, config, reload_cost, time_limit_s, clock=clock)
+
+
+def on_join(
+    topo: Topology,
+    current: Mapping[str, tuple[int, int]],
+    config: PlannerConfig,
+    reload_cost: float,
+    time_limit_s: float = 10.0,
+    clock: Callable[[], float] = time.monotonic,
+) -> ChurnResult:
+    """New nodes joined: re-solve with the newcomers (and, later, everyone) movable."""
+    new = [i for i, n in enumerate(topo.nodes) if n.name not in current]
+    return resolve(topo, current, config, reload_cost, time_limit_s, focus=new or None, clock=clock)
+
+
+def periodic(
+    topo: Topology,
+    current: Mapping[str, tuple[int, int]],
+    config: PlannerConfig,
+    reload_cost: float,
+    clock: Callable[[], float] = time.monotonic,
+) -> ChurnResult:
+    """Fresh solve; adopt it only if its objective gain beats the reload cost of moving."""
+    t0 = clock()
+    cur_idx = by_index(topo, current)
+    score = _score_fn(topo, config)
+    fresh = plan_for_topology(topo, config, current=cur_idx, clock=clock)
+    moved = layers_to_load(current, by_name(topo, fresh.assignments))
+    gain = score(dict(fresh.assignments)) - (score(cur_idx) if not validate_placement(topo, cur_idx) else float("-inf"))
+    if gain > reload_cost * moved:
+        return ChurnResult(replace(fresh, method="periodic:adopted"), moved, True, clock() - t0)
+    plan = make_plan(topo, cur_idx, config, clock() - t0, "periodic:kept")
+    return ChurnResult(plan, 0, False, clock() - t0)

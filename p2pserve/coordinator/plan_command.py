@@ -1,0 +1,90 @@
+"""``p2pserve plan``: solve a layer placement for a Helix cluster file and print it.
+
+Example::
+
+    python -m p2pserve.cli plan --cluster ../shared/data/helix/clusters/single_cluster/cluster24.ini \\
+        --model llama2-70b --time-limit 60 --objective max-flow --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from p2pserve.coordinator.planner import OBJECTIVES, PlannerConfig, plan_for_topology
+from p2pserve.coordinator.topology import BandwidthConvention, load_helix_topology
+from p2pserve.errors import P2PServeError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Register the ``plan`` flags."""
+    parser.add_argument("--cluster", required=True, help="Helix cluster .ini file")
+    parser.add_argument("--model", required=True, choices=["llama2-70b", "llama1-30b"])
+    parser.add_argument("--time-limit", type=float, default=60.0, help="wall-clock seconds (default 60)")
+    parser.add_argument("--objective", choices=OBJECTIVES, default="throughput",
+                        help="throughput: depth/KV-aware decode estimate (default); max-flow: Helix's")
+    parser.add_argument("--no-partial", action="store_true", help="disallow partial inference")
+    parser.add_argument("--no-milp", action="store_true", help="search only (max-flow objective)")
+    parser.add_argument("--backend", default="auto", choices=["auto", "highs", "gurobi", "cpsat"])
+    parser.add_argument("--max-depth", type=int, default=None, help="reject deeper flow paths")
+    parser.add_argument("--max-latency", type=float, default=None, help="per-token latency limit, s")
+    parser.add_argument("--bandwidth", choices=[c.value for c in BandwidthConvention],
+                        default=BandwidthConvention.HELIX.value,
+                        help="how to read the file's bandwidth numbers (default: the authors')")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", action="store_true", help="print the plan as JSON")
+    parser.add_argument("--write-solution", default=None, help="also write a Helix *_sol.ini")
+
+
+def write_solution(path: str, assignments: dict[int, tuple[int, int]]) -> None:
+    """Write a Helix-format solution file (compute_node_{i+2} = [layers])."""
+    lines = ["[Settings]", "offset=2", "", "[Solution]"]
+    for i, (s, e) in sorted(assignments.items()):
+        lines.append(f"compute_node_{i + 2}={list(range(s, e))}")
+    with open(path, "w") as fh:
+        fh.write("\n".join(lines) + "\n")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Solve and print; exit code 0 on success, 2 on a planning/config error."""
+    try:
+        topo = load_helix_topology(args.cluster, args.model, BandwidthConvention(args.bandwidth))
+        config = PlannerConfig(
+            objective=args.objective,
+            time_limit_s=args.time_limit,
+            partial=not args.no_partial,
+            use_milp=not args.no_milp,
+            backend=args.backend,
+            max_depth=args.max_depth,
+            max_latency_s=args.max_latency,
+            seed=args.seed,
+        )
+        plan = plan_for_topology(topo, config)
+    except P2PServeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.write_solution:
+        write_solution(args.write_solution, plan.assignments)
+    if args.json:
+        print(json.dumps(plan.to_json(), indent=2))
+        return 0
+    print(f"cluster {topo.name}: {topo.num_nodes} nodes, model {args.model} ({topo.num_layers} layers)")
+    print(f"objective {plan.objective}, method {plan.method}")
+    for i, (s, e) in sorted(plan.assignments.items(), key=lambda x: (x[1], x[0])):
+        node = topo.nodes[i]
+        print(f"  {node.name:16s} {node.gpu_type:6s} layers [{s:3d}, {e:3d})  ({e - s} of max {node.max_layers})")
+    idle = [topo.nodes[i].name for i in range(topo.num_nodes) if i not in plan.assignments]
+    if idle:
+        print(f"  idle: {', '.join(idle)}")
+    est = plan.estimate
+    print(f"max-flow            {plan.max_flow:10.2f} tokens/s")
+    print(f"upper bound         {plan.upper_bound:10.2f} tokens/s (Helix), covering bound {plan.covering_bound:.2f}")
+    print(f"gap to best bound   {plan.solver_gap * 100:9.2f} %")
+    print(f"depth (mean/max)    {est.mean_depth:10.2f} / {est.max_depth}")
+    print(f"est. token latency  {est.per_token_latency_s:10.3f} s")
+    print(f"est. decode tput    {est.decode_tokens_per_s:10.2f} tokens/s (KV-limited concurrency {est.concurrency:.0f})")
+    print(f"solve time          {plan.solve_time_s:10.2f} s")
+    for w in plan.warnings:
+        print(f"warning: {w}")
+    return 0

@@ -1,0 +1,355 @@
+"""The placement planner: topology in, :class:`Plan` out (pure; no network, no simulator).
+
+Pipeline (DESIGN.md §3):
+
+1. check memory (:class:`InsufficientMemoryError` says how much is missing);
+2. candidate placements: Petals-greedy, Swarm-even, separate pipelines, the balanced chain and
+   the current plan (for re-solves);
+3. improve them: annealing on max-flow (objective ``max-flow``) or on the depth/KV-aware decode
+   estimate (objective ``throughput``, the default); for ``max-flow`` the MILP then gets the
+   rest of the time, warm-started with the best placement, to raise it or prove a bound;
+4. pick the best candidate by the objective, subject to optional depth / latency limits, and
+   report flows, max-flow, bounds, gap, depth, latency and decode estimates.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Mapping
+
+from p2pserve.coordinator.estimate import ThroughputEstimate, WorkloadModel, estimate
+from p2pserve.coordinator.heuristics import all_heuristics
+from p2pserve.coordinator.maxflow import FlowResult, max_flow
+from p2pserve.coordinator.search import balanced_chain, improve, max_flow_score
+from p2pserve.coordinator.topology import SINK, SOURCE, Topology
+from p2pserve.errors import ConfigError, InsufficientMemoryError, PlanningError
+
+OBJECTIVES = ("throughput", "max-flow")
+
+
+@dataclass(frozen=True)
+class PlannerConfig:
+    """Planner settings.
+
+    ``objective``: ``throughput`` (decode estimate, default) or ``max-flow`` (Helix's).
+    ``time_limit_s``: wall-clock budget for the whole solve. ``partial``: allow a hop to start
+    mid-range (Helix partial inference). ``use_milp``: give part of a ``max-flow`` solve to the
+    MILP (HiGHS by default; ``backend`` picks another). ``milp_share``: that part.
+    ``early_stop_gap``: stop once within this fraction of the upper bound. ``max_depth`` /
+    ``max_latency_s``: reject placements whose flow paths are deeper / slower (throughput
+    objective). ``seed``: search seed (same seed + same evaluation count = same plan).
+    """
+
+    objective: str = "throughput"
+    time_limit_s: float = 60.0
+    partial: bool = True
+    use_milp: bool = True
+    milp_share: float = 0.25
+    backend: str = "auto"
+    early_stop_gap: float = 0.001
+    max_depth: int | None = None
+    max_latency_s: float | None = None
+    seed: int = 0
+    workload: WorkloadModel = field(default_factory=WorkloadModel)
+
+    def __post_init__(self) -> None:
+        if self.objective not in OBJECTIVES:
+            raise ConfigError(f"objective must be one of {OBJECTIVES}, not {self.objective!r}")
+        if self.time_limit_s <= 0:
+            raise ConfigError("time limit must be positive")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A placement and what it is expected to deliver.
+
+    ``assignments``: node index -> [start, end). ``flows``: (u, v) -> tokens/s on each used edge
+    (``-1`` = source, ``-2`` = sink). ``max_flow`` / ``upper_bound`` in tokens/s (prompt and
+    decode tokens together, Helix's unit). ``solver_gap``: (bound - max_flow) / bound with the
+    tightest bound known (the MILP's dual bound when it ran, else the covering bound).
+    """
+
+    assignments: dict[int, tuple[int, int]]
+    node_names: dict[int, str]
+    flows: dict[tuple[int, int], float]
+    max_flow: float
+    upper_bound: float
+    covering_bound: float
+    solver_bound: float
+    solver_gap: float
+    solve_time_s: float
+    objective: str
+    method: str
+    estimate: ThroughputEstimate
+    warnings: tuple[str, ...] = ()
+    stats: dict = field(default_factory=dict)
+
+    # A Plan reads as its assignments mapping (``dict(plan)``), which is what callers that only
+    # need the placement (the simulator's adapter) expect.
+    def keys(self):
+        """Node indices that hold layers."""
+        return self.assignments.keys()
+
+    def __getitem__(self, node: int) -> tuple[int, int]:
+        return self.assignments[node]
+
+    def __iter__(self):
+        return iter(self.assignments)
+
+    def __len__(self) -> int:
+        return len(self.assignments)
+
+    @property
+    def layers_held(self) -> int:
+        """Total layers loaded across nodes."""
+        return sum(e - s for s, e in self.assignments.values())
+
+    def to_json(self) -> dict:
+        """JSON-ready dict (the CLI's ``--json`` output)."""
+        est = asdict(self.estimate)
+        return {
+            "objective": self.objective,
+            "method": self.method,
+            "max_flow_tokens_per_s": self.max_flow,
+            "upper_bound_tokens_per_s": self.upper_bound,
+            "covering_bound_tokens_per_s": self.covering_bound,
+            "solver_bound_tokens_per_s": self.solver_bound,
+            "solver_gap": self.solver_gap,
+            "solve_time_s": self.solve_time_s,
+            "estimated_decode_tokens_per_s": self.estimate.decode_tokens_per_s,
+            "estimated_per_token_latency_s": self.estimate.per_token_latency_s,
+            "mean_depth": self.estimate.mean_depth,
+            "max_depth": self.estimate.max_depth,
+            "estimate": est,
+            "assignments": {
+                self.node_names.get(i, str(i)): [s, e] for i, (s, e) in sorted(self.assignments.items())
+            },
+            "assignments_by_index": {str(i): [s, e] for i, (s, e) in sorted(self.assignments.items())},
+            "flows": [
+                {"from": _end_name(u, self.node_names), "to": _end_name(v, self.node_names), "tokens_per_s": f}
+                for (u, v), f in sorted(self.flows.items())
+            ],
+            "warnings": list(self.warnings),
+            "stats": self.stats,
+        }
+
+
+def _end_name(i: int, names: Mapping[int, str]) -> str:
+    if i == SOURCE:
+        return "source"
+    if i == SINK:
+        return "sink"
+    return names.get(i, str(i))
+
+
+def check_memory(topo: Topology) -> None:
+    """Raise :class:`InsufficientMemoryError` if all nodes together cannot hold every layer."""
+    L = topo.num_layers
+    have = topo.total_memory_layers()
+    if have >= L:
+        return
+    missing_layers = L - have
+    per = topo.layer_bytes
+    if per > 0:
+        raise InsufficientMemoryError(
+            f"the swarm can hold {have} of {L} layers: {missing_layers} layers "
+            f"({missing_layers * per / 1e9:.1f} GB at {per / 1e9:.2f} GB per layer) of memory are missing"
+        )
+    raise InsufficientMemoryError(f"the swarm can hold {have} of {L} layers: {missing_layers} layers are missing")
+
+
+def validate_placement(topo: Topology, placement: Mapping[int, tuple[int, int]]) -> list[str]:
+    """Problems with a placement (empty list = valid): ranges, memory, coverage."""
+    problems = []
+    L = topo.num_layers
+    covered = [False] * L
+    for i, (s, e) in placement.items():
+        if not (0 <= i < topo.num_nodes):
+            problems.append(f"unknown node {i}")
+            continue
+        if not (0 <= s < e <= L):
+            problems.append(f"node {i}: bad range [{s}, {e})")
+            continue
+        if e - s > topo.nodes[i].max_layers:
+            problems.append(f"node {i}: {e - s} layers exceed its memory ({topo.nodes[i].max_layers})")
+        for l in range(s, e):
+            covered[l] = True
+    missing = [l for l in range(L) if not covered[l]]
+    if missing:
+        problems.append(f"layers not covered: {missing[:10]}{'...' if len(missing) > 10 else ''}")
+    return problems
+
+
+def throughput_score(
+    topo: Topology, config: PlannerConfig, extra: Callable[[Mapping[int, tuple[int, int]]], float] | None = None
+) -> Callable[[dict[int, tuple[int, int]]], float]:
+    """Score for the throughput objective: estimated decode tokens/s (limits as penalties).
+
+    A small max-flow term breaks ties (between equal estimates, prefer more headroom).
+    """
+
+    def score(p: dict[int, tuple[int, int]]) -> float:
+        fr = max_flow(topo, p, config.partial)
+        if fr.value <= 0:
+            return -1e9 + fr.value
+        est = estimate(topo, p, fr, config.workload, config.partial)
+        v = est.decode_tokens_per_s + 1e-4 * fr.value
+        if config.max_depth is not None and est.max_depth > config.max_depth:
+            v -= 1e3 * (est.max_depth - config.max_depth)
+        if config.max_latency_s is not None and est.per_token_latency_s > config.max_latency_s:
+            v -= 1e3 * (est.per_token_latency_s - config.max_latency_s)
+        if extra is not None:
+            v += extra(p)
+        return v
+
+    return score
+
+
+def _fill_idle(topo: Topology, placement: dict[int, tuple[int, int]], score) -> dict[int, tuple[int, int]]:
+    """Give idle nodes a range where it helps the score most (never hurts: kept only if better)."""
+    out = dict(placement)
+    base = score(out)
+    L = topo.num_layers
+    for i in range(topo.num_nodes):
+        if i in out or topo.nodes[i].max_layers <= 0:
+            continue
+        best = None
+        for k in sorted({1, max(1, topo.nodes[i].max_layers // 2), topo.nodes[i].max_layers}):
+            k = min(k, L)
+            for s in range(0, L - k + 1, max(1, k // 2)):
+                cand = dict(out)
+                cand[i] = (s, s + k)
+                v = score(cand)
+                if v > base + 1e-9 and (best is None or v > best[0]):
+                    best = (v, (s, s + k))
+        if best is not None:
+            out[i] = best[1]
+            base = best[0]
+    return out
+
+
+def make_plan(
+    topo: Topology,
+    placement: Mapping[int, tuple[int, int]],
+    config: PlannerConfig,
+    solve_time_s: float,
+    method: str,
+    solver_bound: float | None = None,
+    stats: dict | None = None,
+) -> Plan:
+    """Wrap a placement into a :class:`Plan` with flows, bounds and estimates."""
+    placement = {i: tuple(r) for i, r in placement.items()}
+    fr = max_flow(topo, placement, config.partial)
+    est = estimate(topo, placement, fr, config.workload, config.partial)
+    ub = topo.upper_bound()
+    cover = topo.covering_upper_bound()
+    bound = min(x for x in (ub, cover, solver_bound) if x is not None and x > 0) if (ub > 0) else 0.0
+    gap = (bound - fr.value) / bound if bound > 0 else float("nan")
+    warnings = list(validate_placement(topo, placement))
+    if topo.missing_links:
+        warnings.append(f"{len(topo.missing_links)} links unmeasured; conservative defaults used")
+    return Plan(
+        assignments=dict(sorted(placement.items())),
+        node_names={i: topo.nodes[i].name for i in range(topo.num_nodes)},
+        flows=dict(fr.edge_flows),
+        max_flow=fr.value,
+        upper_bound=ub,
+        covering_bound=cover,
+        solver_bound=bound,
+        solver_gap=max(0.0, gap),
+        solve_time_s=solve_time_s,
+        objective=config.objective,
+        method=method,
+        estimate=est,
+        warnings=tuple(warnings),
+        stats=stats or {},
+    )
+
+
+def plan_for_topology(
+    topo: Topology,
+    config: PlannerConfig | None = None,
+    current: Mapping[int, tuple[int, int]] | None = None,
+    time_limit_s: float | None = None,
+    seed: int | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> Plan:
+    """Solve a placement for ``topo`` (see module docstring). ``current`` seeds the search."""
+    config = config or PlannerConfig()
+    if time_limit_s is not None or seed is not None:
+        from dataclasses import replace
+
+        config = replace(
+            config,
+            time_limit_s=time_limit_s if time_limit_s is not None else config.time_limit_s,
+            seed=seed if seed is not None else config.seed,
+        )
+    t0 = clock()
+    check_memory(topo)
+    starts: dict[str, dict[int, tuple[int, int]]] = {}
+    if current:
+        starts["current"] = {i: tuple(r) for i, r in current.items() if 0 <= i < topo.num_nodes}
+    starts.update(all_heuristics(topo))
+    starts["balanced_chain"] = balanced_chain(topo)
+    starts = {k: v for k, v in starts.items() if v and not validate_placement(topo, v)}
+    if not starts:
+        raise PlanningError("no heuristic found a placement covering every layer")
+    stats: dict = {"starts": {k: max_flow(topo, v, config.partial).value for k, v in starts.items()}}
+    budget = config.time_limit_s
+    if config.objective == "max-flow":
+        target = (1.0 - config.early_stop_gap) * topo.covering_upper_bound()
+        search_time = budget * (1.0 - config.milp_share) if config.use_milp else budget
+        best, st = improve(
+            topo, list(starts.values()), max_flow_score(topo, config.partial),
+            search_time, seed=config.seed, target=target, clock=clock,
+        )
+        stats["search"] = asdict(st)
+        method = "search"
+        solver_bound = None
+        left = budget - (clock() - t0)
+        if config.use_milp and left > 0.5 and max_flow(topo, best, config.partial).value < target:
+            from p2pserve.coordinator.milp import MilpOptions, solve_milp
+
+            full = _complete(topo, best)
+            res = solve_milp(
+                topo, left,
+                MilpOptions(partial=config.partial, early_stop_gap=config.early_stop_gap, seed=config.seed),
+                warm_starts=[full], backend=config.backend,
+                upper_bound=topo.covering_upper_bound(),
+            )
+            stats["milp"] = {
+                "backend": res.backend, "objective": res.objective, "bound": res.bound,
+                "status": res.status, "vars": res.num_vars, "rows": res.num_rows,
+                "time_s": res.solve_time_s,
+            }
+            if res.bound and res.bound < float("inf"):
+                solver_bound = res.bound
+            if res.placement and res.objective > max_flow(topo, best, config.partial).value + 1e-6:
+                best, method = res.placement, "search+milp"
+        best = _fill_idle(topo, best, max_flow_score(topo, config.partial))
+        return make_plan(topo, best, config, clock() - t0, method, solver_bound, stats)
+
+    score = throughput_score(topo, config)
+    # First a short max-flow phase so that high-flow structures are among the starts.
+    mf_best, _ = improve(
+        topo, list(starts.values()), max_flow_score(topo, config.partial),
+        budget * 0.1, seed=config.seed, clock=clock,
+    )
+    pool = list(starts.values()) + [mf_best]
+    best, st = improve(
+        topo, pool, score, max(0.0, budget * 0.9 - (clock() - t0)), seed=config.seed + 1, clock=clock,
+    )
+    stats["search"] = asdict(st)
+    best = _fill_idle(topo, best, score)
+    return make_plan(topo, best, config, clock() - t0, "search(throughput)", None, stats)
+
+
+def _complete(topo: Topology, placement: Mapping[int, tuple[int, int]]) -> dict[int, tuple[int, int]]:
+    """Every node gets a range (the MILP's warm start needs one per node): idle nodes take a
+    one-layer replica of layer 0, which can only add flow."""
+    out = dict(placement)
+    for i in range(topo.num_nodes):
+        if i not in out:
+            out[i] = (0, 1)
+    return out
