@@ -271,7 +271,14 @@ def make_plan(
     defaulted_t: list = []
     if ids:
         topo, defaulted_t = build_topology(snap, ids, cfg)
-        targets = plan_targets(topo, ids, current_targets)
+        # a peer without a target (new leader, rejoin) keeps what it already loads or serves
+        current = {}
+        for pid in ids:
+            p = snap.peers[pid]
+            span = current_targets.get(pid) or p.loading or p.serving
+            if span is not None:
+                current[pid] = span
+        targets = plan_targets(topo, ids, current)
     flows, value, bound, spans, defaulted_f = compute_flows(snap, cfg)
     # the bound of the *target* placement is the meaningful one: what the swarm could reach
     if ids:
@@ -336,6 +343,7 @@ class CoordinatorService:
         self._last_plan_at: Optional[float] = None
         self._last_publish_at: Optional[float] = None
         self._last_candidacy_at: Optional[float] = None
+        self._peer_cache: dict[str, tuple[PeerInfo, str, float]] = {}  # id -> (info, signer, expiration)
 
     @property
     def tick(self) -> float:
@@ -351,6 +359,22 @@ class CoordinatorService:
             start_time=self.start_time,
             public_key=self.swarm.public_key,
         )
+
+    def _live_peers(self, fresh: Mapping, now: float) -> dict[str, PeerInfo]:
+        """Fresh reads merged with peers seen before whose records have not expired yet.
+
+        One DHT read can miss an entry (a slow replica, a timeout); treating that as a departure
+        would move layers back and forth. A peer leaves the plan when its record expires or it
+        withdraws (tombstone), not when one read misses it.
+        """
+        for pid, s in fresh.items():
+            self._peer_cache[pid] = (s.record, s.signer, s.expiration)
+        withdrawn = self.swarm.withdrawn.get(RecordKind.PEERS, set()) if hasattr(self.swarm, "withdrawn") else set()
+        for pid in list(self._peer_cache):
+            info, signer, exp = self._peer_cache[pid]
+            if exp < now or (pid not in fresh and signer in withdrawn):
+                del self._peer_cache[pid]
+        return {pid: v[0] for pid, v in self._peer_cache.items()}
 
     async def step(self) -> Optional[str]:
         """One round; returns what was done ("published: <reason>", "refreshed", or None)."""
@@ -372,7 +396,7 @@ class CoordinatorService:
                 logger.info(f"stepping down: {leader.coordinator_id if leader else 'nobody'} leads now")
             self._last_summary = None  # take fresh decisions if leadership comes back
             return None
-        peers = {pid: s.record for pid, s in (await self.swarm.get_peers()).items()}
+        peers = self._live_peers(await self.swarm.get_peers(), now)
         link_infos = [s.record for s in (await self.swarm.get_links()).values()]
         plans = await self.swarm.get_plans()
         best_seen = max(plans, key=lambda p: p.plan.epoch, default=None)

@@ -109,6 +109,8 @@ class Swarm:
         self._trusted = trusted_set(config.trusted_coordinators)
         self._last_expiration: dict[keys.RecordKind, float] = {}
         self.rejects = RejectLog(config.reject_log_interval)
+        # signers whose entry of a kind was a tombstone at the last read (they left on purpose)
+        self.withdrawn: dict[keys.RecordKind, set[str]] = {kind: set() for kind in keys.RecordKind}
         self._keys = {kind: keys.record_key(config.swarm_id, config.model, kind) for kind in keys.RecordKind}
 
     # ----------------------------------------------------------------------------- lifecycle
@@ -211,6 +213,7 @@ class Swarm:
             return []
         now = self._clock()
         out = []
+        withdrawn = set()
         for subkey, item in value.items():
             signer = owner_of_subkey(subkey)
             if signer is None:
@@ -219,7 +222,8 @@ class Swarm:
             if item.expiration_time < now:
                 continue
             if isinstance(item.value, (bytes, bytearray)) and len(item.value) == 0:
-                continue  # tombstone: withdrawn
+                withdrawn.add(signer)  # tombstone: withdrawn
+                continue
             try:
                 record = decode_record(item.value, cls)
             except (RecordRejected, MalformedFrameError) as e:
@@ -229,6 +233,7 @@ class Swarm:
                 self.rejects.reject(kind.value, signer, f"record for model {record.model!r} under this model's key")
                 continue
             out.append(Signed(record, signer, item.expiration_time))
+        self.withdrawn[kind] = withdrawn
         return out
 
     async def get_peers(self) -> dict[str, Signed[PeerInfo]]:

@@ -54,7 +54,7 @@ class FakeSwarm:
             self.shared.get(k, {}).pop(self.name, None)
 
     async def get_peers(self):
-        return {p.peer_id: Signed(p, "k", 0) for p in self.shared.get("peers", {}).values()}
+        return {p.peer_id: Signed(p, "k", 1e12) for p in self.shared.get("peers", {}).values()}
 
     async def get_links(self):
         return {}
