@@ -96,9 +96,10 @@ class HopConnection:
         return reply, hidden
 
     async def connect(self) -> None:
-        """Open the stream without opening a session (for GetStats)."""
+        """Open the stream (dialling the hop's addresses first) without opening a session."""
         from hivemind.p2p import PeerID
 
+        await connect_p2p(self.p2p, [self.hop])
         _, self._reader, self._writer = await asyncio.wait_for(
             self.p2p.call_binary_stream_handler(PeerID.from_base58(self.hop.peer_id), SESSION_PROTOCOL),
             self.timeout_s,

@@ -15,7 +15,7 @@ import uuid
 
 import torch
 
-from p2pserve.client.connection import Hop, HopConnection, connect_p2p
+from p2pserve.client.connection import Hop, HopConnection
 from p2pserve.config import ClientConfig
 from p2pserve.errors import BadRequestError, RoutingError
 from p2pserve.protocol import SamplingParams
@@ -70,7 +70,6 @@ class InferenceSession:
 
     async def open(self) -> None:
         """Open a stream and a session on every hop (in parallel)."""
-        await connect_p2p(self.p2p, self.hops)
         await asyncio.gather(
             *(c.open(self.model_id, self.session_id, self.max_length, self.sampling) for c in self.connections)
         )
