@@ -1,0 +1,210 @@
+"""Bad input gets a typed error, and the peer keeps serving every other session."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+
+import msgspec
+import pytest
+import torch
+
+from p2pserve.client.chain import LocalModelInfo, create_client_p2p
+from p2pserve.client.connection import HopConnection
+from p2pserve.config import ClientConfig
+from p2pserve.errors import (
+    BadRequestError,
+    ErrorCode,
+    OverloadedError,
+    RemoteError,
+    SessionNotFoundError,
+)
+from p2pserve.protocol import FRAME_PREFIX, PROTOCOL_VERSION, Forward, SamplingParams, TensorMeta
+from p2pserve.transport import read_frame, tensor_to_wire, write_frame
+from p2pserve.protocol import decode_reply, ErrorReply
+from tests.harness import start_peers
+
+pytestmark = pytest.mark.integration
+
+KV_SLOTS = 8 * 300  # room for two sessions of max_length 128 over 8 layers, not three
+LIMITS = ClientConfig().frame_limits
+
+
+@pytest.fixture(scope="module")
+def peer(model_dir):
+    path = model_dir("llama")
+    (p,) = start_peers(path, [(0, 8)], "--kv-token-layers", str(KV_SLOTS), "--session-idle-timeout", "1.5",
+                       "--max-payload-mb", "1")
+    yield path, p
+    p.stop()
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+async def with_p2p(fn):
+    p2p = await create_client_p2p()
+    try:
+        return await fn(p2p)
+    finally:
+        await p2p.shutdown()
+
+
+async def open_conn(p2p, peer, model, start=0, end=8, max_length=128, sid="s"):
+    conn = HopConnection(p2p, peer.hop(start, end), LIMITS, 30)
+    await conn.open(model.spec.model_id, sid, max_length, SamplingParams())
+    return conn
+
+
+async def healthy(p2p, peer, model) -> bool:
+    """A fresh session on the peer still produces a token."""
+    conn = await open_conn(p2p, peer, model, sid="healthy")
+    reply, _ = await conn.forward(0, 0, torch.tensor([5, 6, 7]))
+    await conn.close()
+    return reply.token is not None
+
+
+async def raw_error(conn: HopConnection, raw: bytes) -> ErrorReply:
+    conn._writer.write(raw)
+    await conn._writer.drain()
+    header, _ = await read_frame(conn._reader, LIMITS)
+    reply = decode_reply(header)
+    assert isinstance(reply, ErrorReply)
+    return reply
+
+
+def test_malformed_frame_gets_typed_error_and_stream_survives(peer):
+    path, p = peer
+    model = LocalModelInfo.load(path)
+
+    async def main(p2p):
+        conn = await open_conn(p2p, p, model)
+        garbage = b"\xc1\xff not msgpack"
+        reply = await raw_error(conn, FRAME_PREFIX.pack(len(garbage), 0) + garbage)
+        assert reply.code == ErrorCode.MALFORMED.value
+        # A well-formed map with missing fields is malformed too.
+        bad = msgspec.msgpack.encode({"t": "forward", "session_id": "s"})
+        reply = await raw_error(conn, FRAME_PREFIX.pack(len(bad), 0) + bad)
+        assert reply.code == ErrorCode.MALFORMED.value
+        # Same stream, same session: still works.
+        result, _ = await conn.forward(0, 0, torch.tensor([1, 2, 3]))
+        assert result.token is not None
+        await conn.close()
+        assert await healthy(p2p, p, model)
+
+    run(with_p2p(main))
+
+
+def test_wrong_hidden_size_or_dtype(peer):
+    path, p = peer
+    model = LocalModelInfo.load(path)
+    H = model.spec.hidden_size
+
+    async def main(p2p):
+        conn = await open_conn(p2p, p, model, start=4, end=8)
+        with pytest.raises(BadRequestError, match="hidden states must be"):
+            await conn.forward(0, 0, torch.zeros(3, H + 1))
+        with pytest.raises(BadRequestError, match="float32"):
+            await conn.forward(0, 0, torch.zeros(3, H, dtype=torch.float16))
+        with pytest.raises(BadRequestError, match="token ids"):
+            first = await open_conn(p2p, p, model, sid="ids")
+            await first.forward(0, 0, torch.zeros(3, H))
+        # A header whose byte count disagrees with its shape is rejected as malformed.
+        meta = TensorMeta(dtype="float32", shape=[3, H], nbytes=12)
+        await write_frame(conn._writer, Forward(session_id="s", step=1, position=0, tensor=meta), b"x" * 12)
+        header, _ = await read_frame(conn._reader, LIMITS)
+        reply = decode_reply(header)
+        assert isinstance(reply, ErrorReply) and reply.code == ErrorCode.MALFORMED.value
+        assert "needs 768 bytes" in reply.message
+        ok, _ = await conn.forward(2, 0, torch.zeros(3, H))
+        assert ok.token is not None
+        await conn.close()
+
+    run(with_p2p(main))
+
+
+def test_oversized_payload_is_refused_before_allocation(peer):
+    path, p = peer
+    model = LocalModelInfo.load(path)
+
+    async def main(p2p):
+        conn = await open_conn(p2p, p, model)
+        header = msgspec.msgpack.encode(
+            Forward(session_id="s", step=0, position=0, tensor=TensorMeta("float32", [10**6, 64], 256 * 10**6))
+        )
+        # Claims a 256 MB payload against a 1 MB limit; no payload bytes are ever sent.
+        reply = await raw_error(conn, FRAME_PREFIX.pack(len(header), 256 * 10**6) + header)
+        assert reply.code == ErrorCode.TOO_LARGE.value
+        assert await healthy(p2p, p, model)
+
+    run(with_p2p(main))
+
+
+def test_unknown_and_expired_sessions(peer):
+    path, p = peer
+    model = LocalModelInfo.load(path)
+
+    async def main(p2p):
+        conn = await open_conn(p2p, p, model, sid="will-expire")
+        await conn.forward(0, 0, torch.tensor([1, 2]))
+        await asyncio.sleep(4.0)  # idle timeout is 1.5 s; the reaper runs every ~0.4 s
+        with pytest.raises(SessionNotFoundError, match="expired"):
+            await conn.forward(1, 2, torch.tensor([3]))
+        conn.session_id = "never-opened"
+        with pytest.raises(SessionNotFoundError, match="unknown session"):
+            await conn.forward(0, 0, torch.tensor([3]))
+        await conn.close()
+        assert await healthy(p2p, p, model)
+
+    run(with_p2p(main))
+
+
+def test_layers_outside_range_and_unknown_model(peer):
+    path, p = peer
+    model = LocalModelInfo.load(path)
+
+    async def main(p2p):
+        conn = HopConnection(p2p, p.hop(0, 9), LIMITS, 30)
+        with pytest.raises(BadRequestError, match="outside this peer's range"):
+            await conn.open(model.spec.model_id, "x", 64, SamplingParams())
+        await conn.close()
+        conn = HopConnection(p2p, p.hop(0, 8), LIMITS, 30)
+        with pytest.raises(RemoteError) as info:
+            await conn.open("no-such-model-123", "y", 64, SamplingParams())
+        assert info.value.code == ErrorCode.UNKNOWN_MODEL
+        await conn.close()
+        assert await healthy(p2p, p, model)
+
+    run(with_p2p(main))
+
+
+def test_peer_with_missing_model_exits_with_clear_error(tmp_path):
+    out = subprocess.run(
+        [sys.executable, "-m", "p2pserve.cli", "peer", "--model", str(tmp_path / "nope"), "--layers", "0:1"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert out.returncode == 2
+    assert "does not exist" in out.stderr
+
+
+def test_exhausted_kv_budget_is_overloaded_and_others_continue(peer):
+    path, p = peer
+    model = LocalModelInfo.load(path)
+
+    async def main(p2p):
+        a = await open_conn(p2p, p, model, sid="a")
+        b = await open_conn(p2p, p, model, sid="b")
+        with pytest.raises(OverloadedError, match="KV cache full"):
+            await open_conn(p2p, p, model, sid="c")
+        r, _ = await a.forward(0, 0, torch.tensor([1, 2, 3]))
+        assert r.token is not None
+        await b.close()  # frees a reservation: a new session now fits
+        c = await open_conn(p2p, p, model, sid="c2")
+        r, _ = await c.forward(0, 0, torch.tensor([4]))
+        assert r.token is not None
+        await a.close()
+        await c.close()
+
+    run(with_p2p(main))
