@@ -1,0 +1,126 @@
+"""Pure logic of the inference path: framing, throttling, sampling, text streaming."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from p2pserve.client.textstream import IncrementalDetokenizer, StopStringMatcher
+from p2pserve.config import BatchingConfig
+from p2pserve.errors import MalformedFrameError, PayloadTooLargeError, VersionMismatchError
+from p2pserve.peer.batcher import Pending, TokenThrottle
+from p2pserve.peer.kv_cache import KVBudget, SequenceCache
+from p2pserve.peer.sampling import sample_token
+from p2pserve.protocol import (
+    FRAME_PREFIX,
+    FrameLimits,
+    OpenSession,
+    SamplingParams,
+    TensorMeta,
+    check_prefix,
+    decode_request,
+    encode_frame,
+)
+from p2pserve.transport import tensor_from_wire, tensor_to_wire
+
+
+def test_frame_roundtrip_and_limits():
+    msg = OpenSession(version=1, model_id="m", session_id="s", start=0, end=2, max_length=8)
+    prefix, header, payload = encode_frame(msg)
+    assert check_prefix(prefix, FrameLimits()) == (len(header), 0)
+    assert decode_request(header) == msg
+    with pytest.raises(PayloadTooLargeError):
+        check_prefix(FRAME_PREFIX.pack(10, 2**40), FrameLimits())
+    with pytest.raises(PayloadTooLargeError):
+        check_prefix(FRAME_PREFIX.pack(0, 0), FrameLimits())
+    with pytest.raises(MalformedFrameError):
+        decode_request(b"\x93\x01\x02")
+    with pytest.raises(VersionMismatchError):
+        decode_request(encode_frame(OpenSession(version=99, model_id="m", session_id="s", start=0, end=1, max_length=1))[1])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64])
+def test_tensor_wire_roundtrip(dtype):
+    t = (torch.randn(3, 5) * 100).to(dtype)
+    meta, data = tensor_to_wire(t)
+    assert torch.equal(tensor_from_wire(meta, bytes(data)), t)
+
+
+def test_tensor_meta_rejects_inconsistent_sizes():
+    with pytest.raises(MalformedFrameError):
+        TensorMeta("float32", [2, 2], 16).validate(12)
+    with pytest.raises(MalformedFrameError):
+        TensorMeta("float64", [1], 8).validate(8)
+    with pytest.raises(MalformedFrameError):
+        TensorMeta("float32", [-1, 4], 16).validate(16)
+
+
+def test_throttle_follows_gllm_formulas():
+    th = TokenThrottle(BatchingConfig(throttle_steps=8, max_prefill_tokens=2048, min_prefill_tokens=32,
+                                      kv_threshold=0.05, pipeline_depth=2))
+    assert th.prefill_budget(8000, 1.0) == 1000  # WP / T
+    assert th.prefill_budget(80000, 0.525) == 1024  # MaxP * (0.525 - 0.05) / 0.95
+    assert th.prefill_budget(80000, 0.01) == 32  # never below MinP
+    assert th.decode_budget(10) == 5  # RD / depth
+
+
+def test_schedule_puts_decodes_first_and_chunks_prefill():
+    th = TokenThrottle(BatchingConfig(throttle_steps=1, max_prefill_tokens=100, min_prefill_tokens=1, kv_threshold=0.0))
+    waiting = [Pending("p1", 150, 0), Pending("d1", 1, 1), Pending("p2", 30, 2), Pending("d2", 1, 3)]
+    chunks = th.schedule(waiting, kv_free_fraction=1.0)
+    assert [c.pending.key for c in chunks[:2]] == ["d1", "d2"]
+    prefill = [(c.pending.key, c.n) for c in chunks[2:]]
+    assert prefill == [("p1", 100)]  # budget min(180/1, 100) = 100, FIFO, chunked
+    chunks[2].pending.advance(100)
+    chunks = th.schedule([waiting[0], waiting[2]], 1.0)
+    assert [(c.pending.key, c.offset, c.n) for c in chunks] == [("p1", 100, 50), ("p2", 0, 30)]
+
+
+def test_kv_budget_and_cache():
+    budget = KVBudget(100)
+    budget.reserve(60)
+    with pytest.raises(Exception, match="KV cache full"):
+        budget.reserve(60)
+    budget.release(60)
+    budget.reserve(100)
+    cache = SequenceCache(2, 4, num_kv_heads=2, head_dim=4, max_length=40, dtype=torch.float32)
+    for _ in range(5):
+        k, v = cache.append(2, torch.ones(2, 7, 4), torch.ones(2, 7, 4))
+    assert k.shape == (2, 35, 4)
+    cache.truncate(10)
+    k, _ = cache.append(2, torch.zeros(2, 1, 4), torch.zeros(2, 1, 4))
+    assert k.shape == (2, 11, 4) and float(k[:, 10].abs().sum()) == 0
+
+
+def test_sampling_is_reproducible_per_position():
+    logits = torch.randn(50, generator=torch.Generator().manual_seed(0))
+    assert sample_token(logits, SamplingParams(), 3) == int(logits.argmax())
+    p = SamplingParams(temperature=1.0, top_k=20, top_p=0.9, seed=7)
+    draws = [sample_token(logits, p, pos) for pos in range(20)]
+    assert draws == [sample_token(logits, p, pos) for pos in range(20)]
+    assert len(set(draws)) > 1
+    allowed = set(torch.topk(logits, 20).indices.tolist())
+    assert set(draws) <= allowed
+
+
+class _ByteTokenizer:
+    """Each token is one byte of UTF-8."""
+
+    def decode(self, ids, skip_special_tokens=True):
+        return bytes(ids).decode("utf-8", errors="replace")
+
+
+def test_detokenizer_buffers_incomplete_utf8():
+    det = IncrementalDetokenizer(_ByteTokenizer())
+    pieces = [det.push(b) for b in "né€".encode()]
+    assert "".join(pieces) == "né€"
+    assert "\ufffd" not in "".join(pieces)
+    assert pieces[1] == "" and pieces[2] == "é"  # first byte of é alone is held back
+
+
+def test_stop_strings_are_cut_and_never_leak():
+    m = StopStringMatcher(("</end>",))
+    out = "".join(m.feed(x) for x in ["Hello </", "en", "d> more"])
+    assert out == "Hello " and m.stopped
+    m = StopStringMatcher(("STOP",))
+    assert m.feed("ST") == "" and m.feed("AR") == "STAR" and m.flush() == ""
