@@ -106,9 +106,22 @@ class IWRR:
         self.cycle_len = sum(self.weights)
         self._round = 0
         self._index = -1
-        # a random starting slot in the cycle, so that clients do not all begin with candidate 0
-        for _ in range(rng.randrange(self.cycle_len) if self.cycle_len else 0):
-            self._advance()
+        if self.cycle_len:
+            self._seek(rng.randrange(self.cycle_len))
+
+    def _seek(self, slot: int) -> None:
+        """Start so that the next pick is slot ``slot`` of the cycle (O(max weight)).
+
+        A random starting slot is what keeps clients from all beginning with candidate 0.
+        """
+        r = 0
+        while True:
+            eligible = sum(1 for w in self.weights if w > r)  # weights are sorted descending
+            if slot < eligible:
+                self._round, self._index = r, slot - 1
+                return
+            slot -= eligible
+            r += 1
 
     def _advance(self) -> str:
         """Move to the next slot of the cycle and return its candidate."""
