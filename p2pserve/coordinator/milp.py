@@ -347,7 +347,11 @@ def solve_milp(
     pm = build_model(topo, opts)
     starts = []
     for p in warm_starts or []:
-        if len(p) == topo.num_nodes:
+        fits = all(
+            i in p and 0 <= p[i][0] < p[i][1] <= topo.num_layers and (p[i][1] - p[i][0]) in pm.b[i]
+            for i in range(topo.num_nodes)
+        )
+        if fits:  # the MILP needs every node placed within its memory
             q = canonical_for_symmetry(topo, p) if opts.symmetry else dict(p)
             starts.append(solution_vector(pm, topo, q, opts.partial))
     ub = upper_bound if upper_bound is not None else topo.upper_bound()

@@ -26,6 +26,8 @@ from p2pserve.coordinator.topology import SINK, SOURCE, Topology
 from p2pserve.errors import ConfigError, InsufficientMemoryError, PlanningError
 
 OBJECTIVES = ("throughput", "max-flow")
+#: Clusters up to this many nodes are solved MILP-first (exact within seconds).
+SMALL_CLUSTER = 8
 
 
 @dataclass(frozen=True)
@@ -299,16 +301,22 @@ def plan_for_topology(
     budget = config.time_limit_s
     if config.objective == "max-flow":
         target = (1.0 - config.early_stop_gap) * topo.covering_upper_bound()
-        search_time = budget * (1.0 - config.milp_share) if config.use_milp else budget
-        best, st = improve(
-            topo, list(starts.values()), max_flow_score(topo, config.partial),
-            search_time, seed=config.seed, target=target, clock=clock,
-        )
-        stats["search"] = asdict(st)
+        # Small clusters: the MILP is exact and fast, so it goes first and may prove optimality;
+        # large ones: the search finds good flows fast and the MILP gets what is left.
+        small = topo.num_nodes <= SMALL_CLUSTER
+        share = 0.75 if small else config.milp_share
+        search_time = budget * (1.0 - share) if config.use_milp else budget
         method = "search"
         solver_bound = None
-        left = budget - (clock() - t0)
-        if config.use_milp and left > 0.5 and max_flow(topo, best, config.partial).value < target:
+        best = max(starts.values(), key=lambda p: max_flow(topo, p, config.partial).value)
+        if not (config.use_milp and small):
+            best, st = improve(
+                topo, list(starts.values()), max_flow_score(topo, config.partial),
+                search_time, seed=config.seed, target=target, clock=clock,
+            )
+            stats["search"] = asdict(st)
+        left = budget * (share if small else 1.0) - (clock() - t0)
+        if config.use_milp and left > 0.2 and max_flow(topo, best, config.partial).value < target:
             from p2pserve.coordinator.milp import MilpOptions, solve_milp
 
             full = _complete(topo, best)
@@ -326,7 +334,15 @@ def plan_for_topology(
             if res.bound and res.bound < float("inf"):
                 solver_bound = res.bound
             if res.placement and res.objective > max_flow(topo, best, config.partial).value + 1e-6:
-                best, method = res.placement, "search+milp"
+                best, method = res.placement, "search+milp" if not small else "milp"
+            if small and res.status != "Optimal":
+                more, st = improve(
+                    topo, [best] + list(starts.values()), max_flow_score(topo, config.partial),
+                    max(0.0, budget - (clock() - t0)), seed=config.seed, target=target, clock=clock,
+                )
+                stats["search"] = asdict(st)
+                if max_flow(topo, more, config.partial).value > max_flow(topo, best, config.partial).value + 1e-6:
+                    best, method = more, "milp+search"
         best = _fill_idle(topo, best, max_flow_score(topo, config.partial))
         return make_plan(topo, best, config, clock() - t0, method, solver_bound, stats)
 

@@ -1,0 +1,142 @@
+"""The MILP (and the search) on 3-6 node clusters against brute-force enumeration."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+from p2pserve.coordinator.maxflow import max_flow
+from p2pserve.coordinator.milp import MilpOptions, build_model, identical_groups, solve_milp
+from p2pserve.coordinator.planner import PlannerConfig, plan_for_topology, validate_placement
+from p2pserve.coordinator.topology import SINK, SOURCE, LinkSpec, NodeSpec, Topology
+
+
+_TOPOS: dict = {}
+
+
+def random_topology(n: int, L: int, kmax: int, seed: int, identical: bool = False) -> Topology:
+    """Memoised :func:`make_topology` (so brute-force results are shared between tests)."""
+    key = (n, L, kmax, seed, identical)
+    if key not in _TOPOS:
+        _TOPOS[key] = make_topology(n, L, kmax, seed, identical)
+    return _TOPOS[key]
+
+
+def make_topology(n: int, L: int, kmax: int, seed: int, identical: bool = False) -> Topology:
+    """n nodes, L layers, random decreasing T tables and random (sometimes missing) links."""
+    rng = random.Random(seed)
+    nodes = []
+    proto = None
+    for i in range(n):
+        if identical and proto is not None:
+            thr = proto
+        else:
+            base = rng.uniform(200, 2000)
+            k = rng.randint(max(1, kmax - 1), kmax)  # enough memory for every layer
+            thr = tuple([0.0] + [base / (j ** rng.uniform(0.8, 1.3)) for j in range(1, k + 1)])
+            proto = thr
+        nodes.append(NodeSpec(f"n{i}", "X" if identical else f"t{i}", thr))
+    links = []
+    for i in range(n):
+        links.append(LinkSpec(SOURCE, i, 1e9, 1e-3))
+        links.append(LinkSpec(i, SINK, 1e9, 1e-3))
+        for j in range(n):
+            if i == j:
+                continue
+            if identical:
+                bw = 8e6
+            else:
+                if rng.random() < 0.15:
+                    continue
+                bw = rng.uniform(1e6, 4e7)  # 61-2441 activations/s at 16 KB: links matter
+            links.append(LinkSpec(i, j, bw, 1e-3))
+    return Topology(tuple(nodes), tuple(links), num_layers=L, activation_bytes=16384, token_bytes=2)
+
+
+_BRUTE: dict = {}
+
+
+def brute_force(topo: Topology, partial: bool = True) -> float:
+    """Best max-flow over every placement in which each node holds >= 1 layer (memoised)."""
+    key = (id(topo), partial)
+    if key not in _BRUTE:
+        _BRUTE[key] = _brute_force(topo, partial)
+    return _BRUTE[key]
+
+
+def _brute_force(topo: Topology, partial: bool) -> float:
+    L = topo.num_layers
+    options = []
+    for node in topo.nodes:
+        opts = [(s, s + k) for k in range(1, min(node.max_layers, L) + 1) for s in range(0, L - k + 1)]
+        options.append(opts)
+    best = 0.0
+    for combo in itertools.product(*options):
+        p = dict(enumerate(combo))
+        best = max(best, max_flow(topo, p, partial).value)
+    return best
+
+
+CASES = [(3, 5, 3, 1), (3, 6, 3, 2), (4, 4, 2, 3), (5, 3, 2, 4), (6, 3, 1, 5)]
+
+
+@pytest.mark.parametrize(
+    "n,L,kmax,seed,partial", [c + (True,) for c in CASES] + [CASES[0] + (False,), CASES[2] + (False,)]
+)
+def test_milp_matches_brute_force(n, L, kmax, seed, partial):
+    topo = random_topology(n, L, kmax, seed)
+    expected = brute_force(topo, partial)
+    res = solve_milp(topo, 30.0, MilpOptions(partial=partial), backend="highs")
+    assert res.placement is not None
+    assert res.objective == pytest.approx(expected, rel=1e-6, abs=1e-6)
+    # the dual bound must not cut off the optimum
+    assert res.bound >= expected - 1e-4 * max(1.0, expected)
+
+
+@pytest.mark.parametrize("n,L,kmax,seed", CASES[:2])
+def test_paper_formulation_matches_too(n, L, kmax, seed):
+    topo = random_topology(n, L, kmax, seed)
+    paper = MilpOptions(tight_big_m=False, tight_validity=False, node_cap_flow=False,
+                        symmetry=False, layer_pass_cut=False)
+    res = solve_milp(topo, 30.0, paper, backend="highs")
+    assert res.objective == pytest.approx(brute_force(topo), rel=1e-6, abs=1e-6)
+
+
+def test_symmetry_breaking_keeps_optimum():
+    topo = random_topology(4, 3, 2, 9, identical=True)
+    assert identical_groups(topo) == [[0, 1, 2, 3]]
+    with_sym = solve_milp(topo, 30.0, MilpOptions(symmetry=True), backend="highs")
+    without = solve_milp(topo, 30.0, MilpOptions(symmetry=False), backend="highs")
+    assert with_sym.objective == pytest.approx(without.objective, rel=1e-6)
+    assert with_sym.objective == pytest.approx(brute_force(topo), rel=1e-6)
+
+
+def test_warm_start_is_accepted():
+    topo = random_topology(4, 4, 2, 3)
+    start = {i: (min(i, 3), min(i, 3) + 1) for i in range(4)}  # one layer each: a valid chain
+    res = solve_milp(topo, 30.0, MilpOptions(), warm_starts=[start], backend="highs")
+    assert res.objective >= max_flow(topo, start).value - 1e-6
+
+
+def test_gurobi_request_falls_back_cleanly():
+    topo = random_topology(3, 4, 2, 1)
+    res = solve_milp(topo, 10.0, MilpOptions(), backend="gurobi")
+    assert res.backend in ("gurobi", "highs")
+    assert res.objective == pytest.approx(brute_force(topo), rel=1e-6)
+
+
+@pytest.mark.parametrize("n,L,kmax,seed", CASES[::2])
+def test_planner_max_flow_objective_finds_optimum(n, L, kmax, seed):
+    topo = random_topology(n, L, kmax, seed)
+    plan = plan_for_topology(topo, PlannerConfig(objective="max-flow", time_limit_s=10.0))
+    assert not validate_placement(topo, plan.assignments)
+    assert plan.max_flow == pytest.approx(brute_force(topo), rel=1e-6)
+
+
+def test_model_size_matches_tables_5_6():
+    topo = random_topology(4, 4, 2, 3)
+    pm = build_model(topo)
+    # O(|C|) node variables and O(|E|) edge variables
+    assert len(pm.s) == 4 and len(pm.f) == len(pm.edges) == len(pm.d)
