@@ -343,6 +343,7 @@ class CoordinatorService:
         self._last_plan_at: Optional[float] = None
         self._last_publish_at: Optional[float] = None
         self._last_candidacy_at: Optional[float] = None
+        self._latest_seen: Optional[Plan] = None  # highest-epoch trusted plan ever read
         self._peer_cache: dict[str, tuple[PeerInfo, str, float]] = {}  # id -> (info, signer, expiration)
 
     @property
@@ -391,6 +392,13 @@ class CoordinatorService:
         may_lead = now - self.start_time >= grace
         was_leader = self.is_leader
         self.is_leader = may_lead and leader is not None and leader.coordinator_id == self.coordinator_id
+        # followers watch plans too: a new leader must publish above every epoch ever seen (the
+        # old leader's record may have expired by the time it takes over) and should continue
+        # from the newest placement rather than start from scratch
+        plans = await self.swarm.get_plans()
+        for sp in plans:
+            if self._latest_seen is None or sp.plan.epoch > self._latest_seen.epoch:
+                self._latest_seen = sp.plan
         if not self.is_leader:
             if was_leader:
                 logger.info(f"stepping down: {leader.coordinator_id if leader else 'nobody'} leads now")
@@ -398,23 +406,24 @@ class CoordinatorService:
             return None
         peers = self._live_peers(await self.swarm.get_peers(), now)
         link_infos = [s.record for s in (await self.swarm.get_links()).values()]
-        plans = await self.swarm.get_plans()
-        best_seen = max(plans, key=lambda p: p.plan.epoch, default=None)
-        seen_epochs = [p.plan.epoch for p in plans] + ([self.plan.epoch] if self.plan else [])
+        best_seen = self._latest_seen
+        seen_epochs = [best_seen.epoch] if best_seen else []
+        if self.plan:
+            seen_epochs.append(self.plan.epoch)
         snap = Snapshot.from_records(peers, link_infos)
         summary = Summary.of(snap)
         reason = None
         if not was_leader:
             reason = "elected"
-        elif best_seen is not None and self.plan is not None and best_seen.plan.epoch > self.plan.epoch:
-            reason = f"saw epoch {best_seen.plan.epoch} from {best_seen.plan.leader_id}"
+        elif best_seen is not None and self.plan is not None and best_seen.epoch > self.plan.epoch:
+            reason = f"saw epoch {best_seen.epoch} from {best_seen.leader_id}"
         else:
             reason = decide_replan(self._last_summary, summary, now, self._last_plan_at, self.config)
         if reason is not None:
             # continue from the newest plan anyone published (a takeover keeps the placement)
             basis = self.plan
-            if best_seen is not None and (basis is None or best_seen.plan.epoch > basis.epoch):
-                basis = best_seen.plan
+            if best_seen is not None and (basis is None or best_seen.epoch > basis.epoch):
+                basis = best_seen
             plan = make_plan(
                 snap,
                 basis.targets if basis else {},
@@ -442,6 +451,26 @@ class CoordinatorService:
             return "refreshed"
         return None
 
+    async def _candidacy_loop(self, stop: asyncio.Event) -> None:
+        """Refresh the candidacy on its own schedule.
+
+        Planning rounds can take a while on a loaded machine (several DHT reads, a solve); if the
+        candidacy were refreshed only between rounds, a slow leader would let it lapse and lose
+        the election to a follower for no reason.
+        """
+        while not stop.is_set():
+            now = self._clock()
+            if self._last_candidacy_at is None or now - self._last_candidacy_at >= self.swarm.config.candidate_refresh:
+                try:
+                    await self.swarm.announce_candidate(self.candidacy())
+                    self._last_candidacy_at = now
+                except (asyncio.TimeoutError, OSError) as e:
+                    logger.warning(f"candidacy refresh failed: {e!r}")
+            try:
+                await asyncio.wait_for(stop.wait(), self.swarm.config.candidate_refresh / 2)
+            except asyncio.TimeoutError:
+                pass
+
     async def run(self, stop: Optional[asyncio.Event] = None) -> None:
         """Loop until ``stop`` is set; withdraw the candidacy on the way out.
 
@@ -449,6 +478,7 @@ class CoordinatorService:
         continues while the next candidate takes over.
         """
         stop = stop or asyncio.Event()
+        candidacy = asyncio.create_task(self._candidacy_loop(stop))
         try:
             while not stop.is_set():
                 try:
@@ -460,6 +490,8 @@ class CoordinatorService:
                 except asyncio.TimeoutError:
                     pass
         finally:
+            stop.set()
+            await asyncio.gather(candidacy, return_exceptions=True)
             await asyncio.shield(self.swarm.withdraw(RecordKind.COORDINATORS))
 
 

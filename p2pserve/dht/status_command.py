@@ -148,7 +148,16 @@ def run(args: argparse.Namespace) -> int:
             cands = [s.record for s in await swarm.get_candidates()]
             return peers, links, cands, await swarm.get_plan()
 
-        peers, links, cands, plan = asyncio.run(read())
+        async def read_settled():
+            # a node that just joined may not reach every replica on its first read
+            for attempt in range(3):
+                got = await read()
+                if got[0] and got[3] is not None:
+                    break
+                await asyncio.sleep(0.5 * (attempt + 1))
+            return got
+
+        peers, links, cands, plan = asyncio.run(read_settled())
         d = collect_status(peers, links, cands, plan, get_dht_time())
     finally:
         swarm.shutdown()

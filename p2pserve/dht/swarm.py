@@ -109,6 +109,8 @@ class Swarm:
         self._trusted = trusted_set(config.trusted_coordinators)
         self._last_expiration: dict[keys.RecordKind, float] = {}
         self.rejects = RejectLog(config.reject_log_interval)
+        self._last_plan: Optional[tuple[SignedPlan, float]] = None  # (plan, its record's expiration)
+        self._plan_expiration: dict[str, float] = {}
         # signers whose entry of a kind was a tombstone at the last read (they left on purpose)
         self.withdrawn: dict[keys.RecordKind, set[str]] = {kind: set() for kind in keys.RecordKind}
         self._keys = {kind: keys.record_key(config.swarm_id, config.model, kind) for kind in keys.RecordKind}
@@ -286,9 +288,26 @@ class Swarm:
             if not is_trusted(s.signer, self._trusted):
                 self.rejects.reject("plan", s.signer, "plan signed by a key not in trusted_coordinators")
                 continue
+            self._plan_expiration[s.signer] = s.expiration
             out.append(SignedPlan(s.record, s.signer))
         return out
 
     async def get_plan(self) -> Optional[SignedPlan]:
-        """The plan to follow: highest epoch among trusted, valid plans (``None`` if none)."""
-        return choose_plan(await self.get_plans())
+        """The plan to follow: highest epoch among trusted, valid plans (``None`` if none yet).
+
+        The last plan stays valid: when a read finds no plan (the leader died and its record
+        expired before the next leader published, or the read missed it), the last one seen is
+        returned. A read that finds only lower epochs than the remembered plan is treated as a
+        miss while the remembered record has not expired; after that the lower epoch is
+        accepted, so that a swarm whose coordinators all restarted is followed again.
+        """
+        best = choose_plan(await self.get_plans())
+        now = self._clock()
+        if best is None:
+            return self._last_plan[0] if self._last_plan else None
+        if self._last_plan is not None:
+            last, expiration = self._last_plan
+            if last.plan.epoch > best.plan.epoch and expiration >= now:
+                return last
+        self._last_plan = (best, self._plan_expiration.get(best.signer, now))
+        return best
