@@ -249,6 +249,12 @@ def make_plan(
     bound = min(x for x in (ub, cover, solver_bound) if x is not None and x > 0) if (ub > 0) else 0.0
     gap = (bound - fr.value) / bound if bound > 0 else float("nan")
     warnings = list(validate_placement(topo, placement))
+    if config.max_depth is not None and est.max_depth > config.max_depth:
+        warnings.append(f"depth limit {config.max_depth} not met: deepest flow path has {est.max_depth} hops")
+    if config.max_latency_s is not None and est.per_token_latency_s > config.max_latency_s:
+        warnings.append(
+            f"latency limit {config.max_latency_s:.3f} s not met: estimate {est.per_token_latency_s:.3f} s"
+        )
     if topo.missing_links:
         warnings.append(f"{len(topo.missing_links)} links unmeasured; conservative defaults used")
     return Plan(

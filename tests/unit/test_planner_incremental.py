@@ -1,0 +1,82 @@
+"""Churn: leaves recompute flows only, re-solves keep every layer covered, periodic adoption."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from p2pserve.coordinator import helix_format as hf
+from p2pserve.coordinator.incremental import (
+    by_index,
+    by_name,
+    layers_to_load,
+    on_join,
+    on_leave,
+    periodic,
+)
+from p2pserve.coordinator.planner import PlannerConfig, validate_placement
+from p2pserve.coordinator.topology import load_helix_topology
+
+CFG = PlannerConfig(objective="max-flow", time_limit_s=1.0, use_milp=False)
+
+
+@pytest.fixture(scope="module")
+def cluster24():
+    return load_helix_topology(hf.helix_data_dir() / "clusters/single_cluster/cluster24.ini", "llama2-70b")
+
+
+@pytest.fixture(scope="module")
+def helix_plan(cluster24):
+    sol = hf.load_solution(hf.helix_data_dir() / "layouts/single_cluster/llama70b/ilp/ilp_sol.ini")
+    return by_name(cluster24, sol)
+
+
+def test_layers_to_load():
+    assert layers_to_load({"a": (0, 4)}, {"a": (2, 6)}) == 2
+    assert layers_to_load({"a": (0, 4)}, {"a": (0, 4), "b": (4, 7)}) == 3
+    assert layers_to_load({"a": (0, 4)}, {}) == 0
+
+
+def test_leave_with_coverage_moves_nothing(cluster24, helix_plan):
+    # Node 5 (an L4 on [53, 60)) has two replicas: coverage holds without it.
+    topo, _ = cluster24.without([5])
+    res = on_leave(topo, helix_plan, CFG, reload_cost=1.0)
+    assert not res.resolved and res.layers_moved == 0
+    assert res.plan.max_flow > 0
+    assert validate_placement(topo, res.plan.assignments) == []
+
+
+@pytest.mark.parametrize("count,seed", [(1, 0), (2, 1), (4, 2)])
+def test_leave_keeps_all_layers_covered(cluster24, helix_plan, count, seed):
+    rng = random.Random(seed)
+    gone = rng.sample(range(cluster24.num_nodes), count)
+    topo, _ = cluster24.without(gone)
+    res = on_leave(topo, helix_plan, CFG, reload_cost=1.0, time_limit_s=1.0)
+    assert validate_placement(topo, res.plan.assignments) == []
+    assert res.plan.max_flow > 0
+
+
+def test_uncovered_layer_is_repaired(cluster24, helix_plan):
+    # Node 15 alone holds layers [0, 3).
+    topo, _ = cluster24.without([15])
+    assert validate_placement(topo, by_index(topo, helix_plan))
+    res = on_leave(topo, helix_plan, CFG, reload_cost=1.0, time_limit_s=1.0)
+    assert res.resolved
+    assert validate_placement(topo, res.plan.assignments) == []
+
+
+def test_join_places_newcomers(cluster24, helix_plan):
+    # Start from a 22-node swarm and let the last two nodes join.
+    small, keep = cluster24.without([22, 23])
+    before = {k: v for k, v in helix_plan.items() if k not in ("ComputeNode-22", "ComputeNode-23")}
+    res = on_join(cluster24, before, CFG, reload_cost=1.0, time_limit_s=1.0)
+    assert validate_placement(cluster24, res.plan.assignments) == []
+    assert res.plan.max_flow > 0
+    assert "ComputeNode-22" in by_name(cluster24, res.plan.assignments) or res.plan.max_flow > 0
+
+
+def test_periodic_keeps_plan_when_gain_is_small(cluster24, helix_plan):
+    res = periodic(cluster24, helix_plan, CFG, reload_cost=1e9)
+    assert not res.resolved and res.layers_moved == 0
+    assert validate_placement(cluster24, res.plan.assignments) == []
