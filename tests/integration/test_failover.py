@@ -1,0 +1,150 @@
+"""Failover with real peer processes: kill peers mid-generation, the output does not change.
+
+Four peers on the tiny Llama, two replicas of each half ([0:4) x2, [4:8) x2). Routes come from
+``PeerListRoutes`` over the known peers (no control plane needed). A peer is SIGKILLed from inside
+the generation loop, right after a given number of tokens arrived, so the next step finds it
+dead and the client must ban it, re-route and replay.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from p2pserve.client.chain import LocalModelInfo, create_client_p2p
+from p2pserve.client.failover import FailoverSession, FailoverState, PeerListRoutes, chain_session_factory
+from p2pserve.client.generation import GenerationParams, GenerationResult, stream_generate
+from p2pserve.config import ClientConfig
+from p2pserve.errors import GenerationFailedError
+from p2pserve.protocol import SamplingParams
+from tests.harness import PeerProcess, reference_generate, start_peers
+
+pytestmark = pytest.mark.integration
+
+RANGES = [(0, 4), (0, 4), (4, 8), (4, 8)]
+CONFIG = ClientConfig(hop_timeout_s=30.0, max_retries=3, ban_base_s=30.0)
+GREEDY = GenerationParams(max_new_tokens=20, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def cluster(model_dir):
+    """The model path and a mutable list of peers; tests replace the ones they killed."""
+    path = model_dir("llama")
+    peers = start_peers(path, RANGES)
+    yield path, peers
+    for p in peers:
+        p.stop()
+
+
+@pytest.fixture
+def peers(cluster):
+    """Four live peers: any killed by an earlier test are restarted (new ids) first."""
+    path, peers = cluster
+    dead = [i for i, p in enumerate(peers) if p.proc.poll() is not None]
+    if dead:
+        fresh = start_peers(path, [RANGES[i] for i in dead])
+        for i, p in zip(dead, fresh):
+            peers[i] = p
+    return path, peers
+
+
+async def generate_with_kills(path, peers: list[PeerProcess], prompt_ids, params, kills: dict[int, str], seed=0):
+    """Generate through a FailoverSession; after ``n`` tokens kill the route's hop ``kills[n]``.
+
+    ``kills[n]`` is "first" or "last": which hop of the *current* route to kill.
+    Returns (tokens, session).
+    """
+    model = LocalModelInfo.load(path)
+    p2p = await create_client_p2p()
+    by_id = {p.peer_id: p for p in peers}
+    try:
+        routes = PeerListRoutes(model.spec.num_layers, [(p.peer_id, *p.layers, p.maddrs) for p in peers], seed=seed)
+        sampling = SamplingParams(temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, seed=params.seed)
+        factory = chain_session_factory(p2p, model.spec.model_id, model.spec.num_layers, 256, sampling, CONFIG)
+        session = FailoverSession(routes, factory, 256, CONFIG, FailoverState(CONFIG))
+        result = GenerationResult()
+        try:
+            n = 0
+            async for event in stream_generate(session, prompt_ids, params, model.eos_ids, None, result):
+                n += 1
+                if n in kills:
+                    hop = session.route[0 if kills[n] == "first" else -1]
+                    await asyncio.to_thread(by_id[hop.peer_id].kill)
+            return result.tokens, session
+        finally:
+            await session.close()
+    finally:
+        await p2p.shutdown()
+
+
+def prompt(path, text="Tell me about peer-to-peer networks."):
+    return LocalModelInfo.load(path).chat_ids([{"role": "user", "content": text}])
+
+
+def test_kill_a_peer_mid_generation_greedy_identical(peers):
+    path, procs = peers
+    ids = prompt(path)
+    ref = reference_generate(path, ids, GREEDY.max_new_tokens)
+    tokens, session = asyncio.run(generate_with_kills(path, procs, ids, GREEDY, {8: "last"}))
+    assert tokens == ref
+    assert len(session.failures) == 1
+    assert len(session.route_log) == 2 and session.route_log[0][-1].peer_id != session.route_log[1][-1].peer_id
+
+
+def test_kill_two_of_four_one_after_another(peers):
+    path, procs = peers
+    ids = prompt(path, "Two failures in a row should not change a single token.")
+    ref = reference_generate(path, ids, GREEDY.max_new_tokens)
+    tokens, session = asyncio.run(generate_with_kills(path, procs, ids, GREEDY, {5: "first", 12: "last"}))
+    assert tokens == ref
+    assert len(session.failures) == 2 and len(session.route_log) == 3
+    survivors = {h.peer_id for h in session.route}
+    assert not survivors & {f.hop.peer_id for f in session.failures}
+
+
+def test_sampled_output_with_failure_equals_run_without(peers):
+    path, procs = peers
+    ids = prompt(path, "Sample something.")
+    params = GenerationParams(max_new_tokens=16, temperature=0.9, top_p=0.95, top_k=50, seed=1234, ignore_eos=True)
+    clean, s1 = asyncio.run(generate_with_kills(path, procs, ids, params, {}))
+    assert not s1.failures
+    failed, s2 = asyncio.run(generate_with_kills(path, procs, ids, params, {6: "first"}))
+    assert len(s2.failures) == 1
+    assert failed == clean
+
+
+def test_kill_every_replica_of_a_layer_fails_clearly(peers):
+    path, procs = peers
+    ids = prompt(path)
+    second_half = [p for p in procs if p.layers == (4, 8)]
+
+    # both [4:8) replicas die after the 3rd token: nothing can serve layers 4..7 any more
+    with pytest.raises(GenerationFailedError) as e:
+        asyncio.run(generate_with_kills_all(path, procs, ids, second_half))
+    text = str(e.value)
+    assert "no usable peer serves layer 4" in text
+    failed = {p.peer_id for p in second_half}
+    assert sum(pid in text for pid in failed) >= 1
+    assert text.count("banned") <= CONFIG.max_retries + 1
+
+
+async def generate_with_kills_all(path, procs, ids, victims):
+    """Generate greedily and kill every peer in ``victims`` after 3 tokens."""
+    model = LocalModelInfo.load(path)
+    p2p = await create_client_p2p()
+    try:
+        routes = PeerListRoutes(model.spec.num_layers, [(p.peer_id, *p.layers, p.maddrs) for p in procs], seed=0)
+        factory = chain_session_factory(p2p, model.spec.model_id, model.spec.num_layers, 256, SamplingParams(), CONFIG)
+        session = FailoverSession(routes, factory, 256, CONFIG, FailoverState(CONFIG))
+        try:
+            n = 0
+            async for _ in stream_generate(session, ids, GREEDY, model.eos_ids):
+                n += 1
+                if n == 3:
+                    for p in victims:
+                        await asyncio.to_thread(p.kill)
+        finally:
+            await session.close()
+    finally:
+        await p2p.shutdown()
