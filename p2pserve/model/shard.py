@@ -190,15 +190,17 @@ class Shard(torch.nn.Module):
                 n = segments[i].n
                 segments[i].hidden = x[at : at + n]
                 at += n
-        outputs = []
-        for seg in segments:
-            if seg.want_logits:
-                if seg.end != self.spec.num_layers or self.lm_head is None:
-                    raise BadRequestError("logits requested from a span that does not end at the last layer")
-                last = self.norm(seg.hidden[-1:])
-                outputs.append(self.lm_head(last)[0].float().cpu())
-            else:
-                outputs.append(seg.hidden)
+        outputs: list[torch.Tensor] = [seg.hidden for seg in segments]
+        wanting = [i for i, seg in enumerate(segments) if seg.want_logits]
+        if wanting:
+            if self.lm_head is None or any(segments[i].end != self.spec.num_layers for i in wanting):
+                raise BadRequestError("logits requested from a span that does not end at the last layer")
+            # One head matmul for every sequence's last token: the vocabulary projection is the
+            # largest matrix of small models, so doing it per sequence would dominate decode.
+            last = torch.cat([segments[i].hidden[-1:] for i in wanting])  # [S, H]
+            logits = self.lm_head(self.norm(last)).float().cpu()  # [S, V]
+            for row, i in enumerate(wanting):
+                outputs[i] = logits[row]
         return outputs
 
     def _layer(self, layer_idx: int, x: torch.Tensor, cos, sin, segments: list[Segment]) -> torch.Tensor:
