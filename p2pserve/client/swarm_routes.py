@@ -1,0 +1,112 @@
+"""Route provider over the live swarm: the published plan's flows, peers' addresses and KV load.
+
+Reads the highest-epoch trusted plan and the live ``PeerInfo`` records through the control
+plane's ``Swarm`` (at most once per ``refresh_s``, so a burst of requests costs one DHT read),
+keeps one IWRR :class:`Router` per plan epoch (a new epoch resets the schedulers, since the
+flows changed), and masks peers over the KV high-water mark from their announced
+``kv_free_tokens``. Without a plan yet, it routes over the ranges peers announce they serve.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import replace
+from typing import Callable, Optional
+
+from p2pserve.client.connection import Hop
+from p2pserve.client.routing import Masks, RouteGraph, Router
+
+log = logging.getLogger(__name__)
+
+
+def graph_from_records(plan, peers: dict, num_layers: Optional[int]) -> Optional[RouteGraph]:
+    """A RouteGraph from a plan (or, without one, from the peers' announced serving spans).
+
+    ``peers`` maps peer id -> ``PeerInfo``. Peers of the plan that no longer announce themselves
+    are dropped: their records expired, so they are gone (or unreachable) as far as we know.
+    """
+    addrs = {pid: tuple(info.addrs) for pid, info in peers.items()}
+    if plan is not None:
+        g = RouteGraph.from_plan(plan, addrs)
+        live = {p: s for p, s in g.spans.items() if p in peers}
+        def keep(x: str) -> bool:
+            return x in live or x in ("source", "sink")
+
+        flows = {(u, v): r for (u, v), r in g.flows.items() if keep(u) and keep(v)}
+        return RouteGraph(g.num_layers, live, flows, g.maddrs)
+    if num_layers is None:
+        return None
+    serving = [(pid, *info.serving, info.addrs) for pid, info in peers.items()
+               if info.state == "serving" and info.serving is not None]
+    return RouteGraph.from_peers(num_layers, serving)
+
+
+class SwarmRoutes:
+    """``RouteProvider`` over a ``p2pserve.dht.swarm.Swarm``.
+
+    ``kv_need_tokens`` is the request's KV estimate (prompt + max new tokens): a peer announcing
+    less free KV than that is masked (Helix §5.2's high-water mark, per request).
+    """
+
+    def __init__(self, swarm, seed: int, num_layers: Optional[int] = None, refresh_s: float = 2.0,
+                 clock: Callable[[], float] = time.monotonic):
+        self.swarm = swarm
+        self.seed = seed
+        self.num_layers = num_layers
+        self.refresh_s = refresh_s
+        self.clock = clock
+        self._read_at = -1e18
+        self._plan = None
+        self._peers: dict = {}
+        self._router: Optional[Router] = None
+        self._router_key = None
+        self.epoch: Optional[int] = None
+
+    async def refresh(self, force: bool = False) -> None:
+        """Re-read the plan and peers if the cached copy is older than ``refresh_s``."""
+        if not force and self.clock() - self._read_at < self.refresh_s:
+            return
+        signed = await self.swarm.get_plan()
+        peers = await self.swarm.get_peers()
+        self._read_at = self.clock()
+        self._peers = {pid: s.record for pid, s in peers.items()}
+        plan = signed.plan if signed is not None else None
+        if plan is not None:
+            self._plan = plan  # the last plan stays valid while the leader changes
+        key = (self._plan.epoch if self._plan is not None else None, frozenset(self._peers))
+        if key != self._router_key:
+            graph = graph_from_records(self._plan, self._peers, self.num_layers)
+            self._router = Router(graph, seed=self.seed) if graph is not None else None
+            self._router_key = key
+            self.epoch = key[0]
+
+    @property
+    def plan(self):
+        """The plan routes currently follow (None before the first one)."""
+        return self._plan
+
+    def kv_free(self) -> dict[str, int]:
+        """Announced free KV tokens of peers that announced a KV budget."""
+        return {pid: int(info.kv_free_tokens) for pid, info in self._peers.items() if info.kv_memory_bytes > 0}
+
+    def masks_for(self, masks: Masks, kv_need_tokens: int) -> Masks:
+        """The client's masks plus the KV high-water mark for this request."""
+        return replace(masks, kv_free_tokens=self.kv_free(), kv_need_tokens=kv_need_tokens)
+
+    async def route(self, masks: Masks, kv_need_tokens: int = 0) -> list[Hop]:
+        """The next route (raises ``RoutingError`` if there is none)."""
+        from p2pserve.errors import RoutingError
+
+        await self.refresh()
+        if self._router is None:
+            raise RoutingError("no plan published yet and no peer announces a serving range")
+        return self._router.route(self.masks_for(masks, kv_need_tokens))
+
+    def for_request(self, kv_need_tokens: int):
+        """A ``RouteProvider`` (callable on masks) for one request."""
+
+        async def provider(masks: Masks) -> list[Hop]:
+            return await self.route(masks, kv_need_tokens)
+
+        return provider
