@@ -7,7 +7,7 @@ Refresh periods and the tolerated clock skew fix every record's TTL
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional
 
 from p2pserve.dht.records import ttl_for

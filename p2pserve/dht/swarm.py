@@ -32,7 +32,6 @@ from p2pserve.dht.records import (
     LinkInfo,
     PeerInfo,
     Plan,
-    Record,
     RecordRejected,
     decode_record,
     encode_record,
