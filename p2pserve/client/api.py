@@ -258,12 +258,13 @@ class AsyncClient:
         routes = self._peer_routes if self._peer_routes is not None else self.swarm_routes.for_request(req.max_length)
         return FailoverSession(routes, factory, req.max_length, self.config, self.failover)
 
-    async def _stream(self, req: _Request, sink: list) -> AsyncIterator[str]:
+    async def _stream(self, req: _Request, sink: list, session: Optional[FailoverSession] = None,
+                      t0: Optional[float] = None) -> AsyncIterator[str]:
         """Run one request, yielding text pieces; appends the finished Reply to ``sink``."""
-        t0 = time.perf_counter()
+        t0 = time.perf_counter() if t0 is None else t0
         first = None
         result = GenerationResult()
-        session = self._session(req)
+        session = session if session is not None else self._session(req)
         try:
             async for event in stream_generate(session, req.prompt_ids, req.params, self.info.eos_ids,
                                                self.info.tokenizer, result):
@@ -329,8 +330,21 @@ class ReplyStream:
 
     def __init__(self, client: AsyncClient, req: _Request):
         self._sink: list[Reply] = []
-        self._gen = client._stream(req, self._sink)
+        self.session = client._session(req)
+        self._gen = client._stream(req, self._sink, self.session, time.perf_counter())
         self.request = req
+
+    async def open(self) -> None:
+        """Open the route now, so that "no route" / "overloaded" surface before any text.
+
+        (The HTTP server calls this before it commits to a 200 streaming response.)
+        """
+        try:
+            await self.session.open()
+        except BaseException:
+            await self._gen.aclose()
+            await self.session.close()
+            raise
 
     def __aiter__(self) -> "ReplyStream":
         return self

@@ -1,0 +1,104 @@
+"""``p2pserve api``: an OpenAI-compatible HTTP server over the swarm (or a fixed set of peers).
+
+    p2pserve api --port 8000 --initial-peers /ip4/.../p2p/Qm... [--model PATH]
+    p2pserve api --port 8000 --peers /ip4/127.0.0.1/tcp/4001/p2p/Qm...@0:30
+
+Prints ``P2PSERVE_API_READY url=http://HOST:PORT model=NAME`` once it listens (``--port 0`` picks
+a free port). Also defines the client flags shared with ``p2pserve chat``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+
+from p2pserve.config import ClientConfig
+
+
+def add_client_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags every client command accepts: where the swarm is, which model, retry limits."""
+    g = parser.add_argument_group("swarm")
+    g.add_argument("--model", default=None, help="local checkpoint for tokenizer and shapes (default: embedded SmolLM2)")
+    g.add_argument("--initial-peers", nargs="*", default=(), help="DHT multiaddrs of the swarm (routes follow the plan)")
+    g.add_argument("--peers", nargs="*", default=None, metavar="MADDR@START:END",
+                   help="a fixed set of peers instead of the swarm (MADDR ends with /p2p/<peer id>)")
+    g.add_argument("--swarm-model", default=None, help="model name of the swarm's DHT keys (default: the checkpoint id)")
+    g.add_argument("--swarm-id", default="p2pserve", help="swarm id prefixing DHT keys")
+    g.add_argument("--trusted-coordinator", action="append", default=[], metavar="PUBKEY",
+                   help="OpenSSH public key of a coordinator whose plans to follow (repeatable; none = open swarm)")
+    r = parser.add_argument_group("requests")
+    r.add_argument("--max-length", type=int, default=4096, help="context limit (prompt + reply tokens)")
+    r.add_argument("--hop-timeout", type=float, default=ClientConfig.hop_timeout_s, help="seconds per hop round trip")
+    r.add_argument("--max-retries", type=int, default=ClientConfig.max_retries, help="route rebuilds per step")
+    r.add_argument("--seed", type=int, default=None, help="routing seed (default: random per client)")
+    parser.add_argument("--log-level", default="WARNING")
+
+
+def client_from_args(args: argparse.Namespace):
+    """An (unstarted) ``AsyncClient`` from the flags of :func:`add_client_arguments`."""
+    from p2pserve.client.api import AsyncClient
+    from p2pserve.errors import ConfigError
+
+    if not args.peers and not args.initial_peers:
+        raise ConfigError("give --initial-peers (a swarm) or --peers (fixed peers)")
+    config = ClientConfig(hop_timeout_s=args.hop_timeout, max_retries=args.max_retries)
+    return AsyncClient(initial_peers=tuple(args.initial_peers or ()), model=args.model, peers=args.peers or None,
+                       config=config, swarm_model=args.swarm_model, seed=args.seed, max_length=args.max_length)
+
+
+async def start_client(args: argparse.Namespace):
+    """Build and start the client (joining the swarm with the swarm flags when not fixed peers)."""
+    client = client_from_args(args)
+    if client.peers is None:
+        from p2pserve.client.chain import LocalModelInfo
+        from p2pserve.dht.config import DHTConfig
+
+        client.info = await asyncio.to_thread(LocalModelInfo.load, args.model)
+        client.dht_config = DHTConfig(
+            model=args.swarm_model or client.info.spec.model_id, initial_peers=tuple(args.initial_peers),
+            client_mode=True, swarm_id=args.swarm_id, trusted_coordinators=tuple(args.trusted_coordinator or ()),
+        )
+    return await client.start()
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of ``p2pserve api``."""
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 for every interface)")
+    parser.add_argument("--port", type=int, default=8000, help="TCP port (0 = pick a free one)")
+    parser.add_argument("--served-model-name", action="append", default=[],
+                        help="extra model name requests may use (repeatable; the checkpoint id always works)")
+    add_client_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Serve until Ctrl-C / SIGTERM."""
+    from p2pserve.client.openai_server import OpenAIServer
+    from p2pserve.errors import P2PServeError
+
+    logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.WARNING))
+
+    async def main() -> int:
+        client = await start_client(args)
+        server = OpenAIServer(client, tuple(args.served_model_name))
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        try:
+            port = await server.start(args.host, args.port)
+            print(f"P2PSERVE_API_READY url=http://{args.host}:{port} model={server.primary_model}", flush=True)
+            serving = asyncio.create_task(server.serve_forever())
+            await stop.wait()
+            serving.cancel()
+        finally:
+            await server.close()
+            await client.close()
+        return 0
+
+    try:
+        return asyncio.run(main())
+    except P2PServeError as e:
+        print(f"error: {e}")
+        return 1

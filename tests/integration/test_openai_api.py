@@ -1,0 +1,174 @@
+"""The official ``openai`` package against ``p2pserve api`` on a fixed chain of real peers.
+
+Two tiny-Llama peers ([0:4), [4:8)) and a ``p2pserve api --peers ...`` process. Greedy replies,
+streamed and not, must equal single-process transformers ``generate`` (cut at the first EOS,
+where the server stops); bad requests must get a 400 with a message that says what is wrong.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from p2pserve.client.chain import LocalModelInfo
+from tests.harness import reference_generate, start_peers
+
+openai = pytest.importorskip("openai")
+pytestmark = pytest.mark.integration
+
+MAX_TOKENS = 12
+
+
+@pytest.fixture(scope="module")
+def api(model_dir):
+    """(base url, model path, model id) of a running `p2pserve api` over two peers."""
+    path = model_dir("llama")
+    peers = start_peers(path, [(0, 4), (4, 8)])
+    proc = None
+    try:
+        cmd = [sys.executable, "-m", "p2pserve.cli", "api", "--port", "0", "--model", path,
+               "--served-model-name", "tiny", "--peers", *[f"{p.maddrs[0]}@{p.layers[0]}:{p.layers[1]}" for p in peers]]
+        env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                                start_new_session=True)
+        lines: list[str] = []
+        threading.Thread(target=lambda: [lines.append(l.rstrip()) for l in proc.stdout], daemon=True).start()
+        deadline = time.monotonic() + 120
+        url = None
+        while url is None:
+            ready = [l for l in lines if l.startswith("P2PSERVE_API_READY")]
+            if ready:
+                url = dict(p.split("=", 1) for p in ready[0].split()[1:])["url"]
+            elif proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("api server did not start:\n" + "\n".join(lines[-40:]))
+            time.sleep(0.05)
+        yield url, path, LocalModelInfo.load(path)
+    finally:
+        if proc is not None and proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        for p in peers:
+            p.stop()
+
+
+def expected_text(info, path, prompt_ids) -> tuple[str, str]:
+    """Greedy reference text, cut at the first EOS, and the finish reason the server should give."""
+    ref = reference_generate(path, prompt_ids, MAX_TOKENS)
+    cut = next((i for i, t in enumerate(ref) if t in info.eos_ids), None)
+    tokens = ref if cut is None else ref[:cut]
+    return info.tokenizer.decode(tokens, skip_special_tokens=True), ("length" if cut is None else "stop")
+
+
+MESSAGES = [{"role": "user", "content": "What is a peer-to-peer network?"}]
+
+
+def oai(url):
+    return openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def test_models_lists_the_served_names(api):
+    url, _, info = api
+    ids = {m.id for m in oai(url).models.list().data}
+    assert ids == {info.spec.model_id, "tiny"}
+
+
+def test_chat_completion_non_streamed_equals_generate(api):
+    url, path, info = api
+    text, finish = expected_text(info, path, info.chat_ids(MESSAGES))
+    r = oai(url).chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=MAX_TOKENS, temperature=0)
+    assert r.choices[0].message.role == "assistant"
+    assert r.choices[0].message.content == text
+    assert r.choices[0].finish_reason == finish
+    assert r.usage.prompt_tokens == len(info.chat_ids(MESSAGES))
+    assert r.model == "tiny" and r.object == "chat.completion"
+
+
+def test_chat_completion_streamed_equals_generate(api):
+    url, path, info = api
+    text, finish = expected_text(info, path, info.chat_ids(MESSAGES))
+    stream = oai(url).chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=MAX_TOKENS, temperature=0,
+                                              stream=True, stream_options={"include_usage": True})
+    pieces, finishes, usage = [], [], None
+    for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for choice in chunk.choices:
+            if choice.delta.content:
+                pieces.append(choice.delta.content)
+            if choice.finish_reason:
+                finishes.append(choice.finish_reason)
+    assert "".join(pieces) == text
+    assert finishes == [finish]
+    assert usage is not None and usage.prompt_tokens == len(info.chat_ids(MESSAGES))
+
+
+def test_completions_streamed_and_not(api):
+    url, path, info = api
+    prompt = "Once upon a time"
+    ids = list(info.tokenizer(prompt)["input_ids"])
+    text, finish = expected_text(info, path, ids)
+    c = oai(url)
+    r = c.completions.create(model="tiny", prompt=prompt, max_tokens=MAX_TOKENS, temperature=0)
+    assert r.choices[0].text == text and r.choices[0].finish_reason == finish
+    streamed = "".join(ch.choices[0].text for ch in c.completions.create(
+        model="tiny", prompt=prompt, max_tokens=MAX_TOKENS, temperature=0, stream=True) if ch.choices)
+    assert streamed == text
+    r2 = c.completions.create(model="tiny", prompt=ids, max_tokens=MAX_TOKENS, temperature=0)
+    assert r2.choices[0].text == text
+
+
+def test_seeded_sampling_is_reproducible(api):
+    url, _, _ = api
+    c = oai(url)
+    kw = dict(model="tiny", messages=MESSAGES, max_tokens=8, temperature=0.8, seed=42)
+    assert c.chat.completions.create(**kw).choices[0].message.content == \
+        c.chat.completions.create(**kw).choices[0].message.content
+
+
+def raw_post(url, path, body: bytes):
+    req = urllib.request.Request(url + path, data=body, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_bad_requests_get_400_with_a_clear_message(api):
+    url, _, _ = api
+    c = oai(url)
+    cases = {
+        "negative max tokens": (dict(model="tiny", messages=MESSAGES, max_tokens=-5), "max_tokens"),
+        "unknown model": (dict(model="gpt-17", messages=MESSAGES), "unknown model 'gpt-17'"),
+        "oversized prompt": (dict(model="tiny", messages=[{"role": "user", "content": "word " * 6000}]), "tokens"),
+        "empty messages": (dict(model="tiny", messages=[]), "messages"),
+        "bad role": (dict(model="tiny", messages=[{"role": "wizard", "content": "hi"}]), "role"),
+        "temperature": (dict(model="tiny", messages=MESSAGES, temperature=7), "temperature"),
+    }
+    for name, (kw, needle) in cases.items():
+        with pytest.raises(openai.BadRequestError) as e:
+            c.chat.completions.create(**kw)
+        assert e.value.status_code == 400, name
+        assert needle in e.value.message, (name, e.value.message)
+    # the same through a streamed request: still a 400 before any event
+    with pytest.raises(openai.BadRequestError):
+        c.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=0, stream=True)
+    status, body = raw_post(url, "/v1/chat/completions", json.dumps({"model": "tiny"}).encode())
+    assert status == 400 and "'messages' is required" in body["error"]["message"]
+    status, body = raw_post(url, "/v1/chat/completions", b"{not json")
+    assert status == 400 and "not valid JSON" in body["error"]["message"]
+    status, body = raw_post(url, "/v1/completions", json.dumps({"model": "tiny"}).encode())
+    assert status == 400 and "'prompt' is required" in body["error"]["message"]
