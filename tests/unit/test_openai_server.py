@@ -1,0 +1,159 @@
+"""The OpenAI server's HTTP edge with a fake client: status codes, SSE framing, error mapping."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from p2pserve.client.connection import Hop
+from p2pserve.client.failover import AllRoutesOverloadedError
+from p2pserve.client.openai_server import HTTPError, OpenAIServer, http_error_for, parse_chat_request
+from p2pserve.client.routing import NoRouteError
+from p2pserve.errors import BadRequestError, GenerationFailedError, OverloadedError
+
+
+class FakeReply(str):
+    pass
+
+
+def make_reply(text="Hello world") -> FakeReply:
+    r = FakeReply(text)
+    r.text, r.tokens, r.finish_reason, r.prompt_tokens = text, [1, 2], "stop", 3
+    r.route, r.routes, r.failures = [Hop("peerA", 0, 8)], [[Hop("peerA", 0, 8)]], []
+    r.tokens_per_s, r.first_token_s = 10.0, 0.01
+    return r
+
+
+class FakeStream:
+    def __init__(self, error=None, open_error=None):
+        self.pieces, self.error, self.open_error, self.reply = ["Hello", " world"], error, open_error, None
+
+    async def open(self):
+        if self.open_error:
+            raise self.open_error
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        if self.pieces:
+            return self.pieces.pop(0)
+        if self.error:
+            raise self.error
+        self.reply = make_reply()
+        raise StopAsyncIteration
+
+    async def aclose(self):
+        pass
+
+
+class FakeClient:
+    model_id = "fake-model"
+
+    def __init__(self, error=None, stream_error=None):
+        self.error, self.stream_error = error, stream_error
+
+    async def chat(self, messages, **kw):
+        if self.error:
+            raise self.error
+        return make_reply()
+
+    def chat_stream(self, messages, **kw):
+        return FakeStream(error=self.stream_error, open_error=self.error)
+
+
+async def request(server_client, method, path, body=None):
+    server = OpenAIServer(server_client)
+    port = await server.start("127.0.0.1", 0)
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        data = json.dumps(body).encode() if body is not None else b""
+        writer.write(f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(data)}\r\nConnection: close\r\n\r\n"
+                     .encode() + data)
+        await writer.drain()
+        raw = await reader.read()
+        writer.close()
+    finally:
+        await server.close()
+    head, _, payload = raw.partition(b"\r\n\r\n")
+    return int(head.split()[1]), head.decode(), payload.decode()
+
+
+CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}], "temperature": 0}
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_non_streamed_ok():
+    status, _, payload = run(request(FakeClient(), "POST", "/v1/chat/completions", CHAT))
+    body = json.loads(payload)
+    assert status == 200 and body["choices"][0]["message"]["content"] == "Hello world"
+    assert body["p2pserve"]["route"] == [{"peer_id": "peerA", "start": 0, "end": 8}]
+
+
+def test_streamed_sse_framing():
+    status, head, payload = run(request(FakeClient(), "POST", "/v1/chat/completions", dict(CHAT, stream=True)))
+    assert status == 200 and "text/event-stream" in head
+    events = [e[len("data: "):] for e in payload.strip().split("\n\n")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks) == "Hello world"
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+
+
+@pytest.mark.parametrize("error,status", [
+    (NoRouteError("no usable peer serves layer 4"), 503),
+    (NoRouteError("every route passes an overloaded peer", overloaded=True), 429),
+    (AllRoutesOverloadedError("x"), 429),
+    (GenerationFailedError("gave up"), 503),
+    (BadRequestError("prompt too long"), 400),
+    (RuntimeError("bug"), 500),
+])
+def test_errors_map_to_status_codes_streamed_or_not(error, status):
+    for body in (CHAT, dict(CHAT, stream=True)):
+        got, _, payload = run(request(FakeClient(error=error), "POST", "/v1/chat/completions", body))
+        assert got == status
+        assert json.loads(payload)["error"]["message"]
+
+
+def test_error_after_streaming_started_is_reported_in_band():
+    status, _, payload = run(request(FakeClient(stream_error=GenerationFailedError("peer died")), "POST",
+                                     "/v1/chat/completions", dict(CHAT, stream=True)))
+    assert status == 200
+    assert '"error"' in payload and "peer died" in payload and payload.strip().endswith("[DONE]")
+
+
+def test_unknown_path_and_method():
+    assert run(request(FakeClient(), "GET", "/v2/nothing"))[0] == 404
+    assert run(request(FakeClient(), "GET", "/v1/chat/completions"))[0] == 405
+    status, _, payload = run(request(FakeClient(), "GET", "/v1/models"))
+    assert status == 200 and json.loads(payload)["data"][0]["id"] == "fake-model"
+
+
+def test_parse_chat_request_validation():
+    models = {"m"}
+    ok = parse_chat_request({"model": "m", "messages": [{"role": "developer", "content": [{"type": "text", "text": "x"}]}],
+                             "max_completion_tokens": 5, "stop": "END", "seed": 3}, models)
+    assert ok.messages == [{"role": "system", "content": "x"}]
+    assert ok.kwargs["max_new_tokens"] == 5 and ok.kwargs["stop"] == ["END"] and ok.kwargs["seed"] == 3
+    for bad, needle in [
+        ({"messages": [{"role": "user", "content": "x"}]}, "'model' is required"),
+        ({"model": "m"}, "'messages' is required"),
+        ({"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": -1}, "max_tokens"),
+        ({"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": 1.5}, "integer"),
+        ({"model": "m", "messages": [{"role": "user", "content": "x"}], "n": 2}, "'n'"),
+        ({"model": "m", "messages": [{"role": "user", "content": 5}]}, "content"),
+        ({"model": "m", "messages": [{"role": "user", "content": "x"}], "stop": [""]}, "stop"),
+    ]:
+        with pytest.raises(HTTPError) as e:
+            parse_chat_request(bad, models)
+        assert e.value.status == 400 and needle in e.value.message, bad
+
+
+def test_overloaded_remote_error_is_429():
+    assert http_error_for(OverloadedError("full", peer="p")).status == 429
