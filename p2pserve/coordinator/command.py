@@ -26,6 +26,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     c.add_argument("--activation-bytes", type=int, default=None, help="bytes per token of hidden state")
     c.add_argument("--replan-period", type=float, default=None, help="re-plan at least this often (s)")
     c.add_argument("--link-change-threshold", type=float, default=None, help="relative bandwidth change that re-plans")
+    c.add_argument("--objective", choices=("throughput", "max-flow"), default=None, help="planner objective")
+    c.add_argument("--solve-time-limit", type=float, default=None, help="seconds per placement solve")
     c.add_argument("--print-public-key", action="store_true", help="print this coordinator's public key and exit")
 
 
@@ -55,6 +57,10 @@ def run(args: argparse.Namespace) -> int:
             kw["activation_bytes"] = int(args.activation_bytes or ms["activation_bytes"])
         if args.replan_period or ms.get("replan_period"):
             kw["replan_period"] = float(args.replan_period or ms["replan_period"])
+        if args.objective or ms.get("objective"):
+            kw["objective"] = args.objective or ms["objective"]
+        if args.solve_time_limit or ms.get("solve_time_limit"):
+            kw["solve_time_limit"] = float(args.solve_time_limit or ms["solve_time_limit"])
         if args.link_change_threshold:
             kw["link_change_threshold"] = args.link_change_threshold
         ccfg = CoordinatorConfig(**kw)

@@ -9,13 +9,10 @@ Split in two on purpose:
 * a **thin async shell** -- :class:`CoordinatorService` -- that announces candidacy, reads the
   DHT, runs the core and publishes.
 
-Planner adapter. ``p2pserve.coordinator.incremental`` (the planner engineer's churn re-solve)
-did not exist when this was written, so :func:`plan_targets` is a minimal stand-in built on the
-planner's ``Topology``, ``heuristics`` and ``maxflow``: it keeps every live peer's current
-target, places newcomers on the weakest layers, and falls back to a full Petals-style greedy
-only when a layer is left uncovered. Swap it for the incremental re-solve by changing
-:func:`plan_targets` only; flows always come from ``maxflow.max_flow`` over the ranges peers
-*serve now*.
+Planner. :func:`plan_targets` calls the planner's full solve / ``incremental`` churn handling
+(join, leave, periodic) on a ``Topology`` built from the records; :func:`greedy_targets` is the
+fallback when the planner refuses (swarm too small). Flows always come from
+``maxflow.max_flow`` over the ranges peers *serve now*, never over targets.
 """
 
 from __future__ import annotations
@@ -56,6 +53,10 @@ class CoordinatorConfig:
     default_bandwidth: float = 1.25e6  # bytes/s assumed for an unmeasured link (10 Mbit/s)
     default_rtt: float = 0.1  # seconds assumed for an unmeasured link
     client_bandwidth: float = 12.5e6  # bytes/s of source/sink edges (clients are not probed)
+    objective: str = "throughput"  # planner objective: "throughput" (decode estimate) or "max-flow"
+    solve_time_limit: float = 5.0  # wall-clock budget of one placement solve (s)
+    reload_cost_per_layer: Optional[float] = None  # tokens/s of objective; None = 1% of the bound / layers
+    seed: int = 0
     # a new candidate only observes for this long before it may lead, so that it has seen every
     # live candidacy (default: one candidate TTL); avoids two leaders right after a start
     election_grace: Optional[float] = None
@@ -199,8 +200,8 @@ def _coverage(L: int, spans) -> list[int]:
     return cover
 
 
-def plan_targets(topo: Topology, ids: Sequence[str], current: Mapping[str, LayerSpan]) -> dict[str, LayerSpan]:
-    """Target ranges for peers ``ids``, moving as few loaded layers as possible.
+def greedy_targets(topo: Topology, ids: Sequence[str], current: Mapping[str, LayerSpan]) -> dict[str, LayerSpan]:
+    """Fallback placement for peers ``ids``, moving as few loaded layers as possible.
 
     1. every peer keeps its current target if it still fits (no reload);
     2. peers without one (newcomers) take the contiguous window of ``max_layers`` layers whose
@@ -233,6 +234,80 @@ def plan_targets(topo: Topology, ids: Sequence[str], current: Mapping[str, Layer
         order = [i for i in range(len(ids)) if ids[i] in current] + [i for i in range(len(ids)) if ids[i] not in current]
         out = petals_greedy(topo, order)
     return {ids[i]: span for i, span in out.items()}
+
+
+def fill_idle(topo: Topology, ids: Sequence[str], targets: Mapping[str, LayerSpan]) -> dict[str, LayerSpan]:
+    """Give every peer the planner left idle a replica on the weakest window (nobody else moves).
+
+    An idle volunteer helps nobody; a replica adds capacity, KV room and a failover target.
+    """
+    L = topo.num_layers
+    out = dict(targets)
+    cover = [0.0] * L
+    idx = {pid: i for i, pid in enumerate(ids)}
+    for pid, (s, e) in out.items():
+        t = topo.nodes[idx[pid]].throughput
+        for layer in range(s, e):
+            cover[layer] += t[e - s] if e - s < len(t) else 0.0
+    for i, pid in enumerate(ids):
+        if pid in out:
+            continue
+        k = min(topo.nodes[i].max_layers, L)
+        if k <= 0:
+            continue
+        best = min(range(L - k + 1), key=lambda s: (min(cover[s : s + k]), sum(cover[s : s + k]), s))
+        out[pid] = (best, best + k)
+        for layer in range(best, best + k):
+            cover[layer] += topo.nodes[i].throughput[k]
+    return out
+
+
+def plan_targets(
+    topo: Topology,
+    ids: Sequence[str],
+    current: Mapping[str, LayerSpan],
+    cfg: CoordinatorConfig,
+    trigger: str = "",
+) -> tuple[dict[str, LayerSpan], str]:
+    """Target ranges for peers ``ids`` with the planner's churn handling; returns (targets, method).
+
+    * no current placement: a full solve (``planner.plan_for_topology``);
+    * newcomers: ``incremental.on_join`` (warm start, reload cost per moved layer);
+    * a ``periodic`` trigger: ``incremental.periodic`` (adopted only if the gain beats reloads);
+    * anything else (leave, served ranges or links changed): ``incremental.on_leave``, which
+      keeps the placement and only recomputes flows while every layer stays covered.
+
+    Peers the planner leaves idle get a replica (:func:`fill_idle`). If the planner fails (e.g.
+    the swarm is too small for the model) the greedy fallback covers what it can.
+    """
+    from p2pserve.coordinator import incremental as inc
+    from p2pserve.coordinator.planner import PlannerConfig, plan_for_topology
+    from p2pserve.errors import PlanningError
+
+    cur = {pid: tuple(span) for pid, span in current.items() if pid in set(ids)}
+    try:
+        pc = PlannerConfig(objective=cfg.objective, time_limit_s=cfg.solve_time_limit, seed=cfg.seed)
+        reload_cost = cfg.reload_cost_per_layer
+        if reload_cost is None:
+            reload_cost = 0.01 * topo.upper_bound() / max(1, topo.num_layers)
+        if not cur:
+            result = plan_for_topology(topo, pc)
+            method = f"solve:{result.method}"
+            assignments = result.assignments
+        else:
+            if any(pid not in cur for pid in ids):
+                r = inc.on_join(topo, cur, pc, reload_cost, cfg.solve_time_limit)
+            elif trigger == "periodic":
+                r = inc.periodic(topo, cur, pc, reload_cost)
+            else:
+                r = inc.on_leave(topo, cur, pc, reload_cost, cfg.solve_time_limit)
+            method = f"{r.plan.method} ({r.layers_moved} layers to load)"
+            assignments = r.plan.assignments
+        targets = {ids[i]: (int(s), int(e)) for i, (s, e) in assignments.items() if e > s}
+    except (PlanningError, ConfigError) as e:
+        logger.warning(f"planner failed ({e}); using the greedy fallback")
+        targets, method = greedy_targets(topo, ids, cur), "greedy-fallback"
+    return fill_idle(topo, ids, targets), method
 
 
 def compute_flows(snap: Snapshot, cfg: CoordinatorConfig) -> tuple[list[Flow], float, float, dict[str, LayerSpan], list]:
@@ -278,7 +353,8 @@ def make_plan(
             span = current_targets.get(pid) or p.loading or p.serving
             if span is not None:
                 current[pid] = span
-        targets = plan_targets(topo, ids, current)
+        targets, method = plan_targets(topo, ids, current, cfg, reason)
+        reason = f"{reason}; {method}"
     flows, value, bound, spans, defaulted_f = compute_flows(snap, cfg)
     # the bound of the *target* placement is the meaningful one: what the swarm could reach
     if ids:
@@ -424,7 +500,10 @@ class CoordinatorService:
             basis = self.plan
             if best_seen is not None and (basis is None or best_seen.epoch > basis.epoch):
                 basis = best_seen
-            plan = make_plan(
+            # the solve may take seconds: run it off the event loop so that the candidacy keeps
+            # being refreshed meanwhile
+            plan = await asyncio.to_thread(
+                make_plan,
                 snap,
                 basis.targets if basis else {},
                 epoch=0,

@@ -160,7 +160,7 @@ def swarm(tmp_path_factory):
             "host_maddrs": ["/ip4/127.0.0.1/tcp/0"],
             "trusted_coordinators": [pub["coord-1"], pub["coord-2"]],
             "timing": TIMING,
-            "models": {MODEL: {"num_layers": NUM_LAYERS, "activation_bytes": 4096}},
+            "models": {MODEL: {"num_layers": NUM_LAYERS, "activation_bytes": 4096, "solve_time_limit": 0.5}},
         }
         cfg_path = tmp / "swarm.json"
         cfg_path.write_text(json.dumps(config))

@@ -10,7 +10,7 @@ from p2pserve.coordinator.service import (
 )
 from p2pserve.dht.records import LinkInfo, LinkStat, PeerInfo
 
-CFG = CoordinatorConfig(num_layers=8, activation_bytes=1000, replan_period=60.0)
+CFG = CoordinatorConfig(num_layers=8, activation_bytes=1000, replan_period=60.0, solve_time_limit=0.3)
 
 
 def peer(pid, k=4, serving=None, state=None, tps=100.0):
@@ -94,3 +94,18 @@ def test_plan_changed():
     assert plan_changed(None, p1)
     p3 = plan_for([peer("a", serving=(0, 8), k=8, tps=200.0)], current={"a": (0, 8)})
     assert plan_changed(p1, p3)
+
+
+def test_swarm_too_small_falls_back_and_logs(caplog):
+    plan = plan_for([peer("a", k=4)])  # 4 layers of memory for an 8-layer model
+    assert plan.targets == {"a": (0, 4)}
+    assert "greedy" in plan.reason
+
+
+def test_idle_peers_get_a_replica():
+    from p2pserve.coordinator.service import build_topology, fill_idle
+
+    snap = Snapshot.from_records({p: peer(p) for p in "abc"}, [])
+    topo, _ = build_topology(snap, ["a", "b", "c"], CFG)
+    out = fill_idle(topo, ["a", "b", "c"], {"a": (0, 4), "b": (4, 8)})
+    assert out["a"] == (0, 4) and out["b"] == (4, 8) and out["c"][1] - out["c"][0] == 4

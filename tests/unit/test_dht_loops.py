@@ -98,8 +98,8 @@ def test_announcer_refreshes_on_period_and_withdraws():
 def test_coordinator_failover_with_fake_clock():
     shared, clock = {}, Clock()
     cfg = DHTConfig(model="m", candidate_refresh=1.0, plan_refresh=2.0, max_clock_skew=0.0)
-    a = CoordinatorService(FakeSwarm(shared, "a", cfg), CoordinatorConfig(num_layers=4, priority=2), clock=clock)
-    b = CoordinatorService(FakeSwarm(shared, "b", cfg), CoordinatorConfig(num_layers=4, priority=1), clock=clock)
+    a = CoordinatorService(FakeSwarm(shared, "a", cfg), CoordinatorConfig(num_layers=4, priority=2, solve_time_limit=0.2), clock=clock)
+    b = CoordinatorService(FakeSwarm(shared, "b", cfg), CoordinatorConfig(num_layers=4, priority=1, solve_time_limit=0.2), clock=clock)
     shared["peers"] = {"x": PeerInfo(model="m", peer_id="x", max_layers=4, throughput_decode=[4.0, 3.0, 2.0, 1.0])}
 
     async def go():
