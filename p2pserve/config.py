@@ -35,7 +35,7 @@ class PeerConfig:
     """Everything a peer process needs; built from CLI flags by ``p2pserve peer``."""
 
     model: str = "default"  # checkpoint directory, or "default" for the embedded SmolLM2
-    start: int | None = None  # fixed layer range [start, end); None = whole model / plan-driven
+    start: int | None = None  # fixed layer range [start, end); None = plan-driven (or whole model)
     end: int | None = None
     device: str = "cpu"
     dtype: str = "float32"
@@ -47,10 +47,12 @@ class PeerConfig:
     request_timeout_s: float = 120.0
     frame_limits: FrameLimits = field(default_factory=FrameLimits)
     batching: BatchingConfig = field(default_factory=BatchingConfig)
-    initial_peers: tuple[str, ...] = ()
-    host_maddrs: tuple[str, ...] = ("/ip4/127.0.0.1/tcp/0",)
-    announce_maddrs: tuple[str, ...] = ()
-    identity_path: str | None = None
+    # Plan-driven mode (no fixed range): how many layers this peer may hold, and how much
+    # memory its weights may use; max_layers=None derives it from weights_memory_bytes.
+    max_layers: int | None = None
+    weights_memory_bytes: int = 8 * 1024**3
+    announce: bool = False  # join the control plane: profile, probe links, announce, follow plans
+    swarm_model: str | None = None  # model name in DHT keys; None = the checkpoint's model_id
 
 
 @dataclass(frozen=True)

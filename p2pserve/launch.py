@@ -31,7 +31,7 @@ class PeerProcess:
     def launch(cls, model: str, layers: tuple[int, int] | None, *extra: str, threads: int = 1) -> "PeerProcess":
         """Start a peer process (do not wait for it)."""
         cmd = [sys.executable, "-m", "p2pserve.cli", "peer", "--model", model, "--num-threads", str(threads),
-               "--log-level", "WARNING"]
+               "--log-level", "WARNING", "--host-maddrs", "/ip4/127.0.0.1/tcp/0"]
         if layers is not None:
             cmd += ["--layers", f"{layers[0]}:{layers[1]}"]
         cmd += list(extra)
@@ -56,8 +56,9 @@ class PeerProcess:
                     fields = dict(part.split("=", 1) for part in line.split()[1:])
                     self.peer_id = fields["peer_id"]
                     self.maddrs = tuple(fields["maddrs"].split(","))
-                    a, b = fields["layers"].split(":")
-                    self.layers = (int(a), int(b))
+                    if fields["layers"] != "none":
+                        a, b = fields["layers"].split(":")
+                        self.layers = (int(a), int(b))
                     return self
             if self.proc.poll() is not None:
                 raise RuntimeError("peer exited early:\n" + "\n".join(self.lines[-40:]))

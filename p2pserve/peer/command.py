@@ -1,9 +1,15 @@
 """`p2pserve peer`: serve layers of a model over hivemind's libp2p transport.
 
-With ``--layers START:END`` the peer serves that fixed range (the mode tests and the inference
-path use). It prints one machine-readable line once it serves::
+Two modes:
 
-    P2PSERVE_PEER_READY peer_id=<id> layers=<start>:<end> maddrs=<maddr>[,<maddr>...]
+* fixed: ``--layers START:END`` serves that range (the mode tests and the inference path use);
+  with ``--initial-peers`` it also announces itself so coordinators can route over it;
+* plan-driven: no ``--layers`` but ``--initial-peers``: the peer profiles itself, probes its
+  links, announces, and loads whatever range the elected coordinator's plan assigns it.
+
+Once serving (or, plan-driven, once announced) it prints one machine-readable line::
+
+    P2PSERVE_PEER_READY peer_id=<id> layers=<start>:<end>|none maddrs=<maddr>[,<maddr>...]
 """
 
 from __future__ import annotations
@@ -29,27 +35,28 @@ def parse_layers(text: str) -> tuple[int, int]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """Register the peer's flags."""
+    """Register the peer's flags (swarm flags come from the DHT layer)."""
+    from p2pserve.dht.cli_common import add_dht_arguments
+
     d = PeerConfig()
     b = BatchingConfig()
     p.add_argument("--model", default="default", help="checkpoint directory, or 'default' (embedded SmolLM2-135M-Instruct)")
     p.add_argument("--layers", type=parse_layers, default=None, metavar="START:END",
-                   help="serve this fixed half-open layer range (default: all layers)")
+                   help="serve this fixed half-open layer range (default: whole model, or the plan's range with --initial-peers)")
     p.add_argument("--device", default=None, choices=["cpu", "cuda"], help="compute device (default: cuda if --gpu given, else cpu)")
     p.add_argument("--gpu", type=int, default=None, metavar="N", help="CUDA device index; implies --device cuda")
     p.add_argument("--dtype", default=d.dtype, choices=["float32", "float16", "bfloat16"])
-    p.add_argument("--initial-peers", nargs="*", default=[], metavar="MADDR", help="multiaddrs of DHT nodes to join")
-    p.add_argument("--host-maddrs", nargs="*", default=list(d.host_maddrs), metavar="MADDR", help="addresses to listen on")
-    p.add_argument("--announce-maddrs", nargs="*", default=[], metavar="MADDR", help="public addresses to announce (behind NAT)")
-    p.add_argument("--identity-path", default=None, help="private key file; makes the peer id stable across restarts")
+    p.add_argument("--swarm-model", default=None, help="model name in the swarm's DHT keys (default: the checkpoint's model id)")
     p.add_argument("--num-threads", type=int, default=None, help="torch intra-op threads")
+    p.add_argument("--max-layers", type=int, default=None, help="most layers this peer may hold (default: from --weights-memory-gb)")
+    p.add_argument("--weights-memory-gb", type=float, default=d.weights_memory_bytes / 1024**3, help="memory for weights")
     p.add_argument("--kv-memory-gb", type=float, default=d.kv_memory_bytes / 1024**3, help="memory for the KV cache")
     p.add_argument("--kv-token-layers", type=int, default=None, help="KV budget in token-layer slots (overrides --kv-memory-gb)")
     p.add_argument("--session-idle-timeout", type=float, default=d.session_idle_timeout_s, help="seconds before an idle session is freed")
     p.add_argument("--max-payload-mb", type=float, default=d.frame_limits.max_payload_bytes / 1024**2, help="largest accepted frame payload")
     p.add_argument("--max-batch-tokens", type=int, default=b.max_batch_tokens, help="hard cap on tokens per compute step")
     p.add_argument("--pipeline-depth", type=int, default=b.pipeline_depth, help="gLLM decode spreading depth")
-    p.add_argument("--log-level", default="INFO")
+    add_dht_arguments(p, need_model=False)
 
 
 def config_from_args(args: argparse.Namespace) -> PeerConfig:
@@ -74,29 +81,55 @@ def config_from_args(args: argparse.Namespace) -> PeerConfig:
         session_idle_timeout_s=args.session_idle_timeout,
         frame_limits=FrameLimits(max_payload_bytes=int(args.max_payload_mb * 1024**2)),
         batching=BatchingConfig(max_batch_tokens=args.max_batch_tokens, pipeline_depth=args.pipeline_depth),
-        initial_peers=tuple(args.initial_peers),
-        host_maddrs=tuple(args.host_maddrs),
-        announce_maddrs=tuple(args.announce_maddrs),
-        identity_path=args.identity_path,
+        max_layers=args.max_layers,
+        weights_memory_bytes=int(args.weights_memory_gb * 1024**3),
+        announce=bool(args.initial_peers) or bool(args.config),
+        swarm_model=args.swarm_model,
     )
 
 
-async def serve(config: PeerConfig) -> None:
-    """Create a peer, print its ready line, serve until SIGINT/SIGTERM."""
+async def serve(config: PeerConfig, args: argparse.Namespace) -> None:
+    """Start DHT node and peer (and the control-plane agent), print the ready line, serve until signalled."""
+    from p2pserve.dht.cli_common import dht_config_from_args
+    from p2pserve.dht.swarm import Swarm
+    from p2pserve.model.default import resolve_model
+    from p2pserve.model.spec import load_spec
     from p2pserve.peer.server import Peer
 
-    peer = await Peer.create(config)
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    print(
-        f"P2PSERVE_PEER_READY peer_id={peer.peer_id} layers={peer.start}:{peer.end} "
-        f"maddrs={','.join(peer.visible_maddrs())}",
-        flush=True,
-    )
-    await stop.wait()
-    await peer.shutdown()
+    spec = load_spec(resolve_model(config.model), dtype=config.dtype)  # fail fast on a bad model
+    dht_config, _ = dht_config_from_args(args, model=config.swarm_model or spec.model_id)
+    swarm = Swarm.create(dht_config)  # forks the DHT process before weights are loaded
+    agent = None
+    try:
+        peer = await Peer.create(config, swarm.dht)
+        if config.announce:
+            agent = await _start_agent(peer, swarm, config)
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        layers = f"{peer.served[0]}:{peer.served[1]}" if peer.served else "none"
+        print(f"P2PSERVE_PEER_READY peer_id={peer.peer_id} layers={layers} maddrs={','.join(peer.visible_maddrs())}",
+              flush=True)
+        await stop.wait()
+        if agent:
+            await agent.shutdown()
+        await peer.shutdown()
+    finally:
+        swarm.shutdown()
+
+
+async def _start_agent(peer, swarm, config: PeerConfig):
+    from p2pserve.dht.prober import LinkProber
+    from p2pserve.peer.agent import SwarmAgent
+    from p2pserve.peer.profiler import load_or_measure
+
+    spec = peer.spec
+    max_layers = config.max_layers or max(1, min(spec.num_layers, config.weights_memory_bytes // spec.layer_bytes))
+    profile = await asyncio.to_thread(load_or_measure, peer.model_path, spec, config.device, max_layers)
+    agent = SwarmAgent(peer, swarm, profile, follow_plan=config.start is None, prober=LinkProber(peer.p2p))
+    await agent.start()
+    return agent
 
 
 def run(args: argparse.Namespace) -> int:
@@ -104,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         config = config_from_args(args)
-        asyncio.run(serve(config))
+        asyncio.run(serve(config, args))
     except P2PServeError as e:
         print(f"p2pserve peer: error: {e}", file=sys.stderr)
         return 2

@@ -124,7 +124,7 @@ class SessionHandler:
     def stats(self) -> PeerStats:
         """Current load and batching counters."""
         st, budget = self.worker.stats, self.table.budget
-        lo, hi = self.table.served
+        lo, hi = self.table.served or (0, 0)
         return PeerStats(
             model_id=self.spec.model_id,
             served_start=lo,

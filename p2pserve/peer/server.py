@@ -1,8 +1,8 @@
 """Composition root of a peer: model shard, compute worker, session table, libp2p handlers.
 
-``Peer.create(config)`` does all I/O (DHT start, weight loading); ``run()`` serves until
-``shutdown()``. The DHT node is started before the weights are loaded, so that its process is
-forked while the parent is still small and single-threaded.
+``Peer.create(config, dht)`` does the I/O (weight loading, handler registration); ``run()``
+serves until ``shutdown()``. The caller starts the DHT node first (``p2pserve peer`` does it via
+the control plane's ``Swarm``), so that its process is forked while this one is still small.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from p2pserve.config import PeerConfig
+from p2pserve.errors import ConfigError
 from p2pserve.model.default import resolve_model
 from p2pserve.model.shard import TORCH_DTYPES, Shard
 from p2pserve.model.spec import ModelSpec, load_spec
@@ -30,13 +31,11 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Peer:
-    """A running peer serving layers [start, end) of one model."""
+    """A running peer: serves a layer range of one model (or none yet, in plan-driven mode)."""
 
     config: PeerConfig
     spec: ModelSpec
     model_path: str
-    start: int
-    end: int
     dht: object
     p2p: object
     worker: ComputeWorker
@@ -46,55 +45,60 @@ class Peer:
     _stopped: asyncio.Event | None = None
 
     @classmethod
-    async def create(cls, config: PeerConfig, dht=None) -> "Peer":
-        """Start the DHT node (unless given), load the shard, register the session handler."""
-        import hivemind
-
+    async def create(cls, config: PeerConfig, dht) -> "Peer":
+        """Load the fixed range (if any) and register the session handler on ``dht``'s libp2p node."""
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         model_path = str(resolve_model(config.model))
         spec = load_spec(model_path, dtype=config.dtype)
-        start = 0 if config.start is None else config.start
-        end = spec.num_layers if config.end is None else config.end
-        if not (0 <= start < end <= spec.num_layers):
-            from p2pserve.errors import ConfigError
-
-            raise ConfigError(f"--layers {start}:{end} is not inside [0, {spec.num_layers}) for this model")
-        if dht is None:
-            dht = hivemind.DHT(
-                initial_peers=list(config.initial_peers),
-                host_maddrs=list(config.host_maddrs),
-                announce_maddrs=list(config.announce_maddrs) or None,
-                identity_path=config.identity_path,
-                start=True,
-            )
         p2p = await dht.replicate_p2p()
-        t0 = time.perf_counter()
-        shard = Shard.load(model_path, spec, start, end, device=config.device)
-        log.info("loaded layers [%d, %d) of %s in %.1f s", start, end, spec.model_id, time.perf_counter() - t0)
-        n_layers = end - start
         capacity = config.kv_budget_token_layers
         if capacity is None:
             capacity = config.kv_memory_bytes // spec.kv_bytes_per_token_layer
         budget = KVBudget(capacity)
         table = SessionTable(
             spec=spec,
-            served=(start, end),
+            served=None,
             budget=budget,
             idle_timeout_s=config.session_idle_timeout_s,
             max_sessions=config.max_sessions,
             torch_dtype=TORCH_DTYPES[spec.dtype],
             device=config.device,
         )
-        worker = ComputeWorker(shard, TokenThrottle(config.batching), budget)
+        worker = ComputeWorker(None, TokenThrottle(config.batching), budget)
         handler = SessionHandler(spec, table, worker, config.frame_limits, config.request_timeout_s)
-        peer = cls(config, spec, model_path, start, end, dht, p2p, worker, table, handler)
+        peer = cls(config, spec, model_path, dht, p2p, worker, table, handler)
+        fixed = config.start is not None or not config.announce
+        if fixed:
+            start = 0 if config.start is None else config.start
+            end = spec.num_layers if config.end is None else config.end
+            if not (0 <= start < end <= spec.num_layers):
+                raise ConfigError(f"--layers {start}:{end} is not inside [0, {spec.num_layers}] for this model")
+            await peer.load_range(start, end)
         worker.start()
         await p2p.add_binary_stream_handler(SESSION_PROTOCOL, handler.handle_stream)
         peer._stopped = asyncio.Event()
         peer._reaper = asyncio.create_task(peer._reap_idle())
-        log.info("serving %d layer(s), KV budget %d token-layers", n_layers, capacity)
+        log.info("KV budget %d token-layers", capacity)
         return peer
+
+    @property
+    def served(self) -> tuple[int, int] | None:
+        """The layer range served now, or None."""
+        return self.table.served
+
+    async def load_range(self, start: int, end: int) -> None:
+        """Load layers [start, end) (reading only their tensors) and flip to them when loaded.
+
+        Loading runs in a thread, so the current range keeps serving meanwhile; sessions whose
+        span is not inside the new range are closed at the flip and answer "range moved".
+        """
+        t0 = time.perf_counter()
+        shard = await asyncio.to_thread(Shard.load, self.model_path, self.spec, start, end, self.config.device)
+        self.worker.replace_shard(shard)
+        moved = self.table.retarget((start, end))
+        log.info("serving layers [%d, %d) of %s (loaded in %.1f s; %d session(s) moved)",
+                 start, end, self.spec.model_id, time.perf_counter() - t0, len(moved))
 
     @property
     def peer_id(self) -> str:
@@ -117,7 +121,7 @@ class Peer:
         await self._stopped.wait()
 
     async def shutdown(self) -> None:
-        """Stop serving, stop the compute thread and the DHT node."""
+        """Stop serving and stop the compute thread (the DHT node belongs to the caller)."""
         if self._reaper:
             self._reaper.cancel()
         try:
@@ -125,5 +129,4 @@ class Peer:
         except Exception:  # daemon may be gone already
             pass
         self.worker.stop()
-        self.dht.shutdown()
         self._stopped.set()

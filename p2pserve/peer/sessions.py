@@ -11,7 +11,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Callable
 
-from p2pserve.errors import BadRequestError, OverloadedError, SessionNotFoundError
+from p2pserve.errors import BadRequestError, OverloadedError, RangeMovedError, SessionNotFoundError
 from p2pserve.model.spec import ModelSpec
 from p2pserve.peer.kv_cache import KVBudget, SequenceCache
 from p2pserve.protocol import OpenSession, SamplingParams
@@ -45,7 +45,7 @@ class SessionTable:
     """Open sessions of one peer, keyed by session id."""
 
     spec: ModelSpec
-    served: tuple[int, int]
+    served: tuple[int, int] | None  # None while the peer serves no layers yet
     budget: KVBudget
     idle_timeout_s: float
     max_sessions: int = 1024
@@ -54,12 +54,15 @@ class SessionTable:
     device: str = "cpu"
     _sessions: dict[str, Session] = field(default_factory=dict)
     _expired: OrderedDict = field(default_factory=OrderedDict)  # recently expired ids, for messages
+    _moved: set = field(default_factory=set)  # sessions closed because the range changed
 
     def __len__(self) -> int:
         return len(self._sessions)
 
     def open(self, msg: OpenSession, owner: object) -> Session:
         """Validate an OpenSession and reserve its KV; raises a typed error when it cannot."""
+        if self.served is None:
+            raise RangeMovedError("this peer serves no layers yet (waiting for the plan / loading)")
         lo, hi = self.served
         if not (lo <= msg.start < msg.end <= hi):
             raise BadRequestError(
@@ -101,6 +104,10 @@ class SessionTable:
         """The open session with this id, or SessionNotFoundError saying whether it expired."""
         session = self._sessions.get(session_id)
         if session is None:
+            if session_id in self._moved:
+                raise RangeMovedError(
+                    f"session {session_id!r} was closed: this peer moved to layers {self.served}; replay elsewhere"
+                )
             if session_id in self._expired:
                 raise SessionNotFoundError(
                     f"session {session_id!r} expired after {self.idle_timeout_s:.0f} s idle; open a new one"
@@ -123,6 +130,18 @@ class SessionTable:
         for sid in ids:
             self.close(sid)
         return len(ids)
+
+    def retarget(self, served: tuple[int, int] | None) -> list[str]:
+        """Switch to a new served range; close sessions whose span is no longer served."""
+        self.served = served
+        gone = [
+            s.id for s in self._sessions.values()
+            if served is None or not (served[0] <= s.start and s.end <= served[1])
+        ]
+        for sid in gone:
+            self.close(sid)
+            self._moved.add(sid)
+        return gone
 
     def expire_idle(self) -> list[str]:
         """Close sessions idle longer than the timeout (never one with a request in flight)."""

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from p2pserve.errors import P2PServeError, RemoteError
+from p2pserve.errors import P2PServeError, RangeMovedError, RemoteError
 from p2pserve.model.shard import Segment, Shard
 from p2pserve.peer.batcher import Pending, TokenThrottle
 from p2pserve.peer.kv_cache import KVBudget
@@ -52,7 +52,7 @@ class WorkerStats:
 class ComputeWorker:
     """Owns the shard and runs batches on a dedicated thread."""
 
-    def __init__(self, shard: Shard, throttle: TokenThrottle, budget: KVBudget):
+    def __init__(self, shard: Shard | None, throttle: TokenThrottle, budget: KVBudget):
         self.shard = shard
         self.throttle = throttle
         self.budget = budget
@@ -78,6 +78,11 @@ class ComputeWorker:
         """Tokens waiting to run (announced as live load)."""
         return sum(p.remaining for p in self._waiting) + sum(j.inputs.shape[0] for j in self._incoming)
 
+    def replace_shard(self, shard: Shard) -> None:
+        """Use a newly loaded shard from the next step on (the running step keeps the old one)."""
+        with self._cv:
+            self.shard = shard
+
     def submit(self, job: Job) -> None:
         """Queue a job; its future resolves with hidden states [n, H] or a token id."""
         with self._cv:
@@ -100,6 +105,14 @@ class ComputeWorker:
             _resolve(p.key, exc=RemoteError("peer is shutting down"))
 
     def _step(self) -> None:
+        shard = self.shard
+        moved = [p for p in self._waiting
+                 if shard is None or not (shard.start <= p.key.session.start and p.key.session.end <= shard.end)]
+        for p in moved:  # the peer flipped to another range while these waited
+            self._waiting.remove(p)
+            _resolve(p.key, exc=RangeMovedError("this peer moved to another layer range; replay elsewhere"))
+        if not self._waiting:
+            return
         chunks = self.throttle.schedule(self._waiting, self.budget.free_fraction)
         segments = []
         for ch in chunks:
@@ -116,7 +129,7 @@ class ComputeWorker:
                 )
             )
         try:
-            outputs = self.shard.forward_batch(segments)
+            outputs = shard.forward_batch(segments)
         except Exception as e:  # a bug or OOM must fail these jobs, not the peer
             log.exception("batch failed")
             err = e if isinstance(e, P2PServeError) else RemoteError(f"compute failed: {type(e).__name__}: {e}")

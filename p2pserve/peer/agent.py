@@ -1,0 +1,151 @@
+"""The peer's control-plane agent: announce capabilities and load, probe links, follow the plan.
+
+State machine: joining (profiled, announced, no range) -> loading (the plan assigned a range;
+reading its tensors while the old range keeps serving) -> serving (flipped) -> draining (shutting
+down; records withdrawn). The decision what to load is pure (``next_target``); the loops are a
+thin shell over ``Swarm`` (DHT records), ``LinkProber`` and ``Peer.load_range``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from hivemind.utils import get_dht_time
+
+from p2pserve import __version__
+from p2pserve.dht.announcer import Announcer
+from p2pserve.dht.records import LinkInfo, PeerInfo, Plan
+from p2pserve.dht.prober import LinkProber
+from p2pserve.peer.profiler import Profile
+
+log = logging.getLogger(__name__)
+
+Span = tuple[int, int]
+
+
+def next_target(plan: Plan | None, peer_id: str, serving: Span | None, loading: Span | None) -> Span | None:
+    """The range to start loading now, or None (no plan, no target, or already there/going)."""
+    if plan is None:
+        return None
+    target = plan.targets.get(peer_id)
+    if target is None:
+        return None
+    target = (int(target[0]), int(target[1]))
+    if target == serving or target == loading:
+        return None
+    return target
+
+
+class SwarmAgent:
+    """Connects one running ``Peer`` to the swarm's control plane."""
+
+    def __init__(self, peer, swarm, profile: Profile, follow_plan: bool, prober: LinkProber | None = None):
+        self.peer = peer
+        self.swarm = swarm
+        self.profile = profile
+        self.follow_plan = follow_plan
+        self.prober = prober
+        self.loading: Span | None = None
+        self.state = "joining" if peer.served is None else "serving"
+        self.announcer = Announcer(swarm, self.peer_info, self.link_info if prober else None)
+        self._tasks: list[asyncio.Task] = []
+
+    def peer_info(self) -> PeerInfo:
+        """This peer's current announcement."""
+        cfg, spec = self.peer.config, self.peer.spec
+        budget = self.peer.table.budget
+        served = self.peer.served
+        layers_held = max(1, (served[1] - served[0]) if served else 1)
+        return PeerInfo(
+            model=self.swarm.config.model,
+            peer_id=self.swarm.peer_id,
+            addrs=self.peer.visible_maddrs(),
+            device=self.profile.device,
+            weights_memory_bytes=self.profile.max_layers * spec.layer_bytes,
+            kv_memory_bytes=budget.capacity * spec.kv_bytes_per_token_layer,
+            dtype=spec.dtype,
+            throughput_decode=list(self.profile.decode),
+            throughput_prefill=list(self.profile.prefill),
+            max_layers=self.profile.max_layers,
+            serving=served,
+            loading=self.loading,
+            state=self.state,
+            kv_free_tokens=budget.free // layers_held,
+            queued_tokens=self.peer.worker.queued_tokens,
+            version=__version__,
+            timestamp=get_dht_time(),
+        )
+
+    def link_info(self) -> LinkInfo | None:
+        """Links measured so far (None until the first probe)."""
+        if not self.prober or not self.prober.results:
+            return None
+        return LinkInfo(model=self.swarm.config.model, peer_id=self.swarm.peer_id,
+                        links=dict(self.prober.results), timestamp=get_dht_time())
+
+    async def start(self) -> None:
+        """Start announcing, probing and (if plan-driven) following the plan."""
+        if self.prober:
+            await self.prober.start()
+            self._tasks.append(asyncio.create_task(self._probe_loop()))
+        self._tasks.append(asyncio.create_task(self.announcer.run()))
+        if self.follow_plan:
+            self._tasks.append(asyncio.create_task(self._plan_loop()))
+
+    async def _plan_loop(self) -> None:
+        period = max(0.2, self.swarm.config.plan_refresh / 2)
+        while True:
+            try:
+                signed = await self.swarm.get_plan()
+                plan = signed.plan if signed else None
+                target = next_target(plan, self.swarm.peer_id, self.peer.served, self.loading)
+                if target is not None:
+                    await self._move(target)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a DHT hiccup or a failed load must not stop the peer
+                log.exception("plan follower step failed; retrying")
+            await asyncio.sleep(period)
+
+    async def _move(self, target: Span) -> None:
+        self.loading, self.state = target, "loading"
+        self.announcer.poke()
+        t = time.perf_counter()
+        log.info("plan assigns layers [%d, %d): loading", *target)
+        try:
+            await self.peer.load_range(*target)
+        finally:
+            self.loading = None
+            self.state = "serving" if self.peer.served else "joining"
+            self.announcer.poke()
+        log.info("now serving [%d, %d) after %.1f s", *target, time.perf_counter() - t)
+
+    async def _probe_loop(self) -> None:
+        period = max(0.5, min(self.swarm.config.link_refresh, self.prober.config.min_interval_s) / 2)
+        while True:
+            try:
+                peers = await self.swarm.get_peers()
+                targets = {pid: list(s.record.addrs) for pid, s in peers.items() if pid != self.swarm.peer_id}
+                self.prober.forget(targets)
+                fresh = await self.prober.probe_many(targets)
+                if fresh:  # probe() already recorded them in prober.results
+                    self.announcer.poke_links()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("link probing failed; retrying")
+            await asyncio.sleep(period)
+
+    async def shutdown(self) -> None:
+        """Announce draining, stop the loops and withdraw our records."""
+        self.state = "draining"
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)  # the announcer withdraws on exit
+        if self.prober:
+            try:
+                await self.prober.stop()
+            except Exception:
+                pass

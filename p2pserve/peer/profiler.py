@@ -1,0 +1,95 @@
+"""Measure this device's throughput table T[j] (Helix's node profile), cached on disk.
+
+A real timed forward: a shard of the model's first k layers is loaded and run for a decode
+batch (``decode_batch`` sessions, one token each, with ``context`` cached tokens) and for one
+prefill chunk. Per-step time is affine in the number of layers held (fixed overhead + per-layer
+cost), so two measured depths (1 and k) give the whole table: T[j] = tokens / t(j).
+The result is cached per (device, model, dtype) so a restart does not re-profile.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from p2pserve.model.default import cache_dir
+from p2pserve.model.shard import TORCH_DTYPES, Segment, Shard
+from p2pserve.model.spec import ModelSpec
+from p2pserve.peer.kv_cache import SequenceCache
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Profile:
+    """T[j] for j = 1..max_layers, decode and prefill, in tokens/s."""
+
+    device: str
+    model_id: str
+    max_layers: int
+    decode: list[float]
+    prefill: list[float]
+
+
+def _step_time(shard: Shard, spec: ModelSpec, n_layers: int, batch: int, tokens: int, context: int, reps: int) -> float:
+    dtype = TORCH_DTYPES[spec.dtype]
+    caches = [SequenceCache(0, n_layers, spec.num_kv_heads, spec.head_dim, context + tokens * (reps + 2), dtype,
+                            shard.device) for _ in range(batch)]
+    warm = [Segment(torch.randint(0, spec.vocab_size, (context,)), 0, 0, n_layers, c) for c in caches]
+    shard.forward_batch(warm)
+    best = float("inf")
+    for r in range(reps):
+        segs = [Segment(torch.randint(0, spec.vocab_size, (tokens,)), context + r * tokens, 0, n_layers, c)
+                for c in caches]
+        if shard.device.type == "cuda":
+            torch.cuda.synchronize()
+        t = time.perf_counter()
+        shard.forward_batch(segs)
+        if shard.device.type == "cuda":
+            torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def measure(model_path: str, spec: ModelSpec, device: str, max_layers: int, decode_batch: int = 8,
+            prefill_tokens: int = 128, context: int = 64, reps: int = 3) -> Profile:
+    """Time forwards at depth 1 and k and build the decode/prefill tables for 1..max_layers."""
+    k = max(1, min(max_layers, 4, spec.num_layers))
+    shard = Shard.load(model_path, spec, 0, k, device=device)
+    # Decode: a batch of single tokens. Prefill: one chunk. Segments ending at layer 1 run only
+    # the first layer of the k-layer shard. The embedding lookup is included; it is negligible.
+    d1 = _step_time(shard, spec, 1, decode_batch, 1, context, reps)
+    dk = _step_time(shard, spec, k, decode_batch, 1, context, reps)
+    p1 = _step_time(shard, spec, 1, 1, prefill_tokens, context, reps)
+    pk = _step_time(shard, spec, k, 1, prefill_tokens, context, reps)
+
+    def table(t1: float, tk: float, tokens: int) -> list[float]:
+        per_layer = max((tk - t1) / (k - 1), 1e-9) if k > 1 else t1
+        fixed = max(t1 - per_layer, 0.0)
+        return [tokens / (fixed + j * per_layer) for j in range(1, max_layers + 1)]
+
+    return Profile(device, spec.model_id, max_layers, table(d1, dk, decode_batch), table(p1, pk, prefill_tokens))
+
+
+def load_or_measure(model_path: str, spec: ModelSpec, device: str, max_layers: int) -> Profile:
+    """The cached profile for this device+model, measuring it on first use."""
+    name = torch.cuda.get_device_name(device) if device.startswith("cuda") else "cpu"
+    key = f"{name}-{spec.model_id}-{spec.dtype}-{max_layers}".replace("/", "_").replace(" ", "_")
+    path = cache_dir() / "profiles" / f"{key}.json"
+    if path.is_file():
+        try:
+            return Profile(**json.loads(path.read_text()))
+        except (TypeError, ValueError):
+            log.warning("ignoring unreadable profile cache %s", path)
+    t = time.perf_counter()
+    profile = measure(model_path, spec, device, max_layers)
+    log.info("profiled %s in %.1f s: T[1]=%.0f T[%d]=%.0f decode tokens/s", name, time.perf_counter() - t,
+             profile.decode[0], max_layers, profile.decode[-1])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(asdict(profile)))
+    return profile
