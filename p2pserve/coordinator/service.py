@@ -273,7 +273,8 @@ def plan_targets(
 
     * no current placement: a full solve (``planner.plan_for_topology``);
     * newcomers: ``incremental.on_join`` (warm start, reload cost per moved layer);
-    * a ``periodic`` trigger: ``incremental.periodic`` (adopted only if the gain beats reloads);
+    * a ``periodic`` or link-change trigger: ``incremental.periodic`` (adopted only if the gain
+      beats the reloads);
     * anything else (leave, served ranges or links changed): ``incremental.on_leave``, which
       keeps the placement and only recomputes flows while every layer stays covered.
 
@@ -297,7 +298,9 @@ def plan_targets(
         else:
             if any(pid not in cur for pid in ids):
                 r = inc.on_join(topo, cur, pc, reload_cost, cfg.solve_time_limit)
-            elif trigger == "periodic":
+            elif trigger == "periodic" or trigger.startswith("link"):
+                # measurements changed what the links can carry: adopt a fresh solve only if
+                # its gain beats the cost of the layers it would reload
                 r = inc.periodic(topo, cur, pc, reload_cost)
             else:
                 r = inc.on_leave(topo, cur, pc, reload_cost, cfg.solve_time_limit)
@@ -520,7 +523,7 @@ class CoordinatorService:
                 await self.swarm.publish_plan(plan)
                 self.plan, self._last_publish_at = plan, now
                 logger.info(
-                    f"published plan epoch {plan.epoch} ({reason}): {len(plan.targets)} targets, "
+                    f"published plan epoch {plan.epoch} ({plan.reason}): {len(plan.targets)} targets, "
                     f"{len(plan.spans)} serving, max-flow {plan.max_flow:.1f} tok/s, solve {plan.solve_time * 1e3:.1f} ms"
                 )
                 return f"published: {reason}"
