@@ -1,0 +1,170 @@
+"""Real plan-driven peers: they profile, announce, get ranges from the elected coordinator's plan,
+load them, serve, and generation through the published spans matches single-process `generate`.
+
+Bootstrap node, one coordinator and three `p2pserve peer` processes (no --layers) on the tiny
+Llama, all real processes on loopback. A killed peer disappears from the next plan.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from p2pserve.client.chain import LocalModelInfo, create_client_p2p, open_chain_session
+from p2pserve.client.connection import Hop
+from p2pserve.client.generation import GenerationParams, generate
+from p2pserve.dht.config import DHTConfig
+from p2pserve.dht.swarm import Swarm
+from tests.harness import reference_generate
+
+pytestmark = pytest.mark.integration
+
+TIMING = dict(peer_refresh=0.5, candidate_refresh=0.5, plan_refresh=2.0, link_refresh=2.0, max_clock_skew=2.0)
+DEADLINE = 120.0  # generous bound for a loaded two-core machine, not a performance claim
+
+
+def spawn(args, log: Path) -> subprocess.Popen:
+    with open(log, "wb") as f:
+        return subprocess.Popen([sys.executable, "-m", "p2pserve.cli", *args], stdout=f, stderr=subprocess.STDOUT,
+                                start_new_session=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+
+
+def killpg(p: subprocess.Popen, sig=signal.SIGKILL) -> None:
+    try:
+        os.killpg(p.pid, sig)
+    except ProcessLookupError:
+        pass
+    try:
+        p.wait(15)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+
+
+def wait_for(fn, what: str, deadline: float = DEADLINE):
+    end = time.monotonic() + deadline
+    while time.monotonic() < end:
+        value = fn()
+        if value:
+            return value
+        time.sleep(0.3)
+    raise TimeoutError(f"timed out waiting for {what}")
+
+
+def chain_from_spans(spans: dict[str, tuple[int, int]], addrs: dict[str, list[str]], num_layers: int) -> list[Hop]:
+    """Greedy cover of [0, L) by served spans, allowing a hop to start mid-range."""
+    hops, at = [], 0
+    while at < num_layers:
+        best = max((p for p, (a, b) in spans.items() if a <= at < b), key=lambda p: spans[p][1], default=None)
+        if best is None:
+            raise AssertionError(f"layer {at} not served: {spans}")
+        hops.append(Hop(best, at, spans[best][1], tuple(addrs.get(best, ()))))
+        at = spans[best][1]
+    return hops
+
+
+@pytest.fixture(scope="module")
+def swarm(model_dir, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("swarm")
+    path = model_dir("llama")
+    model = LocalModelInfo.load(path)
+    procs: dict[str, subprocess.Popen] = {}
+    observer = None
+    try:
+        maddrs_file = tmp / "boot.maddrs"
+        procs["boot"] = spawn(["bootstrap", "--host-maddrs", "/ip4/127.0.0.1/tcp/0", "--maddrs-file", str(maddrs_file)],
+                              tmp / "boot.log")
+        wait_for(maddrs_file.exists, "bootstrap")
+        boot = maddrs_file.read_text().split()
+        cfg = {
+            "swarm_id": "real-peers", "model": model.spec.model_id, "initial_peers": boot,
+            "host_maddrs": ["/ip4/127.0.0.1/tcp/0"], "timing": TIMING,
+            "models": {model.spec.model_id: {"num_layers": model.spec.num_layers,
+                                             "activation_bytes": model.spec.activation_bytes_per_token,
+                                             "solve_time_limit": 0.5}},
+        }
+        cfg_path = tmp / "swarm.json"
+        cfg_path.write_text(json.dumps(cfg))
+        procs["coord"] = spawn(["coordinator", "--config", str(cfg_path)], tmp / "coord.log")
+        for i in range(3):
+            procs[f"peer{i}"] = spawn(["peer", "--model", path, "--config", str(cfg_path), "--num-threads", "1",
+                                       "--max-layers", "5", "--log-level", "INFO"], tmp / f"peer{i}.log")
+        observer = Swarm.create(DHTConfig(model=model.spec.model_id, swarm_id="real-peers", initial_peers=tuple(boot),
+                                          host_maddrs=("/ip4/127.0.0.1/tcp/0",), client_mode=True, **TIMING))
+        yield dict(procs=procs, observer=observer, model=model, path=path, tmp=tmp)
+    finally:
+        if observer is not None:
+            observer.shutdown()
+        for p in procs.values():
+            killpg(p)
+
+
+def current(observer):
+    async def read():
+        plan = await observer.get_plan()
+        peers = await observer.get_peers()
+        return plan, {pid: s.record for pid, s in peers.items()}
+
+    return asyncio.run(read())
+
+
+def test_plan_assigns_ranges_and_swarm_generates_exactly(swarm):
+    observer, model = swarm["observer"], swarm["model"]
+    L = model.spec.num_layers
+
+    def served_and_covered():
+        plan, peers = current(observer)
+        if plan is None:
+            return None
+        serving = {pid: info.serving for pid, info in peers.items() if info.state == "serving" and info.serving}
+        covered = all(any(a <= layer < b for a, b in serving.values()) for layer in range(L))
+        spans = {p: tuple(s) for p, s in plan.plan.spans.items()}
+        plan_covers = all(any(a <= layer < b for a, b in spans.values()) for layer in range(L))
+        return (plan, peers, spans) if covered and plan_covers and len(serving) >= 2 else None
+
+    plan, peers, spans = wait_for(served_and_covered, "a plan whose ranges are loaded and cover every layer")
+    assert plan.plan.max_flow > 0
+    for info in peers.values():
+        assert info.throughput_decode and info.max_layers == 5  # real profile was announced
+    hops = chain_from_spans(spans, {p: i.addrs for p, i in peers.items()}, L)
+    ids = model.chat_ids([{"role": "user", "content": "Hello! How are you today?"}])
+    params = GenerationParams(max_new_tokens=16, ignore_eos=True)
+
+    async def run():
+        p2p = await create_client_p2p()
+        try:
+            s = await open_chain_session(p2p, hops, model, 256, params)
+            r = await generate(s, ids, params, model.eos_ids)
+            await s.close()
+            return r.tokens
+        finally:
+            await p2p.shutdown()
+
+    ours = asyncio.run(run())
+    ref = reference_generate(swarm["path"], ids, params.max_new_tokens)
+    assert ours[: len(ref)] == ref
+
+
+def test_killed_peer_leaves_the_next_plan(swarm):
+    observer, procs = swarm["observer"], swarm["procs"]
+    plan, peers = current(observer)
+    victim_pid = next(iter(plan.plan.spans))
+    # find which process is that peer by its log line
+    name = None
+    for n in ("peer0", "peer1", "peer2"):
+        log = (swarm["tmp"] / f"{n}.log").read_text(errors="replace")
+        if f"peer_id={victim_pid}" in log:
+            name = n
+    assert name is not None
+    killpg(procs.pop(name))
+    later = wait_for(lambda: (lambda p: p if p and victim_pid not in p.plan.spans and p.plan.epoch >= 0
+                              and victim_pid not in p.plan.targets else None)(current(observer)[0]),
+                     "a plan without the killed peer")
+    assert victim_pid not in later.plan.spans
