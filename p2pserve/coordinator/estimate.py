@@ -57,6 +57,7 @@ class WorkloadModel:
     decode_weight: float = 1.2
     prompt_weight: float = 0.0  # the fit put no weight on prompt interference
     hop_overhead_s: float = 0.006  # per hop beyond link latency + transfer
+    mask_share: float = 0.05  # the scheduler ignores edges below this share of a vertex's outflow
 
 
 @dataclass(frozen=True)
@@ -103,6 +104,29 @@ def flow_paths(flow: FlowResult) -> list[tuple[list[int], float]]:
             prev = v
         paths.append((path, bottleneck))
     return paths
+
+
+def _routable_paths(flow: FlowResult, mask_share: float) -> list[tuple[list[int], float]]:
+    """Flow paths without those using an edge that carries < ``mask_share`` of its tail's
+    outflow: Helix's scheduler masks such edges, so their requests go elsewhere."""
+    out_total: dict[int, float] = {}
+    for (u, _v), f in flow.edge_flows.items():
+        out_total[u] = out_total.get(u, 0.0) + f
+    masked = {
+        (u, v) for (u, v), f in flow.edge_flows.items() if f < mask_share * out_total.get(u, 0.0)
+    }
+    paths = flow_paths(flow)
+    kept = []
+    for p, f in paths:
+        prev, ok = SOURCE, True
+        for v in p + [SINK]:
+            if (prev, v) in masked:
+                ok = False
+                break
+            prev = v
+        if ok:
+            kept.append((p, f))
+    return kept or paths
 
 
 def _decode_batch_ms(topo: Topology, i: int, k: int, tokens: float) -> float:
@@ -156,29 +180,34 @@ def estimate(
     F = flow.value
     if F <= 0:
         return ThroughputEstimate(0.0, float("inf"), 0.0, 0.0, 0.0, 0.0, 0, 0)
-    paths = flow_paths(flow)
-    depth_w = sum(len(p) * f for p, f in paths)
+    paths = _routable_paths(flow, model.mask_share)
     total_w = sum(f for _, f in paths) or 1.0
-    mean_depth = depth_w / total_w
+    mean_depth = sum(len(p) * f for p, f in paths) / total_w
     max_depth = max((len(p) for p, _ in paths), default=0)
+    # Shares of requests per node / edge once the scheduler's small-edge mask is applied.
+    share: dict[int, float] = {}
+    edge_share: dict[tuple[int, int], float] = {}
+    for p, f in paths:
+        prev = SOURCE
+        for v in p + [SINK]:
+            edge_share[(prev, v)] = edge_share.get((prev, v), 0.0) + f / total_w
+            if v != SINK:
+                share[v] = share.get(v, 0.0) + f / total_w
+            prev = v
     I, O = model.avg_input, model.avg_output
     per_req = I + model.reserved_output
     kv_cap = kv_layer_capacity(topo, placement)
     n_kv = model.kv_fill * kv_cap / per_req
-    # Per-node high-water mark: node i sees a share flow_i/F of the requests.
-    for i, f_i in flow.node_flows.items():
-        if f_i <= 1e-9:
-            continue
+    # Per-node high-water mark: node i sees a share of the requests.
+    for i, sh in share.items():
         s, e = placement[i]
         k = e - s
         kv = topo.nodes[i].kv_capacity
         cap = kv[k] if k < len(kv) else 0
         if cap > 0:
-            n_kv = min(n_kv, model.node_hwm * cap / (per_req * k) * F / f_i)
-    share = {i: f / F for i, f in flow.node_flows.items() if f > 1e-9}
+            n_kv = min(n_kv, model.node_hwm * cap / (per_req * k) / sh)
     compute_bound = F * O / (I + O)
     n_dec = n_kv * model.decode_fraction
-    edge_share = {key: f / F for key, f in flow.edge_flows.items()}
 
     node_cost = {}
     for i, sh in share.items():

@@ -20,7 +20,7 @@ from typing import Callable, Mapping
 
 from p2pserve.coordinator.maxflow import flow_value
 from p2pserve.coordinator.planner import Plan, PlannerConfig, make_plan, plan_for_topology, throughput_score, validate_placement
-from p2pserve.coordinator.search import improve, max_flow_score
+from p2pserve.coordinator.search import balanced_chain, improve, max_flow_score
 from p2pserve.coordinator.topology import Topology
 
 NamedPlacement = dict[str, tuple[int, int]]
@@ -91,6 +91,26 @@ def resolve(
     if validate_placement(topo, cur_idx):
         # Uncovered layers: repair greedily first so the search starts from something valid.
         starts.append(_repair(topo, cur_idx))
+    # Pipeline re-cuts that keep the current order: cheap, near-optimal for chain-like plans.
+    order = _chain_order(topo, cur_idx)
+    f0 = flow_value(topo, balanced_chain(topo), config.partial)
+    floor = 0.8 * f0 if f0 > 0 else None
+    newcomers = [i for i in range(topo.num_nodes) if i not in cur_idx]
+    for i in newcomers:  # insert each newcomer where the re-cut scores best
+        best_pos = None
+        for pos in range(len(order) + 1):
+            trial = order[:pos] + [i] + order[pos:]
+            cut = chain_rebalance(topo, trial, cur_idx, reload_cost, floor)
+            if cut is None:
+                continue
+            v = score(cut)
+            if best_pos is None or v > best_pos[0]:
+                best_pos = (v, pos)
+        if best_pos is not None:
+            order = order[: best_pos[1]] + [i] + order[best_pos[1]:]
+    cut = chain_rebalance(topo, order, cur_idx, reload_cost, floor)
+    if cut:
+        starts.append(cut)
     movable = focus if focus else None
     best, _ = improve(topo, starts, score, time_limit_s * 0.5, seed=config.seed, movable=movable, clock=clock)
     left = time_limit_s - (clock() - t0)
@@ -98,6 +118,92 @@ def resolve(
         best, _ = improve(topo, [best], score, left, seed=config.seed + 7, clock=clock)
     plan = make_plan(topo, best, config, clock() - t0, "incremental")
     return ChurnResult(plan, layers_to_load(current, by_name(topo, best)), True, clock() - t0)
+
+
+def chain_rebalance(
+    topo: Topology,
+    order: list[int],
+    old: Mapping[int, tuple[int, int]],
+    reload_cost: float,
+    min_flow: float | None = None,
+) -> dict[int, tuple[int, int]] | None:
+    """Best re-cut of a pipeline whose node order is fixed, trading flow against reloads.
+
+    For each candidate flow F (every distinct T value) a DP over (node position, boundary)
+    finds the boundaries that keep every node at T_i(k_i) >= F (k_i = 0 means the node idles)
+    while loading the fewest new layers; the best F - reload_cost * moved wins. O(F-values x
+    n x L x K): milliseconds for 24 nodes and 80 layers. Link capacities are not modelled in
+    the DP; callers evaluate the result with the real max-flow.
+    """
+    L = topo.num_layers
+    n = len(order)
+    if n == 0:
+        return None
+    values = sorted({t for i in order for t in topo.nodes[i].throughput[1:] if t > 0}, reverse=True)
+    if min_flow is not None:
+        values = [v for v in values if v >= min_flow]
+    INF = float("inf")
+
+    def moved(i: int, s: int, e: int) -> int:
+        if e <= s:
+            return 0
+        if i in old:
+            os_, oe = old[i]
+            return (e - s) - max(0, min(e, oe) - max(s, os_))
+        return e - s
+
+    best = None
+    for F in values:
+        kmax = []
+        for i in order:
+            thr = topo.nodes[i].throughput
+            k = 0
+            for kk in range(1, len(thr)):
+                if thr[kk] >= F:
+                    k = kk
+            kmax.append(min(k, L))
+        if sum(kmax) < L:
+            continue
+        # dp[b] = fewest moved layers with the first j nodes covering [0, b)
+        dp = [INF] * (L + 1)
+        dp[0] = 0
+        choice = []
+        for j, i in enumerate(order):
+            nxt = [INF] * (L + 1)
+            ch = [None] * (L + 1)
+            for b in range(L + 1):
+                if dp[b] == INF:
+                    continue
+                # idle
+                if dp[b] < nxt[b]:
+                    nxt[b], ch[b] = dp[b], (b, b)
+                for k in range(1, kmax[j] + 1):
+                    e = b + k
+                    if e > L:
+                        break
+                    c = dp[b] + moved(i, b, e)
+                    if c < nxt[e]:
+                        nxt[e], ch[e] = c, (b, e)
+            choice.append(ch)
+            dp = nxt
+        if dp[L] == INF:
+            continue
+        score = F - reload_cost * dp[L]
+        if best is None or score > best[0]:
+            # backtrack
+            out, b = {}, L
+            for j in range(n - 1, -1, -1):
+                s, e = choice[j][b]
+                if e > s:
+                    out[order[j]] = (s, e)
+                b = s
+            best = (score, out)
+    return best[1] if best else None
+
+
+def _chain_order(topo: Topology, placement: Mapping[int, tuple[int, int]]) -> list[int]:
+    """Nodes ordered along the layer axis (by start, then end)."""
+    return sorted(placement, key=lambda i: (placement[i][0], placement[i][1], i))
 
 
 def _repair(topo: Topology, placement: Mapping[int, tuple[int, int]]) -> dict[int, tuple[int, int]]:

@@ -321,7 +321,9 @@ def plan_for_topology(
                 search_time, seed=config.seed, target=target, clock=clock,
             )
             stats["search"] = asdict(st)
-        left = budget * (share if small else 1.0) - (clock() - t0)
+        # Keep a margin for building the model and finishing the plan (flows, estimates).
+        margin = 0.3 + 0.03 * topo.num_nodes
+        left = budget * (share if small else 1.0) - (clock() - t0) - margin
         if config.use_milp and left > 0.2 and max_flow(topo, best, config.partial).value < target:
             from p2pserve.coordinator.milp import MilpOptions, solve_milp
 
@@ -360,7 +362,8 @@ def plan_for_topology(
     )
     pool = list(starts.values()) + [mf_best]
     best, st = improve(
-        topo, pool, score, max(0.0, budget * 0.9 - (clock() - t0)), seed=config.seed + 1, clock=clock,
+        topo, pool, score, max(0.0, budget * 0.95 - (clock() - t0) - 0.05 * topo.num_nodes),
+        seed=config.seed + 1, clock=clock,
     )
     stats["search"] = asdict(st)
     best = _fill_idle(topo, best, score)

@@ -1,0 +1,290 @@
+"""Planner benchmark: methods x clusters, churn, unseen clusters, and a simulator check.
+
+Run from the repository root::
+
+    python benchmarks/planner.py            # full run: 60 s per solve (about 20 minutes)
+    python benchmarks/planner.py --quick    # 10 s per solve, fewer sims (a few minutes)
+
+Prints tables and writes ``benchmarks/results/planner.json``. Timings are wall-clock on
+whatever machine runs it (this project's reference: 2 shared cores).
+
+Sections:
+
+* ``methods`` -- ours (max-flow objective, and the default throughput objective), Petals-greedy,
+  Swarm-even, separate pipelines, the balanced chain, and the authors' Helix placement, on
+  cluster24 (LLaMA-2-70B) and cluster10 (LLaMA-1-30B): max-flow, ratio to the best-known result
+  (1,289.56 / 286.587), ratio to the upper bound, solve time, solver gap, estimated decode.
+* ``churn`` -- cluster24 from our max-flow plan: 1, 2, 4 random nodes removed and 2 added; time
+  to a valid plan, share of a full re-solve's max-flow, layers moved (ours vs full re-solve).
+* ``unseen`` -- generated clusters (random GPU mix, heterogeneous links) never used to tune.
+* ``simulator`` -- when ``p2pserve.sim`` is present: simulated decode throughput (offline, IWRR,
+  600 s window) of the authors' Helix placement and of our throughput plan on cluster24.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from p2pserve.coordinator import helix_format as hf  # noqa: E402
+from p2pserve.coordinator.estimate import estimate  # noqa: E402
+from p2pserve.coordinator.heuristics import petals_greedy, separate_pipelines, swarm_even  # noqa: E402
+from p2pserve.coordinator.incremental import by_index, by_name, layers_to_load, on_join, on_leave  # noqa: E402
+from p2pserve.coordinator.maxflow import max_flow  # noqa: E402
+from p2pserve.coordinator.planner import PlannerConfig, plan_for_topology, validate_placement  # noqa: E402
+from p2pserve.coordinator.search import balanced_chain  # noqa: E402
+from p2pserve.coordinator.topology import (  # noqa: E402
+    SINK,
+    SOURCE,
+    LinkSpec,
+    Topology,
+    helix_node_spec,
+    load_helix_topology,
+)
+
+BEST_KNOWN = {"cluster24": 1289.56, "cluster10": 286.587}
+CLUSTERS = {
+    "cluster24": ("clusters/single_cluster/cluster24.ini", "llama2-70b",
+                  "layouts/single_cluster/llama70b/ilp/ilp_sol.ini"),
+    "cluster10": ("clusters/ablation/cluster10.ini", "llama1-30b", "layouts/ablation/quality/ilp_sol.ini"),
+}
+
+
+def row(topo, name, placement, seconds, gap=None, best_known=None, method=None):
+    """One result row for a placement."""
+    fr = max_flow(topo, placement)
+    est = estimate(topo, placement, fr)
+    return {
+        "method": name,
+        "max_flow": round(fr.value, 3),
+        "ratio_best_known": round(fr.value / best_known, 4) if best_known else None,
+        "ratio_upper_bound": round(fr.value / topo.upper_bound(), 4),
+        "ratio_covering_bound": round(fr.value / topo.covering_upper_bound(), 4),
+        "solve_time_s": round(seconds, 2),
+        "solver_gap": None if gap is None else round(gap, 4),
+        "est_decode_tokens_per_s": round(est.decode_tokens_per_s, 1),
+        "est_latency_s": round(est.per_token_latency_s, 3),
+        "mean_depth": round(est.mean_depth, 2),
+        "valid": not validate_placement(topo, placement),
+        "detail": method,
+    }
+
+
+def timed(fn):
+    t0 = time.monotonic()
+    out = fn()
+    return out, time.monotonic() - t0
+
+
+def bench_methods(tl: float) -> dict:
+    out = {}
+    data = hf.helix_data_dir()
+    for cname, (path, model, sol) in CLUSTERS.items():
+        topo = load_helix_topology(data / path, model)
+        best = BEST_KNOWN[cname]
+        rows = []
+        plan, _ = timed(lambda: plan_for_topology(topo, PlannerConfig(objective="max-flow", time_limit_s=tl)))
+        rows.append(row(topo, "ours (max-flow)", plan.assignments, plan.solve_time_s, plan.solver_gap, best, plan.method))
+        tplan, _ = timed(lambda: plan_for_topology(topo, PlannerConfig(objective="throughput", time_limit_s=tl)))
+        rows.append(row(topo, "ours (throughput)", tplan.assignments, tplan.solve_time_s, tplan.solver_gap, best, tplan.method))
+        for name, fn in (("petals", petals_greedy), ("swarm", swarm_even), ("separate", separate_pipelines),
+                         ("balanced chain", balanced_chain)):
+            p, secs = timed(lambda: fn(topo))
+            rows.append(row(topo, name, p, secs, None, best))
+        rows.append(row(topo, "helix (authors' layout)", hf.load_solution(data / sol), 0.0, None, best))
+        out[cname] = {
+            "rows": rows,
+            "upper_bound": topo.upper_bound(),
+            "covering_bound": topo.covering_upper_bound(),
+            "throughput_plan": {str(i): list(r) for i, r in tplan.assignments.items()},
+            "max_flow_plan": {str(i): list(r) for i, r in plan.assignments.items()},
+            "milp": plan.stats.get("milp"),
+        }
+    return out
+
+
+def bench_churn(tl_full: float, tl_inc: float, seed: int = 0, reload_share: float = 5e-3) -> list[dict]:
+    data = hf.helix_data_dir()
+    full_topo = load_helix_topology(data / CLUSTERS["cluster24"][0], "llama2-70b")
+    cfg_full = PlannerConfig(objective="max-flow", time_limit_s=tl_full)
+    start = plan_for_topology(full_topo, cfg_full)
+    current = by_name(full_topo, start.assignments)
+    rng = random.Random(seed)
+    results = []
+    # Reload cost: a layer move must buy ``reload_share`` of the current max-flow (a layer
+    # takes about a minute to load, amortised over the plan's lifetime); the search trades it
+    # against flow.
+    reload_cost = reload_share * start.max_flow
+    cfg_inc = PlannerConfig(objective="max-flow", time_limit_s=tl_inc, use_milp=False)
+    scenarios = [("remove", 1), ("remove", 2), ("remove", 4), ("add", 2)]
+    for kind, count in scenarios:
+        if kind == "remove":
+            gone = rng.sample(range(full_topo.num_nodes), count)
+            topo, _ = full_topo.without(gone)
+            before = current
+            t0 = time.monotonic()
+            res = on_leave(topo, before, cfg_inc, reload_cost, time_limit_s=tl_inc)
+        else:
+            gone = rng.sample(range(full_topo.num_nodes), count)
+            small, _ = full_topo.without(gone)
+            base = plan_for_topology(small, PlannerConfig(objective="max-flow", time_limit_s=tl_inc))
+            before = by_name(small, base.assignments)
+            topo = full_topo
+            t0 = time.monotonic()
+            res = on_join(topo, before, cfg_inc, reload_cost, time_limit_s=tl_inc)
+        inc_time = time.monotonic() - t0
+        full = plan_for_topology(topo, cfg_full)
+        full_moved = layers_to_load(before, by_name(topo, full.assignments))
+        results.append({
+            "scenario": f"{kind} {count}",
+            "nodes": [full_topo.nodes[i].name for i in gone],
+            "coverage_held": not validate_placement(topo, by_index(topo, before)) if kind == "remove" else None,
+            "time_to_valid_plan_s": round(inc_time, 3),
+            "resolved": res.resolved,
+            "valid": not validate_placement(topo, res.plan.assignments),
+            "max_flow": round(res.plan.max_flow, 2),
+            "full_resolve_max_flow": round(full.max_flow, 2),
+            "share_of_full": round(res.plan.max_flow / full.max_flow, 4) if full.max_flow else None,
+            "layers_moved": res.layers_moved,
+            "full_resolve_layers_moved": full_moved,
+            "moved_ratio": round(res.layers_moved / full_moved, 3) if full_moved else None,
+        })
+    return results
+
+
+def generated_topology(n: int, seed: int, model: str = "llama2-70b") -> Topology:
+    """A random cluster: GPU types from the profiles, 2 regions, slow links between them."""
+    rng = random.Random(seed)
+    types = ["A100", "L4", "T4", "V100", "L4x2", "T4x2"]
+    node_types = [rng.choice(types) for _ in range(n)]
+    tables = hf.throughput_table(model, node_types)
+    mp = hf.load_machine_params(model)
+    nodes = tuple(
+        helix_node_spec(f"gen{seed}-{i}", t, tables[mp.gpu(t).name], model) for i, t in enumerate(node_types)
+    )
+    region = [rng.random() < 0.5 for _ in range(n)]
+    links = []
+    for i in range(n):
+        links.append(LinkSpec(SOURCE, i, 1e9, 1e-3))
+        links.append(LinkSpec(i, SINK, 1e9, 1e-3))
+        for j in range(n):
+            if i == j:
+                continue
+            same = region[i] == region[j]
+            bw = rng.uniform(0.5e9, 2e9) if same else rng.uniform(2e7, 1e8)  # helix convention
+            lat = rng.uniform(1e-3, 3e-3) if same else rng.uniform(20e-3, 60e-3)
+            links.append(LinkSpec(i, j, bw, lat))
+    return Topology(nodes, tuple(links), num_layers=mp.num_layers, activation_bytes=mp.activation_size_bytes,
+                    token_bytes=mp.token_size_bytes, layer_bytes=mp.layer_param_bytes, model=model,
+                    name=f"generated-{n}-{seed}")
+
+
+def bench_unseen(tl: float) -> list[dict]:
+    rows = []
+    for n, seed in ((12, 101), (20, 202), (32, 303)):
+        topo = generated_topology(n, seed)
+        if topo.total_memory_layers() < topo.num_layers:
+            continue
+        plan = plan_for_topology(topo, PlannerConfig(objective="max-flow", time_limit_s=tl))
+        tplan = plan_for_topology(topo, PlannerConfig(objective="throughput", time_limit_s=tl))
+        entry = {"cluster": topo.name, "nodes": n, "covering_bound": round(topo.covering_upper_bound(), 2),
+                 "rows": [row(topo, "ours (max-flow)", plan.assignments, plan.solve_time_s, plan.solver_gap),
+                          row(topo, "ours (throughput)", tplan.assignments, tplan.solve_time_s)]}
+        for name, fn in (("petals", petals_greedy), ("swarm", swarm_even), ("separate", separate_pipelines),
+                         ("balanced chain", balanced_chain)):
+            p = fn(topo)
+            if p and not validate_placement(topo, p):
+                entry["rows"].append(row(topo, name, p, 0.0))
+        rows.append(entry)
+    return rows
+
+
+def bench_simulator(placements: dict[str, dict], duration: float) -> dict | None:
+    try:
+        from p2pserve.sim.run import SimConfig, simulate
+        from p2pserve.sim.scenario import Part, build_scenario
+    except ImportError:
+        return None
+    data = hf.helix_data_dir()
+    cl = hf.load_cluster(data / CLUSTERS["cluster24"][0])
+    out = {}
+    for name, placement in placements.items():
+        sc = build_scenario("llama2-70b", [Part(cl, placement)])
+        res = simulate(sc, SimConfig(duration=duration, warmup=60.0)).to_dict()
+        out[name] = {
+            "decode_tokens_per_s": round(res["decode_throughput_tokens_per_s"], 2),
+            "decode_latency_s": round(res["decode_latency_s"]["mean"], 3),
+            "avg_route_depth": round(res.get("avg_route_depth", 0.0), 2),
+        }
+    if "helix" in out:
+        for v in out.values():
+            v["ratio_to_helix"] = round(v["decode_tokens_per_s"] / out["helix"]["decode_tokens_per_s"], 3)
+    return out
+
+
+def print_table(title: str, rows: list[dict], cols: list[str]) -> None:
+    print(f"\n== {title}")
+    widths = [max(len(c), *(len(str(r.get(c))) for r in rows)) for c in cols]
+    print("  ".join(c.ljust(w) for c, w in zip(cols, widths)))
+    for r in rows:
+        print("  ".join(str(r.get(c)).ljust(w) for c, w in zip(cols, widths)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="10 s solves, 120 s simulator window")
+    ap.add_argument("--time-limit", type=float, default=None)
+    ap.add_argument("--skip", nargs="*", default=[], choices=["methods", "churn", "unseen", "simulator"])
+    ap.add_argument("--reload-share", type=float, default=5e-3,
+                    help="churn: reload cost per moved layer, as a share of the max-flow")
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "planner.json"))
+    args = ap.parse_args(argv)
+    tl = args.time_limit or (10.0 if args.quick else 60.0)
+    report: dict = {"time_limit_s": tl, "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+    cols = ["method", "max_flow", "ratio_best_known", "ratio_upper_bound", "solve_time_s", "solver_gap",
+            "est_decode_tokens_per_s", "mean_depth", "valid"]
+    if "methods" not in args.skip:
+        report["methods"] = bench_methods(tl)
+        for cname, res in report["methods"].items():
+            print_table(f"{cname} (best known {BEST_KNOWN[cname]}, upper bound {res['upper_bound']:.2f})",
+                        res["rows"], cols)
+    if "churn" not in args.skip:
+        report["churn"] = bench_churn(tl, min(10.0, tl), reload_share=args.reload_share)
+        print_table("churn on cluster24 (max-flow objective)", report["churn"],
+                    ["scenario", "coverage_held", "time_to_valid_plan_s", "share_of_full", "layers_moved",
+                     "full_resolve_layers_moved", "moved_ratio", "valid"])
+    if "unseen" not in args.skip:
+        report["unseen"] = bench_unseen(min(tl, 20.0))
+        for entry in report["unseen"]:
+            print_table(f"{entry['cluster']} (covering bound {entry['covering_bound']})", entry["rows"],
+                        ["method", "max_flow", "ratio_covering_bound", "solve_time_s", "est_decode_tokens_per_s",
+                         "mean_depth", "valid"])
+    if "simulator" not in args.skip:
+        data = hf.helix_data_dir()
+        placements = {"helix": hf.load_solution(data / CLUSTERS["cluster24"][2])}
+        if "methods" in report:
+            m = report["methods"]["cluster24"]
+            placements["ours (throughput)"] = {int(k): tuple(v) for k, v in m["throughput_plan"].items()}
+            placements["ours (max-flow)"] = {int(k): tuple(v) for k, v in m["max_flow_plan"].items()}
+        sim = bench_simulator(placements, 120.0 if args.quick else 600.0)
+        if sim is not None:
+            report["simulator"] = sim
+            print_table("simulated decode throughput, cluster24 70B offline IWRR",
+                        [{"placement": k, **v} for k, v in sim.items()],
+                        ["placement", "decode_tokens_per_s", "ratio_to_helix", "decode_latency_s", "avg_route_depth"])
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2))
+    print(f"\nwrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
