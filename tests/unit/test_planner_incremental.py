@@ -18,7 +18,7 @@ from p2pserve.coordinator.incremental import (
 from p2pserve.coordinator.planner import PlannerConfig, validate_placement
 from p2pserve.coordinator.topology import load_helix_topology
 
-CFG = PlannerConfig(objective="max-flow", time_limit_s=1.0, use_milp=False)
+CFG = PlannerConfig(objective="max-flow", time_limit_s=0.5, use_milp=False)
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +52,7 @@ def test_leave_keeps_all_layers_covered(cluster24, helix_plan, count, seed):
     rng = random.Random(seed)
     gone = rng.sample(range(cluster24.num_nodes), count)
     topo, _ = cluster24.without(gone)
-    res = on_leave(topo, helix_plan, CFG, reload_cost=1.0, time_limit_s=1.0)
+    res = on_leave(topo, helix_plan, CFG, reload_cost=1.0, time_limit_s=0.5)
     assert validate_placement(topo, res.plan.assignments) == []
     assert res.plan.max_flow > 0
 
@@ -61,7 +61,7 @@ def test_uncovered_layer_is_repaired(cluster24, helix_plan):
     # Node 15 alone holds layers [0, 3).
     topo, _ = cluster24.without([15])
     assert validate_placement(topo, by_index(topo, helix_plan))
-    res = on_leave(topo, helix_plan, CFG, reload_cost=1.0, time_limit_s=1.0)
+    res = on_leave(topo, helix_plan, CFG, reload_cost=1.0, time_limit_s=0.5)
     assert res.resolved
     assert validate_placement(topo, res.plan.assignments) == []
 
@@ -70,7 +70,7 @@ def test_join_places_newcomers(cluster24, helix_plan):
     # Start from a 22-node swarm and let the last two nodes join.
     small, keep = cluster24.without([22, 23])
     before = {k: v for k, v in helix_plan.items() if k not in ("ComputeNode-22", "ComputeNode-23")}
-    res = on_join(cluster24, before, CFG, reload_cost=1.0, time_limit_s=1.0)
+    res = on_join(cluster24, before, CFG, reload_cost=1.0, time_limit_s=0.5)
     assert validate_placement(cluster24, res.plan.assignments) == []
     assert res.plan.max_flow > 0
     assert "ComputeNode-22" in by_name(cluster24, res.plan.assignments) or res.plan.max_flow > 0

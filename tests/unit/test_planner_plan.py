@@ -38,7 +38,7 @@ def assert_valid(topo, assignments):
 
 @pytest.mark.parametrize("objective", ["max-flow", "throughput"])
 def test_plan_is_valid(cluster10, objective):
-    plan = plan_for_topology(cluster10, PlannerConfig(objective=objective, time_limit_s=2.0))
+    plan = plan_for_topology(cluster10, PlannerConfig(objective=objective, time_limit_s=1.0))
     assert_valid(cluster10, plan.assignments)
     assert plan.max_flow > 0
     assert plan.max_flow <= plan.covering_bound + 1e-6 <= plan.upper_bound + 1e-6
@@ -59,7 +59,7 @@ def test_heuristics_are_valid(cluster24):
 
 
 def test_max_flow_objective_beats_helix_on_cluster10(cluster10):
-    plan = plan_for_topology(cluster10, PlannerConfig(objective="max-flow", time_limit_s=2.0, use_milp=False))
+    plan = plan_for_topology(cluster10, PlannerConfig(objective="max-flow", time_limit_s=1.0, use_milp=False))
     assert plan.max_flow >= 286.587 - 1e-3  # the authors' proven optimum
 
 
@@ -74,7 +74,7 @@ def test_insufficient_memory_says_how_much(cluster24):
 
 
 def test_depth_limit_is_respected(cluster10):
-    plan = plan_for_topology(cluster10, PlannerConfig(time_limit_s=2.0, max_depth=8))
+    plan = plan_for_topology(cluster10, PlannerConfig(time_limit_s=1.0, max_depth=8))
     assert plan.estimate.max_depth <= 8
     assert_valid(cluster10, plan.assignments)
     # 60 layers on nodes of at most 11 (L4) and 7 (T4) layers need 7 hops: 6 cannot be met.
