@@ -51,6 +51,7 @@ class PeerConfig:
     # memory its weights may use; max_layers=None derives it from weights_memory_bytes.
     max_layers: int | None = None
     weights_memory_bytes: int = 8 * 1024**3
+    profile_batch: int = 32  # concurrent sessions the announced decode throughput assumes
     announce: bool = False  # join the control plane: profile, probe links, announce, follow plans
     swarm_model: str | None = None  # model name in DHT keys; None = the checkpoint's model_id
 

@@ -52,8 +52,8 @@ def build_tokenizer(vocab_size: int = 384):
     return fast
 
 
-def tiny_config(family: str, vocab_size: int, num_layers: int = 8):
-    """A small config of the given family: hidden 64, 4 heads, 2 KV heads (GQA)."""
+def tiny_config(family: str, vocab_size: int, num_layers: int = 8, **overrides):
+    """A small config of the given family: hidden 64, 4 heads, 2 KV heads (GQA) unless overridden."""
     from transformers import AutoConfig
 
     common = dict(
@@ -69,6 +69,7 @@ def tiny_config(family: str, vocab_size: int, num_layers: int = 8):
         eos_token_id=2,
         pad_token_id=0,
     )
+    common.update(overrides)
     if family == "llama":
         return AutoConfig.for_model("llama", tie_word_embeddings=True, **common)
     if family == "qwen2":
@@ -81,15 +82,18 @@ def tiny_config(family: str, vocab_size: int, num_layers: int = 8):
     raise ValueError(f"unknown tiny family {family!r}; choose from {TINY_FAMILIES}")
 
 
-def build_tiny_model(family: str, out_dir: str | Path, seed: int = 0, num_layers: int = 8) -> Path:
-    """Write a seeded tiny model + tokenizer to ``out_dir`` (safetensors); returns the path."""
+def build_tiny_model(family: str, out_dir: str | Path, seed: int = 0, num_layers: int = 8, **overrides) -> Path:
+    """Write a seeded tiny model + tokenizer to ``out_dir`` (safetensors); returns the path.
+
+    ``overrides`` change config fields (e.g. a wider hidden size for bandwidth-bound tests).
+    """
     from transformers import AutoModelForCausalLM
 
     out = Path(out_dir)
     if (out / "config.json").is_file():
         return out
     tokenizer = build_tokenizer()
-    config = tiny_config(family, len(tokenizer), num_layers)
+    config = tiny_config(family, len(tokenizer), num_layers, **overrides)
     config.eos_token_id = tokenizer.eos_token_id
     config.bos_token_id = tokenizer.bos_token_id
     config.pad_token_id = tokenizer.pad_token_id

@@ -126,7 +126,8 @@ async def _start_agent(peer, swarm, config: PeerConfig):
 
     spec = peer.spec
     max_layers = config.max_layers or max(1, min(spec.num_layers, config.weights_memory_bytes // spec.layer_bytes))
-    profile = await asyncio.to_thread(load_or_measure, peer.model_path, spec, config.device, max_layers)
+    profile = await asyncio.to_thread(load_or_measure, peer.model_path, spec, config.device, max_layers,
+                                      config.profile_batch)
     agent = SwarmAgent(peer, swarm, profile, follow_plan=config.start is None, prober=LinkProber(peer.p2p))
     await agent.start()
     return agent

@@ -56,7 +56,7 @@ def _step_time(shard: Shard, spec: ModelSpec, n_layers: int, batch: int, tokens:
     return best
 
 
-def measure(model_path: str, spec: ModelSpec, device: str, max_layers: int, decode_batch: int = 8,
+def measure(model_path: str, spec: ModelSpec, device: str, max_layers: int, decode_batch: int = 32,
             prefill_tokens: int = 128, context: int = 64, reps: int = 3) -> Profile:
     """Time forwards at depth 1 and k and build the decode/prefill tables for 1..max_layers."""
     k = max(1, min(max_layers, 4, spec.num_layers))
@@ -76,10 +76,15 @@ def measure(model_path: str, spec: ModelSpec, device: str, max_layers: int, deco
     return Profile(device, spec.model_id, max_layers, table(d1, dk, decode_batch), table(p1, pk, prefill_tokens))
 
 
-def load_or_measure(model_path: str, spec: ModelSpec, device: str, max_layers: int) -> Profile:
-    """The cached profile for this device+model, measuring it on first use."""
+def load_or_measure(model_path: str, spec: ModelSpec, device: str, max_layers: int, decode_batch: int = 32) -> Profile:
+    """The cached profile for this device+model, measuring it on first use.
+
+    ``decode_batch`` is the number of concurrent sessions the decode figure assumes: a peer
+    batches across sessions, so its capacity is the throughput of a typical batch, not of one
+    stream (Helix profiles nodes the same way).
+    """
     name = torch.cuda.get_device_name(device) if device.startswith("cuda") else "cpu"
-    key = f"{name}-{spec.model_id}-{spec.dtype}-{max_layers}".replace("/", "_").replace(" ", "_")
+    key = f"{name}-{spec.model_id}-{spec.dtype}-{max_layers}-b{decode_batch}".replace("/", "_").replace(" ", "_")
     path = cache_dir() / "profiles" / f"{key}.json"
     if path.is_file():
         try:
@@ -87,7 +92,7 @@ def load_or_measure(model_path: str, spec: ModelSpec, device: str, max_layers: i
         except (TypeError, ValueError):
             log.warning("ignoring unreadable profile cache %s", path)
     t = time.perf_counter()
-    profile = measure(model_path, spec, device, max_layers)
+    profile = measure(model_path, spec, device, max_layers, decode_batch=decode_batch)
     log.info("profiled %s in %.1f s: T[1]=%.0f T[%d]=%.0f decode tokens/s", name, time.perf_counter() - t,
              profile.decode[0], max_layers, profile.decode[-1])
     path.parent.mkdir(parents=True, exist_ok=True)
