@@ -89,3 +89,30 @@ def test_every_query_finishes_once_with_all_its_tokens(scheduler, throttle):
     for q in queries:  # routes cover every layer exactly once, in order
         layers = [l for st in q.route for l in range(st.start, st.end)]
         assert layers == list(range(8))
+
+
+def test_node_kv_gate_makes_a_prompt_wait_for_space():
+    # One node, capacity for one query's footprint: (input + output) * layers = (100 + 5) * 1.
+    topo = make_topology([(0, 1)], num_layers=1, bandwidth=1e12, latency=0.0, kv_capacity=150)
+    sim = make_sim(topo, kv_mask=False)  # no routing mask: the node's own gate must hold
+    a, b = Query(0, 100, 5, 0.0), Query(1, 100, 5, 0.0)
+    sim.loop.at(0.0, lambda _: (sim.submit(a), sim.submit(b)))
+    sim.loop.run(10.0)
+    assert sim.nodes[0].kv_waits == 1
+    # b's prefill starts only when a has finished: a = 0.1 s prefill + 5 decodes of 2 ms
+    assert a.finished == pytest.approx(0.110, abs=1e-9)
+    assert b.prompt_done == pytest.approx(a.finished + 0.100, abs=1e-9)
+    assert sim.nodes[0].kv_used == 0
+
+
+def test_kv_estimate_mask_queues_queries_until_one_finishes():
+    # Estimate per query: (input + avg_output * ratio) * layers = (100 + 10) * 1 = 110; hwm 0.5
+    # of 300 admits one query at a time.
+    topo = make_topology([(0, 1)], num_layers=1, bandwidth=1e12, latency=0.0, kv_capacity=300)
+    sim = make_sim(topo, kv_settings=KvSettings(hwm=0.5, output_ratio=1.0, avg_output=10))
+    a, b = Query(0, 100, 3, 0.0), Query(1, 100, 3, 0.0)
+    sim.loop.at(0.0, lambda _: (sim.submit(a), sim.submit(b)))
+    sim.loop.run(0.001)
+    assert len(sim.pending) == 1 and sim.kv.reserved[0] == 110
+    sim.loop.run(10.0)
+    assert not sim.pending and b.prompt_done > a.finished
