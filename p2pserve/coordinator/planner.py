@@ -21,7 +21,7 @@ from typing import Callable, Mapping
 from p2pserve.coordinator.estimate import ThroughputEstimate, WorkloadModel, estimate
 from p2pserve.coordinator.heuristics import all_heuristics
 from p2pserve.coordinator.maxflow import FlowResult, max_flow
-from p2pserve.coordinator.search import balanced_chain, improve, max_flow_score
+from p2pserve.coordinator.search import balanced_chain, improve, max_flow_score, tiered_candidates
 from p2pserve.coordinator.topology import SINK, SOURCE, Topology
 from p2pserve.errors import ConfigError, InsufficientMemoryError, PlanningError
 
@@ -360,7 +360,9 @@ def plan_for_topology(
         topo, list(starts.values()), max_flow_score(topo, config.partial),
         budget * 0.1, seed=config.seed, clock=clock,
     )
-    pool = list(starts.values()) + [mf_best]
+    tiers = sorted(tiered_candidates(topo), key=score, reverse=True)[:4]
+    stats["tiered_starts"] = len(tiers)
+    pool = list(starts.values()) + [mf_best] + tiers
     best, st = improve(
         topo, pool, score, max(0.0, budget * 0.95 - (clock() - t0) - 0.05 * topo.num_nodes),
         seed=config.seed + 1, clock=clock,

@@ -94,6 +94,90 @@ def balanced_chain(topo: Topology, nodes: list[int] | None = None) -> PlacementD
     return out
 
 
+def chain_over(topo: Topology, nodes: list[int], start: int, end: int) -> PlacementDict:
+    """One pipeline through ``nodes`` (in the given order) covering [start, end), cut so that
+    the slowest stage is as fast as possible (bisection on F, as :func:`balanced_chain`)."""
+    span = end - start
+    if span <= 0 or not nodes:
+        return {}
+
+    def ks_for(F: float) -> list[int]:
+        out = []
+        for i in nodes:
+            thr = topo.nodes[i].throughput
+            k = 0
+            for kk in range(1, min(len(thr), span + 1)):
+                if thr[kk] >= F:
+                    k = kk
+            out.append(k)
+        return out
+
+    if sum(ks_for(0.0)) < span:
+        return {}
+    lo, hi = 0.0, max(max(topo.nodes[i].throughput) for i in nodes)
+    for _ in range(50):
+        mid = (lo + hi) / 2
+        if sum(ks_for(mid)) >= span:
+            lo = mid
+        else:
+            hi = mid
+    ks = ks_for(lo)
+    surplus = sum(ks) - span
+    while surplus > 0:
+        j = max(range(len(ks)), key=lambda x: ks[x])
+        ks[j] -= 1
+        surplus -= 1
+    out, s = {}, start
+    for i, k in zip(nodes, ks):
+        if k > 0:
+            out[i] = (s, s + k)
+            s += k
+    return out
+
+
+def tiered_candidates(topo: Topology, max_groups: int = 3) -> list[PlacementDict]:
+    """Structured starts for the throughput objective: the fastest GPU type as one shallow
+    chain over the first layers, every other node split into 1..``max_groups`` parallel
+    pipelines over the rest.
+
+    Why: decode latency is paid per layer on every hop, so the layers fast GPUs hold should be
+    on every token's path; slow GPUs are better used side by side, which halves their batches
+    and doubles the KV cache behind each of their layers.
+    """
+    L = topo.num_layers
+    by_type: dict[str, list[int]] = {}
+    for i, n in enumerate(topo.nodes):
+        if n.max_layers > 0:
+            by_type.setdefault(n.gpu_type, []).append(i)
+    if len(by_type) < 2:
+        return []
+    # fastest type: highest one-layer throughput
+    fast_type = max(by_type, key=lambda t: topo.nodes[by_type[t][0]].throughput[1])
+    fast = by_type[fast_type]
+    rest = [i for t, members in by_type.items() if t != fast_type for i in members]
+    rest.sort(key=lambda i: (-topo.nodes[i].throughput[1], i))
+    kmax = topo.nodes[fast[0]].max_layers
+    out = []
+    for per in range(max(1, kmax // 2), kmax + 1):
+        head = min(L - 1, per * len(fast))
+        chain = chain_over(topo, fast, 0, head)
+        if not chain:
+            continue
+        for g in range(1, max_groups + 1):
+            groups = [rest[x::g] for x in range(g)]
+            p = dict(chain)
+            ok = True
+            for grp in groups:
+                part = chain_over(topo, grp, head, L)
+                if not part:
+                    ok = False
+                    break
+                p.update(part)
+            if ok:
+                out.append(p)
+    return out
+
+
 @dataclass
 class SearchStats:
     """What a search did: evaluations, improvements, time to the best, best score."""
