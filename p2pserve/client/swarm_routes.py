@@ -24,12 +24,20 @@ def graph_from_records(plan, peers: dict, num_layers: Optional[int]) -> Optional
     """A RouteGraph from a plan (or, without one, from the peers' announced serving spans).
 
     ``peers`` maps peer id -> ``PeerInfo``. Peers of the plan that no longer announce themselves
-    are dropped: their records expired, so they are gone (or unreachable) as far as we know.
+    are dropped: their records expired, so they are gone (or unreachable) as far as we know. So
+    are peers that announce a serving range no longer containing their span in the plan (they
+    flipped to a new range after the plan was published): they would answer "range moved".
     """
     addrs = {pid: tuple(info.addrs) for pid, info in peers.items()}
+
+    def still_serves(pid: str, span) -> bool:
+        info = peers.get(pid)
+        serving = getattr(info, "serving", None)
+        return info is not None and serving is not None and serving[0] <= span[0] and span[1] <= serving[1]
+
     if plan is not None:
         g = RouteGraph.from_plan(plan, addrs)
-        live = {p: s for p, s in g.spans.items() if p in peers}
+        live = {p: s for p, s in g.spans.items() if still_serves(p, s)}
         def keep(x: str) -> bool:
             return x in live or x in ("source", "sink")
 

@@ -1,0 +1,91 @@
+"""SwarmRoutes with a fake Swarm: plan flows, departed peers, KV masking, no-plan fallback, caching."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+import pytest
+
+from p2pserve.client.routing import Masks, NoRouteError
+from p2pserve.client.swarm_routes import SwarmRoutes, graph_from_records
+from p2pserve.dht.records import Flow, PeerInfo, Plan
+from p2pserve.errors import RoutingError
+
+M = "m"
+
+
+def info(pid, span, kv_free=1000, kv_bytes=1 << 20, state="serving"):
+    return PeerInfo(model=M, peer_id=pid, addrs=[f"/ip4/127.0.0.1/tcp/1/p2p/{pid}"], serving=span, state=state,
+                    kv_free_tokens=kv_free, kv_memory_bytes=kv_bytes)
+
+
+PLAN = Plan(model=M, epoch=3, leader_id="c", num_layers=8, spans={"A": (0, 4), "B": (0, 4), "C": (4, 8)},
+            flows=[Flow("source", "A", 10.0), Flow("source", "B", 10.0), Flow("A", "C", 10.0), Flow("B", "C", 10.0),
+                   Flow("C", "sink", 20.0)])
+
+
+class FakeSwarm:
+    def __init__(self, plan, peers):
+        self.plan, self.peers, self.reads = plan, peers, 0
+
+    async def get_plan(self):
+        self.reads += 1
+        return SimpleNamespace(plan=self.plan, signer="k") if self.plan is not None else None
+
+    async def get_peers(self):
+        return {p.peer_id: SimpleNamespace(record=p) for p in self.peers}
+
+
+class Clock:
+    t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
+def test_graph_drops_departed_peers_and_their_flows():
+    g = graph_from_records(PLAN, {"A": info("A", (0, 4)), "C": info("C", (4, 8))}, 8)
+    assert set(g.spans) == {"A", "C"}
+    assert ("source", "B") not in g.flows and ("A", "C") in g.flows
+    assert g.maddrs["A"] == ("/ip4/127.0.0.1/tcp/1/p2p/A",)
+
+
+def test_peer_that_moved_range_is_dropped():
+    g = graph_from_records(PLAN, {"A": info("A", (4, 8)), "B": info("B", (0, 6)), "C": info("C", (4, 8))}, 8)
+    assert set(g.spans) == {"B", "C"}
+
+
+def test_without_a_plan_routes_over_serving_spans():
+    peers = {"A": info("A", (0, 4)), "C": info("C", (4, 8)), "L": info("L", None, state="joining")}
+    g = graph_from_records(None, peers, 8)
+    assert set(g.spans) == {"A", "C"} and not g.flows
+    assert graph_from_records(None, peers, None) is None
+
+
+def test_routes_follow_plan_mask_kv_and_cache_reads():
+    clock = Clock()
+    swarm = FakeSwarm(PLAN, [info("A", (0, 4), kv_free=10), info("B", (0, 4)), info("C", (4, 8))])
+    routes = SwarmRoutes(swarm, seed=0, num_layers=8, refresh_s=5.0, clock=clock)
+    hops = asyncio.run(routes.route(Masks(), kv_need_tokens=100))  # A is over the high-water mark
+    assert [(h.peer_id, h.start, h.end) for h in hops] == [("B", 0, 4), ("C", 4, 8)]
+    assert asyncio.run(routes.route(Masks(), kv_need_tokens=5))  # small requests may use A
+    assert swarm.reads == 1  # cached within refresh_s
+    clock.t = 10.0
+    asyncio.run(routes.route(Masks()))
+    assert swarm.reads == 2 and routes.epoch == 3
+    with pytest.raises(NoRouteError) as e:
+        asyncio.run(routes.route(Masks(banned=frozenset({"C"}))))
+    assert "layer 4" in str(e.value)
+
+
+def test_peer_without_kv_budget_is_not_kv_masked():
+    swarm = FakeSwarm(PLAN, [info("A", (0, 4), kv_free=0, kv_bytes=0), info("C", (4, 8))])
+    routes = SwarmRoutes(swarm, seed=0, num_layers=8)
+    assert [h.peer_id for h in asyncio.run(routes.route(Masks(), kv_need_tokens=100))] == ["A", "C"]
+
+
+def test_no_plan_and_no_peers_is_a_routing_error():
+    routes = SwarmRoutes(FakeSwarm(None, []), seed=0, num_layers=None)
+    with pytest.raises(RoutingError):
+        asyncio.run(routes.route(Masks()))
