@@ -41,6 +41,7 @@ class ClusterSim:
         loop: EventLoop | None = None,
         entry_overhead: bool = True,
         kv_mask: bool = True,
+        kv_model: str = "reserve",
     ) -> None:
         self.loop = loop if loop is not None else EventLoop()
         self.topology = topology
@@ -64,7 +65,7 @@ class ClusterSim:
             self.nodes[idx] = Node(
                 self.loop, idx, spec.start, spec.end, self.latencies[idx], spec.caps, overhead,
                 self._node_exit, policy=policy, kv_free=kv.free_fraction,
-                kv_capacity=spec.kv_capacity,
+                kv_capacity=spec.kv_capacity, kv_mode=kv_model,
             )
         # One Link object per directed pair the routing graph can use.
         self.links: dict[tuple[int, int], Link] = {}
@@ -249,7 +250,11 @@ class ClusterSim:
             events=self.loop.events_run,
             avg_route_depth=self.depth_total / self.routed if self.routed else 0.0,
             node_utilization={i: n.busy_time / now for i, n in sorted(self.nodes.items())},
-            extra=dict(extra or {}, kv_gate_waits=sum(n.kv_waits for n in self.nodes.values())),
+            extra=dict(
+                extra or {},
+                kv_gate_waits=sum(n.kv_waits for n in self.nodes.values()),
+                kv_preemptions=sum(n.preemptions for n in self.nodes.values()),
+            ),
         )
 
 

@@ -49,6 +49,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="gLLM token throttling instead of the fixed batch caps (prefill: prompt budget only)")
     parser.add_argument("--kv-mask", choices=["auto", "on", "off"], default="auto",
                         help="route with Helix's KV estimate mask (auto: only for iwrr)")
+    parser.add_argument("--kv-model", choices=["reserve", "vllm"], default="reserve",
+                        help="node KV: reserve the whole footprint at admission, or vLLM-like "
+                             "allocation with recompute preemption")
     parser.add_argument("--bandwidth-convention", choices=["helix", "bits"], default="helix",
                         help="helix: file number read as bytes/s (the authors'); bits: divide by 8")
     parser.add_argument("--planner-time", type=float, default=20.0,
@@ -93,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
         calibration = simulate(
             scenario,
             SimConfig(scheduler=args.scheduler, mode="offline", duration=300.0, seed=args.seed,
-                      throttle=args.throttle, kv_mask=kv_mask),
+                      throttle=args.throttle, kv_mask=kv_mask, kv_model=args.kv_model),
         )
         rate = ONLINE_LOAD_FACTOR * offline_token_rate(calibration.decode_throughput_tokens_per_s)
     cfg = SimConfig(
@@ -105,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
         token_rate=rate,
         throttle=args.throttle,
         kv_mask=kv_mask,
+        kv_model=args.kv_model,
     )
     result = simulate(scenario, cfg)
     if calibration is not None:

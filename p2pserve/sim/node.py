@@ -11,12 +11,13 @@ Semantics follow the Helix simulator (see ``shared/data/helix/README.md``):
 * after the layer, jobs whose stage ends there leave through ``on_exit``; the rest move on to
   the next layer's queue.
 
-KV cache: a node holds ``kv_capacity`` token-layer entries. A query's prompt is admitted only
-when its whole footprint ``(input + output) * layers`` fits (vLLM would otherwise have to preempt
-or swap sessions); otherwise it waits, FIFO, until finished queries release entries. The
-footprint uses the query's true output length — an optimistic stand-in for vLLM's incremental
-allocation with preemption. Schedulers that keep Helix's KV estimate never make a node wait
-here; schedulers without it can over-subscribe a node and stall behind this gate.
+KV cache: a node holds ``kv_capacity`` token-layer entries, under one of two models.
+``reserve``: a query's prompt is admitted only when its whole footprint ``(input + output) *
+layers`` fits; otherwise it waits, FIFO, until finished queries release entries (optimistic: no
+work is ever lost). ``vllm``: entries are allocated as tokens arrive and, when a decode step finds
+the node full, the latest admitted session is preempted and must later recompute its context
+(vLLM's recompute preemption; see :meth:`Node._vllm_admit`). Schedulers that keep Helix's KV
+estimate rarely reach either limit; schedulers without it can over-subscribe a node.
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ class Node:
         "loop", "idx", "start", "end", "k", "latency", "caps", "policy", "overhead",
         "on_exit", "kv_free", "pq", "dq", "busy", "ptr", "queued_tokens", "busy_time",
         "batches", "work_ema", "time_ema", "running_decodes", "depth_sum", "_p", "_d",
-        "kv_capacity", "kv_used", "kv_held", "kv_wait", "kv_waits",
+        "kv_capacity", "kv_used", "kv_held", "kv_wait", "kv_waits", "kv_mode", "kv_evicted",
+        "preemptions", "recomputes", "_running",
     )
 
     def __init__(
@@ -62,6 +64,7 @@ class Node:
         policy=None,
         kv_free: Callable[[int], float] | None = None,
         kv_capacity: int = 0,
+        kv_mode: str = "reserve",
     ) -> None:
         self.loop = loop
         self.idx = idx
@@ -92,6 +95,11 @@ class Node:
         self.kv_held: dict[int, int] = {}  # qid -> entries held
         self.kv_wait: list[Query] = []  # prompts waiting for KV space, FIFO
         self.kv_waits = 0  # how many prompts had to wait (diagnostic)
+        self.kv_mode = kv_mode  # "reserve": whole footprint at admission; "vllm": see _vllm_admit
+        self.kv_evicted: set[int] = set()  # sessions preempted here, to recompute on next visit
+        self.preemptions = 0
+        self.recomputes = 0
+        self._running: list[Query] = []  # jobs of the batch being computed
         # prompt/decode latency tables bound locally for the hot path
         self._p = latency.prompt_s
         self._d = latency.decode_s
@@ -103,20 +111,27 @@ class Node:
         pq, dq = self.pq, self.dq
         tokens = 0
         cap = self.kv_capacity
+        vllm = self.kv_mode == "vllm"
         for j in jobs:
             st = j.route[j.hop]
             j.entry = st.start
             j.exit = st.end
-            tokens += j.tokens
-            if j.is_prompt:
-                if cap:
+            if cap:
+                if vllm:
+                    if not self._vllm_admit(j):
+                        tokens += j.tokens
+                        continue
+                elif j.is_prompt:
                     need = (j.input_len + j.output_len) * (st.end - st.start)
                     if self.kv_wait or self.kv_used + need > cap:
+                        tokens += j.tokens
                         self.kv_wait.append(j)
                         self.kv_waits += 1
                         continue
                     self.kv_used += need
                     self.kv_held[j.qid] = need
+            tokens += j.tokens
+            if j.is_prompt or j.recompute:
                 pq[st.start - start].append(j)
             else:
                 dq[st.start - start].append(j)
@@ -124,18 +139,86 @@ class Node:
         if not self.busy:
             self._next()
 
+    def _vllm_admit(self, j: Query) -> bool:
+        """vLLM-like KV: allocate as tokens arrive, preempt (recompute) when full.
+
+        A prompt needs ``input * layers`` entries and waits (FIFO) while they are not free. A
+        decode step needs ``layers`` more; when the node is full, the most recently admitted
+        other session not inside the node is preempted — its entries are dropped and its next
+        job here must first recompute its whole context, like vLLM's recompute preemption. A
+        preempted session's job (or a decode that finds no victim) becomes such a recompute:
+        a prefill of ``input + decoded`` tokens that waits for space ahead of new prompts.
+        Returns False when the job was parked in the wait queue.
+        """
+        layers = j.exit - j.entry
+        cap = self.kv_capacity
+        if not j.is_prompt and j.qid in self.kv_held and j.qid not in self.kv_evicted:
+            while self.kv_used + layers > cap:
+                if not self._preempt_one(exclude=j.qid):
+                    break
+            if self.kv_used + layers <= cap:
+                self.kv_used += layers
+                self.kv_held[j.qid] += layers
+                return True
+            self._evict(j.qid)  # no victim: this session itself gives way
+        if j.is_prompt:
+            need = j.input_len * layers
+        else:
+            self.kv_evicted.discard(j.qid)
+            ctx = j.input_len + j.decoded
+            j.recompute = True
+            j.tokens = ctx
+            self.recomputes += 1
+            need = ctx * layers
+        if (not self.kv_wait and self.kv_used + need <= cap) or (not self.kv_held and not self.kv_wait):
+            self.kv_used += need
+            self.kv_held[j.qid] = need
+            return True
+        if j.recompute:
+            self.kv_wait.insert(0, j)  # vLLM puts preempted sequences before new ones
+        else:
+            self.kv_wait.append(j)
+        self.kv_waits += 1
+        return False
+
+    def _preempt_one(self, exclude: int) -> bool:
+        """Drop the most recently admitted session's entries (one not inside the node)."""
+        inside = self._inside_ids()
+        for qid in reversed(self.kv_held):
+            if qid != exclude and qid not in inside:
+                self._evict(qid)
+                return True
+        return False
+
+    def _evict(self, qid: int) -> None:
+        self.kv_used -= self.kv_held.pop(qid)
+        self.kv_evicted.add(qid)
+        self.preemptions += 1
+
+    def _inside_ids(self) -> set[int]:
+        ids = {j.qid for q in self.pq for j in q}
+        ids.update(j.qid for q in self.dq for j in q)
+        ids.update(j.qid for j in self._running)
+        return ids
+
     def release(self, query: Query) -> None:
-        """``query`` finished: free its KV entries and admit waiting prompts that now fit."""
+        """``query`` finished: free its KV entries and admit waiting jobs that now fit."""
+        self.kv_evicted.discard(query.qid)
         need = self.kv_held.pop(query.qid, 0)
         if not need:
             return
         self.kv_used -= need
         wait = self.kv_wait
         admitted = 0
+        vllm = self.kv_mode == "vllm"
         while wait:
             j = wait[0]
-            need = (j.input_len + j.output_len) * (j.exit - j.entry)
-            if self.kv_used + need > self.kv_capacity:
+            layers = j.exit - j.entry
+            if vllm:
+                need = (j.tokens if j.recompute else j.input_len) * layers
+            else:
+                need = (j.input_len + j.output_len) * layers
+            if self.kv_used + need > self.kv_capacity and self.kv_held:
                 break
             wait.pop(0)
             self.kv_used += need
@@ -229,6 +312,8 @@ class Node:
         self.batches += 1
         self.work_ema = 0.99 * self.work_ema + ptok + nd
         self.time_ema = 0.99 * self.time_ema + dt
+        if self.kv_mode == "vllm":
+            self._running = bp + bd
         self.loop.after(dt, self._done, (li, bp, bd))
 
     def _done(self, batch: tuple[int, list[Query], list[Query]]) -> None:
@@ -259,5 +344,10 @@ class Node:
                     self.dq[nxt] = bd
         if out:
             self.queued_tokens -= sum(j.tokens for j in out)
+            if self.recomputes:
+                for j in out:
+                    if j.recompute:  # context rebuilt; only the new token travels on
+                        j.recompute = False
+                        j.tokens = 1
             self.on_exit(self, out)
         self._next()

@@ -44,6 +44,7 @@ class Query:
         "kv_need",
         "prompt_done",
         "finished",
+        "recompute",
     )
 
     def __init__(self, qid: int, input_len: int, output_len: int, arrival: float) -> None:
@@ -62,6 +63,7 @@ class Query:
         self.kv_need: dict[int, int] = {}  # node -> token-layer entries reserved by the scheduler
         self.prompt_done = -1.0
         self.finished = -1.0
+        self.recompute = False  # a decode job rebuilding context preempted on this node
 
     def __repr__(self) -> str:
         kind = "prompt" if self.is_prompt else f"decode#{self.decoded}"

@@ -46,6 +46,7 @@ class SimConfig:
     arrivals: str = "azure_conv"
     entry_overhead: bool = True
     kv_mask: bool | None = None  # Helix's KV-estimate mask; default: on for iwrr only
+    kv_model: str = "reserve"  # node KV: "reserve" (whole footprint) or "vllm" (preemption)
 
     def resolved_kv_mask(self) -> bool:
         """KV masking is part of Helix's scheduler (§5.2); the baselines route without it."""
@@ -71,6 +72,8 @@ def batch_policy(throttle: bool | str):
 
 def build_sim(scenario: Scenario, cfg: SimConfig) -> ClusterSim:
     """Wire a :class:`ClusterSim` for ``scenario`` under ``cfg`` (workload not yet attached)."""
+    if cfg.kv_model not in ("reserve", "vllm"):
+        raise ConfigError(f"kv model must be reserve or vllm, not {cfg.kv_model!r}")
     if cfg.mode not in ("offline", "online"):
         raise ConfigError(f"mode must be offline or online, not {cfg.mode!r}")
     kv_settings = cfg.kv or (KvSettings.offline() if cfg.mode == "offline" else KvSettings.online())
@@ -89,6 +92,7 @@ def build_sim(scenario: Scenario, cfg: SimConfig) -> ClusterSim:
         window=(warm, warm + cfg.duration),
         entry_overhead=cfg.entry_overhead,
         kv_mask=cfg.resolved_kv_mask(),
+        kv_model=cfg.kv_model,
     )
 
 
@@ -103,6 +107,7 @@ def simulate(scenario: Scenario, cfg: SimConfig) -> SimResult:
         "mode": cfg.mode,
         "throttle": cfg.throttle,
         "kv_mask": cfg.resolved_kv_mask(),
+        "kv_model": cfg.kv_model,
     }
     extra.update(scenario.describe())
     if cfg.mode == "offline":

@@ -63,12 +63,14 @@ def test_prompt_cap_splits_batches():
 
 @pytest.mark.parametrize("scheduler", ["iwrr", "random", "shortest-queue", "swarm", "petals"])
 @pytest.mark.parametrize("throttle", [False, True])
-def test_every_query_finishes_once_with_all_its_tokens(scheduler, throttle):
+@pytest.mark.parametrize("kv_model", ["reserve", "vllm"])
+def test_every_query_finishes_once_with_all_its_tokens(scheduler, throttle, kv_model):
     # Overlapping ranges (partial inference), tight KV so that queries wait, mixed lengths.
     ranges = [(0, 3), (0, 2), (2, 5), (3, 6), (5, 8), (4, 8)]
     topo = make_topology(ranges, num_layers=8, kv_capacity=40_000)
     sim = make_sim(topo, scheduler=scheduler, kv_settings=KvSettings(hwm=0.9, output_ratio=0.6, avg_output=20),
-                   batch_policy=ThrottlePolicy() if throttle else None)
+                   batch_policy=ThrottlePolicy() if throttle else None, kv_model=kv_model,
+                   kv_mask=scheduler == "iwrr")
     rng = random.Random(7)
     queries = [Query(i, rng.randint(1, 300), rng.randint(0, 40), rng.uniform(0, 2.0)) for i in range(200)]
     for q in queries:
@@ -82,7 +84,7 @@ def test_every_query_finishes_once_with_all_its_tokens(scheduler, throttle):
     assert not sim.pending
     assert sim.kv.active_tokens == 0
     for node in sim.nodes.values():
-        assert node.kv_used == 0 and not node.kv_wait and node.queued_tokens == 0
+        assert node.kv_used == 0 and not node.kv_wait and node.queued_tokens == 0 and not node.kv_held
         assert not any(node.pq) and not any(node.dq)
     for link in sim.links.values():
         assert not link.busy and link.queued() == 0
@@ -116,3 +118,18 @@ def test_kv_estimate_mask_queues_queries_until_one_finishes():
     assert len(sim.pending) == 1 and sim.kv.reserved[0] == 110
     sim.loop.run(10.0)
     assert not sim.pending and b.prompt_done > a.finished
+
+
+def test_vllm_kv_model_preempts_and_recomputes_without_losing_tokens():
+    # Two sessions share a node whose KV holds both prompts but not their growth: the later one
+    # is preempted, recomputes its context, and every token still arrives exactly once.
+    topo = make_topology([(0, 1)], num_layers=1, bandwidth=1e12, latency=0.0, kv_capacity=210)
+    sim = make_sim(topo, scheduler="random", kv_mask=False, kv_model="vllm")
+    a, b = Query(0, 100, 20, 0.0), Query(1, 100, 20, 0.0)
+    sim.loop.at(0.0, lambda _: (sim.submit(a), sim.submit(b)))
+    sim.loop.run(100.0)
+    node = sim.nodes[0]
+    assert node.preemptions >= 1 and node.recomputes >= 1
+    assert a.decoded == 20 and b.decoded == 20 and a.finished > 0 and b.finished > 0
+    assert sim.recorder.decode_tokens == 40
+    assert node.kv_used == 0 and not node.kv_held and not node.kv_wait

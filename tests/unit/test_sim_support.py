@@ -33,7 +33,7 @@ def make_topology(ranges, num_layers, bandwidth=1e5, latency=1e-3, token_bytes=2
 
 
 def make_sim(topo, scheduler="iwrr", flows=None, seed=0, kv_settings=None, entry_overhead=False,
-             kv_mask=True, batch_policy=None):
+             kv_mask=True, batch_policy=None, kv_model="reserve"):
     """A ClusterSim on ``topo`` with LINEAR latency everywhere."""
     if flows is None:
         flows = {}
@@ -48,4 +48,4 @@ def make_sim(topo, scheduler="iwrr", flows=None, seed=0, kv_settings=None, entry
     kv = KvEstimator(caps, kv_settings or KvSettings.offline(), min(per_layer))
     sched = make_scheduler(scheduler, flows, random.Random(seed))
     return ClusterSim(topo, sched, kv, {i: LINEAR for i in topo.nodes}, entry_overhead=entry_overhead,
-                      kv_mask=kv_mask, batch_policy=batch_policy)
+                      kv_mask=kv_mask, batch_policy=batch_policy, kv_model=kv_model)
