@@ -30,7 +30,7 @@ MAX_TOKENS = 12
 
 @pytest.fixture(scope="module")
 def api(model_dir):
-    """(base url, model path, model id) of a running `p2pserve api` over two peers."""
+    """(base url, model path, LocalModelInfo, peers) of a running `p2pserve api` over two peers."""
     path = model_dir("llama")
     peers = start_peers(path, [(0, 4), (4, 8)])
     proc = None
@@ -51,7 +51,7 @@ def api(model_dir):
             elif proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError("api server did not start:\n" + "\n".join(lines[-40:]))
             time.sleep(0.05)
-        yield url, path, LocalModelInfo.load(path)
+        yield url, path, LocalModelInfo.load(path), peers
     finally:
         if proc is not None and proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)
@@ -80,13 +80,13 @@ def oai(url):
 
 
 def test_models_lists_the_served_names(api):
-    url, _, info = api
+    url, _, info, _ = api
     ids = {m.id for m in oai(url).models.list().data}
     assert ids == {info.spec.model_id, "tiny"}
 
 
 def test_chat_completion_non_streamed_equals_generate(api):
-    url, path, info = api
+    url, path, info, _ = api
     text, finish = expected_text(info, path, info.chat_ids(MESSAGES))
     r = oai(url).chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=MAX_TOKENS, temperature=0)
     assert r.choices[0].message.role == "assistant"
@@ -97,7 +97,7 @@ def test_chat_completion_non_streamed_equals_generate(api):
 
 
 def test_chat_completion_streamed_equals_generate(api):
-    url, path, info = api
+    url, path, info, _ = api
     text, finish = expected_text(info, path, info.chat_ids(MESSAGES))
     stream = oai(url).chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=MAX_TOKENS, temperature=0,
                                               stream=True, stream_options={"include_usage": True})
@@ -116,7 +116,7 @@ def test_chat_completion_streamed_equals_generate(api):
 
 
 def test_completions_streamed_and_not(api):
-    url, path, info = api
+    url, path, info, _ = api
     prompt = "Once upon a time"
     ids = list(info.tokenizer(prompt)["input_ids"])
     text, finish = expected_text(info, path, ids)
@@ -131,7 +131,7 @@ def test_completions_streamed_and_not(api):
 
 
 def test_seeded_sampling_is_reproducible(api):
-    url, _, _ = api
+    url, _, _, _ = api
     c = oai(url)
     kw = dict(model="tiny", messages=MESSAGES, max_tokens=8, temperature=0.8, seed=42)
     assert c.chat.completions.create(**kw).choices[0].message.content == \
@@ -148,7 +148,7 @@ def raw_post(url, path, body: bytes):
 
 
 def test_bad_requests_get_400_with_a_clear_message(api):
-    url, _, _ = api
+    url, _, _, _ = api
     c = oai(url)
     cases = {
         "negative max tokens": (dict(model="tiny", messages=MESSAGES, max_tokens=-5), "max_tokens"),
@@ -172,3 +172,19 @@ def test_bad_requests_get_400_with_a_clear_message(api):
     assert status == 400 and "not valid JSON" in body["error"]["message"]
     status, body = raw_post(url, "/v1/completions", json.dumps({"model": "tiny"}).encode())
     assert status == 400 and "'prompt' is required" in body["error"]["message"]
+
+
+def test_python_sync_client_chat_stream_and_generate(api):
+    """``p2pserve.Client`` (blocking, background loop) on the same peers, no HTTP in between."""
+    import p2pserve
+
+    _, path, info, peers = api
+    text, finish = expected_text(info, path, info.chat_ids(MESSAGES))
+    with p2pserve.Client(peers=[(p.maddrs[0], *p.layers) for p in peers], model=path, seed=3) as client:
+        reply = client.chat(MESSAGES, max_new_tokens=MAX_TOKENS)
+        assert reply == text and reply.finish_reason == finish
+        assert [(h.start, h.end) for h in reply.route] == [(0, 4), (4, 8)]
+        stream = client.chat_stream(MESSAGES, max_new_tokens=MAX_TOKENS)
+        assert "".join(stream) == text and stream.reply.tokens == reply.tokens
+        ids = info.chat_ids(MESSAGES)
+        assert client.generate(ids, max_new_tokens=MAX_TOKENS).tokens == reply.tokens
