@@ -28,7 +28,7 @@ import asyncio
 import random
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import AsyncIterator, Iterator, Optional, Sequence, Union
 
 from p2pserve.client.connection import Hop
@@ -234,10 +234,10 @@ class AsyncClient:
         if seed is None:
             # unseeded sampling still needs a fixed seed per request, so that replay is exact
             seed = random.SystemRandom().getrandbits(62) if temperature > 0 else 0
-        params = GenerationParams(max_new_tokens=max_new_tokens, temperature=float(temperature), top_p=float(top_p),
-                                  top_k=int(top_k), seed=int(seed), stop=tuple(stop), ignore_eos=ignore_eos)
         if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool):
             raise BadRequestError("max_new_tokens must be an integer")
+        params = GenerationParams(max_new_tokens=max_new_tokens, temperature=float(temperature), top_p=float(top_p),
+                                  top_k=int(top_k), seed=int(seed), stop=tuple(stop), ignore_eos=ignore_eos)
         params.validate()
         if len(prompt_ids) >= self.max_length:
             raise BadRequestError(

@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Optional, Sequence
 
 from p2pserve.client.connection import Hop, HopConnection
@@ -171,15 +171,14 @@ class ChainListRoutes:
         self.chains = [list(c) for c in chains]
 
     async def __call__(self, masks: Masks) -> list[Hop]:
-        reasons = {}
+        reasons: dict[str, str] = {}
+        overloaded = False  # some chain is blocked by load alone (it would work once peers free up)
         for chain in self.chains:
             bad = {h.peer_id: r for h in chain if (r := masks.reason(h.peer_id)) is not None}
             if not bad:
                 return list(chain)
             reasons.update(bad)
-        overloaded = any(all(r == "overloaded" for r in
-                             {h.peer_id: masks.reason(h.peer_id) for h in c if masks.reason(h.peer_id)}.values())
-                         for c in self.chains)
+            overloaded |= all(r != "banned" for r in bad.values())
         raise NoRouteError(f"every candidate chain has a masked peer: {reasons}", reasons, overloaded)
 
 
@@ -374,8 +373,3 @@ def chain_session_factory(p2p, model_id: str, num_layers: int, max_length: int, 
         return session
 
     return open_session
-
-
-def with_kv_need(masks: Masks, kv_free_tokens, need: int) -> Masks:
-    """``masks`` plus the KV high-water mark for a request needing ``need`` tokens."""
-    return replace(masks, kv_free_tokens=dict(kv_free_tokens), kv_need_tokens=need)
