@@ -165,6 +165,9 @@ def tiered_candidates(topo: Topology, max_groups: int = 3) -> list[PlacementDict
             continue
         for g in range(1, max_groups + 1):
             groups = [rest[x::g] for x in range(g)]
+            # Reverse every other group so replicas' boundaries are staggered, not aligned
+            # (aligned twins fragment convoys; see estimate.WorkloadModel.aligned_weight).
+            groups = [grp if x % 2 == 0 else grp[::-1] for x, grp in enumerate(groups)]
             p = dict(chain)
             ok = True
             for grp in groups:
