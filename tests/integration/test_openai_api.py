@@ -188,3 +188,9 @@ def test_python_sync_client_chat_stream_and_generate(api):
         assert "".join(stream) == text and stream.reply.tokens == reply.tokens
         ids = info.chat_ids(MESSAGES)
         assert client.generate(ids, max_new_tokens=MAX_TOKENS).tokens == reply.tokens
+    # only the first half known: no route, a RoutingError that says which layer is missing
+    from p2pserve.errors import RoutingError
+
+    with p2pserve.Client(peers=[(peers[0].maddrs[0], *peers[0].layers)], model=path) as client:
+        with pytest.raises(RoutingError, match="layer 4"):
+            client.chat(MESSAGES, max_new_tokens=2)
