@@ -120,7 +120,7 @@ async def serve(config: PeerConfig, args: argparse.Namespace) -> None:
 
 
 async def _start_agent(peer, swarm, config: PeerConfig):
-    from p2pserve.dht.prober import LinkProber
+    from p2pserve.dht.prober import LinkProber, ProberConfig
     from p2pserve.peer.agent import SwarmAgent
     from p2pserve.peer.profiler import load_or_measure
 
@@ -128,7 +128,10 @@ async def _start_agent(peer, swarm, config: PeerConfig):
     max_layers = config.max_layers or max(1, min(spec.num_layers, config.weights_memory_bytes // spec.layer_bytes))
     profile = await asyncio.to_thread(load_or_measure, peer.model_path, spec, config.device, max_layers,
                                       config.profile_batch)
-    agent = SwarmAgent(peer, swarm, profile, follow_plan=config.start is None, prober=LinkProber(peer.p2p))
+    # Probe transfers of ~0.25 s: long enough that TCP ramp-up and a shaper's burst allowance
+    # are a small part of the measured time (a 20 Mbit/s link then reads within a few percent).
+    prober = LinkProber(peer.p2p, ProberConfig(target_transfer_s=0.25))
+    agent = SwarmAgent(peer, swarm, profile, follow_plan=config.start is None, prober=prober)
     await agent.start()
     return agent
 
