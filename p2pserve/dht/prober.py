@@ -11,11 +11,11 @@ requests on it::
     bulk     -> the client then sends exactly n raw bytes; reply {"ok": true, "n": n}
                 or, before any payload is read, {"ok": false, "error": "..."} (too big / busy)
 
-Bandwidth = n / (time from first payload byte to reply - one RTT), the best of ``repeats``
-transfers at the final size (other traffic can only slow a probe down). Transfers grow (64 KiB,
+Bandwidth = n / (time from first payload byte to reply - one RTT), the median of ``repeats``
+transfers at the final size (robust to one slowed-down or one too-fast transfer). Transfers grow (64 KiB,
 x4 each time, scaled by how far off the target the last one was) until one lasts at least
-``target_transfer_s`` or reaches ``max_probe_bytes``: a 10 Mbit/s link stops at the first
-64 KiB (~52 ms), a 10 Gbit/s one at 64 MiB (~54 ms).
+``target_transfer_s`` (100 ms) or reaches ``max_probe_bytes``: a 10 Mbit/s link stops at the second
+transfer (64 KiB in ~52 ms, then ~190 KiB in ~160 ms), a 10 Gbit/s one at the 64 MiB cap (~54 ms).
 
 Rate limiting, so probing never starves serving: the server accepts at most
 ``max_concurrent`` bulk transfers and ``server_bytes_per_s`` on average (token bucket), and
@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import statistics
 import time
 from dataclasses import dataclass
 from typing import Callable, Iterable, Optional
@@ -53,9 +54,9 @@ class ProberConfig:
 
     min_probe_bytes: int = 64 << 10
     max_probe_bytes: int = 64 << 20
-    target_transfer_s: float = 0.06
+    target_transfer_s: float = 0.1
     pings: int = 3
-    repeats: int = 2  # transfers at the final size; the best counts (contention only slows a probe)
+    repeats: int = 3  # transfers at the final size; the median counts (robust to one outlier either way)
     min_interval_s: float = 60.0  # per target
     server_bytes_per_s: float = 200e6  # average probe bytes accepted per second
     server_burst_bytes: int = 160 << 20
@@ -246,11 +247,12 @@ class LinkProber:
                 if nxt is None:
                     break
                 n = nxt
-            best = bandwidth_from(n, elapsed, rtt)
+            samples = [bandwidth_from(n, elapsed, rtt)]
             for _ in range(self.config.repeats - 1):
                 took = await self._bulk(reader, writer, n)
                 if took is not None:
-                    best = max(best, bandwidth_from(n, took, rtt))
+                    samples.append(bandwidth_from(n, took, rtt))
+            best = statistics.median(samples)
         finally:
             writer.close()
         stat = LinkStat(bandwidth=best, rtt=rtt, measured_at=time.time())

@@ -493,10 +493,13 @@ def test_two_regions_links_measured_and_flow_stays_inside_regions(tmp_path):
 
         maddrs_file = tmp_path / "boot.maddrs"
         procs.start("bootstrap", in_ns(ctl, ["-m", "p2pserve.cli", "bootstrap", "--host-maddrs", f"/ip4/{ctl_ip}/tcp/0",
-                                              "--maddrs-file", str(maddrs_file)]))
+                                              "--maddrs-file", str(maddrs_file), "--no-relay"]))
         wait_until(maddrs_file.exists, "bootstrap multiaddrs")
         config = {
             "swarm_id": "regions", "model": MODEL, "initial_peers": maddrs_file.read_text().split(),
+            # every pair can dial directly here; a relayed connection would detour through the
+            # control namespace and bypass the shaping
+            "use_relay": False,
             "timing": dict(TIMING, link_refresh=3.0),
             # 64 KiB activations: a 20 Mbit/s link carries ~38 tokens/s, a peer ~100, so the
             # cross-region links are the bottleneck and a good plan keeps pipelines in a region

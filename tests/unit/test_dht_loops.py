@@ -124,10 +124,11 @@ def test_coordinator_failover_with_fake_clock():
 
 
 def test_probe_sizing_covers_slow_and_fast_links():
-    cfg = ProberConfig()
-    # 10 Mbit/s: 64 KiB takes 52 ms -> almost there; one more step at most
-    assert next_probe_size(64 << 10, 0.0524, cfg) is not None
-    assert next_probe_size(64 << 10, 0.07, cfg) is None
+    cfg = ProberConfig(target_transfer_s=0.1)
+    # 10 Mbit/s: 64 KiB takes 52 ms -> one more, bigger transfer lasts past the target
+    nxt = next_probe_size(64 << 10, 0.0524, cfg)
+    assert nxt is not None and nxt / 1.25e6 >= cfg.target_transfer_s
+    assert next_probe_size(nxt, nxt / 1.25e6, cfg) is None
     # 10 Gbit/s: grows until the cap
     n, steps = cfg.min_probe_bytes, 0
     while n is not None and steps < 20:
