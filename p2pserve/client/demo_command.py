@@ -1,84 +1,203 @@
-"""`p2pserve demo`: start a local swarm of peer processes and answer a chat prompt through it.
+"""`p2pserve demo`: a whole local swarm answering a chat prompt, then a clean shutdown.
 
-Every process started here is in its own process group and is killed on exit, on errors and
-on Ctrl-C, so an interrupted demo leaves nothing running.
+It starts, as subprocesses on loopback: a bootstrap DHT node, a coordinator and N plan-driven
+peers (each allowed only part of the model, so the plan must chain them). It waits for the
+elected coordinator's plan to cover every layer with loaded ranges, prints the plan, answers the
+prompt through the swarm with the Python client (per-request IWRR route, failover on), prints the
+route used, and stops everything. Every child runs in its own process group and is killed on
+exit, on errors and on Ctrl-C, so an interrupted demo leaves nothing running.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import math
+import os
+import signal
+import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 DEFAULT_PROMPT = "What is the capital of France? Answer in one sentence."
+TIMING = dict(peer_refresh=1.0, candidate_refresh=1.0, plan_refresh=3.0, link_refresh=10.0, max_clock_skew=2.0)
+LOOPBACK = "/ip4/127.0.0.1/tcp/0"
+SWARM_ID = "p2pserve-demo"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Register the demo's flags."""
     p.add_argument("--model", default="default", help="checkpoint directory, or 'default' (embedded SmolLM2-135M-Instruct)")
-    p.add_argument("--peers", type=int, default=3, help="number of peer processes (the layers are split evenly)")
+    p.add_argument("--peers", type=int, default=3, help="number of peer processes")
     p.add_argument("--prompt", default=DEFAULT_PROMPT, help="the user message to answer")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--threads", type=int, default=1, help="torch threads per peer")
+    p.add_argument("--timeout", type=float, default=300.0, help="give up if the swarm is not ready by then (s)")
 
 
-def split_layers(num_layers: int, parts: int) -> list[tuple[int, int]]:
-    """Split [0, num_layers) into ``parts`` contiguous, nearly equal ranges."""
-    parts = max(1, min(parts, num_layers))
-    bounds = [round(i * num_layers / parts) for i in range(parts + 1)]
-    return [(bounds[i], bounds[i + 1]) for i in range(parts)]
+class Children:
+    """Subprocesses in their own process groups, all killed by ``stop_all``."""
+
+    def __init__(self, logdir: Path):
+        self.logdir = logdir
+        self.procs: dict[str, subprocess.Popen] = {}
+
+    def start(self, name: str, *args: str, threads: int = 1) -> None:
+        env = dict(os.environ, OMP_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false")
+        with open(self.logdir / f"{name}.log", "wb") as log:
+            self.procs[name] = subprocess.Popen(
+                [sys.executable, "-m", "p2pserve.cli", *args], stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True, env=env,
+            )
+
+    def check(self) -> None:
+        """Raise if a child died, showing the end of its log."""
+        for name, p in self.procs.items():
+            if p.poll() is not None:
+                tail = (self.logdir / f"{name}.log").read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"{name} exited with code {p.returncode}:\n{tail}")
+
+    def stop_all(self) -> None:
+        for p in self.procs.values():
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + 10
+        for p in self.procs.values():
+            try:
+                p.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+            try:
+                os.killpg(p.pid, signal.SIGKILL)  # the group: DHT child and libp2p daemon too
+            except ProcessLookupError:
+                pass
+            p.wait()
 
 
-async def _chat(peers, model, args) -> None:
-    from p2pserve.client.chain import ChainChat, create_client_p2p, open_chain_session
-    from p2pserve.client.generation import GenerationParams
+def _wait(check, children: Children, what: str, timeout: float):
+    """Poll ``check`` until it returns something truthy, printing a dot every few seconds."""
+    start = last = time.monotonic()
+    while time.monotonic() - start < timeout:
+        children.check()
+        value = check()
+        if value:
+            print(f" ready ({time.monotonic() - start:.0f} s)", flush=True)
+            return value
+        if time.monotonic() - last > 3:
+            print(".", end="", flush=True)
+            last = time.monotonic()
+        time.sleep(0.5)
+    raise TimeoutError(f"{what} not ready after {timeout:.0f} s (logs in {children.logdir})")
 
-    params = GenerationParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature)
-    hops = [p.hop() for p in peers]
-    p2p = await create_client_p2p()
+
+def _print_plan(plan, short) -> None:
+    p = plan.plan
+    print(f"plan epoch {p.epoch} by {short(p.leader_id)}: max-flow {p.max_flow:.0f} tokens/s "
+          f"(upper bound {p.upper_bound:.0f}), solved in {p.solve_time:.2f} s")
+    for pid, (a, b) in sorted(p.spans.items(), key=lambda kv: kv[1]):
+        print(f"  peer {short(pid)} serves layers [{a}, {b})")
+    for f in p.flows:
+        if f.rate > 0:
+            print(f"  flow {short(f.src)} -> {short(f.dst)}: {f.rate:.0f} tokens/s")
+
+
+async def _chat(model, boot: list[str], swarm_model: str, args) -> None:
+    from p2pserve.client.api import AsyncClient
+    from p2pserve.dht.config import DHTConfig
+
+    cfg = DHTConfig(model=swarm_model, swarm_id=SWARM_ID, initial_peers=tuple(boot), host_maddrs=(LOOPBACK,),
+                    client_mode=True, **TIMING)
+    client = AsyncClient(model=model.path, dht_config=cfg, model_info=model)
+    await client.start()
     try:
-        session = await open_chain_session(p2p, hops, model, 2048, params)
-        chat = ChainChat(session, model)
-        print("route: client -> " + " -> ".join(f"peer {h.peer_id[-6:]} layers [{h.start}, {h.end})" for h in hops) + " -> client")
         print(f"\nuser: {args.prompt}\nassistant: ", end="", flush=True)
-        t = time.perf_counter()
-        async for event in chat.stream(args.prompt, params):
-            print(event.text, end="", flush=True)
-        dt = time.perf_counter() - t
-        n = len(chat.last_result.tokens)
-        print(f"\n\n[{n} tokens in {dt:.1f} s, {n / dt:.1f} tokens/s, through {len(hops)} peer processes]")
-        await session.close()
+        stream = client.chat_stream([{"role": "user", "content": args.prompt}], max_new_tokens=args.max_new_tokens,
+                                    temperature=args.temperature)
+        async for piece in stream:
+            print(piece, end="", flush=True)
+        reply = stream.reply
+        print(f"\n\nroute: client -> {reply.route_text()} -> client")
+        print(f"[{len(reply.tokens)} tokens in {reply.elapsed_s:.1f} s, {reply.tokens_per_s:.1f} tokens/s, "
+              f"through {len(reply.route)} peer processes]")
     finally:
-        await p2p.shutdown()
+        await client.close()
 
 
 def run(args: argparse.Namespace) -> int:
     """Entry point of `p2pserve demo`."""
     from p2pserve.client.chain import LocalModelInfo
     from p2pserve.errors import P2PServeError
-    from p2pserve.launch import PeerProcess
 
-    peers: list[PeerProcess] = []
+    logdir = Path(tempfile.mkdtemp(prefix="p2pserve-demo-"))
+    children = Children(logdir)
+    observer = None
     try:
-        print("[1/3] preparing the model (the first run converts the embedded SmolLM2 GGUF, ~30 s)...", flush=True)
+        print("[1/5] preparing the model (the first run converts the embedded SmolLM2 GGUF, ~30 s)...", flush=True)
         model = LocalModelInfo.load(args.model)
-        ranges = split_layers(model.spec.num_layers, args.peers)
-        print(f"[2/3] starting {len(ranges)} peer processes: " + ", ".join(f"[{a}, {b})" for a, b in ranges), flush=True)
-        peers = [PeerProcess.launch(model.path, r, threads=args.threads) for r in ranges]
-        for i, peer in enumerate(peers):
-            peer.wait_ready()
-            print(f"      peer {i + 1} ready: {peer.peer_id} serving layers {peer.layers}", flush=True)
-        print("[3/3] chatting through the swarm", flush=True)
-        asyncio.run(_chat(peers, model, args))
+        spec = model.spec
+        n = max(1, args.peers)
+        # Each peer may hold a bit more than its share, so the plan must chain every peer.
+        max_layers = min(spec.num_layers, math.ceil(spec.num_layers / n) + (1 if n > 1 else 0))
+
+        print("[2/5] starting the bootstrap node...", end="", flush=True)
+        maddrs_file = logdir / "bootstrap.maddrs"
+        children.start("bootstrap", "bootstrap", "--host-maddrs", LOOPBACK, "--maddrs-file", str(maddrs_file),
+                       "--log-level", "WARNING")
+        _wait(maddrs_file.exists, children, "bootstrap node", 60)
+        boot = maddrs_file.read_text().split()
+        cfg = {
+            "swarm_id": SWARM_ID, "model": spec.model_id, "initial_peers": boot, "host_maddrs": [LOOPBACK],
+            "timing": TIMING,
+            "models": {spec.model_id: {"num_layers": spec.num_layers,
+                                       "activation_bytes": spec.activation_bytes_per_token, "solve_time_limit": 2.0}},
+        }
+        cfg_path = logdir / "swarm.json"
+        cfg_path.write_text(json.dumps(cfg))
+
+        print(f"[3/5] starting a coordinator and {n} peers (at most {max_layers} of {spec.num_layers} layers each);"
+              f" they profile themselves and wait for the plan", end="", flush=True)
+        children.start("coordinator", "coordinator", "--config", str(cfg_path), "--log-level", "WARNING")
+        for i in range(n):
+            children.start(f"peer{i + 1}", "peer", "--model", model.path, "--config", str(cfg_path),
+                           "--max-layers", str(max_layers), "--num-threads", str(args.threads),
+                           "--log-level", "WARNING", threads=args.threads)
+        from p2pserve.dht.config import DHTConfig
+        from p2pserve.dht.swarm import Swarm
+
+        observer = Swarm.create(DHTConfig(model=spec.model_id, swarm_id=SWARM_ID, initial_peers=tuple(boot),
+                                          host_maddrs=(LOOPBACK,), client_mode=True, **TIMING))
+
+        def ready_plan():
+            plan = asyncio.run(observer.get_plan())
+            if plan is None:
+                return None
+            cover = plan.plan.coverage()
+            return plan if cover and min(cover) > 0 and len(plan.plan.spans) >= min(n, 2) else None
+
+        print("\n[4/5] waiting for a plan whose ranges are loaded and cover every layer", end="", flush=True)
+        plan = _wait(ready_plan, children, "the plan", args.timeout)
+        _print_plan(plan, lambda pid: pid if pid in ("source", "sink") else pid[-6:])
+        observer.shutdown()
+        observer = None
+
+        print("[5/5] chatting through the swarm", flush=True)
+        asyncio.run(_chat(model, boot, spec.model_id, args))
         return 0
     except KeyboardInterrupt:
-        print("\ninterrupted; stopping peers", file=sys.stderr)
+        print("\ninterrupted; stopping the swarm", file=sys.stderr)
         return 130
-    except P2PServeError as e:
-        print(f"p2pserve demo: error: {e}", file=sys.stderr)
+    except (P2PServeError, RuntimeError, TimeoutError) as e:
+        print(f"\np2pserve demo: error: {e}", file=sys.stderr)
         return 2
     finally:
-        for peer in peers:
-            peer.stop()
+        if observer is not None:
+            observer.shutdown()
+        children.stop_all()
+        print("all demo processes stopped", flush=True)
