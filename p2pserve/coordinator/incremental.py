@@ -28,12 +28,14 @@ NamedPlacement = dict[str, tuple[int, int]]
 
 @dataclass(frozen=True)
 class ChurnResult:
-    """Outcome of a churn step: the new plan, layers loaded, and whether it re-solved."""
+    """Outcome of a churn step: the new plan, layers loaded, whether it re-solved, and how soon
+    a valid placement was available (a re-solve keeps improving it until its time limit)."""
 
     plan: Plan
     layers_moved: int
     resolved: bool
     elapsed_s: float
+    first_valid_s: float | None = None  # when a valid (repaired / re-cut) placement existed
 
 
 def by_name(topo: Topology, placement: Mapping[int, tuple[int, int]]) -> NamedPlacement:
@@ -111,13 +113,15 @@ def resolve(
     cut = chain_rebalance(topo, order, cur_idx, reload_cost, floor)
     if cut:
         starts.append(cut)
+    valid = [p for p in starts if not validate_placement(topo, p)]
+    first_valid = clock() - t0 if valid else None
     movable = focus if focus else None
     best, _ = improve(topo, starts, score, time_limit_s * 0.5, seed=config.seed, movable=movable, clock=clock)
     left = time_limit_s - (clock() - t0)
     if left > 0:
         best, _ = improve(topo, [best], score, left, seed=config.seed + 7, clock=clock)
     plan = make_plan(topo, best, config, clock() - t0, "incremental")
-    return ChurnResult(plan, layers_to_load(current, by_name(topo, best)), True, clock() - t0)
+    return ChurnResult(plan, layers_to_load(current, by_name(topo, best)), True, clock() - t0, first_valid)
 
 
 def chain_rebalance(
@@ -266,7 +270,7 @@ def on_leave(
     cur_idx = by_index(topo, current)
     if not validate_placement(topo, cur_idx) and flow_value(topo, cur_idx, config.partial) > 0:
         plan = make_plan(topo, cur_idx, config, clock() - t0, "flows-only")
-        return ChurnResult(plan, 0, False, clock() - t0)
+        return ChurnResult(plan, 0, False, clock() - t0, clock() - t0)
     return resolve(topo, current, config, reload_cost, time_limit_s, clock=clock)
 
 

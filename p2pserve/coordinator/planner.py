@@ -322,7 +322,7 @@ def plan_for_topology(
             )
             stats["search"] = asdict(st)
         # Keep a margin for building the model and finishing the plan (flows, estimates).
-        margin = 0.3 + 0.03 * topo.num_nodes
+        margin = 0.5 + 0.06 * topo.num_nodes
         left = budget * (share if small else 1.0) - (clock() - t0) - margin
         if config.use_milp and left > 0.2 and max_flow(topo, best, config.partial).value < target:
             from p2pserve.coordinator.milp import MilpOptions, solve_milp
