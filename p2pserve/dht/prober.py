@@ -12,7 +12,9 @@ requests on it::
                 or, before any payload is read, {"ok": false, "error": "..."} (too big / busy)
 
 Bandwidth = n / (time from first payload byte to reply - one RTT), the median of ``repeats``
-transfers at the final size (robust to one slowed-down or one too-fast transfer). Transfers grow (64 KiB,
+transfers at the final size: on a loaded host single transfers come out both too slow (a
+descheduled sender) and too fast (shaper burst credit), so neither the max nor the min is
+trustworthy. Transfers grow (64 KiB,
 x4 each time, scaled by how far off the target the last one was) until one lasts at least
 ``target_transfer_s`` (100 ms) or reaches ``max_probe_bytes``: a 10 Mbit/s link stops at the second
 transfer (64 KiB in ~52 ms, then ~190 KiB in ~160 ms), a 10 Gbit/s one at the 64 MiB cap (~54 ms).
