@@ -139,6 +139,7 @@ def run(args: argparse.Namespace) -> int:
     children = Children(logdir)
     observer = None
     try:
+        print(f"logs: {logdir}", flush=True)
         print("[1/5] preparing the model (the first run converts the embedded SmolLM2 GGUF, ~30 s)...", flush=True)
         model = LocalModelInfo.load(args.model)
         spec = model.spec
