@@ -66,3 +66,20 @@ class ClientConfig:
     max_retries: int = 3  # pipeline rebuilds per request before GenerationFailedError
     ban_base_s: float = 5.0  # first ban of a failed peer; doubles per repeat failure
     ban_max_s: float = 120.0
+
+
+_ELSEWHERE = {
+    "DHTConfig": "p2pserve.dht.config",
+    "ProberConfig": "p2pserve.dht.prober",
+    "CoordinatorConfig": "p2pserve.coordinator.service",
+    "PlannerConfig": "p2pserve.coordinator.planner",
+}
+
+
+def __getattr__(name: str):
+    """Lazy re-exports of the configs that live next to their (heavier) code."""
+    if name in _ELSEWHERE:
+        import importlib
+
+        return getattr(importlib.import_module(_ELSEWHERE[name]), name)
+    raise AttributeError(name)

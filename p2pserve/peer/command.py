@@ -90,14 +90,17 @@ def config_from_args(args: argparse.Namespace) -> PeerConfig:
 
 async def serve(config: PeerConfig, args: argparse.Namespace) -> None:
     """Start DHT node and peer (and the control-plane agent), print the ready line, serve until signalled."""
-    from p2pserve.dht.cli_common import dht_config_from_args
+    from p2pserve.dht.cli_common import dht_config_from_args, load_swarm_file
     from p2pserve.dht.swarm import Swarm
     from p2pserve.model.default import resolve_model
     from p2pserve.model.spec import load_spec
     from p2pserve.peer.server import Peer
 
     spec = load_spec(resolve_model(config.model), dtype=config.dtype)  # fail fast on a bad model
-    dht_config, _ = dht_config_from_args(args, model=config.swarm_model or spec.model_id)
+    # The model's name in DHT keys: --swarm-model, else the swarm file's model, else the
+    # checkpoint's own id. (Sessions still check the checkpoint id itself when they open.)
+    swarm_model = config.swarm_model or load_swarm_file(args.config).get("model") or spec.model_id
+    dht_config, _ = dht_config_from_args(args, model=swarm_model)
     swarm = Swarm.create(dht_config)  # forks the DHT process before weights are loaded
     agent = None
     try:
