@@ -5,10 +5,25 @@ from __future__ import annotations
 from p2pserve.launch import PeerProcess, start_peers  # noqa: F401 - re-exported for tests
 
 
+async def run_chain(model, hops, prompt_ids, params, max_length: int = 256) -> list[int]:
+    """Generate through an explicit chain of hops with a fresh client node; returns the tokens."""
+    from p2pserve.client.chain import create_client_p2p, open_chain_session
+    from p2pserve.client.generation import generate
+
+    p2p = await create_client_p2p()
+    try:
+        session = await open_chain_session(p2p, hops, model, max_length, params)
+        try:
+            return (await generate(session, prompt_ids, params, model.eos_ids)).tokens
+        finally:
+            await session.close()
+    finally:
+        await p2p.shutdown()
+
+
 def reference_generate(model_path: str, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
     """Greedy tokens from single-process transformers `generate` on the same weights (fp32)."""
     import torch
-    from transformers import AutoModelForCausalLM
 
     model = _reference_model(model_path)
     ids = torch.tensor([prompt_ids])

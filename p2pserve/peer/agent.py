@@ -54,7 +54,7 @@ class SwarmAgent:
 
     def peer_info(self) -> PeerInfo:
         """This peer's current announcement."""
-        cfg, spec = self.peer.config, self.peer.spec
+        spec = self.peer.spec
         budget = self.peer.table.budget
         served = self.peer.served
         layers_held = max(1, (served[1] - served[0]) if served else 1)

@@ -13,7 +13,6 @@ import json
 import logging
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import torch
 

@@ -20,8 +20,8 @@ from p2pserve.errors import (
     RemoteError,
     SessionNotFoundError,
 )
-from p2pserve.protocol import FRAME_PREFIX, PROTOCOL_VERSION, Forward, SamplingParams, TensorMeta
-from p2pserve.transport import read_frame, tensor_to_wire, write_frame
+from p2pserve.protocol import FRAME_PREFIX, Forward, SamplingParams, TensorMeta
+from p2pserve.transport import read_frame, write_frame
 from p2pserve.protocol import decode_reply, ErrorReply
 from tests.harness import start_peers
 

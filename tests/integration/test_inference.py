@@ -9,9 +9,8 @@ import pytest
 from p2pserve.client.chain import LocalModelInfo, create_client_p2p, open_chain_session
 from p2pserve.client.connection import HopConnection
 from p2pserve.client.generation import GenerationParams, generate
-from p2pserve.client.session import InferenceSession
 from p2pserve.config import ClientConfig
-from tests.harness import reference_generate, start_peers
+from tests.harness import reference_generate, run_chain, start_peers
 
 pytestmark = pytest.mark.integration
 
@@ -22,18 +21,6 @@ def assert_same(ours: list[int], ref: list[int]) -> None:
     """Ours runs past EOS (ignore_eos); generate may stop at EOS: compare the common part."""
     assert ref, "reference produced nothing"
     assert ours[: len(ref)] == ref
-
-
-async def run_chain(model, hops, prompt_ids, params=GREEDY, max_length=256):
-    p2p = await create_client_p2p()
-    try:
-        session = await open_chain_session(p2p, hops, model, max_length, params)
-        try:
-            return (await generate(session, prompt_ids, params, model.eos_ids)).tokens
-        finally:
-            await session.close()
-    finally:
-        await p2p.shutdown()
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +51,7 @@ def test_chains_of_1_2_and_4_peers_match_generate(llama_peers):
         "overlap": [a.hop(0, 3), b.hop(3, 6), full.hop(6, 8)],
     }
     for name, hops in chains.items():
-        ours = asyncio.run(run_chain(model, hops, ids))
+        ours = asyncio.run(run_chain(model, hops, ids, GREEDY))
         assert_same(ours, ref), name
 
 
@@ -145,7 +132,7 @@ def test_other_families_through_overlapping_peers(model_dir, family):
         ref = reference_generate(path, ids, GREEDY.max_new_tokens)
         first, second = peers
         for hops in ([first.hop(0, 3), second.hop(3, 8)], [first.hop(0, 5), second.hop(5, 8)]):
-            assert_same(asyncio.run(run_chain(model, hops, ids)), ref)
+            assert_same(asyncio.run(run_chain(model, hops, ids, GREEDY)), ref)
     finally:
         for p in peers:
             p.stop()

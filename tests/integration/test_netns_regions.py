@@ -19,16 +19,14 @@ import os
 import shutil
 import subprocess
 import sys
-import time
-from pathlib import Path
 
 import pytest
 
-from p2pserve.client.chain import LocalModelInfo, create_client_p2p, open_chain_session
-from p2pserve.client.generation import GenerationParams, generate
+from p2pserve.client.chain import LocalModelInfo
+from p2pserve.client.generation import GenerationParams
 from p2pserve.dht.config import DHTConfig
 from p2pserve.dht.swarm import Swarm
-from tests.harness import reference_generate
+from tests.harness import reference_generate, run_chain
 from tests.integration.test_swarm_peers import chain_from_spans, killpg, wait_for
 
 pytestmark = [
@@ -190,16 +188,6 @@ def test_links_plan_and_generation_across_regions(regions):
     ids = model.chat_ids([{"role": "user", "content": "Hello! How are you today?"}])
     params = GenerationParams(max_new_tokens=12, ignore_eos=True)
 
-    async def run():
-        p2p = await create_client_p2p()
-        try:
-            s = await open_chain_session(p2p, hops, model, 128, params)
-            r = await generate(s, ids, params, model.eos_ids)
-            await s.close()
-            return r.tokens
-        finally:
-            await p2p.shutdown()
-
-    ours = asyncio.run(run())
+    ours = asyncio.run(run_chain(model, hops, ids, params, 128))
     ref = reference_generate(regions["path"], ids, params.max_new_tokens)
     assert ours[: len(ref)] == ref

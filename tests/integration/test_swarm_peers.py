@@ -18,12 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from p2pserve.client.chain import LocalModelInfo, create_client_p2p, open_chain_session
+from p2pserve.client.chain import LocalModelInfo
 from p2pserve.client.connection import Hop
-from p2pserve.client.generation import GenerationParams, generate
+from p2pserve.client.generation import GenerationParams
 from p2pserve.dht.config import DHTConfig
 from p2pserve.dht.swarm import Swarm
-from tests.harness import reference_generate
+from tests.harness import reference_generate, run_chain
 
 pytestmark = pytest.mark.integration
 
@@ -137,17 +137,7 @@ def test_plan_assigns_ranges_and_swarm_generates_exactly(swarm):
     ids = model.chat_ids([{"role": "user", "content": "Hello! How are you today?"}])
     params = GenerationParams(max_new_tokens=16, ignore_eos=True)
 
-    async def run():
-        p2p = await create_client_p2p()
-        try:
-            s = await open_chain_session(p2p, hops, model, 256, params)
-            r = await generate(s, ids, params, model.eos_ids)
-            await s.close()
-            return r.tokens
-        finally:
-            await p2p.shutdown()
-
-    ours = asyncio.run(run())
+    ours = asyncio.run(run_chain(model, hops, ids, params, 256))
     ref = reference_generate(swarm["path"], ids, params.max_new_tokens)
     assert ours[: len(ref)] == ref
 
