@@ -98,6 +98,11 @@ def regions(tmp_path_factory):
     path = str(build_tiny_model("llama", tmp / "wide", num_layers=8, hidden_size=8192, intermediate_size=128,
                                 num_attention_heads=4, num_key_value_heads=2, head_dim=16))
     model = LocalModelInfo.load(path)
+    # Profile once here (the peers find it in the shared cache), so that four peers do not
+    # burn both cores on timed forwards while their first link probes run.
+    from p2pserve.peer.profiler import load_or_measure
+
+    load_or_measure(path, model.spec, "cpu", 4)
     procs: dict[str, subprocess.Popen] = {}
     observer = None
     try:
