@@ -1,7 +1,9 @@
 """Runtime benchmark of the inference path, every figure measured in this one run.
 
 * single-stream tokens/s of SmolLM2 through 3 local peer processes vs single-process `generate`
-* added latency per hop (ms): per-token time through 3 peers vs 1 peer holding every layer
+* added latency per hop (ms): median per-token time through 4 peers vs 1 peer holding every
+  layer, on a tiny model (compute ~1 ms/token, so the difference is the hops, not noise in compute);
+  the same figure for SmolLM2 (3 peers vs 1) is reported too
 * a bare client<->peer frame round trip (the cost a hop pays on the wire)
 * aggregate tokens/s with 16 concurrent sessions vs 1 session (continuous batching)
 * peak RSS of a peer holding a third of the layers vs one holding all of them
@@ -75,7 +77,7 @@ async def stream_rate(p2p, hops, model, ids, n) -> tuple[float, float]:
         session.step = timed
         await generate(session, ids, params, model.eos_ids)
         decode = times[1:]  # the first step is the prefill
-        return len(decode) / sum(decode), 1000 * statistics.mean(decode)
+        return len(decode) / sum(decode), 1000 * statistics.median(decode)
     finally:
         await session.close()
 
@@ -105,6 +107,32 @@ async def frame_rtt_ms(p2p, hop, rounds=200) -> float:
         samples.append(time.perf_counter() - t)
     await conn.close()
     return 1000 * statistics.median(samples)
+
+
+async def hop_overhead(tiny_path: str) -> dict:
+    """Median ms per decode step on a tiny model: 1 peer vs a 4-peer chain of the same layers."""
+    from p2pserve.client.connection import Hop
+
+    model = LocalModelInfo.load(tiny_path)
+    ids = model.chat_ids([{"role": "user", "content": "Hello! How are you today?"}])
+    L = model.spec.num_layers
+    peers = start_peers(tiny_path, [(0, L)] * 4)
+    try:
+        p2p = await create_client_p2p()
+        try:
+            one = [peers[0].hop()]
+            q = L // 4
+            four = [Hop(p.peer_id, i * q, (i + 1) * q if i < 3 else L, p.maddrs) for i, p in enumerate(peers)]
+            await stream_rate(p2p, four, model, ids, 16)  # warm-up
+            await stream_rate(p2p, one, model, ids, 16)
+            _, ms4 = await stream_rate(p2p, four, model, ids, 128)
+            _, ms1 = await stream_rate(p2p, one, model, ids, 128)
+        finally:
+            await p2p.shutdown()
+    finally:
+        for p in peers:
+            p.stop()
+    return dict(tiny_ms1=ms1, tiny_ms4=ms4, tiny_added_ms_per_hop=(ms4 - ms1) / 3)
 
 
 async def measure(args, model, ids, peers3, full) -> dict:
@@ -142,6 +170,11 @@ def main() -> int:
     finally:
         for p in peers:
             p.stop()
+    import tempfile
+
+    from p2pserve.model.tiny import build_tiny_model
+
+    tiny = asyncio.run(hop_overhead(str(build_tiny_model("llama", Path(tempfile.mkdtemp()) / "tiny"))))
     base = baseline_generate(model, ids, args.tokens, args.threads)
     result = {
         "model": model.spec.model_id,
@@ -153,7 +186,10 @@ def main() -> int:
         "one_peer_tokens_per_s": m["rate1"],
         "ms_per_token_three_peers": m["ms3"],
         "ms_per_token_one_peer": m["ms1"],
-        "added_ms_per_hop": (m["ms3"] - m["ms1"]) / 2,
+        "added_ms_per_hop": tiny["tiny_added_ms_per_hop"],
+        "tiny_ms_per_token_one_peer": tiny["tiny_ms1"],
+        "tiny_ms_per_token_four_peers": tiny["tiny_ms4"],
+        "smollm2_added_ms_per_hop": (m["ms3"] - m["ms1"]) / 2,
         "control_frame_rtt_ms": m["rtt"],
         "aggregate_tokens_per_s_1_session": m["agg1"],
         "aggregate_tokens_per_s_16_sessions": m["agg16"],

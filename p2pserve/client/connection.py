@@ -131,13 +131,11 @@ class HopConnection:
         if self._writer is None:
             raise ConnectionError(f"stream to {self.hop} is closed")
 
-        async def roundtrip():
-            await write_frame(self._writer, msg, payload)
-            header, body = await read_frame(self._reader, self.limits)
-            return decode_reply(header), body
-
         try:
-            reply, body = await asyncio.wait_for(roundtrip(), self.timeout_s)
+            async with asyncio.timeout(self.timeout_s):  # no extra task per call, unlike wait_for
+                await write_frame(self._writer, msg, payload)
+                header, body = await read_frame(self._reader, self.limits)
+            reply = decode_reply(header)
         except asyncio.IncompleteReadError:
             raise ConnectionError(f"peer {self.hop} closed the stream") from None
         if isinstance(reply, ErrorReply):

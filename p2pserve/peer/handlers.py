@@ -187,7 +187,10 @@ class SessionHandler:
         session.busy = True
         try:
             self.worker.submit(job)
-            result = await asyncio.wait_for(asyncio.shield(job.future), self.request_timeout_s)
+            # asyncio.timeout wraps no extra task around the future (wait_for would): this is
+            # on every hop of every token.
+            async with asyncio.timeout(self.request_timeout_s):
+                result = await job.future
         finally:
             session.busy = False
             session.last_used = self.table.clock()
