@@ -21,6 +21,7 @@ _TORCH_DTYPES = {
     "int32": torch.int32,
 }
 _DTYPE_NAMES = {v: k for k, v in _TORCH_DTYPES.items()}
+_COALESCE_BYTES = 256 * 1024
 
 
 def tensor_to_wire(t: torch.Tensor) -> tuple[TensorMeta, memoryview]:
@@ -45,9 +46,14 @@ def tensor_from_wire(meta: TensorMeta, payload: bytes | bytearray) -> torch.Tens
 
 async def write_frame(writer: asyncio.StreamWriter, message: msgspec.Struct, payload=b"") -> None:
     """Write one frame and wait until the transport accepted it."""
-    for part in encode_frame(message, payload):
-        if len(part):
-            writer.write(part)
+    prefix, header, body = encode_frame(message, payload)
+    if len(body) <= _COALESCE_BYTES:
+        # One write per small frame: the libp2p daemon forwards each write as its own
+        # message, so three small writes cost three daemon round trips' worth of latency.
+        writer.write(b"".join((prefix, header, body)))
+    else:
+        writer.write(prefix + header)
+        writer.write(body)  # large payloads are not copied
     await writer.drain()
 
 
