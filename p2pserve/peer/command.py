@@ -50,6 +50,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-threads", type=int, default=None, help="torch intra-op threads")
     p.add_argument("--max-layers", type=int, default=None, help="most layers this peer may hold (default: from --weights-memory-gb)")
     p.add_argument("--weights-memory-gb", type=float, default=d.weights_memory_bytes / 1024**3, help="memory for weights")
+    p.add_argument("--profile-batch", type=int, default=d.profile_batch,
+                   help="concurrent sessions the announced decode throughput T[j] assumes")
     p.add_argument("--kv-memory-gb", type=float, default=d.kv_memory_bytes / 1024**3, help="memory for the KV cache")
     p.add_argument("--kv-token-layers", type=int, default=None, help="KV budget in token-layer slots (overrides --kv-memory-gb)")
     p.add_argument("--session-idle-timeout", type=float, default=d.session_idle_timeout_s, help="seconds before an idle session is freed")
@@ -83,6 +85,7 @@ def config_from_args(args: argparse.Namespace) -> PeerConfig:
         batching=BatchingConfig(max_batch_tokens=args.max_batch_tokens, pipeline_depth=args.pipeline_depth),
         max_layers=args.max_layers,
         weights_memory_bytes=int(args.weights_memory_gb * 1024**3),
+        profile_batch=args.profile_batch,
         announce=bool(args.initial_peers) or bool(args.config),
         swarm_model=args.swarm_model,
     )
