@@ -200,6 +200,27 @@ def _coverage(L: int, spans) -> list[int]:
     return cover
 
 
+def _fill_weakest_windows(topo: Topology, placed: Mapping[int, LayerSpan], todo: Sequence[int]) -> dict[int, LayerSpan]:
+    """Keep ``placed``; give each node in ``todo`` the window of its ``max_layers`` layers whose
+    weakest layer has the least throughput so far (ties: least total, then lowest start)."""
+    L = topo.num_layers
+    out = dict(placed)
+    cover = [0.0] * L
+    for i, (s, e) in out.items():
+        t = topo.nodes[i].throughput
+        for layer in range(s, e):
+            cover[layer] += t[e - s] if e - s < len(t) else 0.0
+    for i in todo:
+        k = min(topo.nodes[i].max_layers, L)
+        if k <= 0:
+            continue
+        best = min(range(L - k + 1), key=lambda s: (min(cover[s : s + k]), sum(cover[s : s + k]), s))
+        out[i] = (best, best + k)
+        for layer in range(best, best + k):
+            cover[layer] += topo.nodes[i].throughput[k]
+    return out
+
+
 def greedy_targets(topo: Topology, ids: Sequence[str], current: Mapping[str, LayerSpan]) -> dict[str, LayerSpan]:
     """Fallback placement for peers ``ids``, moving as few loaded layers as possible.
 
@@ -210,26 +231,13 @@ def greedy_targets(topo: Topology, ids: Sequence[str], current: Mapping[str, Lay
        Petals-style greedy, newcomers last -- a reload, but a model with a hole serves nothing.
     """
     L = topo.num_layers
-    out: dict[int, LayerSpan] = {}
+    kept: dict[int, LayerSpan] = {}
     for i, pid in enumerate(ids):
         span = current.get(pid)
         k = topo.nodes[i].max_layers
         if span is not None and 0 <= span[0] < span[1] <= L and span[1] - span[0] <= k:
-            out[i] = tuple(span)
-    cover = [0.0] * L
-    for i, (s, e) in out.items():
-        for layer in range(s, e):
-            cover[layer] += topo.nodes[i].throughput[e - s]
-    for i in range(len(ids)):
-        if i in out:
-            continue
-        k = min(topo.nodes[i].max_layers, L)
-        if k <= 0:
-            continue
-        best = min(range(L - k + 1), key=lambda s: (min(cover[s : s + k]), sum(cover[s : s + k]), s))
-        out[i] = (best, best + k)
-        for layer in range(best, best + k):
-            cover[layer] += topo.nodes[i].throughput[k]
+            kept[i] = tuple(span)
+    out = _fill_weakest_windows(topo, kept, [i for i in range(len(ids)) if i not in kept])
     if min(_coverage(L, out.values()), default=0) == 0:
         order = [i for i in range(len(ids)) if ids[i] in current] + [i for i in range(len(ids)) if ids[i] not in current]
         out = petals_greedy(topo, order)
@@ -241,25 +249,10 @@ def fill_idle(topo: Topology, ids: Sequence[str], targets: Mapping[str, LayerSpa
 
     An idle volunteer helps nobody; a replica adds capacity, KV room and a failover target.
     """
-    L = topo.num_layers
-    out = dict(targets)
-    cover = [0.0] * L
     idx = {pid: i for i, pid in enumerate(ids)}
-    for pid, (s, e) in out.items():
-        t = topo.nodes[idx[pid]].throughput
-        for layer in range(s, e):
-            cover[layer] += t[e - s] if e - s < len(t) else 0.0
-    for i, pid in enumerate(ids):
-        if pid in out:
-            continue
-        k = min(topo.nodes[i].max_layers, L)
-        if k <= 0:
-            continue
-        best = min(range(L - k + 1), key=lambda s: (min(cover[s : s + k]), sum(cover[s : s + k]), s))
-        out[pid] = (best, best + k)
-        for layer in range(best, best + k):
-            cover[layer] += topo.nodes[i].throughput[k]
-    return out
+    placed = {idx[pid]: span for pid, span in targets.items()}
+    out = _fill_weakest_windows(topo, placed, [i for i, pid in enumerate(ids) if pid not in targets])
+    return {**dict(targets), **{ids[i]: span for i, span in out.items() if ids[i] not in targets}}
 
 
 def plan_targets(
