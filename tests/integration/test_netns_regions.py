@@ -172,7 +172,9 @@ def test_links_plan_and_generation_across_regions(regions):
         flows = [f for f in plan.plan.flows if f.src in region and f.dst in region]
         within = sum(f.rate for f in flows if region[f.src] == region[f.dst])
         across = sum(f.rate for f in flows if region[f.src] != region[f.dst])
-        last.update(plan=plan, within=within, across=across)
+        last.update(within=within, across=across, placement={
+            f"{region[pid]}:{pid[-4:]}": (tuple(span), [round(t) for t in peers[pid].record.throughput_decode])
+            for pid, span in plan.plan.targets.items() if pid in region})
         # The first placement is made before links are measured; the coordinator re-solves when
         # the measurements arrive, so wait for the plan that follows them.
         return (plan, peers, region, pairs, within, across) if within > across else None
