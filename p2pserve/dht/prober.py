@@ -11,10 +11,15 @@ requests on it::
     bulk     -> the client then sends exactly n raw bytes; reply {"ok": true, "n": n}
                 or, before any payload is read, {"ok": false, "error": "..."} (too big / busy)
 
-Bandwidth = n / (time from first payload byte to reply - one RTT), the median of ``repeats``
-transfers at the final size: on a loaded host single transfers come out both too slow (a
-descheduled sender) and too fast (shaper burst credit), so neither the max nor the min is
-trustworthy. Transfers grow (64 KiB,
+Bandwidth = n / (time from first payload byte to reply - one RTT, capped at a tenth; see
+``bandwidth_from``), the best of ``repeats``
+transfers at the final size. The clock stops at the receiver's acknowledgement, so buffers
+cannot make a transfer look faster than the link; the only upward errors are a shaper's burst
+credit (a few KiB against transfers of >= 100 ms) and the RTT subtracted (the fastest ping).
+Downward errors are common and large: on a loaded host the sending or receiving process is
+descheduled mid-transfer and the link idles (seen here: 20 Mbit/s links read 0.55-0.95x in
+single transfers while plain TCP read 0.96x). So the least disturbed transfer is the estimate
+of the link, not the median. Transfers grow (64 KiB,
 x4 each time, scaled by how far off the target the last one was) until one lasts at least
 ``target_transfer_s`` (100 ms) or reaches ``max_probe_bytes``: a 10 Mbit/s link stops at the second
 transfer (64 KiB in ~52 ms, then ~190 KiB in ~160 ms), a 10 Gbit/s one at the 64 MiB cap (~54 ms).
@@ -30,7 +35,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import statistics
 import time
 from dataclasses import dataclass
 from typing import Callable, Iterable, Optional
@@ -58,31 +62,42 @@ class ProberConfig:
     max_probe_bytes: int = 64 << 20
     target_transfer_s: float = 0.1
     pings: int = 3
-    repeats: int = 3  # transfers at the final size; the median counts (robust to one outlier either way)
+    repeats: int = 3  # transfers at the final size; the fastest counts (disturbances only slow a transfer)
     min_interval_s: float = 60.0  # per target
     server_bytes_per_s: float = 200e6  # average probe bytes accepted per second
     server_burst_bytes: int = 160 << 20
     max_concurrent: int = 1
     timeout_s: float = 10.0
+    keep_rounds: int = 3  # a link reads as the best of its last rounds (a busy host only under-reads)
 
 
-def next_probe_size(n: int, elapsed: float, cfg: ProberConfig) -> Optional[int]:
+def next_probe_size(n: int, elapsed: float, cfg: ProberConfig, rtt: float = 0.0) -> Optional[int]:
     """Size of the next transfer after ``n`` bytes took ``elapsed`` s, or ``None`` when done.
 
-    Done when the transfer was long enough to trust or already at the cap. Otherwise grow toward
-    a transfer of ~1.5x the target, at least x2 and at most x16 per step.
+    Done when the transfer was long enough to trust or already at the cap. Long enough means
+    the target duration and at least ``_RTT_MULTIPLE`` RTTs, so that the one RTT inside every
+    timed transfer is a small, bounded correction (see :func:`bandwidth_from`). Otherwise grow
+    toward ~1.5x that, at least x2 and at most x16 per step.
     """
-    if elapsed >= cfg.target_transfer_s or n >= cfg.max_probe_bytes:
+    target = max(cfg.target_transfer_s, _RTT_MULTIPLE * rtt)
+    if elapsed >= target or n >= cfg.max_probe_bytes:
         return None
-    factor = 16.0 if elapsed <= 0 else 1.5 * cfg.target_transfer_s / elapsed
+    factor = 16.0 if elapsed <= 0 else 1.5 * target / elapsed
     factor = min(16.0, max(2.0, factor))
     return min(cfg.max_probe_bytes, int(n * factor))
 
 
+_RTT_MULTIPLE = 10.0
+
+
 def bandwidth_from(n: int, elapsed: float, rtt: float) -> float:
-    """Bytes/s of an n-byte transfer that took ``elapsed`` s including one request/ack RTT."""
-    # never subtract more than half the transfer: on a tiny transfer the RTT estimate dominates
-    busy = max(elapsed - rtt, elapsed / 2, 1e-9)
+    """Bytes/s of an n-byte transfer that took ``elapsed`` s including one request/ack RTT.
+
+    Transfers last at least ``_RTT_MULTIPLE`` RTTs, so the RTT is at most a tenth of them; the
+    correction is capped there too. A ping slowed by a busy host then over-reads the link by at
+    most 11%, where an uncapped correction read a 20 Mbit/s link as 34 Mbit/s.
+    """
+    busy = max(elapsed - rtt, elapsed * (1.0 - 1.0 / _RTT_MULTIPLE), 1e-9)
     return n / busy
 
 
@@ -135,7 +150,8 @@ class LinkProber:
         self._clock = clock
         self._bucket = TokenBucket(config.server_bytes_per_s, config.server_burst_bytes, clock)
         self._active = 0
-        self.results: dict[str, LinkStat] = {}
+        self.results: dict[str, LinkStat] = {}  # the announced estimate per peer
+        self._history: dict[str, list[LinkStat]] = {}  # recent rounds per peer
         self._last_probe: dict[str, float] = {}
         self._zeros = bytes(_CHUNK)
 
@@ -245,7 +261,7 @@ class LinkProber:
                 if took is None:
                     return None
                 elapsed = took
-                nxt = next_probe_size(n, elapsed, self.config)
+                nxt = next_probe_size(n, elapsed, self.config, rtt)
                 if nxt is None:
                     break
                 n = nxt
@@ -254,12 +270,25 @@ class LinkProber:
                 took = await self._bulk(reader, writer, n)
                 if took is not None:
                     samples.append(bandwidth_from(n, took, rtt))
-            best = statistics.median(samples)
+            best = max(samples)
         finally:
             writer.close()
         stat = LinkStat(bandwidth=best, rtt=rtt, measured_at=time.time())
-        self.results[peer_id] = stat
+        self.results[peer_id] = self._remember(peer_id, stat)
         return stat
+
+    def _remember(self, peer_id: str, stat: LinkStat) -> LinkStat:
+        """Add a round's reading; return the link's estimate over the last ``keep_rounds``.
+
+        A round can be slowed by whatever else the host runs but never sped up past the link
+        (see the module docstring), so the estimate is the best bandwidth and the lowest RTT of
+        the recent rounds; keeping only a few rounds still follows a link that really degrades.
+        """
+        rounds = self._history.setdefault(peer_id, [])
+        rounds.append(stat)
+        del rounds[: -max(1, self.config.keep_rounds)]
+        return LinkStat(bandwidth=max(r.bandwidth for r in rounds), rtt=min(r.rtt for r in rounds),
+                        measured_at=stat.measured_at)
 
     def due(self, peer_id: str, now: Optional[float] = None) -> bool:
         """Whether ``peer_id`` has not been probed within ``min_interval_s``."""
@@ -291,7 +320,7 @@ class LinkProber:
     def forget(self, keep: Iterable[str]) -> None:
         """Drop results for peers no longer in the swarm."""
         keep = set(keep)
-        for d in (self.results, self._last_probe):
+        for d in (self.results, self._last_probe, self._history):
             for pid in [p for p in d if p not in keep]:
                 del d[pid]
 

@@ -138,7 +138,11 @@ def test_probe_sizing_covers_slow_and_fast_links():
         steps += 1
     assert last == cfg.max_probe_bytes or last / 1.25e9 >= cfg.target_transfer_s
     assert bandwidth_from(1_000_000, 0.011, 0.001) == pytest.approx(1e8)
-    assert bandwidth_from(1000, 0.002, 0.002) == pytest.approx(1e6)  # RTT-dominated: capped correction
+    # an inflated ping cannot inflate the reading by more than 1 / 0.9
+    assert bandwidth_from(1000, 0.002, 0.002) == pytest.approx(1000 / 0.0018)
+    # a long-RTT link: transfers grow until they last 10 RTTs, not just the target
+    assert next_probe_size(1 << 20, 0.5, cfg, rtt=0.1) is not None
+    assert next_probe_size(1 << 20, 1.0, cfg, rtt=0.1) is None
 
 
 def test_token_bucket():
