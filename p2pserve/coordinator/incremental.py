@@ -68,6 +68,31 @@ def _score_fn(topo: Topology, config: PlannerConfig):
     return throughput_score(topo, config)
 
 
+def default_reload_cost(
+    topo: Topology, current: Mapping[str, tuple[int, int]], config: PlannerConfig, fraction: float = 0.01
+) -> float:
+    """``fraction`` of the objective per layer, on the scale of the score ``config`` optimises.
+
+    The two objectives have different units: max-flow scores tokens/s of flow, the throughput
+    objective an estimate that is orders of magnitude smaller when peers announce no KV
+    capacity (then only its 1e-4 x max-flow tie-break term is left). A reload cost taken from
+    the max-flow bound would then outweigh any gain, and a swarm would keep its first
+    placement forever. The scale is the current placement's score when it is valid, else the
+    score of a single balanced pipeline, else the flow upper bound.
+    """
+    score = _score_fn(topo, config)
+    scale = 0.0
+    cur_idx = by_index(topo, current)
+    if cur_idx and not validate_placement(topo, cur_idx):
+        scale = score(cur_idx)
+    if scale <= 0:
+        chain = balanced_chain(topo)
+        scale = score(chain) if chain else 0.0
+    if scale <= 0:
+        scale = topo.upper_bound()
+    return fraction * scale / max(1, topo.num_layers)
+
+
 def resolve(
     topo: Topology,
     current: Mapping[str, tuple[int, int]],

@@ -55,7 +55,7 @@ class CoordinatorConfig:
     client_bandwidth: float = 12.5e6  # bytes/s of source/sink edges (clients are not probed)
     objective: str = "throughput"  # planner objective: "throughput" (decode estimate) or "max-flow"
     solve_time_limit: float = 5.0  # wall-clock budget of one placement solve (s)
-    reload_cost_per_layer: Optional[float] = None  # tokens/s of objective; None = 1% of the bound / layers
+    reload_cost_per_layer: Optional[float] = None  # in the objective's units; None = 1% of its scale / layers
     seed: int = 0
     # a new candidate only observes for this long before it may lead, so that it has seen every
     # live candidacy (default: one candidate TTL); avoids two leaders right after a start
@@ -283,7 +283,7 @@ def plan_targets(
         pc = PlannerConfig(objective=cfg.objective, time_limit_s=cfg.solve_time_limit, seed=cfg.seed)
         reload_cost = cfg.reload_cost_per_layer
         if reload_cost is None:
-            reload_cost = 0.01 * topo.upper_bound() / max(1, topo.num_layers)
+            reload_cost = inc.default_reload_cost(topo, cur, pc)
         if not cur:
             result = plan_for_topology(topo, pc)
             method = f"solve:{result.method}"

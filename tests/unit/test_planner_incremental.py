@@ -10,13 +10,14 @@ from p2pserve.coordinator import helix_format as hf
 from p2pserve.coordinator.incremental import (
     by_index,
     by_name,
+    default_reload_cost,
     layers_to_load,
     on_join,
     on_leave,
     periodic,
 )
 from p2pserve.coordinator.planner import PlannerConfig, validate_placement
-from p2pserve.coordinator.topology import load_helix_topology
+from p2pserve.coordinator.topology import SINK, SOURCE, LinkSpec, NodeSpec, Topology, load_helix_topology
 
 CFG = PlannerConfig(objective="max-flow", time_limit_s=0.5, use_milp=False)
 
@@ -80,3 +81,34 @@ def test_periodic_keeps_plan_when_gain_is_small(cluster24, helix_plan):
     res = periodic(cluster24, helix_plan, CFG, reload_cost=1e9)
     assert not res.resolved and res.layers_moved == 0
     assert validate_placement(cluster24, res.plan.assignments) == []
+
+
+def two_regions() -> Topology:
+    """Four equal CPU peers, two per region; 2.4 MB/s across regions, fast inside (as the netns test)."""
+    thr = (0.0, 392.0, 308.0, 253.0, 215.0)
+    nodes = tuple(NodeSpec(name=n, gpu_type="cpu", throughput=thr, memory_bytes=1e9) for n in ("a1", "a2", "b1", "b2"))
+    links = []
+    for i in range(4):
+        links += [LinkSpec(SOURCE, i, 12.5e6, 0.05), LinkSpec(i, SINK, 12.5e6, 0.05)]
+        for j in range(4):
+            if i != j:
+                same = (i < 2) == (j < 2)
+                links.append(LinkSpec(i, j, 300e6 if same else 2.4e6, 2e-4 if same else 3e-4))
+    return Topology(nodes=nodes, links=tuple(links), num_layers=8, activation_bytes=32768, token_bytes=4)
+
+
+@pytest.mark.parametrize("objective", ["throughput", "max-flow"])
+def test_periodic_leaves_a_cross_region_placement_once_links_are_measured(objective):
+    """The first placement is made before links are known; the measured links must undo it.
+
+    With the throughput objective and no announced KV capacity the score is ~1e-4 x max-flow,
+    so a reload cost taken from the max-flow bound used to veto every move.
+    """
+    topo = two_regions()
+    config = PlannerConfig(objective=objective, time_limit_s=0.5, use_milp=False)
+    across = {"a1": (4, 8), "a2": (4, 8), "b1": (0, 4), "b2": (0, 4)}
+    res = periodic(topo, across, config, default_reload_cost(topo, across, config))
+    assert res.resolved and res.layers_moved > 0
+    assert res.plan.max_flow > 400  # two in-region pipelines of 215 tok/s, not 4 links of 73
+    placed = by_name(topo, res.plan.assignments)
+    assert {placed["a1"], placed["a2"]} == {(0, 4), (4, 8)} == {placed["b1"], placed["b2"]}
