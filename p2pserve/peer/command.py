@@ -58,6 +58,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-payload-mb", type=float, default=d.frame_limits.max_payload_bytes / 1024**2, help="largest accepted frame payload")
     p.add_argument("--max-batch-tokens", type=int, default=b.max_batch_tokens, help="hard cap on tokens per compute step")
     p.add_argument("--pipeline-depth", type=int, default=b.pipeline_depth, help="gLLM decode spreading depth")
+    p.add_argument("--direct-port", type=int, default=d.direct_port, metavar="PORT",
+                   help="TCP port of the direct path, which clients that reach this host use instead of "
+                        "libp2p (lower latency, unencrypted); 0 picks a free port")
+    p.add_argument("--no-direct", action="store_true", help="serve sessions over libp2p only")
+    p.add_argument("--probe-max-mb", type=float, default=d.probe_max_bytes / 1024**2,
+                   help="largest link-probe transfer; fast links stop here (less CPU, coarser reading)")
     add_dht_arguments(p, need_model=False)
 
 
@@ -88,6 +94,8 @@ def config_from_args(args: argparse.Namespace) -> PeerConfig:
         profile_batch=args.profile_batch,
         announce=bool(args.initial_peers) or bool(args.config),
         swarm_model=args.swarm_model,
+        probe_max_bytes=int(args.probe_max_mb * 1024**2),
+        direct_port=None if args.no_direct else args.direct_port,
     )
 
 
@@ -136,7 +144,9 @@ async def _start_agent(peer, swarm, config: PeerConfig):
                                       config.profile_batch)
     # Probe transfers of ~0.25 s: long enough that TCP ramp-up and a shaper's burst allowance
     # are a small part of the measured time (a 20 Mbit/s link then reads within a few percent).
-    prober = LinkProber(peer.p2p, ProberConfig(target_transfer_s=0.25))
+    # Each link is re-probed every link_refresh, and announced as the best of its recent rounds.
+    prober = LinkProber(peer.p2p, ProberConfig(target_transfer_s=0.25, max_probe_bytes=config.probe_max_bytes,
+                                               min_interval_s=swarm.config.link_refresh))
     agent = SwarmAgent(peer, swarm, profile, follow_plan=config.start is None, prober=prober)
     await agent.start()
     return agent

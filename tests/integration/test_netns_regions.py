@@ -129,7 +129,9 @@ def regions(tmp_path_factory):
         spawn("coord", ["coordinator", "--config", str(cfg_path)])
         for ns, ip in ips.items():
             spawn(ns, ["peer", "--model", path, "--config", str(cfg_path), "--host-maddrs", f"/ip4/{ip}/tcp/0",
-                       "--num-threads", "1", "--max-layers", "4", "--log-level", "INFO"], ns=ns)
+                       "--num-threads", "1", "--max-layers", "4", "--log-level", "INFO",
+                       # in-region links only need to read fast, not exactly: cap their probes' CPU
+                       "--probe-max-mb", "4"], ns=ns)
         observer = Swarm.create(DHTConfig(model=mid, swarm_id="regions", initial_peers=tuple(boot),
                                           host_maddrs=(f"/ip4/{SUBNET}.1/tcp/0",), client_mode=True, **TIMING))
         yield dict(observer=observer, model=model, path=path, ips=ips, tmp=tmp)
