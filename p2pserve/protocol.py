@@ -5,8 +5,13 @@ MessagePack map decoded by msgspec straight into one of the typed structs below 
 ``t`` field); the payload is raw tensor bytes described by a ``TensorMeta`` in the header. Sizes
 are checked against limits before anything is allocated, and nothing is ever unpickled.
 
-Client -> peer: ``OpenSession``, ``Forward``, ``CloseSession``, ``GetStats``.
-Peer -> client: ``SessionOpened``, ``ForwardResult``, ``SessionClosed``, ``PeerStats``, ``ErrorReply``.
+Client -> peer: ``OpenSession``, ``Forward``, ``CloseSession``, ``GetStats``, ``OpenDirect``,
+``AttachDirect``.
+Peer -> client: ``SessionOpened``, ``ForwardResult``, ``SessionClosed``, ``PeerStats``,
+``DirectOffer``, ``DirectAttached``, ``ErrorReply``.
+
+The same frames travel on a libp2p stream or, after ``OpenDirect``/``AttachDirect``, on a plain
+TCP connection to the peer (the direct path; see ``p2pserve/peer/direct.py``).
 """
 
 from __future__ import annotations
@@ -125,6 +130,30 @@ class GetStats(msgspec.Struct, frozen=True, tag_field="t", tag="get_stats"):
     """Ask the peer for its load and batching counters (no session needed)."""
 
 
+class OpenDirect(msgspec.Struct, frozen=True, tag_field="t", tag="open_direct"):
+    """Ask for a direct TCP endpoint (sent on the authenticated libp2p stream)."""
+
+
+class AttachDirect(msgspec.Struct, frozen=True, tag_field="t", tag="attach_direct"):
+    """First frame on a direct TCP connection: the token a ``DirectOffer`` gave."""
+
+    token: str
+
+
+class DirectOffer(msgspec.Struct, frozen=True, tag_field="t", tag="direct_offer"):
+    """Where to connect directly (``port`` 0: this peer offers no direct path) and the one-time
+    token that binds that connection to this peer."""
+
+    port: int
+    token: str = ""
+
+
+class DirectAttached(msgspec.Struct, frozen=True, tag_field="t", tag="direct_attached"):
+    """The direct connection is accepted; ``peer_id`` lets the client check whom it reached."""
+
+    peer_id: str
+
+
 class SessionOpened(msgspec.Struct, frozen=True, tag_field="t", tag="opened"):
     """The session is open; echoes what the peer serves so the client can check the chain."""
 
@@ -168,6 +197,7 @@ class PeerStats(msgspec.Struct, frozen=True, tag_field="t", tag="stats"):
     tokens: int
     max_batch_tokens: int
     max_batch_sessions: int
+    inline_steps: int = 0  # steps run on the I/O thread for a lone session (see peer/worker.py)
 
 
 class ErrorReply(msgspec.Struct, frozen=True, tag_field="t", tag="error"):
@@ -179,8 +209,8 @@ class ErrorReply(msgspec.Struct, frozen=True, tag_field="t", tag="error"):
     step: int | None = None
 
 
-Request = Union[OpenSession, Forward, CloseSession, GetStats]
-Reply = Union[SessionOpened, ForwardResult, SessionClosed, PeerStats, ErrorReply]
+Request = Union[OpenSession, Forward, CloseSession, GetStats, OpenDirect, AttachDirect]
+Reply = Union[SessionOpened, ForwardResult, SessionClosed, PeerStats, DirectOffer, DirectAttached, ErrorReply]
 
 _request_decoder = msgspec.msgpack.Decoder(Request)
 _reply_decoder = msgspec.msgpack.Decoder(Reply)

@@ -68,3 +68,18 @@ async def read_frame(reader: asyncio.StreamReader, limits: FrameLimits) -> tuple
     header = await reader.readexactly(header_len)
     payload = await reader.readexactly(payload_len) if payload_len else b""
     return header, payload
+
+
+def maddr_hosts(maddrs) -> list[str]:
+    """The IP addresses in libp2p multiaddrs, in order, without repeats (for the direct path).
+
+    Relayed addresses are skipped: a peer reachable only through a relay has no direct path.
+    """
+    hosts: list[str] = []
+    for m in maddrs:
+        parts = str(m).split("/")
+        if "p2p-circuit" in parts or len(parts) < 3 or parts[1] not in ("ip4", "ip6"):
+            continue
+        if parts[2] not in hosts:
+            hosts.append(parts[2])
+    return hosts

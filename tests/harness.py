@@ -5,14 +5,15 @@ from __future__ import annotations
 from p2pserve.launch import PeerProcess, start_peers  # noqa: F401 - re-exported for tests
 
 
-async def run_chain(model, hops, prompt_ids, params, max_length: int = 256) -> list[int]:
+async def run_chain(model, hops, prompt_ids, params, max_length: int = 256, config=None) -> list[int]:
     """Generate through an explicit chain of hops with a fresh client node; returns the tokens."""
     from p2pserve.client.chain import create_client_p2p, open_chain_session
     from p2pserve.client.generation import generate
+    from p2pserve.config import ClientConfig
 
     p2p = await create_client_p2p()
     try:
-        session = await open_chain_session(p2p, hops, model, max_length, params)
+        session = await open_chain_session(p2p, hops, model, max_length, params, config or ClientConfig())
         try:
             return (await generate(session, prompt_ids, params, model.eos_ids)).tokens
         finally:

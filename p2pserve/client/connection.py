@@ -7,27 +7,34 @@ raised as the matching ``RemoteError`` subclass, naming the peer.
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass
 
 import torch
 
-from p2pserve.errors import MalformedFrameError, RemoteError
+from p2pserve.errors import MalformedFrameError, P2PServeError, RemoteError
 from p2pserve.protocol import (
     PROTOCOL_VERSION,
     SESSION_PROTOCOL,
+    AttachDirect,
     CloseSession,
+    DirectAttached,
+    DirectOffer,
     ErrorReply,
     Forward,
     ForwardResult,
     FrameLimits,
     GetStats,
     PeerStats,
+    OpenDirect,
     OpenSession,
     SamplingParams,
     SessionOpened,
     decode_reply,
 )
-from p2pserve.transport import read_frame, tensor_from_wire, tensor_to_wire, write_frame
+from p2pserve.transport import maddr_hosts, read_frame, tensor_from_wire, tensor_to_wire, write_frame
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -56,13 +63,17 @@ async def connect_p2p(p2p, hops: list[Hop]) -> None:
 
 
 class HopConnection:
-    """A session stream to one peer."""
+    """A session stream to one peer: the direct TCP path when it works, else the libp2p stream."""
 
-    def __init__(self, p2p, hop: Hop, limits: FrameLimits, timeout_s: float):
+    def __init__(self, p2p, hop: Hop, limits: FrameLimits, timeout_s: float, direct: bool = True,
+                 direct_timeout_s: float = 2.0):
         self.p2p = p2p
         self.hop = hop
         self.limits = limits
         self.timeout_s = timeout_s
+        self.direct = direct
+        self.direct_timeout_s = direct_timeout_s
+        self.transport = "none"  # "direct" or "libp2p" once connected
         self._reader = self._writer = None
         self.session_id: str | None = None
         self.opened: SessionOpened | None = None
@@ -104,6 +115,45 @@ class HopConnection:
             self.p2p.call_binary_stream_handler(PeerID.from_base58(self.hop.peer_id), SESSION_PROTOCOL),
             self.timeout_s,
         )
+        self.transport = "libp2p"
+        if self.direct:
+            await self._try_direct()
+
+    async def _try_direct(self) -> None:
+        """Move to the peer's direct TCP path if it offers one and it answers; else stay on libp2p.
+
+        The offer comes over the libp2p stream (which authenticated the peer), and the peer must
+        echo its id on the new connection (see ``p2pserve/peer/direct.py``).
+        """
+        from p2pserve.peer.direct import set_nodelay
+
+        try:
+            offer, _ = await self._call(OpenDirect())
+        except (RemoteError, MalformedFrameError) as e:  # a peer without the direct path
+            log.debug("no direct path to %s: %s", self.hop, e)
+            return
+        if not isinstance(offer, DirectOffer) or not offer.port:
+            return
+        for host in maddr_hosts(self.hop.maddrs):
+            writer = None
+            try:
+                async with asyncio.timeout(self.direct_timeout_s):
+                    reader, writer = await asyncio.open_connection(host, offer.port)
+                    set_nodelay(writer)
+                    await write_frame(writer, AttachDirect(token=offer.token))
+                    header, _ = await read_frame(reader, self.limits)
+                ack = decode_reply(header)
+                if not isinstance(ack, DirectAttached) or ack.peer_id != self.hop.peer_id:
+                    raise ConnectionError(f"{host}:{offer.port} is not {self.hop.peer_id}")
+            except (OSError, TimeoutError, asyncio.IncompleteReadError, P2PServeError) as e:
+                log.debug("direct path to %s via %s failed: %s", self.hop, host, e)
+                if writer is not None:
+                    writer.close()
+                continue
+            self._writer.close()  # the libp2p stream carried no session yet
+            self._reader, self._writer = reader, writer
+            self.transport = "direct"
+            return
 
     async def stats(self) -> PeerStats:
         """Ask the peer for its load counters."""

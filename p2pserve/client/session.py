@@ -56,7 +56,10 @@ class InferenceSession:
         self.sampling = sampling
         self.config = config
         self.session_id = session_id or uuid.uuid4().hex
-        self.connections = [HopConnection(p2p, h, config.frame_limits, config.hop_timeout_s) for h in hops]
+        self.connections = [
+            HopConnection(p2p, h, config.frame_limits, config.hop_timeout_s, config.direct, config.direct_connect_timeout_s)
+            for h in hops
+        ]
         self.position = 0  # tokens the peers have cached
         self.history: list[int] = []  # every token id sent, in order (for replay)
         self.step_count = 0

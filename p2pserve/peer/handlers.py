@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 import torch
 
@@ -27,12 +28,14 @@ from p2pserve.peer.sessions import SessionTable
 from p2pserve.peer.worker import ComputeWorker, Job
 from p2pserve.protocol import (
     CloseSession,
+    DirectOffer,
     ErrorReply,
     Forward,
     ForwardResult,
     FrameLimits,
     GetStats,
     PeerStats,
+    OpenDirect,
     OpenSession,
     SessionClosed,
     SessionOpened,
@@ -61,6 +64,10 @@ class SessionHandler:
         self.limits = limits
         self.request_timeout_s = request_timeout_s
         self.streams_open = 0
+        self.direct = None  # a DirectListener when this peer offers the direct TCP path
+        self.inline_window_s = worker.throttle.config.inline_lone_decode_s
+        self._last_session: str | None = None  # the session of the latest Forward
+        self._alone_since = 0.0  # when that session became the only one sending
 
     async def handle_stream(self, stream_info, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """hivemind stream-handler callback: serve frames until the client hangs up."""
@@ -107,6 +114,8 @@ class SessionHandler:
                 return await self._forward(msg, payload)
             if isinstance(msg, GetStats):
                 return self.stats(), b""
+            if isinstance(msg, OpenDirect):
+                return (self.direct.offer() if self.direct else DirectOffer(port=0)), b""
             if isinstance(msg, CloseSession):
                 self.table.close(msg.session_id)
                 return SessionClosed(session_id=msg.session_id), b""
@@ -137,6 +146,7 @@ class SessionHandler:
             tokens=st.tokens,
             max_batch_tokens=st.max_batch_tokens,
             max_batch_sessions=st.max_batch_sessions,
+            inline_steps=st.inline_steps,
         )
 
     def _open(self, msg: OpenSession, owner) -> SessionOpened:
@@ -186,7 +196,8 @@ class SessionHandler:
         )
         session.busy = True
         try:
-            self.worker.submit(job)
+            if not (n == 1 and self._alone(session.id) and self.worker.run_inline(job)):
+                self.worker.submit(job)
             # asyncio.timeout wraps no extra task around the future (wait_for would): this is
             # on every hop of every token.
             async with asyncio.timeout(self.request_timeout_s):
@@ -199,6 +210,13 @@ class SessionHandler:
             return ForwardResult(session_id=session.id, step=msg.step, position=position, token=result), b""
         meta, data = tensor_to_wire(result)
         return ForwardResult(session_id=session.id, step=msg.step, position=position, tensor=meta), data
+
+    def _alone(self, session_id: str) -> bool:
+        """Whether only ``session_id`` has sent Forwards for ``inline_window_s`` (nobody to batch with)."""
+        now = time.monotonic()
+        if session_id != self._last_session:
+            self._last_session, self._alone_since = session_id, now
+        return self.inline_window_s > 0 and now - self._alone_since >= self.inline_window_s
 
     def _check_inputs(self, session, inputs: torch.Tensor) -> None:
         if session.start == 0:

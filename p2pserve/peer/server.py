@@ -20,11 +20,13 @@ from p2pserve.model.default import resolve_model
 from p2pserve.model.shard import TORCH_DTYPES, Shard
 from p2pserve.model.spec import ModelSpec, load_spec
 from p2pserve.peer.batcher import TokenThrottle
+from p2pserve.peer.direct import DirectListener
 from p2pserve.peer.handlers import SessionHandler
 from p2pserve.peer.kv_cache import KVBudget
 from p2pserve.peer.sessions import SessionTable
 from p2pserve.peer.worker import ComputeWorker
 from p2pserve.protocol import SESSION_PROTOCOL
+from p2pserve.transport import maddr_hosts
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +78,11 @@ class Peer:
                 raise ConfigError(f"--layers {start}:{end} is not inside [0, {spec.num_layers}] for this model")
             await peer.load_range(start, end)
         worker.start()
+        if config.direct_port is not None:
+            hosts = maddr_hosts([str(m) for m in dht.get_visible_maddrs()])
+            if hosts:
+                handler.direct = DirectListener(handler, str(p2p.peer_id), hosts, config.direct_port)
+                await handler.direct.start()
         await p2p.add_binary_stream_handler(SESSION_PROTOCOL, handler.handle_stream)
         peer._stopped = asyncio.Event()
         peer._reaper = asyncio.create_task(peer._reap_idle())
@@ -128,5 +135,7 @@ class Peer:
             await self.p2p.remove_binary_stream_handler(SESSION_PROTOCOL)
         except Exception:  # daemon may be gone already
             pass
+        if self.handler.direct is not None:
+            await self.handler.direct.stop()
         self.worker.stop()
         self._stopped.set()

@@ -208,3 +208,45 @@ def test_exhausted_kv_budget_is_overloaded_and_others_continue(peer):
         await c.close()
 
     run(with_p2p(main))
+
+
+def test_direct_path_refuses_bad_attach_and_keeps_serving(peer):
+    """The direct TCP port takes only a fresh token from an OpenDirect; anything else is closed."""
+    from p2pserve.protocol import AttachDirect, DirectAttached, DirectOffer, OpenDirect
+
+    path, p = peer
+    model = LocalModelInfo.load(path)
+
+    async def attach(port: int, first_frame: bytes):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(first_frame)
+        await writer.drain()
+        try:
+            header, _ = await asyncio.wait_for(read_frame(reader, LIMITS), 10)
+            return decode_reply(header)
+        except asyncio.IncompleteReadError:
+            return None  # closed without a reply
+        finally:
+            writer.close()
+
+    def frame(msg) -> bytes:
+        body = msgspec.msgpack.encode(msg)
+        return FRAME_PREFIX.pack(len(body), 0) + body
+
+    async def main(p2p):
+        conn = HopConnection(p2p, p.hop(), LIMITS, 30, direct=False)
+        await conn.connect()
+        assert conn.transport == "libp2p"
+        offer, _ = await conn._call(OpenDirect())
+        assert isinstance(offer, DirectOffer) and offer.port > 0 and offer.token
+        garbage = b"\xc1 not msgpack"
+        assert await attach(offer.port, FRAME_PREFIX.pack(len(garbage), 0) + garbage) is None
+        assert await attach(offer.port, FRAME_PREFIX.pack(1 << 20, 0)) is None  # oversized header
+        assert await attach(offer.port, frame(AttachDirect(token="0" * 32))) is None  # never issued
+        ok = await attach(offer.port, frame(AttachDirect(token=offer.token)))
+        assert isinstance(ok, DirectAttached) and ok.peer_id == p.peer_id
+        assert await attach(offer.port, frame(AttachDirect(token=offer.token))) is None  # single use
+        await conn.close()
+        assert await healthy(p2p, p, model)
+
+    run(with_p2p(main))

@@ -54,6 +54,47 @@ def test_chains_of_1_2_and_4_peers_match_generate(llama_peers):
         ours = asyncio.run(run_chain(model, hops, ids, GREEDY))
         assert_same(ours, ref), name
 
+    async def stats():
+        p2p = await create_client_p2p()
+        conn = HopConnection(p2p, full.hop(), ClientConfig().frame_limits, 10)
+        try:
+            return await conn.stats(), conn.transport
+        finally:
+            await conn.close()
+            await p2p.shutdown()
+
+    st, transport = asyncio.run(stats())
+    assert transport == "direct"
+    assert st.inline_steps > 0  # a lone session's decode ran on the peer's I/O thread
+
+
+def test_libp2p_only_and_mixed_transports_match_generate(llama_peers):
+    """The same tokens when the client keeps to libp2p, and through a peer that offers no direct path."""
+    path, (full, a, b, c) = llama_peers
+    model = LocalModelInfo.load(path)
+    ids = prompt_for(model, "Hello! How are you today?")
+    ref = reference_generate(path, ids, GREEDY.max_new_tokens)
+    libp2p_only = ClientConfig(direct=False)
+    assert_same(asyncio.run(run_chain(model, [a.hop(), c.hop()], ids, GREEDY, config=libp2p_only)), ref)
+    (plain,) = start_peers(path, [(2, 6)], "--no-direct")
+    try:
+        hops = [a.hop(0, 2), plain.hop(2, 6), c.hop(6, 8)]
+        assert_same(asyncio.run(run_chain(model, hops, ids, GREEDY)), ref)
+
+        async def transport():
+            p2p = await create_client_p2p()
+            conn = HopConnection(p2p, plain.hop(), ClientConfig().frame_limits, 10)
+            try:
+                await conn.stats()
+                return conn.transport
+            finally:
+                await conn.close()
+                await p2p.shutdown()
+
+        assert asyncio.run(transport()) == "libp2p"
+    finally:
+        plain.stop()
+
 
 def test_eight_concurrent_sessions_are_batched_and_exact(llama_peers):
     path, (full, a, b, c) = llama_peers
