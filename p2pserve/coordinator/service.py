@@ -111,14 +111,22 @@ class Summary:
     peers: frozenset[str]
     spans: tuple[tuple[str, LayerSpan], ...]
     bandwidth: Mapping[tuple[str, str], float]
+    link_ceiling: float = float("inf")  # bytes/s above which no link can limit a flow
 
     @staticmethod
-    def of(s: Snapshot) -> "Summary":
-        """Summarize a snapshot."""
+    def of(s: Snapshot, activation_bytes: int | None = None) -> "Summary":
+        """Summarize a snapshot; with ``activation_bytes``, links faster than any peer's best
+        decode throughput could ever use are marked as unable to bind."""
+        ceiling = float("inf")
+        if activation_bytes:
+            best = max((max(p.throughput_decode, default=0.0) for p in s.peers.values()), default=0.0)
+            if best > 0:
+                ceiling = best * activation_bytes
         return Summary(
             frozenset(s.plannable()),
             tuple(sorted(s.serving_now().items())),
             {k: v.bandwidth for k, v in s.links.items()},
+            ceiling,
         )
 
 
@@ -129,7 +137,9 @@ def decide_replan(
 
     Re-plans on: no plan yet, a peer joined or left, a peer flipped to another served range,
     a link whose bandwidth changed by more than ``link_change_threshold`` (relative) or appeared,
-    and every ``replan_period``.
+    and every ``replan_period``. A link that read faster than ``link_ceiling`` both times cannot
+    limit any flow, so its changes are noise to the planner (a fast link's probe reading
+    jitters a lot and would otherwise trigger a full solve every few seconds).
     """
     if prev is None or last_plan_at is None:
         return "initial"
@@ -146,6 +156,8 @@ def decide_replan(
         return "served ranges changed"
     for k, bw in cur.bandwidth.items():
         old = prev.bandwidth.get(k)
+        if old is not None and min(bw, old) > cur.link_ceiling:
+            continue
         if old is None or abs(bw - old) > cfg.link_change_threshold * max(old, 1e-9):
             return f"link {k[0][-6:]}->{k[1][-6:]} changed"
     if now - last_plan_at >= cfg.replan_period:
@@ -483,7 +495,7 @@ class CoordinatorService:
         if self.plan:
             seen_epochs.append(self.plan.epoch)
         snap = Snapshot.from_records(peers, link_infos)
-        summary = Summary.of(snap)
+        summary = Summary.of(snap, self.config.activation_bytes)
         reason = None
         if not was_leader:
             reason = "elected"

@@ -87,6 +87,13 @@ def test_decide_replan():
     l3 = Summary.of(Snapshot.from_records(peers, [LinkInfo(model="m", peer_id="a", links={"b": LinkStat(bandwidth=200.0, rtt=0.0)})]))
     assert decide_replan(l1, l2, 10.0, 5.0, CFG) is None  # +20% < threshold
     assert decide_replan(l1, l3, 10.0, 5.0, CFG).startswith("link")
+    # with 1000-byte activations a peer of 100 tok/s can use 1e5 B/s at most: faster links
+    # changing (by any factor) cannot change a plan
+    f1, f2, f3 = (Summary.of(Snapshot.from_records(peers, [LinkInfo(model="m", peer_id="a", links={
+        "b": LinkStat(bandwidth=bw, rtt=0.0)})]), 1000) for bw in (2e5, 9e5, 5e4))
+    assert f1.link_ceiling == 1e5
+    assert decide_replan(f1, f2, 10.0, 5.0, CFG) is None
+    assert decide_replan(f1, f3, 10.0, 5.0, CFG).startswith("link")  # now it can bind
 
 
 def test_plan_changed():
