@@ -5,6 +5,8 @@
   layer, on a tiny model (compute ~1 ms/token, so the difference is the hops, not noise in compute);
   the same figure for SmolLM2 (3 peers vs 1) is reported too
 * a bare client<->peer frame round trip (the cost a hop pays on the wire)
+* the hop figures again with the client kept on libp2p streams (no direct TCP path)
+* a 2-layer forward back to back vs after other work (the cold start every hop pays once per token)
 * aggregate tokens/s with 16 concurrent sessions vs 1 session (continuous batching)
 * peak RSS of a peer holding a third of the layers vs one holding all of them
 
@@ -60,10 +62,10 @@ def baseline_generate(model: LocalModelInfo, ids: list[int], n: int, threads: in
     return (out.shape[1] - x.shape[1]) / dt
 
 
-async def stream_rate(p2p, hops, model, ids, n) -> tuple[float, float]:
-    """(decode tokens/s, mean ms per decode step) of one session on ``hops``."""
+async def stream_rate(p2p, hops, model, ids, n, config: ClientConfig = ClientConfig()) -> tuple[float, float]:
+    """(decode tokens/s, median ms per decode step) of one session on ``hops``."""
     params = GenerationParams(max_new_tokens=n, ignore_eos=True)
-    session = await open_chain_session(p2p, hops, model, len(ids) + n + 8, params)
+    session = await open_chain_session(p2p, hops, model, len(ids) + n + 8, params, config)
     try:
         times = []
         original = session.step
@@ -96,9 +98,9 @@ async def aggregate_rate(p2p, hops, model, ids, n, sessions) -> float:
             await s.close()
 
 
-async def frame_rtt_ms(p2p, hop, rounds=200) -> float:
+async def frame_rtt_ms(p2p, hop, rounds=200, direct: bool = True) -> float:
     """Median round trip of a small control frame between the client and a peer."""
-    conn = HopConnection(p2p, hop, ClientConfig().frame_limits, 10)
+    conn = HopConnection(p2p, hop, ClientConfig().frame_limits, 10, direct=direct)
     await conn.stats()
     samples = []
     for _ in range(rounds):
@@ -109,30 +111,74 @@ async def frame_rtt_ms(p2p, hop, rounds=200) -> float:
     return 1000 * statistics.median(samples)
 
 
-async def hop_overhead(tiny_path: str) -> dict:
-    """Median ms per decode step on a tiny model: 1 peer vs a 4-peer chain of the same layers."""
+async def hop_overhead(tiny_path: str, rounds: int = 5) -> dict:
+    """Median ms per decode step on a tiny model: 1 peer vs a 4-peer chain of the same layers.
+
+    Measured over the direct TCP path (the default) and over libp2p streams only, in
+    alternating rounds so that both see the same machine load; each figure is the median of
+    the rounds.
+    """
     from p2pserve.client.connection import Hop
 
     model = LocalModelInfo.load(tiny_path)
     ids = model.chat_ids([{"role": "user", "content": "Hello! How are you today?"}])
     L = model.spec.num_layers
     peers = start_peers(tiny_path, [(0, L)] * 4)
+    transports = {"direct": ClientConfig(), "libp2p": ClientConfig(direct=False)}
+    samples = {(t, k): [] for t in transports for k in (1, 4)}
     try:
         p2p = await create_client_p2p()
         try:
             one = [peers[0].hop()]
             q = L // 4
             four = [Hop(p.peer_id, i * q, (i + 1) * q if i < 3 else L, p.maddrs) for i, p in enumerate(peers)]
-            await stream_rate(p2p, four, model, ids, 16)  # warm-up
-            await stream_rate(p2p, one, model, ids, 16)
-            _, ms4 = await stream_rate(p2p, four, model, ids, 128)
-            _, ms1 = await stream_rate(p2p, one, model, ids, 128)
+            for config in transports.values():  # warm-up
+                await stream_rate(p2p, four, model, ids, 16, config)
+                await stream_rate(p2p, one, model, ids, 16, config)
+            for _ in range(rounds):
+                for name, config in transports.items():
+                    samples[(name, 4)].append((await stream_rate(p2p, four, model, ids, 96, config))[1])
+                    samples[(name, 1)].append((await stream_rate(p2p, one, model, ids, 96, config))[1])
         finally:
             await p2p.shutdown()
     finally:
         for p in peers:
             p.stop()
-    return dict(tiny_ms1=ms1, tiny_ms4=ms4, tiny_added_ms_per_hop=(ms4 - ms1) / 3)
+    out = {}
+    for name in transports:
+        ms1, ms4 = statistics.median(samples[(name, 1)]), statistics.median(samples[(name, 4)])
+        out[name] = dict(ms1=ms1, ms4=ms4, added_ms_per_hop=(ms4 - ms1) / 3)
+    return out
+
+
+def cold_forward_ms(tiny_path: str, rounds: int = 200) -> dict:
+    """In-process: median ms of one 2-layer decode forward back to back, and after 2 ms of other
+    Python work. A peer in a chain runs its layers once per token after idling while the
+    other hops ran, so it pays the second figure; a single process running every layer back to
+    back pays it about once per token, not once per hop."""
+    from p2pserve.model.shard import Segment, Shard
+    from p2pserve.model.spec import load_spec
+    from p2pserve.peer.kv_cache import SequenceCache
+
+    torch.set_num_threads(1)
+    spec = load_spec(tiny_path)
+    shard = Shard.load(tiny_path, spec, 2, 4)
+    cache = SequenceCache(2, 4, spec.num_kv_heads, spec.head_dim, 4 * rounds, torch.float32)
+    shard.forward_batch([Segment(torch.randn(16, spec.hidden_size), 0, 2, 4, cache)])
+
+    def timed(busy_s: float) -> float:
+        samples = []
+        for _ in range(rounds):
+            end = time.perf_counter() + busy_s
+            while time.perf_counter() < end:  # other work evicts the forward's code and data
+                pass
+            x = torch.randn(1, spec.hidden_size)
+            t = time.perf_counter()
+            shard.forward_batch([Segment(x, cache.length, 2, 4, cache)])
+            samples.append(time.perf_counter() - t)
+        return 1000 * statistics.median(samples)
+
+    return dict(back_to_back=timed(0.0), after_other_work=timed(0.002))
 
 
 async def measure(args, model, ids, peers3, full) -> dict:
@@ -144,9 +190,10 @@ async def measure(args, model, ids, peers3, full) -> dict:
         rate3, ms3 = await stream_rate(p2p, hops3, model, ids, args.tokens)
         rate1, ms1 = await stream_rate(p2p, [full.hop()], model, ids, args.tokens)
         rtt = await frame_rtt_ms(p2p, full.hop())
+        rtt_libp2p = await frame_rtt_ms(p2p, full.hop(), direct=False)
         one = await aggregate_rate(p2p, hops3, model, ids, args.tokens, 1)
         sixteen = await aggregate_rate(p2p, hops3, model, ids, args.tokens, 16)
-        return dict(rate3=rate3, ms3=ms3, rate1=rate1, ms1=ms1, rtt=rtt, agg1=one, agg16=sixteen)
+        return dict(rate3=rate3, ms3=ms3, rate1=rate1, ms1=ms1, rtt=rtt, rtt_libp2p=rtt_libp2p, agg1=one, agg16=sixteen)
     finally:
         await p2p.shutdown()
 
@@ -174,7 +221,9 @@ def main() -> int:
 
     from p2pserve.model.tiny import build_tiny_model
 
-    tiny = asyncio.run(hop_overhead(str(build_tiny_model("llama", Path(tempfile.mkdtemp()) / "tiny"))))
+    tiny_path = str(build_tiny_model("llama", Path(tempfile.mkdtemp()) / "tiny"))
+    tiny = asyncio.run(hop_overhead(tiny_path))
+    cold = cold_forward_ms(tiny_path)
     base = baseline_generate(model, ids, args.tokens, args.threads)
     result = {
         "model": model.spec.model_id,
@@ -186,11 +235,17 @@ def main() -> int:
         "one_peer_tokens_per_s": m["rate1"],
         "ms_per_token_three_peers": m["ms3"],
         "ms_per_token_one_peer": m["ms1"],
-        "added_ms_per_hop": tiny["tiny_added_ms_per_hop"],
-        "tiny_ms_per_token_one_peer": tiny["tiny_ms1"],
-        "tiny_ms_per_token_four_peers": tiny["tiny_ms4"],
+        "added_ms_per_hop": tiny["direct"]["added_ms_per_hop"],
+        "tiny_ms_per_token_one_peer": tiny["direct"]["ms1"],
+        "tiny_ms_per_token_four_peers": tiny["direct"]["ms4"],
+        "added_ms_per_hop_libp2p_only": tiny["libp2p"]["added_ms_per_hop"],
+        "tiny_ms_per_token_one_peer_libp2p_only": tiny["libp2p"]["ms1"],
+        "tiny_ms_per_token_four_peers_libp2p_only": tiny["libp2p"]["ms4"],
+        "tiny_2_layer_forward_ms_back_to_back": cold["back_to_back"],
+        "tiny_2_layer_forward_ms_after_other_work": cold["after_other_work"],
         "smollm2_added_ms_per_hop": (m["ms3"] - m["ms1"]) / 2,
         "control_frame_rtt_ms": m["rtt"],
+        "control_frame_rtt_ms_libp2p_only": m["rtt_libp2p"],
         "aggregate_tokens_per_s_1_session": m["agg1"],
         "aggregate_tokens_per_s_16_sessions": m["agg16"],
         "batching_gain_16_vs_1": m["agg16"] / m["agg1"],
