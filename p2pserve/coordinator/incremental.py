@@ -20,8 +20,9 @@ from typing import Callable, Mapping
 
 from p2pserve.coordinator.maxflow import flow_value
 from p2pserve.coordinator.planner import Plan, PlannerConfig, make_plan, plan_for_topology, throughput_score, validate_placement
+from p2pserve.errors import PlanningError
 from p2pserve.coordinator.search import balanced_chain, improve, max_flow_score
-from p2pserve.coordinator.topology import Topology
+from p2pserve.coordinator.topology import SINK, SOURCE, Topology
 
 NamedPlacement = dict[str, tuple[int, int]]
 
@@ -68,6 +69,66 @@ def _score_fn(topo: Topology, config: PlannerConfig):
     return throughput_score(topo, config)
 
 
+def relabel_for_fewest_moves(
+    topo: Topology, placement: Mapping[int, tuple[int, int]], current: Mapping[str, tuple[int, int]]
+) -> dict[int, tuple[int, int]]:
+    """The same placement with ranges swapped among interchangeable nodes to keep most layers.
+
+    Nodes with the same GPU type, throughput table, memory and links are interchangeable: giving
+    one's range to the other changes nothing but which layers must load. Per group of such
+    nodes, a maximum-weight matching of nodes to the group's ranges (weight = layers the node
+    already holds) picks the labelling that reloads least. A fresh solve knows nothing of the
+    current placement; relabelled, it often keeps most of it.
+    """
+    import networkx as nx
+
+    groups = interchangeable_groups(topo)
+    out: dict[int, tuple[int, int]] = {}
+    for members in groups:
+        ranges = [placement[i] for i in members if i in placement]
+        if len(members) == 1 or not ranges:
+            out.update({i: placement[i] for i in members if i in placement})
+            continue
+        g = nx.Graph()
+        for i in members:
+            held = current.get(topo.nodes[i].name)
+            for j, (s, e) in enumerate(ranges):
+                kept = max(0, min(e, held[1]) - max(s, held[0])) if held else 0
+                g.add_edge(("node", i), ("range", j), weight=kept + 1)  # +1: every range gets a node
+        for a, b in nx.max_weight_matching(g, maxcardinality=True):
+            node, rng = (a, b) if a[0] == "node" else (b, a)
+            out[node[1]] = ranges[rng[1]]
+    return out
+
+
+def interchangeable_groups(topo: Topology) -> list[list[int]]:
+    """Nodes that could swap places without changing any flow: same GPU type, throughput table
+    and memory, and the same links to every other node, the source and the sink."""
+
+    def link(a, b):
+        spec = topo.link(a, b)
+        return None if spec is None else (spec.bandwidth, spec.latency_s)
+
+    def swappable(a: int, b: int) -> bool:
+        if link(a, b) != link(b, a):
+            return False
+        return all(link(a, k) == link(b, k) and link(k, a) == link(k, b)
+                   for k in [SOURCE, SINK, *range(topo.num_nodes)] if k not in (a, b))
+
+    groups: list[list[int]] = []
+    for i, node in enumerate(topo.nodes):
+        kind = (node.gpu_type, tuple(node.throughput), node.memory_bytes, node.max_layers)
+        for g in groups:
+            first = topo.nodes[g[0]]
+            if (first.gpu_type, tuple(first.throughput), first.memory_bytes, first.max_layers) == kind \
+                    and swappable(g[0], i):
+                g.append(i)
+                break
+        else:
+            groups.append([i])
+    return groups
+
+
 def default_reload_cost(
     topo: Topology, current: Mapping[str, tuple[int, int]], config: PlannerConfig, fraction: float = 0.01
 ) -> float:
@@ -101,11 +162,14 @@ def resolve(
     time_limit_s: float,
     focus: list[int] | None = None,
     clock: Callable[[], float] = time.monotonic,
+    fresh_share: float = 0.4,
 ) -> ChurnResult:
     """Warm-started re-solve charging ``reload_cost`` per newly loaded layer.
 
-    ``focus``: node indices to move first (new nodes, neighbours of departed ones); half of the
-    time goes to them, the rest to all nodes.
+    Starts: the current placement, its repair, an order-keeping pipeline re-cut, and a fresh
+    solve (``fresh_share`` of the time) relabelled onto the current nodes. Then a local search
+    on flow minus reload cost: half of the remaining time moves only ``focus`` (new nodes,
+    neighbours of departed ones), the rest moves everyone.
     """
     t0 = clock()
     base = _score_fn(topo, config)
@@ -140,8 +204,19 @@ def resolve(
         starts.append(cut)
     valid = [p for p in starts if not validate_placement(topo, p)]
     first_valid = clock() - t0 if valid else None
+    # A fresh solve that ignores the current placement, relabelled onto it: it may reach flows
+    # the local moves below cannot, and relabelling makes it keep what it can.
+    try:
+        fresh = plan_for_topology(topo, replace(config, time_limit_s=fresh_share * time_limit_s), clock=clock)
+        starts.append(relabel_for_fewest_moves(topo, fresh.assignments, current))
+    except PlanningError:
+        pass  # too little memory for a fresh cover; the repaired starts remain
+    starts = [relabel_for_fewest_moves(topo, p, current) for p in starts]
+    if first_valid is None and any(not validate_placement(topo, p) for p in starts):
+        first_valid = clock() - t0
     movable = focus if focus else None
-    best, _ = improve(topo, starts, score, time_limit_s * 0.5, seed=config.seed, movable=movable, clock=clock)
+    left = time_limit_s - (clock() - t0)
+    best, _ = improve(topo, starts, score, left * 0.5, seed=config.seed, movable=movable, clock=clock)
     left = time_limit_s - (clock() - t0)
     if left > 0:
         best, _ = improve(topo, [best], score, left, seed=config.seed + 7, clock=clock)
@@ -324,9 +399,11 @@ def periodic(
     cur_idx = by_index(topo, current)
     score = _score_fn(topo, config)
     fresh = plan_for_topology(topo, config, current=cur_idx, clock=clock)
-    moved = layers_to_load(current, by_name(topo, fresh.assignments))
-    gain = score(dict(fresh.assignments)) - (score(cur_idx) if not validate_placement(topo, cur_idx) else float("-inf"))
+    relabelled = relabel_for_fewest_moves(topo, fresh.assignments, current)
+    moved = layers_to_load(current, by_name(topo, relabelled))
+    gain = score(relabelled) - (score(cur_idx) if not validate_placement(topo, cur_idx) else float("-inf"))
     if gain > reload_cost * moved:
-        return ChurnResult(replace(fresh, method="periodic:adopted"), moved, True, clock() - t0)
+        return ChurnResult(make_plan(topo, relabelled, config, clock() - t0, "periodic:adopted"), moved, True,
+                           clock() - t0)
     plan = make_plan(topo, cur_idx, config, clock() - t0, "periodic:kept")
     return ChurnResult(plan, 0, False, clock() - t0)

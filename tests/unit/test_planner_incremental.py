@@ -11,11 +11,14 @@ from p2pserve.coordinator.incremental import (
     by_index,
     by_name,
     default_reload_cost,
+    interchangeable_groups,
     layers_to_load,
     on_join,
     on_leave,
     periodic,
+    relabel_for_fewest_moves,
 )
+from p2pserve.coordinator.maxflow import flow_value
 from p2pserve.coordinator.planner import PlannerConfig, validate_placement
 from p2pserve.coordinator.topology import SINK, SOURCE, LinkSpec, NodeSpec, Topology, load_helix_topology
 
@@ -112,3 +115,24 @@ def test_periodic_leaves_a_cross_region_placement_once_links_are_measured(object
     assert res.plan.max_flow > 400  # two in-region pipelines of 215 tok/s, not 4 links of 73
     placed = by_name(topo, res.plan.assignments)
     assert {placed["a1"], placed["a2"]} == {(0, 4), (4, 8)} == {placed["b1"], placed["b2"]}
+
+
+def test_interchangeable_groups_respect_links():
+    topo = two_regions()
+    assert sorted(map(sorted, interchangeable_groups(topo))) == [[0, 1], [2, 3]]
+
+
+def test_relabelling_recovers_a_shuffled_plan(cluster24, helix_plan):
+    """Ranges shuffled among identical nodes: relabelling moves nothing and keeps the flow."""
+    current = by_index(cluster24, helix_plan)
+    rng = random.Random(3)
+    shuffled = dict(current)
+    for group in interchangeable_groups(cluster24):
+        ranges = [current[i] for i in group if i in current]
+        holders = [i for i in group if i in current]
+        rng.shuffle(ranges)
+        shuffled.update(zip(holders, ranges))
+    assert layers_to_load(helix_plan, by_name(cluster24, shuffled)) > 0
+    back = relabel_for_fewest_moves(cluster24, shuffled, helix_plan)
+    assert layers_to_load(helix_plan, by_name(cluster24, back)) == 0
+    assert flow_value(cluster24, back, True) == pytest.approx(flow_value(cluster24, shuffled, True))
