@@ -117,9 +117,14 @@ def bench_methods(tl: float) -> dict:
     return out
 
 
-def bench_churn(tl_full: float, tl_inc: float, seed: int = 0, reload_share: float = 5e-3,
+def bench_churn(tl_full: float, tl_inc: float, seed: int = 0, reload_shares: tuple[float, ...] = (5e-3,),
                 objective: str = "max-flow") -> list[dict]:
-    """Churn on cluster24 starting from our plan for ``objective`` (same objective throughout)."""
+    """Churn on cluster24 starting from our plan for ``objective`` (same objective throughout).
+
+    Each scenario's 60 s full re-solve runs once; the incremental re-solve then runs once per
+    reload cost in ``reload_shares`` (a share of the starting plan's objective per moved layer),
+    which traces the trade-off between what it recovers and what it moves.
+    """
     data = hf.helix_data_dir()
     full_topo = load_helix_topology(data / CLUSTERS["cluster24"][0], "llama2-70b")
     cfg_full = PlannerConfig(objective=objective, time_limit_s=tl_full)
@@ -130,7 +135,6 @@ def bench_churn(tl_full: float, tl_inc: float, seed: int = 0, reload_share: floa
     # Reload cost: a layer move must buy ``reload_share`` of the current objective (a layer
     # takes about a minute to load, amortised over the plan's lifetime).
     value = start.max_flow if objective == "max-flow" else start.estimate.decode_tokens_per_s
-    reload_cost = reload_share * value
     cfg_inc = PlannerConfig(objective=objective, time_limit_s=tl_inc, use_milp=False)
     scenarios = [("remove", 1), ("remove", 2), ("remove", 4), ("add", 2)]
     for kind, count in scenarios:
@@ -138,47 +142,51 @@ def bench_churn(tl_full: float, tl_inc: float, seed: int = 0, reload_share: floa
         if kind == "remove":
             topo, _ = full_topo.without(gone)
             before = current
-            t0 = time.monotonic()
-            res = on_leave(topo, before, cfg_inc, reload_cost, time_limit_s=tl_inc)
-            immediate = res
-            if not res.resolved:
-                # Coverage held: serving continues on the flows-only plan at once; the
-                # warm-started re-solve then gets its 10 s to win back what was lost.
-                res = resolve(topo, before, cfg_inc, reload_cost, tl_inc)
         else:
             small, _ = full_topo.without(gone)
             base = plan_for_topology(small, PlannerConfig(objective=objective, time_limit_s=tl_inc))
             before = by_name(small, base.assignments)
             topo = full_topo
-            t0 = time.monotonic()
-            res = on_join(topo, before, cfg_inc, reload_cost, time_limit_s=tl_inc)
-            immediate = None
-        inc_time = time.monotonic() - t0
         full = plan_for_topology(topo, cfg_full)
         full_moved = layers_to_load(before, by_name(topo, full.assignments))
-        results.append({
-            "objective": objective,
-            "scenario": f"{kind} {count}",
-            "nodes": [full_topo.nodes[i].name for i in gone],
-            "coverage_held": not validate_placement(topo, by_index(topo, before)) if kind == "remove" else None,
-            "time_to_valid_plan_s": round(inc_time, 3),
-            "time_to_first_valid_s": round(immediate.elapsed_s, 3) if immediate is not None and not immediate.resolved
-            else (None if res.first_valid_s is None else round(res.first_valid_s, 3)),
-            "flows_only_share_of_full": round(immediate.plan.max_flow / full.max_flow, 4)
-            if immediate is not None and not immediate.resolved and full.max_flow else None,
-            "resolved": res.resolved,
-            "valid": not validate_placement(topo, res.plan.assignments),
-            "max_flow": round(res.plan.max_flow, 2),
-            "full_resolve_max_flow": round(full.max_flow, 2),
-            "share_of_full": round(res.plan.max_flow / full.max_flow, 4) if full.max_flow else None,
-            "est_decode": round(res.plan.estimate.decode_tokens_per_s, 1),
-            "full_est_decode": round(full.estimate.decode_tokens_per_s, 1),
-            "decode_share_of_full": round(res.plan.estimate.decode_tokens_per_s / full.estimate.decode_tokens_per_s, 4)
-            if full.estimate.decode_tokens_per_s else None,
-            "layers_moved": res.layers_moved,
-            "full_resolve_layers_moved": full_moved,
-            "moved_ratio": round(res.layers_moved / full_moved, 3) if full_moved else None,
-        })
+        for share in reload_shares:
+            reload_cost = share * value
+            t0 = time.monotonic()
+            if kind == "remove":
+                res = on_leave(topo, before, cfg_inc, reload_cost, time_limit_s=tl_inc)
+                immediate = res
+                if not res.resolved:
+                    # Coverage held: serving continues on the flows-only plan at once; the
+                    # warm-started re-solve then gets its 10 s to win back what was lost.
+                    res = resolve(topo, before, cfg_inc, reload_cost, tl_inc)
+            else:
+                res = on_join(topo, before, cfg_inc, reload_cost, time_limit_s=tl_inc)
+                immediate = None
+            inc_time = time.monotonic() - t0
+            results.append({
+                "objective": objective,
+                "scenario": f"{kind} {count}",
+                "reload_share": share,
+                "nodes": [full_topo.nodes[i].name for i in gone],
+                "coverage_held": not validate_placement(topo, by_index(topo, before)) if kind == "remove" else None,
+                "time_to_valid_plan_s": round(inc_time, 3),
+                "time_to_first_valid_s": round(immediate.elapsed_s, 3) if immediate is not None and not immediate.resolved
+                else (None if res.first_valid_s is None else round(res.first_valid_s, 3)),
+                "flows_only_share_of_full": round(immediate.plan.max_flow / full.max_flow, 4)
+                if immediate is not None and not immediate.resolved and full.max_flow else None,
+                "resolved": res.resolved,
+                "valid": not validate_placement(topo, res.plan.assignments),
+                "max_flow": round(res.plan.max_flow, 2),
+                "full_resolve_max_flow": round(full.max_flow, 2),
+                "share_of_full": round(res.plan.max_flow / full.max_flow, 4) if full.max_flow else None,
+                "est_decode": round(res.plan.estimate.decode_tokens_per_s, 1),
+                "full_est_decode": round(full.estimate.decode_tokens_per_s, 1),
+                "decode_share_of_full": round(res.plan.estimate.decode_tokens_per_s / full.estimate.decode_tokens_per_s, 4)
+                if full.estimate.decode_tokens_per_s else None,
+                "layers_moved": res.layers_moved,
+                "full_resolve_layers_moved": full_moved,
+                "moved_ratio": round(res.layers_moved / full_moved, 3) if full_moved else None,
+            })
     return results
 
 
@@ -265,8 +273,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="10 s solves, 120 s simulator window")
     ap.add_argument("--time-limit", type=float, default=None)
     ap.add_argument("--skip", nargs="*", default=[], choices=["methods", "churn", "unseen", "simulator"])
-    ap.add_argument("--reload-share", type=float, default=5e-3,
-                    help="churn: reload cost per moved layer, as a share of the max-flow")
+    ap.add_argument("--reload-share", type=float, nargs="+", default=[5e-3],
+                    help="churn: reload cost per moved layer, as a share of the objective (several: a sweep)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "planner.json"))
     args = ap.parse_args(argv)
     tl = args.time_limit or (10.0 if args.quick else 60.0)
@@ -281,10 +289,10 @@ def main(argv: list[str] | None = None) -> int:
     if "churn" not in args.skip:
         report["churn"] = []
         for objective in ("max-flow", "throughput"):
-            rows = bench_churn(tl, min(10.0, tl), reload_share=args.reload_share, objective=objective)
+            rows = bench_churn(tl, min(10.0, tl), reload_shares=tuple(args.reload_share), objective=objective)
             report["churn"].extend(rows)
             print_table(f"churn on cluster24 ({objective} objective, from our {objective} plan)", rows,
-                        ["scenario", "coverage_held", "time_to_first_valid_s", "time_to_valid_plan_s", "share_of_full",
+                        ["scenario", "reload_share", "coverage_held", "time_to_first_valid_s", "time_to_valid_plan_s", "share_of_full",
                          "decode_share_of_full", "layers_moved", "full_resolve_layers_moved", "moved_ratio",
                          "valid"])
     if "unseen" not in args.skip:
