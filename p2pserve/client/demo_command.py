@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import math
 import os
 import signal
@@ -153,14 +152,10 @@ def run(args: argparse.Namespace) -> int:
                        "--log-level", "WARNING")
         _wait(maddrs_file.exists, children, "bootstrap node", 60)
         boot = maddrs_file.read_text().split()
-        cfg = {
-            "swarm_id": SWARM_ID, "model": spec.model_id, "initial_peers": boot, "host_maddrs": [LOOPBACK],
-            "timing": TIMING,
-            "models": {spec.model_id: {"num_layers": spec.num_layers,
-                                       "activation_bytes": spec.activation_bytes_per_token, "solve_time_limit": 2.0}},
-        }
+        from p2pserve.dht.cli_common import write_local_swarm_file
+
         cfg_path = logdir / "swarm.json"
-        cfg_path.write_text(json.dumps(cfg))
+        write_local_swarm_file(cfg_path, spec, boot, SWARM_ID, LOOPBACK, TIMING, solve_time_limit=2.0)
 
         print(f"[3/5] starting a coordinator and {n} peers (at most {max_layers} of {spec.num_layers} layers each);"
               f" they profile themselves and wait for the plan", end="", flush=True)

@@ -39,6 +39,21 @@ def load_swarm_file(path: Optional[str]) -> dict[str, Any]:
     return cfg
 
 
+def write_local_swarm_file(path, spec, boot: list[str], swarm_id: str, host_maddr: str,
+                           timing: dict[str, float], solve_time_limit: float) -> None:
+    """Write the JSON swarm file of a swarm started on one machine (demo, tests, benchmarks):
+    its id, model, bootstrap addresses, listen address, refresh periods, and the planner's
+    settings for ``spec`` (a ``ModelSpec``)."""
+    cfg = {
+        "swarm_id": swarm_id, "model": spec.model_id, "initial_peers": list(boot), "host_maddrs": [host_maddr],
+        "timing": dict(timing),
+        "models": {spec.model_id: {"num_layers": spec.num_layers, "activation_bytes": spec.activation_bytes_per_token,
+                                   "solve_time_limit": solve_time_limit}},
+    }
+    with open(path, "w") as f:
+        json.dump(cfg, f)
+
+
 def model_settings(file_cfg: dict, model: str) -> dict[str, Any]:
     """The ``[models."<model>"]`` table of a swarm file (``{}`` if absent)."""
     models = file_cfg.get("models", {})

@@ -14,7 +14,6 @@ cross-region pipeline. Needs root and iproute2; skipped otherwise.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import shutil
 import subprocess
@@ -25,6 +24,7 @@ import pytest
 
 from p2pserve.client.chain import LocalModelInfo
 from p2pserve.client.generation import GenerationParams
+from p2pserve.dht.cli_common import write_local_swarm_file
 from p2pserve.dht.config import DHTConfig
 from p2pserve.dht.swarm import Swarm
 from tests.harness import reference_generate, run_chain
@@ -121,12 +121,8 @@ def regions(tmp_path_factory):
         wait_for(maddrs_file.exists, "bootstrap")
         boot = maddrs_file.read_text().split()
         mid = model.spec.model_id
-        cfg = {"swarm_id": "regions", "model": mid, "initial_peers": boot, "host_maddrs": [f"/ip4/{SUBNET}.1/tcp/0"],
-               "timing": TIMING,
-               "models": {mid: {"num_layers": 8, "activation_bytes": model.spec.activation_bytes_per_token,
-                                "solve_time_limit": 1.0}}}
         cfg_path = tmp / "swarm.json"
-        cfg_path.write_text(json.dumps(cfg))
+        write_local_swarm_file(cfg_path, model.spec, boot, "regions", f"/ip4/{SUBNET}.1/tcp/0", TIMING, 1.0)
         spawn("coord", ["coordinator", "--config", str(cfg_path)])
         for ns, ip in ips.items():
             spawn(ns, ["peer", "--model", path, "--config", str(cfg_path), "--host-maddrs", f"/ip4/{ip}/tcp/0",

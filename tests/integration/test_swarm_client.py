@@ -9,7 +9,6 @@ of its route is killed mid-generation (the other replica of its layers takes ove
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 import subprocess
@@ -22,6 +21,7 @@ import pytest
 from p2pserve.client.api import AsyncClient
 from p2pserve.client.chain import LocalModelInfo
 from p2pserve.config import ClientConfig
+from p2pserve.dht.cli_common import write_local_swarm_file
 from p2pserve.dht.config import DHTConfig
 from tests.harness import reference_generate
 
@@ -73,15 +73,8 @@ def swarm(model_dir, tmp_path_factory):
                               tmp / "boot.log")
         wait_for(maddrs_file.exists, "bootstrap")
         boot = maddrs_file.read_text().split()
-        cfg = {
-            "swarm_id": SWARM_ID, "model": model.spec.model_id, "initial_peers": boot,
-            "host_maddrs": ["/ip4/127.0.0.1/tcp/0"], "timing": TIMING,
-            "models": {model.spec.model_id: {"num_layers": model.spec.num_layers,
-                                             "activation_bytes": model.spec.activation_bytes_per_token,
-                                             "solve_time_limit": 0.5}},
-        }
         cfg_path = tmp / "swarm.json"
-        cfg_path.write_text(json.dumps(cfg))
+        write_local_swarm_file(cfg_path, model.spec, boot, SWARM_ID, "/ip4/127.0.0.1/tcp/0", TIMING, 0.5)
         procs["coord"] = spawn(["coordinator", "--config", str(cfg_path)], tmp / "coord.log")
         for i in range(4):
             procs[f"peer{i}"] = spawn(["peer", "--model", path, "--config", str(cfg_path), "--num-threads", "1",

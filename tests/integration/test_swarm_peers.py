@@ -8,7 +8,6 @@ Llama, all real processes on loopback. A killed peer disappears from the next pl
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 import subprocess
@@ -21,6 +20,7 @@ import pytest
 from p2pserve.client.chain import LocalModelInfo
 from p2pserve.client.connection import Hop
 from p2pserve.client.generation import GenerationParams
+from p2pserve.dht.cli_common import write_local_swarm_file
 from p2pserve.dht.config import DHTConfig
 from p2pserve.dht.swarm import Swarm
 from tests.harness import reference_generate, run_chain
@@ -83,15 +83,8 @@ def swarm(model_dir, tmp_path_factory):
                               tmp / "boot.log")
         wait_for(maddrs_file.exists, "bootstrap")
         boot = maddrs_file.read_text().split()
-        cfg = {
-            "swarm_id": "real-peers", "model": model.spec.model_id, "initial_peers": boot,
-            "host_maddrs": ["/ip4/127.0.0.1/tcp/0"], "timing": TIMING,
-            "models": {model.spec.model_id: {"num_layers": model.spec.num_layers,
-                                             "activation_bytes": model.spec.activation_bytes_per_token,
-                                             "solve_time_limit": 0.5}},
-        }
         cfg_path = tmp / "swarm.json"
-        cfg_path.write_text(json.dumps(cfg))
+        write_local_swarm_file(cfg_path, model.spec, boot, "real-peers", "/ip4/127.0.0.1/tcp/0", TIMING, 0.5)
         procs["coord"] = spawn(["coordinator", "--config", str(cfg_path)], tmp / "coord.log")
         for i in range(3):
             procs[f"peer{i}"] = spawn(["peer", "--model", path, "--config", str(cfg_path), "--num-threads", "1",
