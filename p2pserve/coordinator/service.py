@@ -55,7 +55,12 @@ class CoordinatorConfig:
     client_bandwidth: float = 12.5e6  # bytes/s of source/sink edges (clients are not probed)
     objective: str = "throughput"  # planner objective: "throughput" (decode estimate) or "max-flow"
     solve_time_limit: float = 5.0  # wall-clock budget of one placement solve (s)
-    reload_cost_per_layer: Optional[float] = None  # in the objective's units; None = 1% of its scale / layers
+    reload_cost_per_layer: Optional[float] = None  # in the objective's units; None: from reload_share
+    # Moving a whole model's worth of layers must gain this share of the objective. Peers flip
+    # to new ranges one by one as they finish loading, so every move risks a window with less
+    # coverage: move only for a real gain (measured links that undo a cross-region placement
+    # gain ~40%; small re-shuffles after a join do not pay).
+    reload_share: float = 0.25
     seed: int = 0
     # a new candidate only observes for this long before it may lead, so that it has seen every
     # live candidacy (default: one candidate TTL); avoids two leaders right after a start
@@ -295,7 +300,7 @@ def plan_targets(
         pc = PlannerConfig(objective=cfg.objective, time_limit_s=cfg.solve_time_limit, seed=cfg.seed)
         reload_cost = cfg.reload_cost_per_layer
         if reload_cost is None:
-            reload_cost = inc.default_reload_cost(topo, cur, pc)
+            reload_cost = inc.default_reload_cost(topo, cur, pc, cfg.reload_share)
         if not cur:
             result = plan_for_topology(topo, pc)
             method = f"solve:{result.method}"

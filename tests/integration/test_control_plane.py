@@ -319,11 +319,11 @@ def test_new_peer_receives_a_range_and_serves_it(swarm):
     procs, obs = swarm["procs"], swarm["observer"]
     before = current_plan(obs)
     new = peer_id_of(procs, "peer-5")  # started at the end of the first test
-    plan = wait_until(lambda: (p := current_plan(obs)) and new in p.targets and new in p.spans and p, "peer-5 serving")
     # it is part of the graph flows are computed over; whether max-flow routes through it
-    # depends on where the bottleneck is, so only check that nothing got worse
-    assert plan.spans[new] == plan.targets[new]
-    assert plan.max_flow >= before.max_flow * 0.99
+    # depends on where the bottleneck is, so only check that nothing got worse once the swarm
+    # settled (a re-plan may still shrink or move a range, and peers flip one by one)
+    plan = wait_until(lambda: (p := current_plan(obs)) and new in p.targets and p.spans.get(new) == p.targets[new]
+                      and p.max_flow >= before.max_flow * 0.99 and p, "peer-5 serving its target")
     # one DHT read may miss a record that is being refreshed: wait for the peer's own view
     record = wait_until(lambda: (r := run(obs.get_peers()).get(new)) and r.record, "peer-5's PeerInfo")
     assert record.state == "serving" and record.serving == plan.targets[new]
