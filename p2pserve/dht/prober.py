@@ -153,8 +153,7 @@ class LinkProber:
         self._clock = clock
         self._bucket = TokenBucket(config.server_bytes_per_s, config.server_burst_bytes, clock)
         self._active = 0
-        self.results: dict[str, LinkStat] = {}  # the announced estimate per peer
-        self._history: dict[str, list[LinkStat]] = {}  # recent rounds per peer
+        self._history: dict[str, list[LinkStat]] = {}  # the last keep_rounds readings per peer
         self._last_probe: dict[str, float] = {}
         self._zeros = bytes(_CHUNK)
 
@@ -277,21 +276,28 @@ class LinkProber:
         finally:
             writer.close()
         stat = LinkStat(bandwidth=best, rtt=rtt, measured_at=time.time())
-        self.results[peer_id] = self._remember(peer_id, stat)
+        self.record(peer_id, stat)
         return stat
 
-    def _remember(self, peer_id: str, stat: LinkStat) -> LinkStat:
-        """Add a round's reading; return the link's estimate over the last ``keep_rounds``.
+    def record(self, peer_id: str, stat: LinkStat) -> None:
+        """Keep one round's reading of the link to ``peer_id`` (the last ``keep_rounds`` count)."""
+        rounds = self._history.setdefault(peer_id, [])
+        rounds.append(stat)
+        del rounds[: -max(1, self.config.keep_rounds)]
+
+    @property
+    def results(self) -> dict[str, LinkStat]:
+        """The announced estimate per peer, over its last ``keep_rounds`` readings.
 
         A round can be slowed by whatever else the host runs but never sped up past the link
         (see the module docstring), so the estimate is the best bandwidth and the lowest RTT of
         the recent rounds; keeping only a few rounds still follows a link that really degrades.
         """
-        rounds = self._history.setdefault(peer_id, [])
-        rounds.append(stat)
-        del rounds[: -max(1, self.config.keep_rounds)]
-        return LinkStat(bandwidth=max(r.bandwidth for r in rounds), rtt=min(r.rtt for r in rounds),
-                        measured_at=stat.measured_at)
+        return {
+            pid: LinkStat(bandwidth=max(r.bandwidth for r in rounds), rtt=min(r.rtt for r in rounds),
+                          measured_at=rounds[-1].measured_at)
+            for pid, rounds in self._history.items()
+        }
 
     def due(self, peer_id: str, now: Optional[float] = None) -> bool:
         """Whether ``peer_id`` has not been probed within ``min_interval_s``."""
@@ -323,13 +329,14 @@ class LinkProber:
     def forget(self, keep: Iterable[str]) -> None:
         """Drop results for peers no longer in the swarm."""
         keep = set(keep)
-        for d in (self.results, self._last_probe, self._history):
+        for d in (self._last_probe, self._history):
             for pid in [p for p in d if p not in keep]:
                 del d[pid]
 
     def link_info(self, model: str, my_peer_id: str) -> Optional[LinkInfo]:
         """A LinkInfo record of the current results (``None`` before the first measurement)."""
-        if not self.results:
+        results = self.results
+        if not results:
             return None
-        links = {p: s for p, s in self.results.items() if p != my_peer_id and math.isfinite(s.bandwidth)}
+        links = {p: s for p, s in results.items() if p != my_peer_id and math.isfinite(s.bandwidth)}
         return LinkInfo(model=model, peer_id=my_peer_id, links=links, timestamp=time.time())

@@ -8,7 +8,7 @@ from p2pserve.coordinator.service import CoordinatorConfig, CoordinatorService
 from p2pserve.dht.announcer import Announcer
 from p2pserve.dht.config import DHTConfig
 from p2pserve.dht.election import SignedPlan, choose_plan
-from p2pserve.dht.prober import ProberConfig, TokenBucket, bandwidth_from, next_probe_size
+from p2pserve.dht.prober import LinkProber, ProberConfig, TokenBucket, bandwidth_from, next_probe_size
 from p2pserve.dht.records import LinkInfo, LinkStat, PeerInfo
 from p2pserve.dht.status_command import collect_status, format_status
 from p2pserve.dht.swarm import Signed
@@ -160,3 +160,15 @@ def test_status_format():
     assert d["peers"][0]["decode_tps"] == 2.5 and d["links"][0]["bandwidth_Bps"] == 2e6 and d["plan"] is None
     text = format_status(d)
     assert "serving" in text and "2.00" in text and "PLAN: none" in text
+
+
+def test_link_reads_as_its_best_recent_round():
+    """A busy host only slows probes down: the estimate is the best of the last rounds."""
+    prober = LinkProber(None, ProberConfig(keep_rounds=3))
+    for bw, rtt in ((2.4e6, 0.003), (1.3e6, 0.001), (1.7e6, 0.002)):
+        prober.record("b", LinkStat(bandwidth=bw, rtt=rtt, measured_at=1.0))
+    assert prober.results["b"].bandwidth == 2.4e6 and prober.results["b"].rtt == 0.001
+    prober.record("b", LinkStat(bandwidth=1.0e6, rtt=0.004, measured_at=2.0))  # the 2.4 round ages out
+    assert prober.results["b"].bandwidth == 1.7e6 and prober.results["b"].measured_at == 2.0
+    prober.forget(keep=[])
+    assert prober.results == {}
