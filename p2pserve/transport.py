@@ -7,6 +7,7 @@ torch, and nothing about sessions. Layout and limits are defined in ``protocol.p
 from __future__ import annotations
 
 import asyncio
+import socket
 
 import msgspec
 import torch
@@ -83,3 +84,10 @@ def maddr_hosts(maddrs) -> list[str]:
         if parts[2] not in hosts:
             hosts.append(parts[2])
     return hosts
+
+
+def set_nodelay(writer: asyncio.StreamWriter) -> None:
+    """Disable Nagle on a TCP stream: frames are latency-bound and already written whole."""
+    sock = writer.get_extra_info("socket")
+    if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

@@ -32,7 +32,7 @@ from p2pserve.protocol import (
     SessionOpened,
     decode_reply,
 )
-from p2pserve.transport import maddr_hosts, read_frame, tensor_from_wire, tensor_to_wire, write_frame
+from p2pserve.transport import maddr_hosts, read_frame, set_nodelay, tensor_from_wire, tensor_to_wire, write_frame
 
 log = logging.getLogger(__name__)
 
@@ -125,8 +125,6 @@ class HopConnection:
         The offer comes over the libp2p stream (which authenticated the peer), and the peer must
         echo its id on the new connection (see ``p2pserve/peer/direct.py``).
         """
-        from p2pserve.peer.direct import set_nodelay
-
         try:
             offer, _ = await self._call(OpenDirect())
         except (RemoteError, MalformedFrameError) as e:  # a peer without the direct path

@@ -22,23 +22,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-import socket
 import time
 
 from p2pserve.errors import P2PServeError
 from p2pserve.protocol import AttachDirect, DirectAttached, DirectOffer, FrameLimits, decode_request
-from p2pserve.transport import read_frame, write_frame
+from p2pserve.transport import read_frame, set_nodelay, write_frame
 
 log = logging.getLogger(__name__)
 
 _ATTACH_LIMITS = FrameLimits(max_header_bytes=1024, max_payload_bytes=0)
-
-
-def set_nodelay(writer: asyncio.StreamWriter) -> None:
-    """Disable Nagle: frames are latency-bound and already written whole."""
-    sock = writer.get_extra_info("socket")
-    if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
 class TokenBook:
