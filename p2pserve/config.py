@@ -73,6 +73,7 @@ class ClientConfig:
     max_retries: int = 3  # pipeline rebuilds per request before GenerationFailedError
     ban_base_s: float = 5.0  # first ban of a failed peer; doubles per repeat failure
     ban_max_s: float = 120.0
+    stale_route_pause_s: float = 0.25  # after "range moved": let the peer's new announcement land
 
 
 _ELSEWHERE = {

@@ -7,7 +7,10 @@ fails (connection lost, timeout, a typed error such as "overloaded" or "range mo
 
 1. the failing hop's peer is banned for a while, with exponential backoff per repeat offence
    (``ClientConfig.ban_base_s`` doubling up to ``ban_max_s``); "overloaded" is a short,
-   non-escalating mask instead, since the peer is healthy, just full;
+   non-escalating mask instead, since the peer is healthy, just full; "range moved" bans no one:
+   the peer is healthy and our view of the swarm is stale, so the route provider is told to
+   re-read the plan (its ``invalidate()``, when it has one) and the client pauses
+   ``ClientConfig.stale_route_pause_s`` for the peer's new announcement to land;
 2. the route provider builds a new route over what remains (IWRR over the plan, or known peers);
 3. the new session receives the whole token history plus the pending tokens as one prefill.
    Peers sample with a seed per absolute position, so the token that comes back is the one the
@@ -32,7 +35,7 @@ from typing import Awaitable, Callable, Optional, Sequence
 from p2pserve.client.connection import Hop, HopConnection
 from p2pserve.client.routing import Masks, NoRouteError, RouteGraph, Router
 from p2pserve.config import ClientConfig
-from p2pserve.errors import BadRequestError, GenerationFailedError, OverloadedError, RoutingError
+from p2pserve.errors import BadRequestError, GenerationFailedError, OverloadedError, RangeMovedError, RoutingError
 
 log = logging.getLogger(__name__)
 
@@ -145,6 +148,8 @@ class FailoverState:
             return FailureRecord(hop, describe(exc), "not retried")
         if isinstance(exc, OverloadedError):
             return FailureRecord(hop, describe(exc), f"masked as overloaded {self.overloaded.ban(hop.peer_id):g}s")
+        if isinstance(exc, RangeMovedError):
+            return FailureRecord(hop, describe(exc), "route stale, re-reading the plan")
         return FailureRecord(hop, describe(exc), f"banned {self.bans.ban(hop.peer_id):g}s")
 
 
@@ -302,6 +307,11 @@ class FailoverSession:
                     raise f.cause
                 if attempts > self.config.max_retries:
                     raise GenerationFailedError(failure_message(self.failures, attempts)) from f
+                if isinstance(f.cause, RangeMovedError):
+                    invalidate = getattr(self.routes, "invalidate", None)
+                    if invalidate is not None:
+                        invalidate()
+                    await asyncio.sleep(self.config.stale_route_pause_s)
             except RoutingError as e:
                 await self._drop_inner()
                 if not self.failures:

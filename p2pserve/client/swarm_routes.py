@@ -4,7 +4,9 @@ Reads the highest-epoch trusted plan and the live ``PeerInfo`` records through t
 plane's ``Swarm`` (at most once per ``refresh_s``, so a burst of requests costs one DHT read),
 keeps one IWRR :class:`Router` per plan epoch (a new epoch resets the schedulers, since the
 flows changed), and masks peers over the KV high-water mark from their announced
-``kv_free_tokens``. Without a plan yet, it routes over the ranges peers announce they serve.
+``kv_free_tokens``. Without a plan yet, it routes over the ranges peers announce they serve;
+so it does when the plan has no route left because peers flipped to new ranges after it was
+published (the coordinator's next plan will carry flows over them again).
 """
 
 from __future__ import annotations
@@ -68,6 +70,7 @@ class SwarmRoutes:
         self._plan = None
         self._peers: dict = {}
         self._router: Optional[Router] = None
+        self._served_router: Optional[Router] = None  # over announced serving ranges, no flows
         self._router_key = None
         self.epoch: Optional[int] = None
 
@@ -83,11 +86,19 @@ class SwarmRoutes:
         if plan is not None:
             self._plan = plan  # the last plan stays valid while the leader changes
         key = (self._plan.epoch if self._plan is not None else None, frozenset(self._peers))
-        if key != self._router_key:
+        if key != self._router_key or force:
             graph = graph_from_records(self._plan, self._peers, self.num_layers)
             self._router = Router(graph, seed=self.seed) if graph is not None else None
+            num_layers = self.num_layers or (self._plan.num_layers if self._plan is not None else None)
+            served = graph_from_records(None, self._peers, num_layers) if self._plan is not None else None
+            self._served_router = Router(served, seed=self.seed) if served is not None else None
             self._router_key = key
             self.epoch = key[0]
+
+    def invalidate(self) -> None:
+        """Make the next route re-read the swarm (a peer said our view of its range is stale)."""
+        self._read_at = -1e18
+        self._router_key = None
 
     @property
     def plan(self):
@@ -109,7 +120,16 @@ class SwarmRoutes:
         await self.refresh()
         if self._router is None:
             raise RoutingError("no plan published yet and no peer announces a serving range")
-        return self._router.route(self.masks_for(masks, kv_need_tokens))
+        masks = self.masks_for(masks, kv_need_tokens)
+        try:
+            return self._router.route(masks)
+        except RoutingError as e:
+            if self._served_router is None or getattr(e, "overloaded", False):
+                raise
+            # The plan's routes need a peer that has since flipped to another range: route over
+            # what peers serve now until the coordinator publishes flows over the new ranges.
+            log.info("plan epoch %s has no route left (%s); routing over announced ranges", self.epoch, e)
+            return self._served_router.route(masks)
 
     def for_request(self, kv_need_tokens: int):
         """A ``RouteProvider`` (callable on masks) for one request."""
@@ -117,4 +137,5 @@ class SwarmRoutes:
         async def provider(masks: Masks) -> list[Hop]:
             return await self.route(masks, kv_need_tokens)
 
+        provider.invalidate = self.invalidate  # FailoverSession calls it after "range moved"
         return provider

@@ -65,9 +65,13 @@ class SessionTable:
             raise RangeMovedError("this peer serves no layers yet (waiting for the plan / loading)")
         lo, hi = self.served
         if not (lo <= msg.start < msg.end <= hi):
-            raise BadRequestError(
-                f"layers [{msg.start}, {msg.end}) are outside this peer's range [{lo}, {hi})"
-            )
+            where = f"layers [{msg.start}, {msg.end}) are outside this peer's range [{lo}, {hi})"
+            if not (0 <= msg.start < msg.end <= self.spec.num_layers):
+                raise BadRequestError(f"{where}; the model has {self.spec.num_layers} layers")
+            # Layers the model has, sent to a peer that does not hold them: the client's view of
+            # the swarm is stale (this peer flipped to a new range after the plan it routes by was
+            # published). Another route can serve it, so the error is the retriable kind.
+            raise RangeMovedError(f"{where}; the route is stale, take another")
         if msg.max_length <= 0 or msg.max_length > self.spec.max_position_embeddings:
             raise BadRequestError(
                 f"max_length must be in [1, {self.spec.max_position_embeddings}], got {msg.max_length}"

@@ -28,7 +28,7 @@ from p2pserve.dht.cli_common import write_local_swarm_file
 from p2pserve.dht.config import DHTConfig
 from p2pserve.dht.swarm import Swarm
 from tests.harness import reference_generate, run_chain
-from tests.integration.test_swarm_peers import chain_from_spans, killpg, wait_for
+from tests.integration.test_swarm_peers import chain_from_spans, killpg, settled_spans, wait_for
 
 pytestmark = [
     pytest.mark.integration,
@@ -202,7 +202,13 @@ def test_links_plan_and_generation_across_regions(regions):
     assert min(inside) > 3 * expected
     assert within > across
 
-    spans = {p: tuple(s) for p, s in plan.plan.spans.items()}
+    # Generate over the plan as it stands now: it may have moved ranges while links were re-probed.
+    def settled_now():
+        plan, peers, _ = snapshot(observer)
+        spans = settled_spans(plan.plan if plan else None, {p: s.record for p, s in peers.items()}, 8)
+        return (spans, peers) if spans else None
+
+    spans, peers = wait_for(settled_now, "a settled plan to generate over", deadline=120)
     hops = chain_from_spans(spans, {p: s.record.addrs for p, s in peers.items()}, 8)
     ids = model.chat_ids([{"role": "user", "content": "Hello! How are you today?"}])
     params = GenerationParams(max_new_tokens=12, ignore_eos=True)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from p2pserve.client.api import AsyncClient
 from p2pserve.client.chain import LocalModelInfo
 from p2pserve.client.connection import Hop
 from p2pserve.client.generation import GenerationParams
@@ -70,6 +71,27 @@ def chain_from_spans(spans: dict[str, tuple[int, int]], addrs: dict[str, list[st
     return hops
 
 
+def settled_spans(plan, peers: dict, num_layers: int):
+    """The plan's spans if the plan is settled and served now, else None.
+
+    Settled: every peer already serves its target (no flip is pending), each span is inside the
+    range its peer announces, and the spans cover every layer. A chain built from them then
+    reaches only loaded ranges, unless the coordinator re-plans in the meantime.
+    """
+    if plan is None:
+        return None
+    spans = {p: tuple(s) for p, s in plan.spans.items()}
+    if {p: tuple(s) for p, s in plan.targets.items()} != spans:
+        return None
+    for pid, (a, b) in spans.items():
+        info = peers.get(pid)
+        if info is None or info.state != "serving" or not info.serving or not (info.serving[0] <= a and b <= info.serving[1]):
+            return None
+    if not all(any(a <= layer < b for a, b in spans.values()) for layer in range(num_layers)):
+        return None
+    return spans
+
+
 @pytest.fixture(scope="module")
 def swarm(model_dir, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("swarm")
@@ -114,25 +136,29 @@ def test_plan_assigns_ranges_and_swarm_generates_exactly(swarm):
 
     def served_and_covered():
         plan, peers = current(observer)
-        if plan is None:
-            return None
-        serving = {pid: info.serving for pid, info in peers.items() if info.state == "serving" and info.serving}
-        covered = all(any(a <= layer < b for a, b in serving.values()) for layer in range(L))
-        spans = {p: tuple(s) for p, s in plan.plan.spans.items()}
-        plan_covers = all(any(a <= layer < b for a, b in spans.values()) for layer in range(L))
-        return (plan, peers, spans) if covered and plan_covers and len(serving) >= 2 else None
+        spans = settled_spans(plan.plan if plan else None, peers, L)
+        return (plan, peers, spans) if spans and len(spans) >= 2 else None
 
-    plan, peers, spans = wait_for(served_and_covered, "a plan whose ranges are loaded and cover every layer")
+    plan, peers, spans = wait_for(served_and_covered, "a settled plan whose ranges are loaded and cover every layer")
     assert plan.plan.max_flow > 0
     for info in peers.values():
         assert info.throughput_decode and info.max_layers == 5  # real profile was announced
-    hops = chain_from_spans(spans, {p: i.addrs for p, i in peers.items()}, L)
-    ids = model.chat_ids([{"role": "user", "content": "Hello! How are you today?"}])
-    params = GenerationParams(max_new_tokens=16, ignore_eos=True)
+    messages = [{"role": "user", "content": "Hello! How are you today?"}]
+    ids = model.chat_ids(messages)
+    ref = reference_generate(swarm["path"], ids, 16)
 
-    ours = asyncio.run(run_chain(model, hops, ids, params, 256))
-    ref = reference_generate(swarm["path"], ids, params.max_new_tokens)
+    # The explicit chain over the plan's spans, and the swarm client, which routes by the plan's
+    # flows and re-routes if a peer flipped to a new range after the plan it read.
+    hops = chain_from_spans(spans, {p: i.addrs for p, i in peers.items()}, L)
+    ours = asyncio.run(run_chain(model, hops, ids, GenerationParams(max_new_tokens=16, ignore_eos=True), 256))
     assert ours[: len(ref)] == ref
+
+    async def via_client():
+        async with AsyncClient(model=swarm["path"], dht_config=observer.config, seed=0, model_info=model) as client:
+            return await client.chat(messages, max_new_tokens=16, ignore_eos=True)
+
+    reply = asyncio.run(via_client())
+    assert reply.tokens[: len(ref)] == ref
 
 
 def test_killed_peer_leaves_the_next_plan(swarm):

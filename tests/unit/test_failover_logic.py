@@ -19,7 +19,7 @@ from p2pserve.client.failover import (
 )
 from p2pserve.client.routing import Masks, NoRouteError
 from p2pserve.config import ClientConfig
-from p2pserve.errors import BadRequestError, GenerationFailedError, OverloadedError
+from p2pserve.errors import BadRequestError, GenerationFailedError, OverloadedError, RangeMovedError
 
 
 class Clock:
@@ -204,6 +204,33 @@ def test_bad_request_is_not_retried():
     with pytest.raises(BadRequestError):
         asyncio.run(session.step([1]))
     assert len(session.failures) == 1 and session.failures[0].action == "not retried"
+
+
+def test_range_moved_bans_no_one_and_rereads_the_routes():
+    """A peer that flipped ranges is healthy: the client re-reads its routes and may use it again."""
+
+    class Moved(FakeSwarm):
+        moved_once = False
+
+        async def open_session(self, hops):
+            if not self.moved_once:
+                self.moved_once = True
+                raise HopFailure(hops[0], RangeMovedError("layers [0, 4) are outside", peer=hops[0].peer_id))
+            return await super().open_session(hops)
+
+    class Routes(PeerListRoutes):
+        invalidated = 0
+
+        def invalidate(self):
+            self.invalidated += 1
+
+    config = ClientConfig(max_retries=3, stale_route_pause_s=0.0)
+    routes = Routes(8, PEERS, seed=0)
+    state = FailoverState(config, Clock())
+    session = FailoverSession(routes, Moved().open_session, max_length=256, config=config, state=state)
+    assert asyncio.run(run(session, [1, 2], 3)) == reference([1, 2], 3)
+    assert [f.action for f in session.failures] == ["route stale, re-reading the plan"]
+    assert routes.invalidated == 1 and not state.bans.active() and not state.overloaded.active()
 
 
 def test_rewind_then_failure_replays_the_truncated_history():

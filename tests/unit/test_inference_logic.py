@@ -124,3 +124,27 @@ def test_stop_strings_are_cut_and_never_leak():
     assert out == "Hello " and m.stopped
     m = StopStringMatcher(("STOP",))
     assert m.feed("ST") == "" and m.feed("AR") == "STAR" and m.flush() == ""
+
+
+def test_open_outside_the_range_is_stale_route_or_bad_request():
+    """Layers the model has but this peer does not: a stale route (retriable); beyond the model: bad."""
+    from p2pserve.errors import BadRequestError, RangeMovedError
+    from p2pserve.model.spec import ModelSpec
+    from p2pserve.peer.sessions import SessionTable
+    from p2pserve.protocol import PROTOCOL_VERSION, OpenSession, SamplingParams
+
+    spec = ModelSpec(model_id="m", family="llama", hidden_size=8, num_layers=8, num_heads=2, num_kv_heads=2,
+                     head_dim=4, intermediate_size=16, vocab_size=16, dtype="float32", tie_word_embeddings=False,
+                     max_position_embeddings=64)
+    table = SessionTable(spec=spec, served=(5, 8), budget=KVBudget(10_000), idle_timeout_s=60.0,
+                         torch_dtype=torch.float32)
+
+    def open_(start, end):
+        return table.open(OpenSession(version=PROTOCOL_VERSION, model_id="m", session_id=f"s{start}-{end}", start=start, end=end,
+                                      max_length=16, sampling=SamplingParams()), owner=None)
+
+    with pytest.raises(RangeMovedError, match="outside this peer's range"):
+        open_(4, 8)
+    with pytest.raises(BadRequestError, match="the model has 8 layers"):
+        open_(5, 9)
+    assert open_(6, 8).start == 6

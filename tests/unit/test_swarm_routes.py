@@ -89,3 +89,17 @@ def test_no_plan_and_no_peers_is_a_routing_error():
     routes = SwarmRoutes(FakeSwarm(None, []), seed=0, num_layers=None)
     with pytest.raises(RoutingError):
         asyncio.run(routes.route(Masks()))
+
+
+def test_stale_plan_falls_back_to_announced_ranges_and_invalidate_rereads():
+    """C flipped from [4, 8) to [5, 8) after the plan: no plan route is left, the served ranges have one."""
+    swarm = FakeSwarm(PLAN, [info("A", (0, 4)), info("B", (0, 5)), info("C", (5, 8))])
+    routes = SwarmRoutes(swarm, seed=0, num_layers=8, refresh_s=60.0, clock=Clock())
+    hops = asyncio.run(routes.route(Masks()))
+    assert [(h.peer_id, h.start, h.end) for h in hops] == [("B", 0, 5), ("C", 5, 8)]
+    provider = routes.for_request(16)
+    asyncio.run(provider(Masks()))
+    assert swarm.reads == 1  # cached
+    provider.invalidate()
+    asyncio.run(provider(Masks()))
+    assert swarm.reads == 2
