@@ -118,7 +118,8 @@ def dht_config_from_args(args: argparse.Namespace, *, model: Optional[str] = Non
     kw["use_relay"] = not (args.no_relay or f.get("use_relay", True) is False)
     kw["client_mode"] = bool(args.client_mode or f.get("client_mode", False))
     timing = f.get("timing", {})
-    for name in ("peer_refresh", "link_refresh", "candidate_refresh", "plan_refresh", "max_clock_skew"):
+    for name in ("peer_refresh", "link_refresh", "candidate_refresh", "plan_refresh", "max_clock_skew",
+                 "handover_max_wait"):
         v = getattr(args, name, None)
         if v is None:
             v = timing.get(name)

@@ -38,6 +38,9 @@ class DHTConfig:
     max_clock_skew: float = 2.0
     rpc_timeout: float = 10.0  # one DHT get/store
     reject_log_interval: float = 60.0  # the same rejected record is logged at most this often
+    # a loaded peer keeps its old range at most this long for the peers taking its dropped
+    # layers to load them (make-before-break, see p2pserve/peer/handover.py)
+    handover_max_wait: float = 120.0
 
     def __post_init__(self) -> None:
         for name in ("peer_refresh", "link_refresh", "candidate_refresh", "plan_refresh", "rpc_timeout"):

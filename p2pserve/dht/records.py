@@ -115,6 +115,7 @@ class PeerInfo(msgspec.Struct, kw_only=True, frozen=True):
     max_layers: int = 0
     serving: Optional[LayerSpan] = None
     loading: Optional[LayerSpan] = None
+    loaded: bool = False  # ``loading`` is in memory; the peer flips once its dropped layers are covered
     state: PeerState = "joining"
     kv_free_tokens: int = 0
     queued_tokens: int = 0

@@ -44,7 +44,8 @@ def collect_status(
         "peers": [
             {
                 "peer_id": p.peer_id,
-                "state": p.state,
+                # "loading (handover)": loaded, waiting for its dropped layers to be covered
+                "state": f"{p.state} (handover)" if p.state == "loading" and p.loaded else p.state,
                 "serving": _span(p.serving),
                 "loading": _span(p.loading),
                 "target": _span(plan.plan.targets.get(p.peer_id)) if plan else None,

@@ -1,9 +1,11 @@
 """The peer's control-plane agent: announce capabilities and load, probe links, follow the plan.
 
 State machine: joining (profiled, announced, no range) -> loading (the plan assigned a range;
-reading its tensors while the old range keeps serving) -> serving (flipped) -> draining (shutting
-down; records withdrawn). The decision what to load is pure (``next_target``); the loops are a
-thin shell over ``Swarm`` (DHT records), ``LinkProber`` and ``Peer.load_range``.
+reading its tensors while the old range keeps serving; once read, ``loaded`` is announced and the
+peer waits until the layers it would drop are covered: make-before-break, ``handover.py``) ->
+serving (flipped) -> draining (shutting down; records withdrawn). The decisions what to load and
+when to flip are pure (``next_target``, ``flip_decision``); the loops are a thin shell over
+``Swarm`` (DHT records), ``LinkProber`` and ``Peer.prepare_range`` / ``Peer.flip_to``.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from p2pserve import __version__
 from p2pserve.dht.announcer import Announcer
 from p2pserve.dht.records import LinkInfo, PeerInfo, Plan
 from p2pserve.dht.prober import LinkProber
+from p2pserve.peer.handover import OtherPeer, flip_decision
 from p2pserve.peer.profiler import Profile
 
 log = logging.getLogger(__name__)
@@ -48,6 +51,7 @@ class SwarmAgent:
         self.follow_plan = follow_plan
         self.prober = prober
         self.loading: Span | None = None
+        self.loaded = False  # the loading range is in memory, waiting for the handover
         self.state = "joining" if peer.served is None else "serving"
         self.announcer = Announcer(swarm, self.peer_info, self.link_info if prober else None)
         self._tasks: list[asyncio.Task] = []
@@ -71,6 +75,7 @@ class SwarmAgent:
             max_layers=self.profile.max_layers,
             serving=served,
             loading=self.loading,
+            loaded=self.loaded,
             state=self.state,
             kv_free_tokens=budget.free // layers_held,
             queued_tokens=self.peer.worker.queued_tokens,
@@ -115,12 +120,44 @@ class SwarmAgent:
         t = time.perf_counter()
         log.info("plan assigns layers [%d, %d): loading", *target)
         try:
-            await self.peer.load_range(*target)
+            shard = await self.peer.prepare_range(*target)
+            self.loaded = True
+            self.announcer.poke()
+            if await self._handover(target):
+                self.peer.flip_to(shard)
+                log.info("now serving [%d, %d) after %.1f s", *target, time.perf_counter() - t)
         finally:
-            self.loading = None
+            self.loading, self.loaded = None, False
             self.state = "serving" if self.peer.served else "joining"
             self.announcer.poke()
-        log.info("now serving [%d, %d) after %.1f s", *target, time.perf_counter() - t)
+
+    async def _handover(self, target: Span) -> bool:
+        """Wait until dropping the old range leaves no layer unserved (within limits); False if
+        the plan moved this peer elsewhere meanwhile (the loaded shard is then discarded)."""
+        cfg = self.swarm.config
+        period = max(0.1, min(cfg.peer_refresh, cfg.plan_refresh) / 2)
+        t0 = time.monotonic()
+        last_reason = None
+        while True:
+            peers = await self.swarm.get_peers()
+            # a loading peer still serves its old range; a draining one is about to stop
+            others = [OtherPeer(s.record.serving if s.record.state != "draining" else None, s.record.loading,
+                                s.record.loaded)
+                      for pid, s in peers.items() if pid != self.swarm.peer_id]
+            flip, reason = flip_decision(self.peer.served, target, others, time.monotonic() - t0,
+                                         grace_s=cfg.plan_refresh, settle_s=cfg.peer_refresh,
+                                         max_wait_s=cfg.handover_max_wait)
+            if reason != last_reason:
+                log.info("handover to [%d, %d): %s", *target, reason)
+                last_reason = reason
+            if flip:
+                return True
+            signed = await self.swarm.get_plan()
+            now_target = signed.plan.targets.get(self.swarm.peer_id) if signed is not None else None
+            if now_target is not None and tuple(now_target) != target:
+                log.info("the plan moved this peer again before the handover; dropping [%d, %d)", *target)
+                return False
+            await asyncio.sleep(period)
 
     async def _probe_loop(self) -> None:
         period = max(0.5, min(self.swarm.config.link_refresh, self.prober.config.min_interval_s) / 2)

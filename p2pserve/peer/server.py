@@ -95,17 +95,26 @@ class Peer:
         return self.table.served
 
     async def load_range(self, start: int, end: int) -> None:
-        """Load layers [start, end) (reading only their tensors) and flip to them when loaded.
+        """Load layers [start, end) (reading only their tensors) and flip to them when loaded."""
+        self.flip_to(await self.prepare_range(start, end))
 
-        Loading runs in a thread, so the current range keeps serving meanwhile; sessions whose
-        span is not inside the new range are closed at the flip and answer "range moved".
+    async def prepare_range(self, start: int, end: int) -> Shard:
+        """Load layers [start, end) without serving them yet (see :meth:`flip_to`).
+
+        Loading runs in a thread, so the current range keeps serving meanwhile.
         """
         t0 = time.perf_counter()
         shard = await asyncio.to_thread(Shard.load, self.model_path, self.spec, start, end, self.config.device)
+        log.info("loaded layers [%d, %d) of %s in %.1f s", start, end, self.spec.model_id, time.perf_counter() - t0)
+        return shard
+
+    def flip_to(self, shard: Shard) -> None:
+        """Serve ``shard``'s range from now on; sessions whose span is not inside it are closed
+        and answer "range moved"."""
         self.worker.replace_shard(shard)
-        moved = self.table.retarget((start, end))
-        log.info("serving layers [%d, %d) of %s (loaded in %.1f s; %d session(s) moved)",
-                 start, end, self.spec.model_id, time.perf_counter() - t0, len(moved))
+        moved = self.table.retarget((shard.start, shard.end))
+        log.info("serving layers [%d, %d) of %s (%d session(s) moved)", shard.start, shard.end,
+                 self.spec.model_id, len(moved))
 
     @property
     def peer_id(self) -> str:

@@ -1,0 +1,83 @@
+"""Make-before-break: when a peer that has loaded its new range may drop the old one.
+
+Peers follow a new plan one by one, each as soon as its own load finishes. A peer that flips
+the moment it is loaded drops layers that the peer taking them over may still be loading, and
+for that while no route covers them. So a loaded peer waits until the layers it would drop are
+served by someone else, within limits:
+
+* a dropped layer that another peer *serves* is safe: flip;
+* layers another peer is *loading* are coming: wait for them (up to ``max_wait_s``);
+* two peers swapping ranges would each wait for the other; a peer that has finished loading
+  says so (``PeerInfo.loaded``), and layers a loaded peer is about to take count as covered
+  once our own "loaded" has been announced for ``settle_s`` (so the partner saw it too);
+* layers nobody serves or loads: wait ``grace_s`` for the taker to read the plan, then flip
+  (waiting longer would only delay the new range).
+
+Pure decision logic; ``SwarmAgent`` polls it with the peers' DHT records.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Optional
+
+Span = tuple[int, int]
+
+
+@dataclass(frozen=True)
+class OtherPeer:
+    """What the decision needs of another peer's announcement."""
+
+    serving: Optional[Span]
+    loading: Optional[Span] = None
+    loaded: bool = False
+
+
+def _layers(span: Optional[Span]) -> set[int]:
+    return set(range(span[0], span[1])) if span else set()
+
+
+def flip_decision(
+    serving: Optional[Span],
+    target: Span,
+    others: Iterable[OtherPeer],
+    waited_s: float,
+    grace_s: float,
+    settle_s: float,
+    max_wait_s: float,
+) -> tuple[bool, str]:
+    """Whether to flip from ``serving`` to the loaded ``target`` now, and why (for the log)."""
+    dropped = _layers(serving) - _layers(target)
+    if not dropped:
+        return True, "drops no layer"
+    others = list(others)
+    served = set().union(*(_layers(o.serving) for o in others))
+    missing = dropped - served
+    if not missing:
+        return True, "every dropped layer is served by another peer"
+    if waited_s >= max_wait_s:
+        return True, f"waited {waited_s:.0f} s for layers {_fmt(missing)}; flipping anyway"
+    ready = set().union(*(_layers(o.loading) for o in others if o.loaded))
+    if not (missing - ready) and waited_s >= settle_s:
+        return True, "the peers taking the dropped layers are loaded too: flipping together"
+    coming = set().union(*(_layers(o.loading) for o in others))
+    if not (missing - coming):
+        return False, f"layers {_fmt(missing)} are being loaded by another peer"
+    if waited_s < grace_s:
+        return False, f"nobody serves or loads layers {_fmt(missing)} yet"
+    return True, f"nobody is taking layers {_fmt(missing)}; flipping"
+
+
+def _fmt(layers: set[int]) -> str:
+    """Layers as compact half-open runs: {1, 2, 3, 7} -> '[1, 4) [7, 8)'."""
+    out, run = [], None
+    for layer in sorted(layers):
+        if run and layer == run[1]:
+            run[1] += 1
+        else:
+            if run:
+                out.append(run)
+            run = [layer, layer + 1]
+    if run:
+        out.append(run)
+    return " ".join(f"[{a}, {b})" for a, b in out)

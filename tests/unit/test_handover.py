@@ -1,0 +1,37 @@
+"""Make-before-break: when a loaded peer may drop its old range (pure decision)."""
+
+from __future__ import annotations
+
+from p2pserve.peer.handover import OtherPeer, flip_decision
+
+LIMITS = dict(grace_s=10.0, settle_s=5.0, max_wait_s=120.0)
+
+
+def decide(serving, target, others, waited=0.0):
+    return flip_decision(serving, target, others, waited, **LIMITS)
+
+
+def test_flips_at_once_when_nothing_is_dropped_or_others_serve_it():
+    assert decide(None, (0, 4), [])[0]
+    assert decide((0, 4), (0, 6), [])[0]  # grows: drops nothing
+    assert decide((0, 4), (2, 6), [OtherPeer(serving=(0, 3))])[0]
+
+
+def test_waits_for_a_peer_loading_the_dropped_layers_then_gives_up():
+    others = [OtherPeer(serving=None, loading=(0, 2))]
+    flip, why = decide((0, 4), (2, 6), others, waited=30.0)
+    assert not flip and "[0, 2)" in why and "being loaded" in why
+    assert decide((0, 4), (2, 6), others, waited=121.0)[0]
+
+
+def test_a_swap_of_two_loaded_peers_flips_after_settling():
+    partner = [OtherPeer(serving=(4, 8), loading=(0, 4), loaded=True)]
+    assert not decide((0, 4), (4, 8), partner, waited=1.0)[0]  # let the partner see our "loaded" first
+    flip, why = decide((0, 4), (4, 8), partner, waited=6.0)
+    assert flip and "together" in why
+
+
+def test_nobody_taking_the_layers_waits_only_the_grace_period():
+    assert not decide((0, 4), (2, 6), [OtherPeer(serving=(6, 8))], waited=3.0)[0]
+    flip, why = decide((0, 4), (2, 6), [OtherPeer(serving=(6, 8))], waited=11.0)
+    assert flip and "nobody is taking layers [0, 2)" in why
