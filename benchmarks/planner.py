@@ -275,6 +275,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip", nargs="*", default=[], choices=["methods", "churn", "unseen", "simulator"])
     ap.add_argument("--reload-share", type=float, nargs="+", default=[5e-3],
                     help="churn: reload cost per moved layer, as a share of the objective (several: a sweep)")
+    ap.add_argument("--objective", nargs="+", default=["max-flow", "throughput"], choices=["max-flow", "throughput"],
+                    help="churn: objectives to run")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "planner.json"))
     args = ap.parse_args(argv)
     tl = args.time_limit or (10.0 if args.quick else 60.0)
@@ -288,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
                         res["rows"], cols)
     if "churn" not in args.skip:
         report["churn"] = []
-        for objective in ("max-flow", "throughput"):
+        for objective in args.objective:
             rows = bench_churn(tl, min(10.0, tl), reload_shares=tuple(args.reload_share), objective=objective)
             report["churn"].extend(rows)
             print_table(f"churn on cluster24 ({objective} objective, from our {objective} plan)", rows,
