@@ -7,6 +7,17 @@ session attends to its own KV cache.
 
 Tensor shapes in comments: T = tokens in the batch, H = hidden size, D = head dim,
 nH / nKV = query / key-value heads, c = cached tokens before this step.
+
+Fast path. A decode step is one token per sequence, so with small models nearly all of its time
+is fixed per-op cost (dispatch, ``nn.Module.__call__``), not arithmetic. For the families whose
+layer math is known (`_FAST_FAMILIES`) the shard therefore runs the very same tensor ops that
+the transformers modules run, in the same order, but called directly: norms as their own ops,
+projections as the ``mm``/``addmm`` that ``F.linear`` dispatches to on 2-D inputs, SiLU as
+``F.silu``. Rotary tables are computed by the model's own rotary module once for a range of
+positions and then sliced, and ``rotate_half(x) * sin`` is computed as ``roll(x) * sin'`` with
+the sign of sin's first half flipped, which is exact because IEEE negation commutes with
+rounding. Results are bit-identical to the module path (see tests/unit/test_shard_fastpath.py).
+Anything the fast path does not recognise falls back to calling the modules.
 """
 
 from __future__ import annotations
@@ -14,7 +25,7 @@ from __future__ import annotations
 import importlib
 import logging
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Callable, NamedTuple, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -58,9 +69,93 @@ class Segment:
         return int(self.inputs.shape[0])
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+# Families whose decoder layer, attention, MLP and RMSNorm math `_layer_fast` reproduces (checked
+# against transformers 5.x): pre-norm, optional q/k/v biases (Qwen2), optional per-head q/k
+# RMSNorm (Qwen3), gated MLP ``down(act(gate(x)) * up(x))``.
+_FAST_FAMILIES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
+# Rotary types that rescale their frequencies with the sequence length (transformers'
+# ``dynamic_rope_update``): their cos/sin are computed every step. Every other type's cos/sin of
+# a position never change, so they are computed once into a table and sliced.
+_DYNAMIC_ROPE = ("dynamic", "longrope")
+_ROPE_TABLE_MIN = 256  # positions computed at once when the rotary table first grows
+
+
+def _linear(x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` for 2-D x: the exact kernel it dispatches to, without the
+    ``linear -> matmul -> t`` wrappers (``weight_t`` is ``weight.t()``, made once)."""
+    return torch.mm(x, weight_t) if bias is None else torch.addmm(bias, x, weight_t)
+
+
+class _Norm(NamedTuple):
+    """An RMSNorm's weight and eps, plus eps and the normalised size as 0-dim CPU tensors."""
+
+    weight: torch.Tensor
+    eps: float
+    eps_t: torch.Tensor
+    size_t: torch.Tensor
+
+
+def _norm_params(weight: torch.Tensor, eps: float) -> _Norm:
+    return _Norm(weight, eps, torch.tensor(eps, dtype=torch.float32), torch.tensor(float(weight.shape[-1])))
+
+
+def _rms_norm(x: torch.Tensor, norm: _Norm) -> torch.Tensor:
+    """transformers' ``LlamaRMSNorm.forward``, op for op.
+
+    On CPU, ``pow(2)`` is ``x * x`` and ``mean(-1)`` is ``sum(-1).div_(size)`` inside torch;
+    they are spelled out here with ready 0-dim tensors for the divisor and eps, which skips
+    wrapping Python scalars on every call and gives the same bits. Other devices run the
+    transformers ops unchanged.
+    """
+    dtype = x.dtype
+    h = x if dtype == torch.float32 else x.to(torch.float32)
+    if h.is_cpu:
+        variance = torch.sum(h * h, -1, keepdim=True).div_(norm.size_t).add_(norm.eps_t)
+    else:
+        variance = h.pow(2).mean(-1, keepdim=True) + norm.eps
+    h = h * variance.rsqrt_()
+    return (h if dtype == torch.float32 else h.to(dtype)).mul_(norm.weight)  # == weight * h
+
+
+def _rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor):
+    """Rotary embedding of q [T, nH, D] and k [T, nKV, D] in one pass.
+
+    transformers computes ``x * cos + rotate_half(x) * sin`` with rotate_half(x) = [-x2, x1].
+    Here rotate_half(x) * sin = roll(x) * [-sin1, sin2] = [x2, x1] * sin_signed, which is the
+    same product bit for bit ((-a) * b == a * (-b) in IEEE arithmetic); q and k are stacked so
+    the four elementwise ops run once instead of twice.
+    """
+    nq = q.shape[1]
+    qk = torch.cat((q, k), 1)  # [T, nH + nKV, D]
+    rotated = torch.roll(qk, qk.shape[-1] // 2, -1).mul_(sin_signed)
+    qk = qk.mul_(cos).add_(rotated)  # == qk * cos + rotated
+    q, k = qk[:, :nq], qk[:, nq:]
+    if q.shape[0] > 1:  # give attention the same contiguous q as the unfused computation
+        q = q.contiguous()
+    return q, k
+
+
+@dataclass(frozen=True)
+class _LayerPlan:
+    """One decoder layer's tensors, unwrapped from its modules for `Shard._layer_fast`.
+
+    Linear weights are stored transposed (views) with their biases; ``act`` is None for
+    SiLU (run in place), else the layer's own activation module.
+    """
+
+    input_norm: _Norm
+    post_norm: _Norm
+    q_norm: _Norm | None
+    k_norm: _Norm | None
+    q: tuple[torch.Tensor, torch.Tensor | None]
+    k: tuple[torch.Tensor, torch.Tensor | None]
+    v: tuple[torch.Tensor, torch.Tensor | None]
+    o: tuple[torch.Tensor, torch.Tensor | None]
+    gate: tuple[torch.Tensor, torch.Tensor | None]
+    up: tuple[torch.Tensor, torch.Tensor | None]
+    down: tuple[torch.Tensor, torch.Tensor | None]
+    act: Callable[[torch.Tensor], torch.Tensor] | None
+    scaling: float
 
 
 class Shard(torch.nn.Module):
@@ -91,6 +186,13 @@ class Shard(torch.nn.Module):
         self.rotary = rotary_cls(config=hf_config)
         self.windows = [self._sliding_window(i) for i in range(start, end)]
         self.device = torch.device("cpu")
+        self._fast_classes = (norm_cls, getattr(mod, f"{prefix}Attention", None), getattr(mod, f"{prefix}MLP", None))
+        # Fast-path state, built on first use and dropped whenever weights may have moved.
+        self._plan: list[_LayerPlan] | None = None
+        self._plan_built = False
+        self._head: tuple[_Norm, torch.Tensor, torch.Tensor | None] | None = None
+        self._rope_table: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._dynamic_rope = _is_dynamic_rope(self.rotary)
 
     def _sliding_window(self, layer: int) -> int | None:
         cfg = self.hf_config
@@ -148,48 +250,134 @@ class Shard(torch.nn.Module):
         """Names of parameters (not buffers) the shard needs from a checkpoint."""
         return [name for name, _ in self.named_parameters()]
 
+    # ------------------------------------------------------------------ fast-path state
+    def _reset_fast_path(self) -> None:
+        """Forget the plan and rotary table: they hold views of weights and buffers."""
+        self._plan, self._plan_built, self._head, self._rope_table = None, False, None, None
+
+    def _apply(self, fn, *args, **kwargs):  # .to(), .half(), .cuda(), ... replace tensors
+        self._reset_fast_path()
+        return super()._apply(fn, *args, **kwargs)
+
+    def load_state_dict(self, *args, **kwargs):  # assign=True replaces parameters
+        self._reset_fast_path()
+        return super().load_state_dict(*args, **kwargs)
+
+    def _build_plan(self) -> list[_LayerPlan] | None:
+        """Unwrap every layer into a `_LayerPlan`, or None to use the module path.
+
+        Only layers built from the family's own classes with plain ``nn.Linear`` projections are
+        unwrapped, so a transformers version that changes the layer layout falls back safely.
+        """
+        if self.spec.family not in _FAST_FAMILIES:
+            return None
+        norm_cls, attn_cls, mlp_cls = self._fast_classes
+        silu_types = tuple(t for t in (torch.nn.SiLU, _hf_silu_type()) if t is not None)
+
+        def norm(m) -> _Norm:
+            if type(m) is not norm_cls:
+                raise _NoFastPath
+            return _norm_params(m.weight, float(m.variance_epsilon))
+
+        def linear(m) -> tuple[torch.Tensor, torch.Tensor | None]:
+            if type(m) is not torch.nn.Linear:
+                raise _NoFastPath
+            return m.weight.t(), m.bias
+
+        plans = []
+        try:
+            if self.norm is not None:
+                self._head = (norm(self.norm), *linear(self.lm_head))
+            for layer in self.layers:
+                attn, mlp = layer.self_attn, layer.mlp
+                if type(attn) is not attn_cls or type(mlp) is not mlp_cls:
+                    raise _NoFastPath
+                has_qk_norm = hasattr(attn, "q_norm")
+                plans.append(
+                    _LayerPlan(
+                        input_norm=norm(layer.input_layernorm),
+                        post_norm=norm(layer.post_attention_layernorm),
+                        q_norm=norm(attn.q_norm) if has_qk_norm else None,
+                        k_norm=norm(attn.k_norm) if has_qk_norm else None,
+                        q=linear(attn.q_proj),
+                        k=linear(attn.k_proj),
+                        v=linear(attn.v_proj),
+                        o=linear(attn.o_proj),
+                        gate=linear(mlp.gate_proj),
+                        up=linear(mlp.up_proj),
+                        down=linear(mlp.down_proj),
+                        act=None if isinstance(mlp.act_fn, silu_types) else mlp.act_fn,
+                        scaling=attn.scaling,
+                    )
+                )
+        except (_NoFastPath, AttributeError):
+            log.info("shard of %s: layer layout not recognised, using the module path", self.spec.family)
+            self._head = None
+            return None
+        return plans
+
+    def _fast_plan(self) -> list[_LayerPlan] | None:
+        if not self._plan_built:
+            self._plan, self._plan_built = self._build_plan(), True
+        return self._plan
+
+    def _rope_rows(self, segments: list[Segment], like: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(cos, sin_signed) [n, 1, D] for each segment's positions, in ``like``'s dtype.
+
+        sin_signed is sin with its first half negated (see `_rope`). For static rotary types
+        the rows are slices of a table that the rotary module computed for positions
+        [0, P): each position's row is an elementwise function of that position alone, so it
+        is the same whether computed alone or in a batch.
+        """
+        if self._dynamic_rope:
+            positions = torch.cat([torch.arange(s.position, s.position + s.n) for s in segments])
+            cos, sin = self._rotary_rows(positions.to(self.device), like)
+            rows, at = [], 0
+            for s in segments:
+                rows.append((cos[at : at + s.n], sin[at : at + s.n]))
+                at += s.n
+            return rows
+        need = max(s.position + s.n for s in segments)
+        table = self._rope_table
+        if table is None or table[0].shape[0] < need or table[0].dtype != like.dtype:
+            size = max(need, _ROPE_TABLE_MIN, 2 * table[0].shape[0] if table is not None else 0)
+            table = self._rope_table = self._rotary_rows(torch.arange(size, device=self.device), like)
+        cos, sin = table
+        return [(cos[s.position : s.position + s.n], sin[s.position : s.position + s.n]) for s in segments]
+
+    def _rotary_rows(self, positions: torch.Tensor, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rotary module's cos, sin for ``positions`` [T], as [T, 1, D] cos and sin_signed."""
+        cos, sin = self.rotary(like[None], positions[None])
+        cos, sin = cos[0, :, None, :], sin[0, :, None, :]  # [T, 1, D]
+        half = sin.shape[-1] // 2
+        return cos, torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+
     # ------------------------------------------------------------------ compute
     @torch.inference_mode()
     def forward_batch(self, segments: list[Segment]) -> list[torch.Tensor]:
         """Run every segment through its span; returns hidden [n, H] or logits [V] per segment."""
         dtype = TORCH_DTYPES[self.spec.dtype]
+        plan = self._fast_plan()
         for seg in segments:
-            inputs = seg.inputs.to(self.device, non_blocking=True)
+            inputs = seg.inputs
+            if inputs.device != self.device:
+                inputs = inputs.to(self.device, non_blocking=True)
             if seg.start == 0:
-                seg.hidden = self.embed_tokens(inputs)
+                seg.hidden = F.embedding(inputs, self.embed_tokens.weight)
             else:
-                seg.hidden = inputs.to(dtype)
-        lo = min(s.start for s in segments)
-        hi = max(s.end for s in segments)
-        # Rotary tables for every token in the batch, computed once per step.
-        positions = torch.cat([torch.arange(s.position, s.position + s.n) for s in segments]).to(self.device)
-        cos_all, sin_all = self.rotary(segments[0].hidden[None], positions[None])
-        cos_all, sin_all = cos_all[0], sin_all[0]  # [T, D]
-        offsets, acc = [], 0
-        for s in segments:
-            offsets.append(acc)
-            acc += s.n
-        previous_active: list[int] | None = None
-        cos = sin = None
-        for layer_idx in range(lo, hi):
-            active = [i for i, s in enumerate(segments) if s.start <= layer_idx < s.end]
-            if not active:
-                continue
-            if active != previous_active:
-                if len(active) == len(segments):
-                    cos, sin = cos_all, sin_all
-                else:
-                    rows = torch.cat([torch.arange(offsets[i], offsets[i] + segments[i].n) for i in active])
-                    rows = rows.to(self.device)
-                    cos, sin = cos_all[rows], sin_all[rows]
-                previous_active = active
-            x = torch.cat([segments[i].hidden for i in active]) if len(active) > 1 else segments[active[0]].hidden
-            x = self._layer(layer_idx, x, cos, sin, [segments[i] for i in active])
-            at = 0
-            for i in active:
-                n = segments[i].n
-                segments[i].hidden = x[at : at + n]
-                at += n
+                seg.hidden = inputs if inputs.dtype == dtype else inputs.to(dtype)
+        # Rotary rows of every segment, computed once per step.
+        rope = self._rope_rows(segments, segments[0].hidden)
+        layer = self._layer_fast if plan is not None else self._layer
+        if len(segments) == 1:  # every decode step of a lone session: no bookkeeping
+            seg = segments[0]
+            cos, sin = rope[0]
+            x = seg.hidden
+            for layer_idx in range(seg.start, seg.end):
+                x = layer(layer_idx, x, cos, sin, segments)
+            seg.hidden = x
+        else:
+            self._run_layers(segments, rope, layer)
         outputs: list[torch.Tensor] = [seg.hidden for seg in segments]
         wanting = [i for i, seg in enumerate(segments) if seg.want_logits]
         if wanting:
@@ -198,12 +386,48 @@ class Shard(torch.nn.Module):
             # One head matmul for every sequence's last token: the vocabulary projection is the
             # largest matrix of small models, so doing it per sequence would dominate decode.
             last = torch.cat([segments[i].hidden[-1:] for i in wanting])  # [S, H]
-            logits = self.lm_head(self.norm(last)).float().cpu()  # [S, V]
+            if self._head is not None:
+                norm, head_t, head_bias = self._head
+                logits = _linear(_rms_norm(last, norm), head_t, head_bias)
+            else:
+                logits = self.lm_head(self.norm(last))
+            if logits.dtype != torch.float32:
+                logits = logits.float()
+            logits = logits.cpu()  # [S, V]
             for row, i in enumerate(wanting):
                 outputs[i] = logits[row]
         return outputs
 
+    def _run_layers(self, segments: list[Segment], rope, layer) -> None:
+        """Run several segments layer by layer, each layer over the segments whose span has it."""
+        lo = min(s.start for s in segments)
+        hi = max(s.end for s in segments)
+        previous_active: list[int] | None = None
+        cos = sin = None
+        active_segments: list[Segment] = []
+        for layer_idx in range(lo, hi):
+            active = [i for i, s in enumerate(segments) if s.start <= layer_idx < s.end]
+            if not active:
+                continue
+            if active != previous_active:
+                if len(active) == 1:
+                    cos, sin = rope[active[0]]
+                else:
+                    cos = torch.cat([rope[i][0] for i in active])
+                    sin = torch.cat([rope[i][1] for i in active])
+                active_segments = [segments[i] for i in active]
+                previous_active = active
+            if len(active) == 1:
+                active_segments[0].hidden = layer(layer_idx, active_segments[0].hidden, cos, sin, active_segments)
+                continue
+            x = layer(layer_idx, torch.cat([s.hidden for s in active_segments]), cos, sin, active_segments)
+            at = 0
+            for s in active_segments:
+                s.hidden = x[at : at + s.n]
+                at += s.n
+
     def _layer(self, layer_idx: int, x: torch.Tensor, cos, sin, segments: list[Segment]) -> torch.Tensor:
+        """One decoder layer through the transformers modules (any family)."""
         layer = self.layers[layer_idx - self.start]
         attn = layer.self_attn
         T = x.shape[0]
@@ -214,25 +438,76 @@ class Shard(torch.nn.Module):
         v = attn.v_proj(h).view(T, -1, D)
         if hasattr(attn, "q_norm"):  # Qwen3: per-head RMSNorm before RoPE
             q, k = attn.q_norm(q), attn.k_norm(k)
-        c, s = cos[:, None, :].to(q.dtype), sin[:, None, :].to(q.dtype)
-        q = q * c + _rotate_half(q) * s
-        k = k * c + _rotate_half(k) * s
+        q, k = _rope(q, k, cos, sin)
+        o = self._attention(layer_idx, q, k, v, segments, attn.scaling)
+        x = x + attn.o_proj(o)
+        return x + layer.mlp(layer.post_attention_layernorm(x))
+
+    def _layer_fast(self, layer_idx: int, x: torch.Tensor, cos, sin, segments: list[Segment]) -> torch.Tensor:
+        """`_layer` for the known families with the module wrappers peeled off: same ops, same order."""
+        p = self._plan[layer_idx - self.start]
+        T = x.shape[0]
+        D = self.spec.head_dim
+        h = _rms_norm(x, p.input_norm)
+        q = _linear(h, *p.q).view(T, -1, D)  # [T, nH, D]
+        k = _linear(h, *p.k).view(T, -1, D)  # [T, nKV, D]
+        v = _linear(h, *p.v).view(T, -1, D)
+        if p.q_norm is not None:  # Qwen3: per-head RMSNorm before RoPE
+            q, k = _rms_norm(q, p.q_norm), _rms_norm(k, p.k_norm)
+        q, k = _rope(q, k, cos, sin)
+        o = self._attention(layer_idx, q, k, v, segments, p.scaling)
+        # In-place ops below only touch tensors made in this call (never the input x), and
+        # a + b == b + a, a * b == b * a bit for bit.
+        x = _linear(o, *p.o).add_(x)  # x + o_proj(o)
+        h = _rms_norm(x, p.post_norm)
+        if p.act is None:  # SiLU
+            a = F.silu(_linear(h, *p.gate), inplace=True).mul_(_linear(h, *p.up))
+        else:
+            a = p.act(_linear(h, *p.gate)) * _linear(h, *p.up)
+        return x.add_(_linear(a, *p.down))  # x + down(act(gate(h)) * up(h))
+
+    def _attention(self, layer_idx: int, q, k, v, segments: list[Segment], scaling: float) -> torch.Tensor:
+        """Append k, v to each segment's cache and attend; q, k, v [T, heads, D] -> [T, nH * D]."""
         window = self.windows[layer_idx - self.start]
+        if len(segments) == 1:  # the common case, without slicing
+            n = q.shape[0]
+            ks, vs = segments[0].cache.append(layer_idx, k.transpose(0, 1), v.transpose(0, 1))
+            mask = _attention_mask(n, ks.shape[1], window, q.device)
+            o = F.scaled_dot_product_attention(
+                q.transpose(0, 1)[None], ks[None], vs[None], attn_mask=mask, scale=scaling, enable_gqa=True
+            )  # [1, nH, n, D]
+            # With one token, [1, nH, 1, D] flattens to [1, nH * D] without the transpose.
+            return o.reshape(1, -1) if n == 1 else o[0].transpose(0, 1).reshape(n, -1)
         outs = []
         at = 0
         for seg in segments:
             n = seg.n
             qs = q[at : at + n].transpose(0, 1)  # [nH, n, D]
             ks, vs = seg.cache.append(layer_idx, k[at : at + n].transpose(0, 1), v[at : at + n].transpose(0, 1))
-            mask = _attention_mask(n, ks.shape[1], window, x.device)
+            mask = _attention_mask(n, ks.shape[1], window, q.device)
             o = F.scaled_dot_product_attention(
-                qs[None], ks[None], vs[None], attn_mask=mask, scale=attn.scaling, enable_gqa=True
+                qs[None], ks[None], vs[None], attn_mask=mask, scale=scaling, enable_gqa=True
             )
             outs.append(o[0].transpose(0, 1).reshape(n, -1))
             at += n
-        o = attn.o_proj(torch.cat(outs) if len(outs) > 1 else outs[0])
-        x = x + o
-        return x + layer.mlp(layer.post_attention_layernorm(x))
+        return torch.cat(outs)
+
+
+class _NoFastPath(Exception):
+    """A layer the fast path does not recognise."""
+
+
+def _hf_silu_type():
+    try:
+        from transformers.activations import SiLUActivation
+    except ImportError:
+        return None
+    return SiLUActivation
+
+
+def _is_dynamic_rope(rotary) -> bool:
+    rope_type = getattr(rotary, "rope_type", "default")
+    return not isinstance(rope_type, str) or any(t in rope_type for t in _DYNAMIC_ROPE)
 
 
 def _attention_mask(n: int, total: int, window: int | None, device) -> torch.Tensor | None:
