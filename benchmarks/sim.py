@@ -260,13 +260,40 @@ def speed(args) -> dict:
     return out
 
 
+def swarm_rule(args, seeds) -> dict:
+    """Section 7: the Swarm baseline under its two readings (sample by throughput, or greedy).
+
+    The paper says only that its Swarm baseline schedules "based on real-time throughput of each
+    candidate node". Offline (closed-loop, near saturation) the figure depends on that rule far
+    more than online, where either rule serves the offered load if it balances.
+    """
+    print("\n== 7. Swarm baseline: sampling by throughput vs greedy (decode tok/s) ==")
+    print(f"{'model':<11} {'mode':<8} {'published':>9} {'swarm':>8} {'greedy':>8}")
+    out = {}
+    for model in MODEL_DIR:
+        pub_off, pub_on = PUBLISHED[(model, "swarm")]
+        sc = build_scenario(model, parts_for(model, "swarm"))
+        rate = ONLINE_RATE.get((model, "swarm")) or ONLINE_LOAD_FACTOR * offline_token_rate(pub_off)
+        row = {}
+        for mode, pub in (("offline", pub_off), ("online", pub_on)):
+            kw = dict(mode=mode, duration=args.offline_s) if mode == "offline" else \
+                dict(mode=mode, duration=args.online_s, token_rate=rate)
+            got = {sched: run_seeds(sc, seeds if mode == "offline" else seeds[:1], scheduler=sched, kv_mask=False,
+                                    **kw)["decode_throughput_tokens_per_s"] for sched in ("swarm", "swarm-greedy")}
+            row[mode] = {"published": pub, **got}
+            print(f"{model:<11} {mode:<8} {pub:9.1f} {got['swarm']:8.1f} {got['swarm-greedy']:8.1f}")
+        out[model] = row
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="short windows and one seed")
     ap.add_argument("--seeds", type=int, default=2, help="seeds averaged for offline runs")
     ap.add_argument("--planner-s", type=float, default=60.0, help="planner search budget")
     ap.add_argument("--only", nargs="*", default=None,
-                    choices=["reproduction", "ablation", "planner", "throttling", "speed", "sensitivity"])
+                    choices=["reproduction", "ablation", "planner", "throttling", "speed", "sensitivity",
+                             "swarm_rule"])
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "sim.json"))
     args = ap.parse_args(argv)
     args.offline_s = 120.0 if args.quick else 600.0
@@ -274,7 +301,8 @@ def main(argv=None) -> int:
     seeds = list(range(1 if args.quick else args.seeds))
     if args.quick:
         args.planner_s = min(args.planner_s, 10.0)
-    sections = args.only or ["reproduction", "ablation", "planner", "throttling", "sensitivity", "speed"]
+    sections = args.only or ["reproduction", "ablation", "planner", "throttling", "sensitivity", "swarm_rule",
+                             "speed"]
     t0 = time.perf_counter()
     result = {"settings": {"offline_window_s": args.offline_s, "online_window_s": args.online_s, "seeds": seeds,
                            "online_load_factor": ONLINE_LOAD_FACTOR, "quick": args.quick}}

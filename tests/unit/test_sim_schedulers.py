@@ -122,6 +122,15 @@ def test_swarm_is_proportional_to_measured_speed():
     assert 0.86 < counts[0] / 3000 < 0.94
 
 
+def test_swarm_greedy_takes_the_fastest_and_breaks_ties_at_random():
+    topo = two_parallel()
+    sched = SwarmScheduler(random.Random(1), greedy=True)
+    fast = StubView(topo, speed={0: 9.0, 1: 1.0})
+    assert {sched.route(Query(i, 1, 1, 0.0), fast)[0].node for i in range(50)} == {0}
+    tie = StubView(topo, speed={0: 5.0, 1: 5.0})
+    assert {sched.route(Query(i, 1, 1, 0.0), tie)[0].node for i in range(50)} == {0, 1}
+
+
 def test_petals_takes_the_lowest_latency_route():
     # a one-hop route through node 0 (2 layers) versus two hops 1 -> 2; node 0 is backed up.
     topo = make_topology([(0, 2), (0, 1), (1, 2)], num_layers=2, latency=0.001)

@@ -13,7 +13,7 @@ from p2pserve.sim.schedulers.random_choice import RandomScheduler
 from p2pserve.sim.schedulers.shortest_queue import ShortestQueueScheduler
 from p2pserve.sim.schedulers.swarm import SwarmScheduler
 
-SCHEDULERS = ("iwrr", "random", "shortest-queue", "swarm", "petals")
+SCHEDULERS = ("iwrr", "random", "shortest-queue", "swarm", "swarm-greedy", "petals")
 
 
 def make_scheduler(
@@ -26,8 +26,8 @@ def make_scheduler(
         return RandomScheduler(rng)
     if name == "shortest-queue":
         return ShortestQueueScheduler(rng)
-    if name == "swarm":
-        return SwarmScheduler(rng)
+    if name in ("swarm", "swarm-greedy"):
+        return SwarmScheduler(rng, greedy=name == "swarm-greedy")
     if name == "petals":
         return PetalsScheduler()
     raise ConfigError(f"unknown scheduler {name!r}; expected one of {', '.join(SCHEDULERS)}")

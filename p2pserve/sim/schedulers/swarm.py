@@ -17,15 +17,22 @@ from p2pserve.sim.topology import SINK, Edge
 
 
 class SwarmScheduler(HopByHopScheduler):
-    """Throughput-proportional random choice of the next hop."""
+    """Throughput-proportional random choice of the next hop.
+
+    ``greedy`` (scheduler ``swarm-greedy``) takes the fastest candidate instead of sampling
+    (ties broken at random). The Helix paper describes its Swarm baseline only as scheduling
+    "based on real-time throughput of each candidate node"; the two readings bracket how much
+    the baseline's figures depend on that rule (see docs/sim.md).
+    """
 
     name = "swarm"
 
-    def __init__(self, rng: random.Random):
+    def __init__(self, rng: random.Random, greedy: bool = False):
         self.rng = rng
+        self.greedy = greedy
 
     def choose(self, u: int, candidates: Sequence[Edge], query: Query, view: SchedulerView) -> Edge:
-        """Sample a candidate with weight = stage throughput (tokens/s)."""
+        """Sample a candidate with weight = stage throughput (tokens/s), or take the fastest."""
         if len(candidates) == 1:
             return candidates[0]
         weights = []
@@ -34,4 +41,7 @@ class SwarmScheduler(HopByHopScheduler):
                 weights.append(1.0)
             else:
                 weights.append(max(view.speed(e.dst), 1e-9) / e.stage.layers)
+        if self.greedy:
+            top = max(weights)
+            return self.rng.choice([e for e, w in zip(candidates, weights) if w >= top * (1 - 1e-9)])
         return self.rng.choices(candidates, weights=weights, k=1)[0]
