@@ -44,7 +44,7 @@ ONLINE_RATE = {
     ("llama2-70b", "swarm"): 350.0,
 }
 #: Scheduler ablation in the paper (prototype, Helix placement, 70B offline): IWRR / baseline.
-PAPER_ABLATION = {"swarm": 1.30, "random": 1.29, "shortest-queue": 1.19}
+PAPER_ABLATION = {"swarm": 1.30, "swarm-greedy": 1.30, "random": 1.29, "shortest-queue": 1.19}
 MODEL_DIR = {"llama2-70b": "llama70b", "llama1-30b": "llama30b"}
 TOLERANCE = 0.15
 
@@ -159,7 +159,7 @@ def ablation(args, seeds) -> dict:
     for mask in ("auto", "on"):
         kv_mask = None if mask == "auto" else True
         res = {}
-        for sched in ("iwrr", "random", "shortest-queue", "swarm", "petals"):
+        for sched in ("iwrr", "random", "shortest-queue", "swarm", "swarm-greedy", "petals"):
             res[sched] = run_seeds(sc, seeds, scheduler=sched, mode="offline", duration=args.offline_s, kv_mask=kv_mask)
         base = res["iwrr"]["decode_throughput_tokens_per_s"]
         label = "KV mask: IWRR only (Helix §5.2)" if mask == "auto" else "KV mask: every scheduler"
