@@ -113,7 +113,7 @@ def swarm(model_dir, tmp_path_factory):
                                        "--max-layers", "5", "--log-level", "INFO"], tmp / f"peer{i}.log")
         observer = Swarm.create(DHTConfig(model=model.spec.model_id, swarm_id="real-peers", initial_peers=tuple(boot),
                                           host_maddrs=("/ip4/127.0.0.1/tcp/0",), client_mode=True, **TIMING))
-        yield dict(procs=procs, observer=observer, model=model, path=path, tmp=tmp)
+        yield dict(procs=procs, observer=observer, model=model, path=path, tmp=tmp, cfg_path=cfg_path)
     finally:
         if observer is not None:
             observer.shutdown()
@@ -177,3 +177,42 @@ def test_killed_peer_leaves_the_next_plan(swarm):
                               and victim_pid not in p.plan.targets else None)(current(observer)[0]),
                      "a plan without the killed peer")
     assert victim_pid not in later.plan.spans
+
+
+def test_a_joining_peer_is_placed_and_no_layer_goes_unserved_meanwhile(swarm):
+    """Make-before-break: while the plan absorbs a new peer, every layer stays served.
+
+    Peers that move load their new range first and keep the old one until the layers they drop
+    are served by someone else (p2pserve/peer/handover.py). The observer keeps each peer's
+    latest record (one DHT read missing a peer is not a departure) and checks coverage of the
+    served ranges at every read until the plan has settled with the newcomer in it.
+    """
+    observer, model = swarm["observer"], swarm["model"]
+    L = model.spec.num_layers
+
+    def settled():
+        plan, peers = current(observer)
+        return settled_spans(plan.plan if plan else None, peers, L)
+
+    before = wait_for(settled, "a settled plan before the join")
+    swarm["procs"]["peer3"] = spawn(["peer", "--model", swarm["path"], "--config", str(swarm["cfg_path"]),
+                                     "--num-threads", "1", "--max-layers", "5", "--log-level", "INFO"],
+                                    swarm["tmp"] / "peer3.log")
+    latest: dict = {}
+    lapses = []
+
+    def watch():
+        plan, peers = current(observer)
+        for pid, info in peers.items():
+            if pid not in latest or info.timestamp >= latest[pid].timestamp:
+                latest[pid] = info
+        served = [i.serving for i in latest.values() if i.state != "draining" and i.serving]
+        missing = [layer for layer in range(L) if not any(a <= layer < b for a, b in served)]
+        if missing:
+            lapses.append((missing, {p[-6:]: (i.state, i.serving, i.loading) for p, i in latest.items()}))
+        spans = settled_spans(plan.plan if plan else None, peers, L)
+        return spans if spans and set(spans) - set(before) else None
+
+    after = wait_for(watch, "a settled plan that includes the new peer")
+    assert not lapses, lapses[:3]
+    assert len(after) == len(before) + 1
