@@ -20,7 +20,7 @@ from typing import Callable, Mapping
 
 from p2pserve.coordinator.estimate import ThroughputEstimate, WorkloadModel, estimate
 from p2pserve.coordinator.heuristics import all_heuristics
-from p2pserve.coordinator.maxflow import FlowResult, max_flow
+from p2pserve.coordinator.maxflow import max_flow
 from p2pserve.coordinator.search import balanced_chain, improve, max_flow_score, tiered_candidates
 from p2pserve.coordinator.topology import SINK, SOURCE, Topology
 from p2pserve.errors import ConfigError, InsufficientMemoryError, PlanningError
