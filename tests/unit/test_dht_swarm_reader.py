@@ -122,12 +122,13 @@ def test_config_file_and_flags(tmp_path):
 
     (tmp_path / "s.json").write_text(json.dumps({
         "swarm_id": "x", "model": "m", "initial_peers": ["/ip4/1.2.3.4/tcp/1/p2p/Qm"],
-        "trusted_coordinators": [], "timing": {"peer_refresh": 1.5},
+        "trusted_coordinators": [], "timing": {"peer_refresh": 1.5, "handover_max_wait": 30},
     }))
     p = argparse.ArgumentParser()
     add_dht_arguments(p)
     cfg, _ = dht_config_from_args(p.parse_args(["--config", str(tmp_path / "s.json"), "--swarm-id", "y"]))
     assert cfg.swarm_id == "y" and cfg.model == "m" and cfg.peer_refresh == 1.5 and cfg.initial_peers
+    assert cfg.handover_max_wait == 30.0
     with pytest.raises(ConfigError):
         dht_config_from_args(p.parse_args([]))
     (tmp_path / "bad.toml").write_text("model = ")
