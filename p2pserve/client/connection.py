@@ -30,6 +30,7 @@ from p2pserve.protocol import (
     OpenSession,
     SamplingParams,
     SessionOpened,
+    TensorMeta,
     decode_reply,
 )
 from p2pserve.transport import maddr_hosts, read_frame, set_nodelay, tensor_from_wire, tensor_to_wire, write_frame
@@ -99,12 +100,32 @@ class HopConnection:
     async def forward(self, step: int, position: int, inputs: torch.Tensor) -> ForwardResult | tuple:
         """Send inputs for [position, position + n); returns (result, hidden or None)."""
         meta, data = tensor_to_wire(inputs)
+        reply, payload = await self.forward_wire(step, position, meta, data)
+        hidden = tensor_from_wire(reply.tensor, payload) if reply.tensor is not None else None
+        return reply, hidden
+
+    async def forward_wire(self, step: int, position: int, meta: TensorMeta, data) -> tuple[ForwardResult, bytes]:
+        """:meth:`forward` on inputs already in wire form; returns (result, raw hidden bytes).
+
+        A chain passes one hop's hidden states to the next as the bytes it received, never
+        decoding them into a tensor: a prefill's activations are copied once less per hop. They
+        are checked here against the shape and dtype this hop must return ([n, hidden] in the
+        model's dtype), so a malformed answer is blamed on the hop that sent it (retriable),
+        not on the next hop that would refuse it.
+        """
         msg = Forward(session_id=self.session_id, step=step, position=position, tensor=meta)
         reply, payload = await self._call(msg, data)
         if not isinstance(reply, ForwardResult):
             raise MalformedFrameError(f"expected ForwardResult from {self.hop}, got {type(reply).__name__}")
-        hidden = tensor_from_wire(reply.tensor, payload) if reply.tensor is not None else None
-        return reply, hidden
+        if reply.tensor is not None:
+            reply.tensor.validate(len(payload))
+            want = [meta.shape[0], self.opened.hidden_size] if self.opened else None
+            if want is not None and (list(reply.tensor.shape) != want or reply.tensor.dtype != self.opened.dtype):
+                raise MalformedFrameError(
+                    f"{self.hop} returned hidden states {reply.tensor.dtype} {list(reply.tensor.shape)}, "
+                    f"expected {self.opened.dtype} {want}"
+                )
+        return reply, payload
 
     async def connect(self) -> None:
         """Open the stream (dialling the hop's addresses first) without opening a session."""

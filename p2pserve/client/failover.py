@@ -209,6 +209,12 @@ class _TaggedConnection:
         except Exception as e:
             raise HopFailure(self.hop, e) from e
 
+    async def forward_wire(self, *args, **kwargs):
+        try:
+            return await self._conn.forward_wire(*args, **kwargs)
+        except Exception as e:
+            raise HopFailure(self.hop, e) from e
+
     async def close(self):
         return await self._conn.close()
 

@@ -19,6 +19,7 @@ from p2pserve.client.connection import Hop, HopConnection
 from p2pserve.config import ClientConfig
 from p2pserve.errors import BadRequestError, RoutingError
 from p2pserve.protocol import SamplingParams
+from p2pserve.transport import tensor_to_wire
 
 
 def check_chain(hops: list[Hop], num_layers: int) -> None:
@@ -83,12 +84,13 @@ class InferenceSession:
             raise BadRequestError("step needs at least one token")
         if self.position + len(token_ids) > self.max_length:
             raise BadRequestError(f"session would exceed max_length {self.max_length}")
-        x = torch.tensor(token_ids, dtype=torch.int64)
+        meta, data = tensor_to_wire(torch.tensor(token_ids, dtype=torch.int64))
         step = self.step_count
         token = None
         for conn in self.connections:
-            reply, hidden = await conn.forward(step, self.position, x)
-            x = hidden
+            reply, payload = await conn.forward_wire(step, self.position, meta, data)
+            if reply.tensor is not None:  # hidden states: handed to the next hop as received
+                meta, data = reply.tensor, payload
             token = reply.token
         self.step_count += 1
         self.position += len(token_ids)

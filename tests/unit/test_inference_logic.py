@@ -148,3 +148,35 @@ def test_open_outside_the_range_is_stale_route_or_bad_request():
     with pytest.raises(BadRequestError, match="the model has 8 layers"):
         open_(5, 9)
     assert open_(6, 8).start == 6
+
+
+def test_hidden_states_of_the_wrong_shape_are_blamed_on_the_hop_that_sent_them():
+    """The chain passes hidden bytes on undecoded, so the client checks them per hop (retriable)."""
+    import asyncio
+
+    from p2pserve.client.connection import Hop, HopConnection
+    from p2pserve.protocol import ForwardResult, FrameLimits, SessionOpened, TensorMeta
+
+    conn = HopConnection(None, Hop("peerA", 0, 4, ()), FrameLimits(), 5.0)
+    conn.session_id = "s"
+    conn.opened = SessionOpened(session_id="s", start=0, end=4, served_start=0, served_end=8, hidden_size=8,
+                                dtype="float32", peer_version="x")
+    replies = []
+
+    async def fake_call(msg, payload=b""):  # stands in for the stream round trip
+        return replies.pop(0)
+
+    conn._call = fake_call
+    ids, ids_data = tensor_to_wire(torch.tensor([1, 2, 3]))
+    good = TensorMeta(dtype="float32", shape=[3, 8], nbytes=96)
+    replies.append((ForwardResult(session_id="s", step=0, position=3, tensor=good), b"\0" * 96))
+    reply, payload = asyncio.run(conn.forward_wire(0, 0, ids, ids_data))
+    assert reply.tensor == good and len(payload) == 96
+    wrong = TensorMeta(dtype="float32", shape=[3, 9], nbytes=108)
+    replies.append((ForwardResult(session_id="s", step=1, position=6, tensor=wrong), b"\0" * 108))
+    with pytest.raises(MalformedFrameError, match=r"expected float32 \[3, 8\]"):
+        asyncio.run(conn.forward_wire(1, 3, ids, ids_data))
+    lying = TensorMeta(dtype="float32", shape=[3, 8], nbytes=96)
+    replies.append((ForwardResult(session_id="s", step=1, position=6, tensor=lying), b"\0" * 10))
+    with pytest.raises(MalformedFrameError):
+        asyncio.run(conn.forward_wire(1, 3, ids, ids_data))
