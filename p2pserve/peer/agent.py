@@ -140,9 +140,15 @@ class SwarmAgent:
         last_reason = None
         while True:
             peers = await self.swarm.get_peers()
+            signed = await self.swarm.get_plan()
+            targets = signed.plan.targets if signed is not None else {}
+            now_target = targets.get(self.swarm.peer_id)
+            if now_target is not None and tuple(now_target) != target:
+                log.info("the plan moved this peer again before the handover; dropping [%d, %d)", *target)
+                return False
             # a loading peer still serves its old range; a draining one is about to stop
             others = [OtherPeer(s.record.serving if s.record.state != "draining" else None, s.record.loading,
-                                s.record.loaded)
+                                s.record.loaded, targets.get(pid) if s.record.state != "draining" else None)
                       for pid, s in peers.items() if pid != self.swarm.peer_id]
             flip, reason = flip_decision(self.peer.served, target, others, time.monotonic() - t0,
                                          grace_s=cfg.plan_refresh, settle_s=cfg.peer_refresh,
@@ -152,11 +158,6 @@ class SwarmAgent:
                 last_reason = reason
             if flip:
                 return True
-            signed = await self.swarm.get_plan()
-            now_target = signed.plan.targets.get(self.swarm.peer_id) if signed is not None else None
-            if now_target is not None and tuple(now_target) != target:
-                log.info("the plan moved this peer again before the handover; dropping [%d, %d)", *target)
-                return False
             await asyncio.sleep(period)
 
     async def _probe_loop(self) -> None:

@@ -6,12 +6,15 @@ for that while no route covers them. So a loaded peer waits until the layers it 
 served by someone else, within limits:
 
 * a dropped layer that another peer *serves* is safe: flip;
-* layers another peer is *loading* are coming: wait for them (up to ``max_wait_s``);
+* layers another live peer is *loading*, or is assigned by the current plan, are coming: wait
+  for them (up to ``max_wait_s``);
 * two peers swapping ranges would each wait for the other; a peer that has finished loading
-  says so (``PeerInfo.loaded``), and layers a loaded peer is about to take count as covered
-  once our own "loaded" has been announced for ``settle_s`` (so the partner saw it too);
-* layers nobody serves or loads: wait ``grace_s`` for the taker to read the plan, then flip
-  (waiting longer would only delay the new range).
+  says so (``PeerInfo.loaded``), and layers that a loaded peer which still serves its old range
+  is about to take count as covered once our own "loaded" has been announced for ``settle_s``
+  (so the partner saw it too). A loaded peer that serves nothing yet waits for nobody: it flips
+  by itself, so we wait to see it serve;
+* layers nobody serves, loads or is assigned: wait ``grace_s``, then flip (waiting longer would
+  only delay the new range).
 
 Pure decision logic; ``SwarmAgent`` polls it with the peers' DHT records.
 """
@@ -31,6 +34,7 @@ class OtherPeer:
     serving: Optional[Span]
     loading: Optional[Span] = None
     loaded: bool = False
+    target: Optional[Span] = None  # its range in the current plan
 
 
 def _layers(span: Optional[Span]) -> set[int]:
@@ -57,12 +61,12 @@ def flip_decision(
         return True, "every dropped layer is served by another peer"
     if waited_s >= max_wait_s:
         return True, f"waited {waited_s:.0f} s for layers {_fmt(missing)}; flipping anyway"
-    ready = set().union(*(_layers(o.loading) for o in others if o.loaded))
+    ready = set().union(*(_layers(o.loading) for o in others if o.loaded and o.serving))
     if not (missing - ready) and waited_s >= settle_s:
         return True, "the peers taking the dropped layers are loaded too: flipping together"
-    coming = set().union(*(_layers(o.loading) for o in others))
+    coming = set().union(*(_layers(o.loading) | _layers(o.target) for o in others))
     if not (missing - coming):
-        return False, f"layers {_fmt(missing)} are being loaded by another peer"
+        return False, f"layers {_fmt(missing)} are being loaded by (or assigned to) another peer"
     if waited_s < grace_s:
         return False, f"nobody serves or loads layers {_fmt(missing)} yet"
     return True, f"nobody is taking layers {_fmt(missing)}; flipping"

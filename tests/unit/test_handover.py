@@ -22,6 +22,17 @@ def test_waits_for_a_peer_loading_the_dropped_layers_then_gives_up():
     flip, why = decide((0, 4), (2, 6), others, waited=30.0)
     assert not flip and "[0, 2)" in why and "being loaded" in why
     assert decide((0, 4), (2, 6), others, waited=121.0)[0]
+    # the plan assigns them to a live peer that has not started loading: also coming
+    assigned = [OtherPeer(serving=(6, 8), target=(0, 2))]
+    assert not decide((0, 4), (2, 6), assigned, waited=30.0)[0]
+
+
+def test_a_loaded_newcomer_is_waited_for_until_it_serves():
+    """A loaded peer that serves nothing flips by itself: flipping 'together' with it would
+    leave its layers unserved until its own flip is announced."""
+    newcomer = [OtherPeer(serving=None, loading=(0, 2), loaded=True)]
+    assert not decide((0, 4), (2, 6), newcomer, waited=30.0)[0]
+    assert decide((0, 4), (2, 6), [OtherPeer(serving=(0, 2))], waited=30.0)[0]
 
 
 def test_a_swap_of_two_loaded_peers_flips_after_settling():
