@@ -86,7 +86,7 @@ class SwarmRoutes:
         if plan is not None:
             self._plan = plan  # the last plan stays valid while the leader changes
         key = (self._plan.epoch if self._plan is not None else None, frozenset(self._peers))
-        if key != self._router_key or force:
+        if key != self._router_key:
             graph = graph_from_records(self._plan, self._peers, self.num_layers)
             self._router = Router(graph, seed=self.seed) if graph is not None else None
             num_layers = self.num_layers or (self._plan.num_layers if self._plan is not None else None)

@@ -147,9 +147,8 @@ class SwarmAgent:
                 log.info("the plan moved this peer again before the handover; dropping [%d, %d)", *target)
                 return False
             # a loading peer still serves its old range; a draining one is about to stop
-            others = [OtherPeer(s.record.serving if s.record.state != "draining" else None, s.record.loading,
-                                s.record.loaded, targets.get(pid) if s.record.state != "draining" else None)
-                      for pid, s in peers.items() if pid != self.swarm.peer_id]
+            others = [OtherPeer(s.record.serving, s.record.loading, s.record.loaded, targets.get(pid))
+                      for pid, s in peers.items() if pid != self.swarm.peer_id and s.record.state != "draining"]
             flip, reason = flip_decision(self.peer.served, target, others, time.monotonic() - t0,
                                          grace_s=cfg.plan_refresh, settle_s=cfg.peer_refresh,
                                          max_wait_s=cfg.handover_max_wait)

@@ -24,6 +24,7 @@ from p2pserve.config import ClientConfig
 from p2pserve.dht.cli_common import write_local_swarm_file
 from p2pserve.dht.config import DHTConfig
 from tests.harness import reference_generate
+from tests.integration.test_swarm_peers import settled_spans, uncovered
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -58,7 +59,7 @@ def wait_for(fn, what: str, deadline: float = DEADLINE):
 
 
 def covered(spans, num_layers) -> bool:
-    return all(any(a <= layer < b for a, b in spans) for layer in range(num_layers))
+    return not uncovered(spans, num_layers)
 
 
 @pytest.fixture(scope="module")
@@ -88,17 +89,15 @@ def swarm(model_dir, tmp_path_factory):
 
 
 async def wait_for_plan(client: AsyncClient, min_peers: int):
-    """Until the plan's spans are all served now and cover every layer with ``min_peers`` peers."""
+    """Until the plan has settled (``settled_spans``) with flows and at least ``min_peers`` peers."""
     routes = client.swarm_routes
     L = client.info.spec.num_layers
     end = time.monotonic() + DEADLINE
     while time.monotonic() < end:
         await routes.refresh(force=True)
         plan, peers = routes.plan, routes._peers
-        if plan is not None and plan.flows and len(plan.spans) >= min_peers:
-            serving = {p: tuple(i.serving) for p, i in peers.items() if i.state == "serving" and i.serving}
-            if all(serving.get(p) == tuple(s) for p, s in plan.spans.items()) and covered(plan.spans.values(), L):
-                return plan
+        if plan is not None and plan.flows and len(plan.spans) >= min_peers and settled_spans(plan, peers, L):
+            return plan
         await asyncio.sleep(0.5)
     raise TimeoutError("no plan covering every layer with loaded ranges")
 

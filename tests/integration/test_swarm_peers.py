@@ -71,6 +71,11 @@ def chain_from_spans(spans: dict[str, tuple[int, int]], addrs: dict[str, list[st
     return hops
 
 
+def uncovered(spans, num_layers: int) -> list[int]:
+    """Layers of [0, num_layers) that none of the half-open ``spans`` holds."""
+    return [layer for layer in range(num_layers) if not any(a <= layer < b for a, b in spans)]
+
+
 def settled_spans(plan, peers: dict, num_layers: int):
     """The plan's spans if the plan is settled and served now, else None.
 
@@ -87,9 +92,7 @@ def settled_spans(plan, peers: dict, num_layers: int):
         info = peers.get(pid)
         if info is None or info.state != "serving" or not info.serving or not (info.serving[0] <= a and b <= info.serving[1]):
             return None
-    if not all(any(a <= layer < b for a, b in spans.values()) for layer in range(num_layers)):
-        return None
-    return spans
+    return None if uncovered(spans.values(), num_layers) else spans
 
 
 @pytest.fixture(scope="module")
@@ -207,7 +210,7 @@ def test_a_joining_peer_is_placed_and_no_layer_goes_unserved_meanwhile(swarm):
             if pid not in latest or info.timestamp >= latest[pid].timestamp:
                 latest[pid] = info
         served = [i.serving for i in latest.values() if i.state != "draining" and i.serving]
-        missing = [layer for layer in range(L) if not any(a <= layer < b for a, b in served)]
+        missing = uncovered(served, L)
         if missing:
             lapses.append((missing, {p[-6:]: (i.state, i.serving, i.loading) for p, i in latest.items()}))
         spans = settled_spans(plan.plan if plan else None, peers, L)
