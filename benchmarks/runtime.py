@@ -6,6 +6,8 @@
   the same figure for SmolLM2 (3 peers vs 1) is reported too
 * a bare client<->peer frame round trip (the cost a hop pays on the wire)
 * the hop figures again with the client kept on libp2p streams (no direct TCP path)
+* where the added time per hop goes: inside the peers (of which compute) vs the wire and the
+  client, from the service and compute times the peers report (``PeerStats``)
 * a 2-layer forward back to back vs after other work (the cold start every hop pays once per token)
 * aggregate tokens/s with 16 concurrent sessions vs 1 session (continuous batching)
 * peak RSS of a peer holding a third of the layers vs one holding all of them
@@ -111,6 +113,19 @@ async def frame_rtt_ms(p2p, hop, rounds=200, direct: bool = True) -> float:
     return 1000 * statistics.median(samples)
 
 
+async def peer_timing(p2p, hops) -> list[tuple[float, float]]:
+    """(service_ms, compute_ms) each hop's peer reports for its recent Forwards."""
+    out = []
+    for hop in hops:
+        conn = HopConnection(p2p, hop, ClientConfig().frame_limits, 10)
+        try:
+            st = await conn.stats()
+            out.append((st.service_ms, st.compute_ms))
+        finally:
+            await conn.close()
+    return out
+
+
 async def hop_overhead(tiny_path: str, rounds: int = 5) -> dict:
     """Median ms per decode step on a tiny model: 1 peer vs a 4-peer chain of the same layers.
 
@@ -126,6 +141,7 @@ async def hop_overhead(tiny_path: str, rounds: int = 5) -> dict:
     peers = start_peers(tiny_path, [(0, L)] * 4)
     transports = {"direct": ClientConfig(), "libp2p": ClientConfig(direct=False)}
     samples = {(t, k): [] for t in transports for k in (1, 4)}
+    timing = {1: [], 4: []}  # per round: [(service_ms, compute_ms) per hop], direct path
     try:
         p2p = await create_client_p2p()
         try:
@@ -138,7 +154,11 @@ async def hop_overhead(tiny_path: str, rounds: int = 5) -> dict:
             for _ in range(rounds):
                 for name, config in transports.items():
                     samples[(name, 4)].append((await stream_rate(p2p, four, model, ids, 96, config))[1])
+                    if name == "direct":  # peers report medians of their last 64 Forwards: this run's
+                        timing[4].append(await peer_timing(p2p, four))
                     samples[(name, 1)].append((await stream_rate(p2p, one, model, ids, 96, config))[1])
+                    if name == "direct":
+                        timing[1].append(await peer_timing(p2p, one))
         finally:
             await p2p.shutdown()
     finally:
@@ -148,6 +168,20 @@ async def hop_overhead(tiny_path: str, rounds: int = 5) -> dict:
     for name in transports:
         ms1, ms4 = statistics.median(samples[(name, 1)]), statistics.median(samples[(name, 4)])
         out[name] = dict(ms1=ms1, ms4=ms4, added_ms_per_hop=(ms4 - ms1) / 3)
+    # Where the added time goes, per added hop: the peers' own time (service: frame read to
+    # reply written; compute: the shard's forward) summed over the chain, minus the single
+    # peer's; the rest of the added time is the wire and the client.
+    def total(k: int, field: int) -> float:
+        return statistics.median(sum(hop[field] for hop in r) for r in timing[k])
+
+    out["breakdown"] = dict(
+        peer_ms_per_added_hop=(total(4, 0) - total(1, 0)) / 3,
+        compute_ms_per_added_hop=(total(4, 1) - total(1, 1)) / 3,
+        single_peer_service_ms=total(1, 0),
+        single_peer_compute_ms=total(1, 1),
+        chain_service_ms=[round(statistics.median(r[i][0] for r in timing[4]), 3) for i in range(4)],
+        chain_compute_ms=[round(statistics.median(r[i][1] for r in timing[4]), 3) for i in range(4)],
+    )
     return out
 
 
@@ -241,6 +275,13 @@ def main() -> int:
         "added_ms_per_hop_libp2p_only": tiny["libp2p"]["added_ms_per_hop"],
         "tiny_ms_per_token_one_peer_libp2p_only": tiny["libp2p"]["ms1"],
         "tiny_ms_per_token_four_peers_libp2p_only": tiny["libp2p"]["ms4"],
+        "added_ms_per_hop_in_peers": tiny["breakdown"]["peer_ms_per_added_hop"],
+        "added_ms_per_hop_in_compute": tiny["breakdown"]["compute_ms_per_added_hop"],
+        "added_ms_per_hop_wire_and_client": tiny["direct"]["added_ms_per_hop"] - tiny["breakdown"]["peer_ms_per_added_hop"],
+        "tiny_single_peer_service_ms": tiny["breakdown"]["single_peer_service_ms"],
+        "tiny_single_peer_compute_ms": tiny["breakdown"]["single_peer_compute_ms"],
+        "tiny_chain_service_ms_per_peer": tiny["breakdown"]["chain_service_ms"],
+        "tiny_chain_compute_ms_per_peer": tiny["breakdown"]["chain_compute_ms"],
         "tiny_2_layer_forward_ms_back_to_back": cold["back_to_back"],
         "tiny_2_layer_forward_ms_after_other_work": cold["after_other_work"],
         "smollm2_added_ms_per_hop": (m["ms3"] - m["ms1"]) / 2,

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import statistics
 import time
+from collections import deque
 
 import torch
 
@@ -39,6 +41,7 @@ from p2pserve.protocol import (
     OpenSession,
     SessionClosed,
     SessionOpened,
+    TIMING_WINDOW,
     decode_request,
     error_reply,
 )
@@ -68,6 +71,7 @@ class SessionHandler:
         self.inline_window_s = worker.throttle.config.inline_lone_decode_s
         self._last_session: str | None = None  # the session of the latest Forward
         self._alone_since = 0.0  # when that session became the only one sending
+        self._service_s: deque = deque(maxlen=TIMING_WINDOW)  # recent Forwards, frame read to reply written
 
     async def handle_stream(self, stream_info, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """hivemind stream-handler callback: serve frames until the client hangs up."""
@@ -82,8 +86,11 @@ class SessionHandler:
                 except PayloadTooLargeError as e:
                     await self._reply_error(writer, e)
                     return  # the body was not read, so the stream is out of sync
+                t0 = time.perf_counter()
                 reply, out_payload = await self._dispatch(header, payload, owner)
                 await write_frame(writer, reply, out_payload)
+                if isinstance(reply, ForwardResult):
+                    self._service_s.append(time.perf_counter() - t0)
         except (ConnectionError, asyncio.IncompleteReadError):
             return
         finally:
@@ -147,6 +154,8 @@ class SessionHandler:
             max_batch_tokens=st.max_batch_tokens,
             max_batch_sessions=st.max_batch_sessions,
             inline_steps=st.inline_steps,
+            service_ms=1000 * statistics.median(self._service_s) if self._service_s else 0.0,
+            compute_ms=st.compute_ms,
         )
 
     def _open(self, msg: OpenSession, owner) -> SessionOpened:

@@ -66,6 +66,7 @@ def test_chains_of_1_2_and_4_peers_match_generate(llama_peers):
     st, transport = asyncio.run(stats())
     assert transport == "direct"
     assert st.inline_steps > 0  # a lone session's decode ran on the peer's I/O thread
+    assert st.service_ms > 0 and st.compute_ms > 0  # recent Forwards' time in the peer
 
 
 def test_libp2p_only_and_mixed_transports_match_generate(llama_peers):
