@@ -118,12 +118,14 @@ def bench_methods(tl: float) -> dict:
 
 
 def bench_churn(tl_full: float, tl_inc: float, seed: int = 0, reload_shares: tuple[float, ...] = (5e-3,),
-                objective: str = "max-flow") -> list[dict]:
+                objective: str = "max-flow", tolerances: tuple[float, ...] = (0.0,)) -> list[dict]:
     """Churn on cluster24 starting from our plan for ``objective`` (same objective throughout).
 
     Each scenario's 60 s full re-solve runs once; the incremental re-solve then runs once per
     reload cost in ``reload_shares`` (a share of the starting plan's objective per moved layer),
-    which traces the trade-off between what it recovers and what it moves.
+    which traces the trade-off between what it recovers and what it moves; and once per
+    ``tolerances`` value (0: the reload price alone; > 0: fewest moves within that share of the
+    best objective found, see ``incremental.fewest_moves_within``).
     """
     data = hf.helix_data_dir()
     full_topo = load_helix_topology(data / CLUSTERS["cluster24"][0], "llama2-70b")
@@ -149,24 +151,25 @@ def bench_churn(tl_full: float, tl_inc: float, seed: int = 0, reload_shares: tup
             topo = full_topo
         full = plan_for_topology(topo, cfg_full)
         full_moved = layers_to_load(before, by_name(topo, full.assignments))
-        for share in reload_shares:
+        for share, tol in [(sh, tol) for tol in tolerances for sh in reload_shares]:
             reload_cost = share * value
             t0 = time.monotonic()
             if kind == "remove":
-                res = on_leave(topo, before, cfg_inc, reload_cost, time_limit_s=tl_inc)
+                res = on_leave(topo, before, cfg_inc, reload_cost, time_limit_s=tl_inc, tolerance=tol)
                 immediate = res
                 if not res.resolved:
                     # Coverage held: serving continues on the flows-only plan at once; the
                     # warm-started re-solve then gets its 10 s to win back what was lost.
-                    res = resolve(topo, before, cfg_inc, reload_cost, tl_inc)
+                    res = resolve(topo, before, cfg_inc, reload_cost, tl_inc, tolerance=tol)
             else:
-                res = on_join(topo, before, cfg_inc, reload_cost, time_limit_s=tl_inc)
+                res = on_join(topo, before, cfg_inc, reload_cost, time_limit_s=tl_inc, tolerance=tol)
                 immediate = None
             inc_time = time.monotonic() - t0
             results.append({
                 "objective": objective,
                 "scenario": f"{kind} {count}",
                 "reload_share": share,
+                "tolerance": tol,
                 "nodes": [full_topo.nodes[i].name for i in gone],
                 "coverage_held": not validate_placement(topo, by_index(topo, before)) if kind == "remove" else None,
                 "time_to_valid_plan_s": round(inc_time, 3),
@@ -275,6 +278,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip", nargs="*", default=[], choices=["methods", "churn", "unseen", "simulator"])
     ap.add_argument("--reload-share", type=float, nargs="+", default=[5e-3],
                     help="churn: reload cost per moved layer, as a share of the objective (several: a sweep)")
+    ap.add_argument("--tolerance", type=float, nargs="+", default=[0.0],
+                    help="churn: fewest moves within this share of the best objective found (0: price only; several: a sweep)")
     ap.add_argument("--objective", nargs="+", default=["max-flow", "throughput"], choices=["max-flow", "throughput"],
                     help="churn: objectives to run")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "planner.json"))
@@ -291,10 +296,11 @@ def main(argv: list[str] | None = None) -> int:
     if "churn" not in args.skip:
         report["churn"] = []
         for objective in args.objective:
-            rows = bench_churn(tl, min(10.0, tl), reload_shares=tuple(args.reload_share), objective=objective)
+            rows = bench_churn(tl, min(10.0, tl), reload_shares=tuple(args.reload_share), objective=objective,
+                               tolerances=tuple(args.tolerance))
             report["churn"].extend(rows)
             print_table(f"churn on cluster24 ({objective} objective, from our {objective} plan)", rows,
-                        ["scenario", "reload_share", "coverage_held", "time_to_first_valid_s", "time_to_valid_plan_s", "share_of_full",
+                        ["scenario", "reload_share", "tolerance", "coverage_held", "time_to_first_valid_s", "time_to_valid_plan_s", "share_of_full",
                          "decode_share_of_full", "layers_moved", "full_resolve_layers_moved", "moved_ratio",
                          "valid"])
     if "unseen" not in args.skip:

@@ -8,6 +8,10 @@
   first, then everyone.
 * :func:`periodic` -- a fresh solve is adopted only if its gain beats the reload cost of moving
   to it.
+* ``tolerance`` (of :func:`resolve`) -- once the search has found the best objective it can,
+  spend the rest of the time on the placement that moves the fewest layers while keeping at
+  least ``1 - tolerance`` of it (:func:`fewest_moves_within`). A price per layer cannot say
+  "lose at most 3 %"; a tolerance can, and it is what an operator means.
 
 Nodes are identified by *name* across topologies (indices shift when nodes leave).
 """
@@ -163,13 +167,17 @@ def resolve(
     focus: list[int] | None = None,
     clock: Callable[[], float] = time.monotonic,
     fresh_share: float = 0.4,
+    tolerance: float = 0.0,
+    tolerance_share: float = 0.35,
 ) -> ChurnResult:
     """Warm-started re-solve charging ``reload_cost`` per newly loaded layer.
 
     Starts: the current placement, its repair, an order-keeping pipeline re-cut, and a fresh
     solve (``fresh_share`` of the time) relabelled onto the current nodes. Then a local search
     on flow minus reload cost: half of the remaining time moves only ``focus`` (new nodes,
-    neighbours of departed ones), the rest moves everyone.
+    neighbours of departed ones), the rest moves everyone. With ``tolerance`` > 0, the last
+    ``tolerance_share`` of the time goes to :func:`fewest_moves_within` the tolerance of the
+    best objective found.
     """
     t0 = clock()
     base = _score_fn(topo, config)
@@ -215,13 +223,111 @@ def resolve(
     if first_valid is None and any(not validate_placement(topo, p) for p in starts):
         first_valid = clock() - t0
     movable = focus if focus else None
-    left = time_limit_s - (clock() - t0)
+    reserve = tolerance_share * time_limit_s if tolerance > 0 else 0.0
+    left = time_limit_s - reserve - (clock() - t0)
     best, _ = improve(topo, starts, score, left * 0.5, seed=config.seed, movable=movable, clock=clock)
-    left = time_limit_s - (clock() - t0)
+    left = time_limit_s - reserve - (clock() - t0)
     if left > 0:
         best, _ = improve(topo, [best], score, left, seed=config.seed + 7, clock=clock)
+    if tolerance > 0:
+        target = (1.0 - tolerance) * base(best)
+        cuts = []
+        if target > 0:
+            # The order-keeping re-cut that loads fewest layers at a flow near the target: for
+            # chain-like plans it is often the answer outright.
+            flow_target = (1.0 - tolerance) * flow_value(topo, best, config.partial)
+            for floor in (flow_target, 0.5 * (flow_target + flow_value(topo, best, config.partial))):
+                # A reload price far above any flow: the fewest moves at a flow >= floor.
+                cut = chain_rebalance(topo, _chain_order(topo, cur_idx), cur_idx, 1e12, floor)
+                if cut:
+                    cuts.append(cut)
+        best = fewest_moves_within(topo, current, base, target, [best, *starts, *cuts],
+                                   time_limit_s - (clock() - t0), seed=config.seed + 13, clock=clock)
     plan = make_plan(topo, best, config, clock() - t0, "incremental")
     return ChurnResult(plan, layers_to_load(current, by_name(topo, best)), True, clock() - t0, first_valid)
+
+
+def fewest_moves_within(
+    topo: Topology,
+    current: Mapping[str, tuple[int, int]],
+    value: Callable[[Mapping[int, tuple[int, int]]], float],
+    target: float,
+    starts: list[Mapping[int, tuple[int, int]]],
+    time_limit_s: float,
+    seed: int = 0,
+    clock: Callable[[], float] = time.monotonic,
+) -> dict[int, tuple[int, int]]:
+    """The placement loading the fewest layers whose ``value`` is at least ``target``.
+
+    Lexicographic: any valid placement reaching the target beats every one that does not; among
+    those, fewer moved layers win. Each start first gets a greedy undo (give nodes back their
+    current range, largest reload first, while the target holds); then rounds of annealing, on
+    that score and on value minus a price per move, refine the best. Falls back to the start
+    with the highest value when none reaches the target.
+    """
+    t0 = clock()
+    big = float(topo.num_layers * max(1, topo.num_nodes) + 1)  # more than any reload
+    cur_idx = by_index(topo, current)
+
+    def moves(p) -> int:
+        return layers_to_load(current, by_name(topo, p))
+
+    def score(p) -> float:
+        if validate_placement(topo, p):
+            return -4 * big
+        v = value(p)
+        if v >= target:
+            return -float(moves(p))
+        return -big - big * (target - v) / max(abs(target), 1e-12)
+
+    def undo(p: dict[int, tuple[int, int]]) -> dict[int, tuple[int, int]]:
+        p = dict(p)
+        improved = True
+        while improved and clock() - t0 < time_limit_s:
+            improved = False
+            changed = sorted((i for i in p if cur_idx.get(i) != p[i]),
+                             key=lambda i: -layers_to_load(current, {topo.nodes[i].name: p[i]}))
+            for i in changed:
+                q = dict(p)
+                if i in cur_idx:
+                    q[i] = cur_idx[i]
+                else:
+                    del q[i]  # a newcomer left idle loads nothing
+                if score(q) > score(p):
+                    p, improved = q, True
+        return p
+
+    feasible = [dict(p) for p in starts if p and score(p) > -big]
+    if not feasible:
+        return max((dict(p) for p in starts if p), key=score)
+    best = max((undo(p) for p in feasible), key=score)
+    # Priced rounds: annealing on value - price x moves is smooth where the lexicographic score
+    # is a cliff. Each round climbs from two sides: down from the fewest-moves placement that
+    # reaches the target, and up from the start that moves least (typically the current
+    # placement, repaired), where a fresh solve's placement, relabelled, is often out of reach
+    # of single moves. The price rises while the rounds find nothing cheaper, falls when they
+    # overshoot the target.
+    low = min((dict(p) for p in starts if p and not validate_placement(topo, p)), key=moves, default=None)
+    slack = max(value(best) - target, 0.01 * abs(target), 1e-12)
+    price = slack / max(1, moves(best))  # dropping every move would cost exactly the slack
+    rounds = 0
+    while clock() - t0 < time_limit_s and moves(best) > 0:
+        slice_s = min(time_limit_s - (clock() - t0), max(0.25, time_limit_s / 8))
+        priced = lambda p, c=price: (value(p) - c * moves(p)) if not validate_placement(topo, p) else -4 * big  # noqa: E731
+        froms = [best] if low is None or moves(low) >= moves(best) else [best, low]
+        # The lexicographic score itself, from the best so far: it keeps the target exactly.
+        found = [improve(topo, [best], score, slice_s / 2, seed=seed + 3 * rounds, clock=clock)[0]]
+        found += [undo(improve(topo, [f], priced, slice_s / 2 / len(froms), seed=seed + 3 * rounds + 1 + k,
+                               clock=clock)[0]) for k, f in enumerate(froms)]
+        rounds += 1
+        cand = max(found, key=score)
+        if score(cand) > score(best):
+            best = cand  # keep the price: there may be more at it
+        elif all(value(c) < target for c in found[1:]):
+            price *= 0.6  # overshot: the search traded too much value away
+        else:
+            price *= 2.0  # nothing cheaper was worth its value at this price
+    return best
 
 
 def chain_rebalance(
@@ -364,6 +470,7 @@ def on_leave(
     reload_cost: float,
     time_limit_s: float = 10.0,
     clock: Callable[[], float] = time.monotonic,
+    tolerance: float = 0.0,
 ) -> ChurnResult:
     """Nodes left (``topo`` no longer has them). Recompute flows only, if coverage holds."""
     t0 = clock()
@@ -371,7 +478,7 @@ def on_leave(
     if not validate_placement(topo, cur_idx) and flow_value(topo, cur_idx, config.partial) > 0:
         plan = make_plan(topo, cur_idx, config, clock() - t0, "flows-only")
         return ChurnResult(plan, 0, False, clock() - t0, clock() - t0)
-    return resolve(topo, current, config, reload_cost, time_limit_s, clock=clock)
+    return resolve(topo, current, config, reload_cost, time_limit_s, clock=clock, tolerance=tolerance)
 
 
 def on_join(
@@ -381,10 +488,12 @@ def on_join(
     reload_cost: float,
     time_limit_s: float = 10.0,
     clock: Callable[[], float] = time.monotonic,
+    tolerance: float = 0.0,
 ) -> ChurnResult:
     """New nodes joined: re-solve with the newcomers (and, later, everyone) movable."""
     new = [i for i, n in enumerate(topo.nodes) if n.name not in current]
-    return resolve(topo, current, config, reload_cost, time_limit_s, focus=new or None, clock=clock)
+    return resolve(topo, current, config, reload_cost, time_limit_s, focus=new or None, clock=clock,
+                   tolerance=tolerance)
 
 
 def periodic(

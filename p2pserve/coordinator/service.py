@@ -61,6 +61,9 @@ class CoordinatorConfig:
     # coverage: move only for a real gain (measured links that undo a cross-region placement
     # gain ~40%; small re-shuffles after a join do not pay).
     reload_share: float = 0.25
+    # Churn re-solves may give up this share of the best objective they found to load fewer
+    # layers (``incremental.fewest_moves_within``); 0 keeps the reload price alone.
+    churn_tolerance: float = 0.0
     seed: int = 0
     # a new candidate only observes for this long before it may lead, so that it has seen every
     # live candidacy (default: one candidate TTL); avoids two leaders right after a start
@@ -71,6 +74,8 @@ class CoordinatorConfig:
             raise ConfigError("CoordinatorConfig.num_layers must be >= 1")
         if self.activation_bytes < 1 or self.token_bytes < 1:
             raise ConfigError("activation_bytes and token_bytes must be >= 1")
+        if not 0 <= self.churn_tolerance < 1:
+            raise ConfigError("churn_tolerance must be in [0, 1)")
         if not 0 < self.link_change_threshold:
             raise ConfigError("link_change_threshold must be > 0")
 
@@ -307,13 +312,13 @@ def plan_targets(
             assignments = result.assignments
         else:
             if any(pid not in cur for pid in ids):
-                r = inc.on_join(topo, cur, pc, reload_cost, cfg.solve_time_limit)
+                r = inc.on_join(topo, cur, pc, reload_cost, cfg.solve_time_limit, tolerance=cfg.churn_tolerance)
             elif trigger == "periodic" or trigger.startswith("link"):
                 # measurements changed what the links can carry: adopt a fresh solve only if
                 # its gain beats the cost of the layers it would reload
                 r = inc.periodic(topo, cur, pc, reload_cost)
             else:
-                r = inc.on_leave(topo, cur, pc, reload_cost, cfg.solve_time_limit)
+                r = inc.on_leave(topo, cur, pc, reload_cost, cfg.solve_time_limit, tolerance=cfg.churn_tolerance)
             method = f"{r.plan.method} ({r.layers_moved} layers to load)"
             assignments = r.plan.assignments
         targets = {ids[i]: (int(s), int(e)) for i, (s, e) in assignments.items() if e > s}

@@ -11,12 +11,14 @@ from p2pserve.coordinator.incremental import (
     by_index,
     by_name,
     default_reload_cost,
+    fewest_moves_within,
     interchangeable_groups,
     layers_to_load,
     on_join,
     on_leave,
     periodic,
     relabel_for_fewest_moves,
+    resolve,
 )
 from p2pserve.coordinator.maxflow import flow_value
 from p2pserve.coordinator.planner import PlannerConfig, validate_placement
@@ -136,3 +138,43 @@ def test_relabelling_recovers_a_shuffled_plan(cluster24, helix_plan):
     back = relabel_for_fewest_moves(cluster24, shuffled, helix_plan)
     assert layers_to_load(helix_plan, by_name(cluster24, back)) == 0
     assert flow_value(cluster24, back, True) == pytest.approx(flow_value(cluster24, shuffled, True))
+
+
+def chain4() -> Topology:
+    """Four equal nodes in one pipeline over 8 layers (T falls with layers held)."""
+    thr = (0.0, 400.0, 300.0, 240.0, 200.0, 160.0)
+    nodes = tuple(NodeSpec(name=f"n{i}", gpu_type="x", throughput=thr, memory_bytes=1e9) for i in range(4))
+    links = []
+    for i in range(4):
+        links += [LinkSpec(SOURCE, i, 1e9, 1e-3), LinkSpec(i, SINK, 1e9, 1e-3)]
+        links += [LinkSpec(i, j, 1e9, 1e-3) for j in range(4) if j != i]
+    return Topology(nodes=nodes, links=tuple(links), num_layers=8, activation_bytes=1024, token_bytes=4)
+
+
+def test_fewest_moves_within_gives_back_what_the_target_does_not_need():
+    topo = chain4()
+    current = {"n0": (0, 2), "n1": (2, 4), "n2": (4, 6), "n3": (6, 8)}
+    # The same flow (300) with two nodes needlessly swapped: 4 layers moved for nothing.
+    wasteful = {0: (0, 2), 1: (4, 6), 2: (2, 4), 3: (6, 8)}
+    value = lambda p: flow_value(topo, p, True)  # noqa: E731
+    out = fewest_moves_within(topo, current, value, 0.99 * value(wasteful), [wasteful], 1.0)
+    assert layers_to_load(current, by_name(topo, out)) == 0
+    assert value(out) >= 0.99 * 300
+
+
+def test_fewest_moves_within_never_trades_the_target_for_moves():
+    topo = chain4()
+    current = {"n0": (0, 2), "n1": (2, 4), "n2": (4, 6)}  # n3 left: layers 6-8 uncovered
+    value = lambda p: flow_value(topo, p, True)  # noqa: E731
+    full = {0: (0, 2), 1: (2, 4), 2: (4, 6), 3: (6, 8)}
+    out = fewest_moves_within(topo, current, value, 0.9 * value(full), [full], 0.5)
+    assert validate_placement(topo, out) == []
+    assert value(out) >= 0.9 * 300
+
+
+def test_resolve_with_tolerance_keeps_coverage_and_moves_no_more(cluster24, helix_plan):
+    topo, _ = cluster24.without([15])  # node 15 alone held layers [0, 3)
+    priced = resolve(topo, helix_plan, CFG, reload_cost=0.0, time_limit_s=1.0)
+    tolerant = resolve(topo, helix_plan, CFG, reload_cost=0.0, time_limit_s=1.0, tolerance=0.05)
+    assert validate_placement(topo, tolerant.plan.assignments) == []
+    assert tolerant.layers_moved <= priced.layers_moved
