@@ -8,6 +8,7 @@
 * the hop figures again with the client kept on libp2p streams (no direct TCP path)
 * where the added time per hop goes: inside the peers (of which compute) vs the wire and the
   client, from the service and compute times the peers report (``PeerStats``)
+* the same peer work in one process, hot: a Forward through the handler vs the forward alone
 * a 2-layer forward back to back vs after other work (the cold start every hop pays once per token)
 * aggregate tokens/s with 16 concurrent sessions vs 1 session (continuous batching)
 * peak RSS of a peer holding a third of the layers vs one holding all of them
@@ -215,6 +216,72 @@ def cold_forward_ms(tiny_path: str, rounds: int = 200) -> dict:
     return dict(back_to_back=timed(0.0), after_other_work=timed(0.002))
 
 
+def hot_dispatch_ms(tiny_path: str, rounds: int = 1500) -> dict:
+    """In-process and hot: median ms a peer's handler takes for one decode Forward of a 2-layer
+    span (decode, checks, the step, encoding the reply), against the shard's forward alone. The
+    difference is the peer's per-hop work outside compute when nothing has evicted it."""
+    import msgspec
+
+    from p2pserve.config import PeerConfig
+    from p2pserve.model.shard import TORCH_DTYPES, Segment, Shard
+    from p2pserve.model.spec import load_spec
+    from p2pserve.peer.batcher import TokenThrottle
+    from p2pserve.peer.handlers import SessionHandler
+    from p2pserve.peer.kv_cache import KVBudget
+    from p2pserve.peer.sessions import SessionTable
+    from p2pserve.peer.worker import ComputeWorker
+    from p2pserve.protocol import PROTOCOL_VERSION, Forward, OpenSession, SamplingParams, encode_frame
+    from p2pserve.transport import tensor_to_wire
+
+    torch.set_num_threads(1)
+    spec = load_spec(tiny_path)
+    cfg = PeerConfig(model=tiny_path)
+    shard = Shard.load(tiny_path, spec, 2, 4)
+    budget = KVBudget(10**6)
+    table = SessionTable(spec=spec, served=(2, 4), budget=budget, idle_timeout_s=600, max_sessions=8,
+                         torch_dtype=TORCH_DTYPES[spec.dtype], device="cpu")
+    worker = ComputeWorker(shard, TokenThrottle(cfg.batching), budget)
+    worker.start()
+    handler = SessionHandler(spec, table, worker, cfg.frame_limits, 60)
+    enc = msgspec.msgpack.Encoder()
+    meta, data = tensor_to_wire(torch.randn(1, spec.hidden_size))
+    data = bytes(data)
+    max_len = 256
+
+    async def run() -> tuple[float, float]:
+        owner = object()
+        opened = OpenSession(version=PROTOCOL_VERSION, model_id=spec.model_id, session_id="s", start=2, end=4,
+                             max_length=max_len, sampling=SamplingParams())
+        await handler._dispatch(enc.encode(opened), b"", owner)
+        session = table.get("s")
+        handled, alone = [], []
+        for i in range(rounds):
+            pos = i % max_len
+            if pos == 0:
+                session.cache.truncate(0)
+            header = enc.encode(Forward(session_id="s", step=i, position=pos, tensor=meta))
+            t = time.perf_counter()
+            reply, payload = await handler._dispatch(header, data, owner)
+            encode_frame(reply, payload)
+            handled.append(time.perf_counter() - t)
+        for i in range(rounds):
+            pos = i % max_len
+            if pos == 0:
+                session.cache.truncate(0)
+            x = torch.frombuffer(bytearray(data), dtype=torch.float32).reshape(1, -1)
+            t = time.perf_counter()
+            shard.forward_batch([Segment(x, pos, 2, 4, session.cache)])
+            alone.append(time.perf_counter() - t)
+        skip = rounds // 5  # warm-up
+        return 1000 * statistics.median(handled[skip:]), 1000 * statistics.median(alone[skip:])
+
+    try:
+        handled_ms, forward_ms = asyncio.run(run())
+    finally:
+        worker.stop()
+    return dict(handled=handled_ms, forward=forward_ms, overhead=handled_ms - forward_ms)
+
+
 async def measure(args, model, ids, peers3, full) -> dict:
     p2p = await create_client_p2p()
     try:
@@ -258,6 +325,7 @@ def main() -> int:
     tiny_path = str(build_tiny_model("llama", Path(tempfile.mkdtemp()) / "tiny"))
     tiny = asyncio.run(hop_overhead(tiny_path))
     cold = cold_forward_ms(tiny_path)
+    hot = hot_dispatch_ms(tiny_path)
     base = baseline_generate(model, ids, args.tokens, args.threads)
     result = {
         "model": model.spec.model_id,
@@ -282,6 +350,9 @@ def main() -> int:
         "tiny_single_peer_compute_ms": tiny["breakdown"]["single_peer_compute_ms"],
         "tiny_chain_service_ms_per_peer": tiny["breakdown"]["chain_service_ms"],
         "tiny_chain_compute_ms_per_peer": tiny["breakdown"]["chain_compute_ms"],
+        "hot_forward_handled_ms_in_process": hot["handled"],
+        "hot_2_layer_forward_ms_in_process": hot["forward"],
+        "hot_peer_work_outside_compute_ms": hot["overhead"],
         "tiny_2_layer_forward_ms_back_to_back": cold["back_to_back"],
         "tiny_2_layer_forward_ms_after_other_work": cold["after_other_work"],
         "smollm2_added_ms_per_hop": (m["ms3"] - m["ms1"]) / 2,
