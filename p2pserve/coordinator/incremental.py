@@ -168,7 +168,7 @@ def resolve(
     clock: Callable[[], float] = time.monotonic,
     fresh_share: float = 0.4,
     tolerance: float = 0.0,
-    tolerance_share: float = 0.35,
+    tolerance_share: float = 0.6,
 ) -> ChurnResult:
     """Warm-started re-solve charging ``reload_cost`` per newly loaded layer.
 
