@@ -183,9 +183,6 @@ class SessionClosed(msgspec.Struct, frozen=True, tag_field="t", tag="closed"):
     session_id: str
 
 
-TIMING_WINDOW = 64  # recent samples behind PeerStats.service_ms / compute_ms
-
-
 class PeerStats(msgspec.Struct, frozen=True, tag_field="t", tag="stats"):
     """Live load and counters of a peer."""
 
@@ -201,7 +198,7 @@ class PeerStats(msgspec.Struct, frozen=True, tag_field="t", tag="stats"):
     max_batch_tokens: int
     max_batch_sessions: int
     inline_steps: int = 0  # steps run on the I/O thread for a lone session (see peer/worker.py)
-    # Medians over the last ``TIMING_WINDOW`` Forwards / compute steps, in ms: the time a Forward
+    # Medians over the last 64 Forwards / compute steps (``peer/timing.py``), in ms: the time a Forward
     # spends in the peer (frame read to reply written) and the shard's compute per step. A
     # client's round trip minus ``service_ms`` is what the wire and the client cost.
     service_ms: float = 0.0

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import statistics
 import time
-from collections import deque
 
 import torch
 
@@ -27,6 +25,7 @@ from p2pserve.errors import (
 )
 from p2pserve.model.spec import ModelSpec
 from p2pserve.peer.sessions import SessionTable
+from p2pserve.peer.timing import RecentTimes
 from p2pserve.peer.worker import ComputeWorker, Job
 from p2pserve.protocol import (
     CloseSession,
@@ -41,7 +40,6 @@ from p2pserve.protocol import (
     OpenSession,
     SessionClosed,
     SessionOpened,
-    TIMING_WINDOW,
     decode_request,
     error_reply,
 )
@@ -71,7 +69,7 @@ class SessionHandler:
         self.inline_window_s = worker.throttle.config.inline_lone_decode_s
         self._last_session: str | None = None  # the session of the latest Forward
         self._alone_since = 0.0  # when that session became the only one sending
-        self._service_s: deque = deque(maxlen=TIMING_WINDOW)  # recent Forwards, frame read to reply written
+        self._service = RecentTimes()  # recent Forwards, frame read to reply written
 
     async def handle_stream(self, stream_info, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """hivemind stream-handler callback: serve frames until the client hangs up."""
@@ -90,7 +88,7 @@ class SessionHandler:
                 reply, out_payload = await self._dispatch(header, payload, owner)
                 await write_frame(writer, reply, out_payload)
                 if isinstance(reply, ForwardResult):
-                    self._service_s.append(time.perf_counter() - t0)
+                    self._service.add(time.perf_counter() - t0)
         except (ConnectionError, asyncio.IncompleteReadError):
             return
         finally:
@@ -154,8 +152,8 @@ class SessionHandler:
             max_batch_tokens=st.max_batch_tokens,
             max_batch_sessions=st.max_batch_sessions,
             inline_steps=st.inline_steps,
-            service_ms=1000 * statistics.median(self._service_s) if self._service_s else 0.0,
-            compute_ms=st.compute_ms,
+            service_ms=self._service.median_ms,
+            compute_ms=st.compute.median_ms,
         )
 
     def _open(self, msg: OpenSession, owner) -> SessionOpened:

@@ -17,10 +17,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import statistics
 import threading
 import time
-from collections import deque
 from dataclasses import dataclass, field
 
 import torch
@@ -31,7 +29,7 @@ from p2pserve.peer.batcher import Pending, TokenThrottle
 from p2pserve.peer.kv_cache import KVBudget
 from p2pserve.peer.sampling import sample_token
 from p2pserve.peer.sessions import Session
-from p2pserve.protocol import TIMING_WINDOW
+from p2pserve.peer.timing import RecentTimes
 
 log = logging.getLogger(__name__)
 
@@ -59,12 +57,7 @@ class WorkerStats:
     max_batch_tokens: int = 0
     max_batch_sessions: int = 0
     inline_steps: int = 0
-    compute_s: deque = field(default_factory=lambda: deque(maxlen=TIMING_WINDOW))  # recent steps' shard time
-
-    @property
-    def compute_ms(self) -> float:
-        """Median shard time of the recent steps, in ms (0 before the first)."""
-        return 1000 * statistics.median(list(self.compute_s)) if self.compute_s else 0.0  # a copy: the compute thread appends
+    compute: RecentTimes = field(default_factory=RecentTimes)  # recent steps' shard time
 
 
 class ComputeWorker:
@@ -187,7 +180,7 @@ class ComputeWorker:
                 _resolve(job, exc=err)
             return
         st = self.stats
-        st.compute_s.append(time.perf_counter() - t0)
+        st.compute.add(time.perf_counter() - t0)
         n_tokens = sum(c.n for c in chunks)
         st.steps += 1
         st.tokens += n_tokens
