@@ -238,8 +238,9 @@ def resolve(
         if target > 0:
             # The order-keeping re-cut that loads fewest layers at a flow near the target: for
             # chain-like plans it is often the answer outright.
-            flow_target = (1.0 - tolerance) * flow_value(topo, best, config.partial)
-            for floor in (flow_target, 0.5 * (flow_target + flow_value(topo, best, config.partial))):
+            best_flow = flow_value(topo, best, config.partial)
+            flow_target = (1.0 - tolerance) * best_flow
+            for floor in (flow_target, 0.5 * (flow_target + best_flow)):
                 # A reload price far above any flow: the fewest moves at a flow >= floor.
                 cut = chain_rebalance(topo, _chain_order(topo, cur_idx), cur_idx, 1e12, floor)
                 if cut:
@@ -271,17 +272,31 @@ def fewest_moves_within(
     t0 = clock()
     big = float(topo.num_layers * max(1, topo.num_nodes) + 1)  # more than any reload
     cur_idx = by_index(topo, current)
+    known: dict[tuple, float | None] = {}  # placement -> value (None: invalid); rounds revisit many
 
     def moves(p) -> int:
         return layers_to_load(current, by_name(topo, p))
 
+    def valid_value(p) -> float | None:
+        key = tuple(sorted(p.items()))
+        if key not in known:
+            known[key] = None if validate_placement(topo, p) else value(p)
+        return known[key]
+
     def score(p) -> float:
-        if validate_placement(topo, p):
+        v = valid_value(p)
+        if v is None:
             return -4 * big
-        v = value(p)
         if v >= target:
             return -float(moves(p))
         return -big - big * (target - v) / max(abs(target), 1e-12)
+
+    def priced_score(price: float) -> Callable[[Mapping[int, tuple[int, int]]], float]:
+        def priced(p) -> float:
+            v = valid_value(p)
+            return -4 * big if v is None else v - price * moves(p)
+
+        return priced
 
     def undo(p: dict[int, tuple[int, int]]) -> dict[int, tuple[int, int]]:
         p = dict(p)
@@ -310,13 +325,13 @@ def fewest_moves_within(
     # placement, repaired), where a fresh solve's placement, relabelled, is often out of reach
     # of single moves. The price rises while the rounds find nothing cheaper, falls when they
     # overshoot the target.
-    low = min((dict(p) for p in starts if p and not validate_placement(topo, p)), key=moves, default=None)
-    slack = max(value(best) - target, 0.01 * abs(target), 1e-12)
+    low = min((dict(p) for p in starts if p and valid_value(p) is not None), key=moves, default=None)
+    slack = max(valid_value(best) - target, 0.01 * abs(target), 1e-12)
     price = slack / max(1, moves(best))  # dropping every move would cost exactly the slack
     rounds = 0
     while clock() - t0 < time_limit_s and moves(best) > 0:
         slice_s = min(time_limit_s - (clock() - t0), max(0.25, time_limit_s / 8))
-        priced = lambda p, c=price: (value(p) - c * moves(p)) if not validate_placement(topo, p) else -4 * big  # noqa: E731
+        priced = priced_score(price)
         froms = [best] if low is None or moves(low) >= moves(best) else [best, low]
         # The lexicographic score itself, from the best so far: it keeps the target exactly.
         found = [improve(topo, [best], score, slice_s / 2, seed=seed + 3 * rounds, clock=clock)[0]]
@@ -326,7 +341,7 @@ def fewest_moves_within(
         cand = max(found, key=score)
         if score(cand) > score(best):
             best = cand  # keep the price: there may be more at it
-        elif all(value(c) < target for c in found[1:]):
+        elif all((valid_value(c) or float("-inf")) < target for c in found[1:]):
             price *= 0.6  # overshot: the search traded too much value away
         else:
             price *= 2.0  # nothing cheaper was worth its value at this price
