@@ -40,13 +40,15 @@ def load_swarm_file(path: Optional[str]) -> dict[str, Any]:
 
 
 def write_local_swarm_file(path, spec, boot: list[str], swarm_id: str, host_maddr: str,
-                           timing: dict[str, float], solve_time_limit: float) -> None:
+                           timing: dict[str, float], solve_time_limit: float,
+                           trusted_coordinators: tuple[str, ...] = ()) -> None:
     """Write the JSON swarm file of a swarm started on one machine (demo, tests, benchmarks):
-    its id, model, bootstrap addresses, listen address, refresh periods, and the planner's
-    settings for ``spec`` (a ``ModelSpec``)."""
+    its id, model, bootstrap addresses, listen address, refresh periods, the coordinator keys
+    whose plans members follow (none: an open swarm), and the planner's settings for ``spec``
+    (a ``ModelSpec``)."""
     cfg = {
         "swarm_id": swarm_id, "model": spec.model_id, "initial_peers": list(boot), "host_maddrs": [host_maddr],
-        "timing": dict(timing),
+        "trusted_coordinators": list(trusted_coordinators), "timing": dict(timing),
         "models": {spec.model_id: {"num_layers": spec.num_layers, "activation_bytes": spec.activation_bytes_per_token,
                                    "solve_time_limit": solve_time_limit}},
     }

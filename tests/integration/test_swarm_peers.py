@@ -1,8 +1,13 @@
-"""Real plan-driven peers: they profile, announce, get ranges from the elected coordinator's plan,
-load them, serve, and generation through the published spans matches single-process `generate`.
+"""The control plane with real processes: plan-driven peers profile, announce, get ranges from the
+elected coordinator's plan, load them and serve; generation through the swarm matches
+single-process `generate` token for token.
 
-Bootstrap node, one coordinator and three `p2pserve peer` processes (no --layers) on the tiny
-Llama, all real processes on loopback. A killed peer disappears from the next plan.
+One bootstrap node, two trusted coordinators (priorities 2 and 1) and four `p2pserve peer`
+processes (no --layers) on the tiny Llama start from nothing, all real processes on loopback.
+The tests then check, in order (they share the swarm): the leader is elected and every layer is
+served; killing the leader mid-generation, the other coordinator publishes a higher epoch while
+generation goes on, token-identical; a killed peer leaves the next plan; a joining peer is placed
+while no layer goes unserved.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ pytestmark = pytest.mark.integration
 
 TIMING = dict(peer_refresh=0.5, candidate_refresh=0.5, plan_refresh=2.0, link_refresh=2.0, max_clock_skew=2.0)
 DEADLINE = 120.0  # generous bound for a loaded two-core machine, not a performance claim
+MAX_LAYERS = 5
 
 
 def spawn(args, log: Path) -> subprocess.Popen:
@@ -95,11 +101,22 @@ def settled_spans(plan, peers: dict, num_layers: int):
     return None if uncovered(spans.values(), num_layers) else spans
 
 
+COORDINATORS = (("coord-1", 2), ("coord-2", 1))  # (id, election priority): coord-1 leads
+
+
 @pytest.fixture(scope="module")
 def swarm(model_dir, tmp_path_factory):
+    from p2pserve.dht.signing import load_or_create_key, public_key_text
+    from p2pserve.peer.profiler import load_or_measure
+
     tmp = tmp_path_factory.mktemp("swarm")
     path = model_dir("llama")
     model = LocalModelInfo.load(path)
+    # Profile once here (the peers find it in the shared cache), so that four peers do not all
+    # run their timed forwards at once on two cores.
+    load_or_measure(path, model.spec, "cpu", MAX_LAYERS)
+    keys = {name: str(tmp / f"{name}.key") for name, _ in COORDINATORS}
+    trusted = tuple(public_key_text(load_or_create_key(k)) for k in keys.values())
     procs: dict[str, subprocess.Popen] = {}
     observer = None
     try:
@@ -109,19 +126,28 @@ def swarm(model_dir, tmp_path_factory):
         wait_for(maddrs_file.exists, "bootstrap")
         boot = maddrs_file.read_text().split()
         cfg_path = tmp / "swarm.json"
-        write_local_swarm_file(cfg_path, model.spec, boot, "real-peers", "/ip4/127.0.0.1/tcp/0", TIMING, 0.5)
-        procs["coord"] = spawn(["coordinator", "--config", str(cfg_path)], tmp / "coord.log")
-        for i in range(3):
-            procs[f"peer{i}"] = spawn(["peer", "--model", path, "--config", str(cfg_path), "--num-threads", "1",
-                                       "--max-layers", "5", "--log-level", "INFO"], tmp / f"peer{i}.log")
+        write_local_swarm_file(cfg_path, model.spec, boot, "real-peers", "/ip4/127.0.0.1/tcp/0", TIMING, 0.5,
+                               trusted_coordinators=trusted)
+        for name, priority in COORDINATORS:
+            procs[name] = spawn(["coordinator", "--config", str(cfg_path), "--key-path", keys[name],
+                                 "--priority", str(priority), "--coordinator-id", name], tmp / f"{name}.log")
+        for i in range(4):
+            procs[f"peer{i}"] = spawn_peer(path, cfg_path, tmp / f"peer{i}.log")
         observer = Swarm.create(DHTConfig(model=model.spec.model_id, swarm_id="real-peers", initial_peers=tuple(boot),
-                                          host_maddrs=("/ip4/127.0.0.1/tcp/0",), client_mode=True, **TIMING))
+                                          host_maddrs=("/ip4/127.0.0.1/tcp/0",), client_mode=True,
+                                          trusted_coordinators=trusted, **TIMING))
         yield dict(procs=procs, observer=observer, model=model, path=path, tmp=tmp, cfg_path=cfg_path)
     finally:
         if observer is not None:
             observer.shutdown()
         for p in procs.values():
             killpg(p)
+
+
+def spawn_peer(path: str, cfg_path: Path, log: Path) -> subprocess.Popen:
+    """A plan-driven peer (no --layers) of the test swarm."""
+    return spawn(["peer", "--model", path, "--config", str(cfg_path), "--num-threads", "1",
+                  "--max-layers", str(MAX_LAYERS), "--log-level", "INFO"], log)
 
 
 def current(observer):
@@ -140,12 +166,13 @@ def test_plan_assigns_ranges_and_swarm_generates_exactly(swarm):
     def served_and_covered():
         plan, peers = current(observer)
         spans = settled_spans(plan.plan if plan else None, peers, L)
-        return (plan, peers, spans) if spans and len(spans) >= 2 else None
+        return (plan, peers, spans) if spans and len(spans) >= 2 and len(plan.plan.targets) == 4 else None
 
     plan, peers, spans = wait_for(served_and_covered, "a settled plan whose ranges are loaded and cover every layer")
     assert plan.plan.max_flow > 0
+    assert plan.plan.leader_id == "coord-1"  # the highest priority leads
     for info in peers.values():
-        assert info.throughput_decode and info.max_layers == 5  # real profile was announced
+        assert info.throughput_decode and info.max_layers == MAX_LAYERS  # real profile was announced
     messages = [{"role": "user", "content": "Hello! How are you today?"}]
     ids = model.chat_ids(messages)
     ref = reference_generate(swarm["path"], ids, 16)
@@ -164,13 +191,52 @@ def test_plan_assigns_ranges_and_swarm_generates_exactly(swarm):
     assert reply.tokens[: len(ref)] == ref
 
 
+def test_killed_leader_is_replaced_and_generation_goes_on(swarm):
+    """Kill the leader mid-stream: the stream finishes token-identical on the last plan, and the
+    other coordinator publishes a higher epoch while the client keeps generating meanwhile."""
+    observer, model, procs = swarm["observer"], swarm["model"], swarm["procs"]
+    before, _ = current(observer)
+    assert before is not None and before.plan.leader_id == "coord-1"
+    messages = [{"role": "user", "content": "Tell me about peer-to-peer networks."}]
+    ids = model.chat_ids(messages)
+    ref = reference_generate(swarm["path"], ids, 16)
+
+    async def main():
+        replies, epochs = [], []
+        async with AsyncClient(model=swarm["path"], dht_config=observer.config, seed=1, model_info=model) as client:
+            stream = client.chat_stream(messages, max_new_tokens=16, ignore_eos=True)
+            n = 0
+            async for _ in stream:
+                n += 1
+                if n == 4:  # crash: its candidacy and plan simply stop being refreshed
+                    await asyncio.to_thread(killpg, procs.pop("coord-1"))
+            replies.append(stream.reply)
+            end = time.monotonic() + DEADLINE
+            while True:  # serving goes on while the election runs
+                replies.append(await client.chat(messages, max_new_tokens=16, ignore_eos=True))
+                plan = await observer.get_plan()
+                epochs.append(None if plan is None else (plan.plan.leader_id, plan.plan.epoch))
+                if plan is not None and plan.plan.leader_id == "coord-2":
+                    # and after the takeover, over the new leader's plan
+                    await client.swarm_routes.refresh(force=True)
+                    replies.append(await client.chat(messages, max_new_tokens=16, ignore_eos=True))
+                    return replies, plan
+                if time.monotonic() > end:
+                    raise AssertionError(f"coord-2 never published; plans seen: {epochs}")
+
+    replies, plan = asyncio.run(main())
+    assert plan.plan.epoch > before.plan.epoch
+    for reply in replies:
+        assert reply.tokens[: len(ref)] == ref
+
+
 def test_killed_peer_leaves_the_next_plan(swarm):
     observer, procs = swarm["observer"], swarm["procs"]
     plan, peers = current(observer)
     victim_pid = next(iter(plan.plan.spans))
     # find which process is that peer by its log line
     name = None
-    for n in ("peer0", "peer1", "peer2"):
+    for n in ("peer0", "peer1", "peer2", "peer3"):
         log = (swarm["tmp"] / f"{n}.log").read_text(errors="replace")
         if f"peer_id={victim_pid}" in log:
             name = n
@@ -198,9 +264,7 @@ def test_a_joining_peer_is_placed_and_no_layer_goes_unserved_meanwhile(swarm):
         return settled_spans(plan.plan if plan else None, peers, L)
 
     before = wait_for(settled, "a settled plan before the join")
-    swarm["procs"]["peer3"] = spawn(["peer", "--model", swarm["path"], "--config", str(swarm["cfg_path"]),
-                                     "--num-threads", "1", "--max-layers", "5", "--log-level", "INFO"],
-                                    swarm["tmp"] / "peer3.log")
+    swarm["procs"]["peer4"] = spawn_peer(swarm["path"], swarm["cfg_path"], swarm["tmp"] / "peer4.log")
     latest: dict = {}
     lapses = []
 
