@@ -1,6 +1,7 @@
 """``p2pserve api``: an OpenAI-compatible HTTP server over the swarm (or a fixed set of peers).
 
     p2pserve api --port 8000 --initial-peers /ip4/.../p2p/Qm... [--model PATH]
+    p2pserve api --port 8000 --config bootstrap/swarm.toml --model PATH
     p2pserve api --port 8000 --peers /ip4/127.0.0.1/tcp/4001/p2p/Qm...@0:30
 
 Prints ``P2PSERVE_API_READY url=http://HOST:PORT model=NAME`` once it listens (``--port 0`` picks
@@ -20,13 +21,15 @@ from p2pserve.config import ClientConfig
 def add_client_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags every client command accepts: where the swarm is, which model, retry limits."""
     g = parser.add_argument_group("swarm")
+    g.add_argument("--config", default=None,
+                   help="swarm config file (.toml or .json): initial peers, swarm id, trusted coordinators, model name; flags override it")
     g.add_argument("--model", default=None, help="local checkpoint for tokenizer and shapes (default: embedded SmolLM2)")
-    g.add_argument("--initial-peers", nargs="*", default=(), help="DHT multiaddrs of the swarm (routes follow the plan)")
+    g.add_argument("--initial-peers", nargs="*", default=None, help="DHT multiaddrs of the swarm (routes follow the plan)")
     g.add_argument("--peers", nargs="*", default=None, metavar="MADDR@START:END",
                    help="a fixed set of peers instead of the swarm (MADDR ends with /p2p/<peer id>)")
     g.add_argument("--swarm-model", default=None, help="model name of the swarm's DHT keys (default: the checkpoint id)")
-    g.add_argument("--swarm-id", default="p2pserve", help="swarm id prefixing DHT keys")
-    g.add_argument("--trusted-coordinator", action="append", default=[], metavar="PUBKEY",
+    g.add_argument("--swarm-id", default=None, help="swarm id prefixing DHT keys (default from the file, else 'p2pserve')")
+    g.add_argument("--trusted-coordinator", action="append", default=None, metavar="PUBKEY",
                    help="OpenSSH public key of a coordinator whose plans to follow (repeatable; none = open swarm)")
     r = parser.add_argument_group("requests")
     r.add_argument("--max-length", type=int, default=4096, help="context limit (prompt + reply tokens)")
@@ -36,13 +39,30 @@ def add_client_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", default="WARNING")
 
 
+def apply_swarm_file(args: argparse.Namespace) -> None:
+    """Fill the swarm flags a user left out from ``--config``, the file every member of a swarm
+    shares (so a client joins with the same file as peers and coordinators); flags win."""
+    from p2pserve.dht.cli_common import load_swarm_file
+
+    f = load_swarm_file(args.config)
+    if args.initial_peers is None:
+        args.initial_peers = list(f.get("initial_peers", ()))
+    if args.swarm_id is None:
+        args.swarm_id = f.get("swarm_id", "p2pserve")
+    if args.trusted_coordinator is None:
+        args.trusted_coordinator = list(f.get("trusted_coordinators", ()))
+    if args.swarm_model is None:
+        args.swarm_model = f.get("model")
+
+
 def client_from_args(args: argparse.Namespace):
     """An (unstarted) ``AsyncClient`` from the flags of :func:`add_client_arguments`."""
     from p2pserve.client.api import AsyncClient
     from p2pserve.errors import ConfigError
 
+    apply_swarm_file(args)
     if not args.peers and not args.initial_peers:
-        raise ConfigError("give --initial-peers (a swarm) or --peers (fixed peers)")
+        raise ConfigError("give --initial-peers or --config (a swarm), or --peers (fixed peers)")
     config = ClientConfig(hop_timeout_s=args.hop_timeout, max_retries=args.max_retries)
     return AsyncClient(initial_peers=tuple(args.initial_peers or ()), model=args.model, peers=args.peers or None,
                        config=config, swarm_model=args.swarm_model, seed=args.seed, max_length=args.max_length)
