@@ -32,7 +32,6 @@ from tests.integration.test_swarm_peers import chain_from_spans, killpg, settled
 
 pytestmark = [
     pytest.mark.integration,
-    pytest.mark.slow,  # ~3 min; link readings are noisy on a loaded two-core machine
     pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None,
                        reason="needs root, ip and tc for network namespaces"),
 ]

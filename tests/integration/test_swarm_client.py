@@ -26,7 +26,7 @@ from p2pserve.dht.config import DHTConfig
 from tests.harness import reference_generate
 from tests.integration.test_swarm_peers import settled_spans, uncovered
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = pytest.mark.integration
 
 SWARM_ID = "client-swarm"
 TIMING = dict(peer_refresh=0.5, candidate_refresh=0.5, plan_refresh=2.0, link_refresh=2.0, max_clock_skew=2.0)
