@@ -39,11 +39,14 @@ from p2pserve.coordinator.heuristics import petals_greedy, separate_pipelines, s
 from p2pserve.coordinator.incremental import (  # noqa: E402
     by_index,
     by_name,
+    interchangeable_groups,
     layers_to_load,
     on_join,
     on_leave,
+    relabel_for_fewest_moves,
     resolve,
 )
+from p2pserve.coordinator.lanes import fewest_moves_recut  # noqa: E402
 from p2pserve.coordinator.maxflow import max_flow  # noqa: E402
 from p2pserve.coordinator.planner import PlannerConfig, plan_for_topology, validate_placement  # noqa: E402
 from p2pserve.coordinator.search import balanced_chain  # noqa: E402
@@ -118,7 +121,8 @@ def bench_methods(tl: float) -> dict:
 
 
 def bench_churn(tl_full: float, tl_inc: float, seed: int = 0, reload_shares: tuple[float, ...] = (5e-3,),
-                objective: str = "max-flow", tolerances: tuple[float, ...] = (0.0,)) -> list[dict]:
+                objective: str = "max-flow", tolerances: tuple[float, ...] = (0.0,),
+                lane_check_s: float = 0.0) -> list[dict]:
     """Churn on cluster24 starting from our plan for ``objective`` (same objective throughout).
 
     Each scenario's 60 s full re-solve runs once; the incremental re-solve then runs once per
@@ -126,6 +130,13 @@ def bench_churn(tl_full: float, tl_inc: float, seed: int = 0, reload_shares: tup
     which traces the trade-off between what it recovers and what it moves; and once per
     ``tolerances`` value (0: the reload price alone; > 0: fewest moves within that share of the
     best objective found, see ``incremental.fewest_moves_within``).
+
+    The full re-solve's moves are reported twice: raw, and after relabelling interchangeable
+    nodes onto the current placement (``relabel_for_fewest_moves``; what deploying it would
+    really load, and the strict budget: ``moved_ratio_relabelled``). With ``lane_check_s`` > 0,
+    each scenario also gets an exhaustive search of the lane neighbourhood
+    (``lanes.fewest_moves_recut``, target 95 % of the full re-solve): the fewest moves it
+    finds, or the move count below which it proved nothing reaches the target.
     """
     data = hf.helix_data_dir()
     full_topo = load_helix_topology(data / CLUSTERS["cluster24"][0], "llama2-70b")
@@ -151,6 +162,21 @@ def bench_churn(tl_full: float, tl_inc: float, seed: int = 0, reload_shares: tup
             topo = full_topo
         full = plan_for_topology(topo, cfg_full)
         full_moved = layers_to_load(before, by_name(topo, full.assignments))
+        full_rel = relabel_for_fewest_moves(topo, full.assignments, before)
+        full_moved_rel = layers_to_load(before, by_name(topo, full_rel))
+        lane = None
+        if lane_check_s > 0:
+            from p2pserve.coordinator.planner import throughput_score
+            from p2pserve.coordinator.search import max_flow_score
+            val = max_flow_score(topo) if objective == "max-flow" else throughput_score(topo, cfg_full)
+            cur_idx = by_index(topo, before)
+            goal = 0.95 * val(full.assignments)
+            found, st = fewest_moves_recut(topo, cur_idx, cur_idx, interchangeable_groups(topo), val, goal,
+                                           lane_check_s, lambda q: not validate_placement(topo, q),
+                                           reach=12, donors=[full_rel])
+            lane = {"moves": layers_to_load(before, by_name(topo, found)) if found else None,
+                    "proven_none_below": st["proven_below"], "evaluations": st["evaluations"],
+                    "combinations": st["combinations"]}
         for share, tol in [(sh, tol) for tol in tolerances for sh in reload_shares]:
             reload_cost = share * value
             t0 = time.monotonic()
@@ -189,6 +215,9 @@ def bench_churn(tl_full: float, tl_inc: float, seed: int = 0, reload_shares: tup
                 "layers_moved": res.layers_moved,
                 "full_resolve_layers_moved": full_moved,
                 "moved_ratio": round(res.layers_moved / full_moved, 3) if full_moved else None,
+                "full_resolve_layers_moved_relabelled": full_moved_rel,
+                "moved_ratio_relabelled": round(res.layers_moved / full_moved_rel, 3) if full_moved_rel else None,
+                "lane_check": lane,
             })
     return results
 
@@ -280,6 +309,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="churn: reload cost per moved layer, as a share of the objective (several: a sweep)")
     ap.add_argument("--tolerance", type=float, nargs="+", default=[0.0],
                     help="churn: fewest moves within this share of the best objective found (0: price only; several: a sweep)")
+    ap.add_argument("--lane-check", type=float, default=0.0, metavar="SECONDS",
+                    help="churn: also search the lane neighbourhood exhaustively for this long per scenario")
     ap.add_argument("--objective", nargs="+", default=["max-flow", "throughput"], choices=["max-flow", "throughput"],
                     help="churn: objectives to run")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "planner.json"))
@@ -297,12 +328,12 @@ def main(argv: list[str] | None = None) -> int:
         report["churn"] = []
         for objective in args.objective:
             rows = bench_churn(tl, min(10.0, tl), reload_shares=tuple(args.reload_share), objective=objective,
-                               tolerances=tuple(args.tolerance))
+                               tolerances=tuple(args.tolerance), lane_check_s=args.lane_check)
             report["churn"].extend(rows)
             print_table(f"churn on cluster24 ({objective} objective, from our {objective} plan)", rows,
                         ["scenario", "reload_share", "tolerance", "coverage_held", "time_to_first_valid_s", "time_to_valid_plan_s", "share_of_full",
                          "decode_share_of_full", "layers_moved", "full_resolve_layers_moved", "moved_ratio",
-                         "valid"])
+                         "full_resolve_layers_moved_relabelled", "moved_ratio_relabelled", "valid", "lane_check"])
     if "unseen" not in args.skip:
         report["unseen"] = bench_unseen(min(tl, 20.0))
         for entry in report["unseen"]:

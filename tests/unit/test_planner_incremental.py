@@ -178,3 +178,45 @@ def test_resolve_with_tolerance_keeps_coverage_and_moves_no_more(cluster24, heli
     tolerant = resolve(topo, helix_plan, CFG, reload_cost=0.0, time_limit_s=1.0, tolerance=0.05)
     assert validate_placement(topo, tolerant.plan.assignments) == []
     assert tolerant.layers_moved <= priced.layers_moved
+
+
+def test_lanes_of_orders_each_group_along_the_layers():
+    from p2pserve.coordinator.lanes import lanes_of
+
+    topo = chain4()
+    lanes, idle = lanes_of(topo, {1: (4, 8), 0: (0, 4), 2: (4, 8)}, [[0, 1], [2, 3]])
+    assert lanes == [[0, 1], [2]]
+    assert idle == [3]
+
+
+def test_cut_span_counts_fewest_new_layers_under_a_floor():
+    from p2pserve.coordinator.lanes import cut_span
+
+    topo = chain4()
+    old = {0: (0, 2), 1: (2, 4), 2: (4, 6)}
+    table = cut_span(topo, [0, 1, 2], old, 0, 200.0)  # T(4) = 200: up to 4 layers each
+    assert table[6][0] == 0 and table[6][1] == old
+    assert table[8][0] == 2  # one node stretches over the two missing layers
+    assert cut_span(topo, [0, 1, 2], old, 0, 300.0)[8] is None  # 2 layers each cannot cover 8
+
+
+def test_fewest_moves_recut_is_exact_in_its_neighbourhood():
+    from p2pserve.coordinator.lanes import fewest_moves_recut
+
+    full = chain4()
+    topo, _ = full.without([3])  # n3 left: layers 6-8 uncovered
+    old = {0: (0, 2), 1: (2, 4), 2: (4, 6)}
+    value = lambda p: flow_value(topo, p, True)  # noqa: E731
+    valid = lambda p: not validate_placement(topo, p)  # noqa: E731
+    groups = interchangeable_groups(topo)
+    # 240 tokens/s needs every node at <= 3 layers: (0,2) (2,5) (5,8) loads 3, nothing loads fewer.
+    p, stats = fewest_moves_recut(topo, old, old, groups, value, 230.0, 5.0, valid)
+    assert valid(p) and value(p) >= 230.0
+    assert layers_to_load(by_name(topo, old), by_name(topo, p)) == 3
+    assert stats["proven_below"] == 3
+    none, stats = fewest_moves_recut(topo, old, old, groups, value, 230.0, 5.0, valid, max_moves=2)
+    assert none is None and stats["proven_below"] <= 2
+    # A donor's lane is an option too: the same answer when it is the cheapest.
+    donor = {0: (0, 3), 1: (3, 6), 2: (6, 8)}
+    p2, _ = fewest_moves_recut(topo, old, old, groups, value, 230.0, 5.0, valid, donors=[donor])
+    assert layers_to_load(by_name(topo, old), by_name(topo, p2)) == 3
