@@ -166,11 +166,13 @@ def test_plan_assigns_ranges_and_swarm_generates_exactly(swarm):
     def served_and_covered():
         plan, peers = current(observer)
         spans = settled_spans(plan.plan if plan else None, peers, L)
-        return (plan, peers, spans) if spans and len(spans) >= 2 and len(plan.plan.targets) == 4 else None
+        # coord-1 has the highest priority; a starved start-up may let its candidacy lapse for a
+        # moment and coord-2 publish first, so wait for coord-1's plan rather than assert on one read
+        return (plan, peers, spans) if (spans and len(spans) >= 2 and len(plan.plan.targets) == 4
+                                        and plan.plan.leader_id == "coord-1") else None
 
-    plan, peers, spans = wait_for(served_and_covered, "a settled plan whose ranges are loaded and cover every layer")
+    plan, peers, spans = wait_for(served_and_covered, "coord-1's settled plan, its ranges loaded and covering every layer")
     assert plan.plan.max_flow > 0
-    assert plan.plan.leader_id == "coord-1"  # the highest priority leads
     for info in peers.values():
         assert info.throughput_decode and info.max_layers == MAX_LAYERS  # real profile was announced
     messages = [{"role": "user", "content": "Hello! How are you today?"}]
@@ -195,8 +197,7 @@ def test_killed_leader_is_replaced_and_generation_goes_on(swarm):
     """Kill the leader mid-stream: the stream finishes token-identical on the last plan, and the
     other coordinator publishes a higher epoch while the client keeps generating meanwhile."""
     observer, model, procs = swarm["observer"], swarm["model"], swarm["procs"]
-    before, _ = current(observer)
-    assert before is not None and before.plan.leader_id == "coord-1"
+    before = wait_for(lambda: (p := current(observer)[0]) and p.plan.leader_id == "coord-1" and p, "coord-1's plan")
     messages = [{"role": "user", "content": "Tell me about peer-to-peer networks."}]
     ids = model.chat_ids(messages)
     ref = reference_generate(swarm["path"], ids, 16)
