@@ -348,6 +348,16 @@ def fewest_moves_within(
     return best
 
 
+def new_layers(old, i: int, s: int, e: int) -> int:
+    """Layers node ``i`` must newly load to hold ``[s, e)``, given ``old`` = {node: range held now}."""
+    if e <= s:
+        return 0
+    if i in old:
+        os_, oe = old[i]
+        return (e - s) - max(0, min(e, oe) - max(s, os_))
+    return e - s
+
+
 def chain_rebalance(
     topo: Topology,
     order: list[int],
@@ -373,12 +383,7 @@ def chain_rebalance(
     INF = float("inf")
 
     def moved(i: int, s: int, e: int) -> int:
-        if e <= s:
-            return 0
-        if i in old:
-            os_, oe = old[i]
-            return (e - s) - max(0, min(e, oe) - max(s, os_))
-        return e - s
+        return new_layers(old, i, s, e)
 
     best = None
     for F in values:

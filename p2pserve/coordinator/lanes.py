@@ -31,6 +31,7 @@ import heapq
 import time
 from typing import Callable, Mapping
 
+from p2pserve.coordinator.incremental import new_layers
 from p2pserve.coordinator.topology import Topology
 
 Placement = dict[int, tuple[int, int]]
@@ -53,15 +54,6 @@ def lanes_of(
         if held:
             lanes.append(held)
     return lanes, sorted(idle)
-
-
-def _moved(old: Mapping[int, tuple[int, int]], i: int, s: int, e: int) -> int:
-    if e <= s:
-        return 0
-    if i in old:
-        os_, oe = old[i]
-        return (e - s) - max(0, min(e, oe) - max(s, os_))
-    return e - s
 
 
 def cut_span(
@@ -96,7 +88,7 @@ def cut_span(
                 e = b + k
                 if e > span:
                     break
-                c = dp[b] + _moved(old, i, start + b, start + e)
+                c = dp[b] + new_layers(old, i, start + b, start + e)
                 if c < nxt[e]:
                     nxt[e], ch[e] = c, (b, e)
         choices.append(ch)
@@ -203,7 +195,7 @@ def fewest_moves_recut(
         def add(part: Mapping[int, tuple[int, int]]) -> None:
             key = tuple(sorted((i, tuple(r)) for i, r in part.items() if i in members))
             if key:
-                opts[key] = sum(_moved(old, i, s, e) for i, (s, e) in key)
+                opts[key] = sum(new_layers(old, i, s, e) for i, (s, e) in key)
 
         add(current)
         for d in donors:
