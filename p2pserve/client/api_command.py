@@ -42,15 +42,13 @@ def add_client_arguments(parser: argparse.ArgumentParser) -> None:
 def apply_swarm_file(args: argparse.Namespace) -> None:
     """Fill the swarm flags a user left out from ``--config``, the file every member of a swarm
     shares (so a client joins with the same file as peers and coordinators); flags win."""
-    from p2pserve.dht.cli_common import load_swarm_file
+    from p2pserve.dht.cli_common import load_swarm_file, swarm_membership
 
     f = load_swarm_file(args.config)
-    if args.initial_peers is None:
-        args.initial_peers = list(f.get("initial_peers", ()))
-    if args.swarm_id is None:
-        args.swarm_id = f.get("swarm_id", "p2pserve")
-    if args.trusted_coordinator is None:
-        args.trusted_coordinator = list(f.get("trusted_coordinators", ()))
+    m = swarm_membership(args, f)
+    args.swarm_id = m["swarm_id"]
+    args.initial_peers = list(m["initial_peers"])
+    args.trusted_coordinator = list(m["trusted_coordinators"])
     if args.swarm_model is None:
         args.swarm_model = f.get("model")
 

@@ -98,24 +98,29 @@ def setup_logging(level: str) -> None:
     )
 
 
+def swarm_membership(args: argparse.Namespace, f: dict[str, Any]) -> dict[str, Any]:
+    """Which swarm a member joins: its id, bootstrap addresses and trusted coordinator keys,
+    each from its flag if given, else from the swarm file ``f``. Every role, clients included,
+    resolves these the same way."""
+    peers = args.initial_peers if args.initial_peers is not None else f.get("initial_peers", [])
+    trusted = args.trusted_coordinator if args.trusted_coordinator is not None else f.get("trusted_coordinators", [])
+    return {"swarm_id": args.swarm_id or f.get("swarm_id", "p2pserve"), "initial_peers": tuple(peers),
+            "trusted_coordinators": tuple(trusted)}
+
+
 def dht_config_from_args(args: argparse.Namespace, *, model: Optional[str] = None) -> tuple[DHTConfig, dict]:
     """Merge the swarm file and flags into a DHTConfig; also returns the parsed file."""
     f = load_swarm_file(getattr(args, "config", None))
     model = model or getattr(args, "model", None) or f.get("model")
     if not model:
         raise ConfigError("no model: pass --model or set 'model' in the swarm config")
-    kw: dict[str, Any] = {"model": model}
-    kw["swarm_id"] = args.swarm_id or f.get("swarm_id", "p2pserve")
-    peers = args.initial_peers if args.initial_peers is not None else f.get("initial_peers", [])
-    kw["initial_peers"] = tuple(peers)
+    kw: dict[str, Any] = {"model": model, **swarm_membership(args, f)}
     if args.host_maddrs is not None or "host_maddrs" in f:
         kw["host_maddrs"] = tuple(args.host_maddrs if args.host_maddrs is not None else f["host_maddrs"])
     if args.announce_maddrs is not None or "announce_maddrs" in f:
         kw["announce_maddrs"] = tuple(args.announce_maddrs if args.announce_maddrs is not None else f["announce_maddrs"])
     kw["identity_path"] = args.identity_path or f.get("identity_path")
     kw["key_path"] = args.key_path or f.get("key_path")
-    trusted = args.trusted_coordinator if args.trusted_coordinator is not None else f.get("trusted_coordinators", [])
-    kw["trusted_coordinators"] = tuple(trusted)
     kw["use_auto_relay"] = bool(args.use_auto_relay or f.get("use_auto_relay", False))
     kw["use_relay"] = not (args.no_relay or f.get("use_relay", True) is False)
     kw["client_mode"] = bool(args.client_mode or f.get("client_mode", False))
