@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 from typing import Callable, Mapping
 
 from p2pserve.coordinator.maxflow import flow_value
+from p2pserve.coordinator.move_bound import fewest_moves_for_flow
 from p2pserve.coordinator.planner import Plan, PlannerConfig, make_plan, plan_for_topology, throughput_score, validate_placement
 from p2pserve.errors import PlanningError
 from p2pserve.coordinator.search import balanced_chain, improve, max_flow_score
@@ -169,6 +170,7 @@ def resolve(
     fresh_share: float = 0.4,
     tolerance: float = 0.0,
     tolerance_share: float = 0.6,
+    cover_share: float = 0.3,
 ) -> ChurnResult:
     """Warm-started re-solve charging ``reload_cost`` per newly loaded layer.
 
@@ -177,7 +179,8 @@ def resolve(
     on flow minus reload cost: half of the remaining time moves only ``focus`` (new nodes,
     neighbours of departed ones), the rest moves everyone. With ``tolerance`` > 0, the last
     ``tolerance_share`` of the time goes to :func:`fewest_moves_within` the tolerance of the
-    best objective found.
+    best objective found. ``cover_share`` of the time goes to the cover MILP
+    (:func:`cover_start`): the placement that loads the fewest layers for the flow reached.
     """
     t0 = clock()
     # The searches below overrun their limits by up to one evaluation, and the plan takes a
@@ -225,6 +228,17 @@ def resolve(
     starts = [relabel_for_fewest_moves(topo, p, current) for p in starts]
     if first_valid is None and any(not validate_placement(topo, p) for p in starts):
         first_valid = clock() - t0
+    covers = []
+    if cover_share > 0:
+        # Before the local search: the cover placement is a start that single moves rarely
+        # reach (a stage jumping into the hole while faster nodes re-cut to fill its place).
+        ref = max((p for p in starts if not validate_placement(topo, p)), key=score, default=None)
+        if ref is not None:
+            cover = cover_start(topo, current, ref, (1.0 - tolerance) * flow_value(topo, ref, config.partial),
+                                min(cover_share * time_limit_s, time_limit_s - (clock() - t0)))
+            if cover is not None:
+                covers.append(cover)
+                starts.append(cover)
     movable = focus if focus else None
     reserve = tolerance_share * time_limit_s if tolerance > 0 else 0.0
     left = time_limit_s - reserve - (clock() - t0)
@@ -234,7 +248,7 @@ def resolve(
         best, _ = improve(topo, [best], score, left, seed=config.seed + 7, clock=clock)
     if tolerance > 0:
         target = (1.0 - tolerance) * base(best)
-        cuts = []
+        cuts = list(covers)
         if target > 0:
             # The order-keeping re-cut that loads fewest layers at a flow near the target: for
             # chain-like plans it is often the answer outright.
@@ -249,6 +263,36 @@ def resolve(
                                    time_limit_s - (clock() - t0), seed=config.seed + 13, clock=clock)
     plan = make_plan(topo, best, config, clock() - t0, "incremental")
     return ChurnResult(plan, layers_to_load(current, by_name(topo, best)), True, clock() - t0, first_valid)
+
+
+def cover_start(
+    topo: Topology,
+    current: Mapping[str, tuple[int, int]],
+    best: Mapping[int, tuple[int, int]],
+    flow_target: float,
+    time_limit_s: float,
+) -> dict[int, tuple[int, int]] | None:
+    """The placement loading the fewest layers whose layer cover reaches ``flow_target``.
+
+    An exact MILP over every range each node could hold (:mod:`move_bound`), limited to fewer
+    moves than ``best`` makes. Where links do not bind, a placement's max-flow usually equals
+    its cover, and this finds repairs that single-node moves cannot reach: a lost stage is
+    absorbed by re-cutting only the nodes that have throughput to spare. Its real flow can fall
+    short of its cover, so callers use it as a start, never as the answer unchecked. None when
+    no such placement moves fewer layers than ``best``, time is short, or it is invalid.
+    """
+    moved = layers_to_load(current, by_name(topo, best))
+    if moved <= 0 or flow_target <= 0 or time_limit_s < 0.2:
+        return None
+    # ``best`` itself meets the MILP (its cover is at least its flow): it is the incumbent, and
+    # a budget of its own moves keeps the model feasible, which HiGHS solves far faster than a
+    # budget it must prove infeasible.
+    res = fewest_moves_for_flow(topo, by_index(topo, current), flow_target, moved, time_limit_s, start=best)
+    if res.placement is None or validate_placement(topo, res.placement):
+        return None
+    if layers_to_load(current, by_name(topo, res.placement)) >= moved:
+        return None
+    return res.placement
 
 
 def fewest_moves_within(

@@ -220,3 +220,61 @@ def test_fewest_moves_recut_is_exact_in_its_neighbourhood():
     donor = {0: (0, 3), 1: (3, 6), 2: (6, 8)}
     p2, _ = fewest_moves_recut(topo, old, old, groups, value, 230.0, 5.0, valid, donors=[donor])
     assert layers_to_load(by_name(topo, old), by_name(topo, p2)) == 3
+
+
+
+# cluster24's throughput tables (LLaMA-2-70B), for small clusters that behave like it.
+A100 = (0.0, 23834, 11384, 7201, 5265, 4097, 3124, 2596, 2046, 1754, 1393, 1212, 952)
+L4 = (0.0, 7558, 3626, 2172, 1476, 1018, 748, 532)
+T4 = (0.0, 5709, 2434, 1348, 758)
+
+
+def small_cluster24(a100: int, l4: int, t4: int) -> Topology:
+    """A100s, L4s and T4s with cluster24's tables; as many layers as their max-flow chain
+    holds (8 per A100, 3 per L4, 2 per T4, all at about 2,046 tokens/s); links never bind."""
+    specs = [("a", "A100", A100)] * a100 + [("l", "L4", L4)] * l4 + [("t", "T4", T4)] * t4
+    nodes = tuple(NodeSpec(f"{p}{i}", g, thr, memory_bytes=1e9) for i, (p, g, thr) in enumerate(specs))
+    links = []
+    for i in range(len(nodes)):
+        links += [LinkSpec(SOURCE, i, 1e12, 1e-3), LinkSpec(i, SINK, 1e12, 1e-3)]
+        links += [LinkSpec(i, j, 1e12, 1e-3) for j in range(len(nodes)) if j != i]
+    return Topology(nodes=nodes, links=tuple(links), num_layers=8 * a100 + 3 * l4 + 2 * t4,
+                    activation_bytes=1024, token_bytes=4)
+
+
+def test_cover_start_finds_the_proven_fewest_moves():
+    """A T4 leaves a chain: re-cutting the chain in order loads many layers; the cover MILP
+    finds the fewest (an L4 jumps into the hole, the A100s stretch over its old layers)."""
+    from p2pserve.coordinator.incremental import _chain_order, chain_rebalance, cover_start
+    from p2pserve.coordinator.move_bound import fewest_moves_for_flow
+    from p2pserve.coordinator.search import balanced_chain
+
+    full = small_cluster24(3, 3, 4)
+    current = by_name(full, balanced_chain(full))
+    topo, _ = full.without([8])
+    cur = by_index(topo, current)
+    recut = chain_rebalance(topo, _chain_order(topo, cur), cur, 0.0)
+    flow = flow_value(topo, recut, True)
+    cover = cover_start(topo, current, recut, flow, time_limit_s=20.0)
+    assert cover is not None and validate_placement(topo, cover) == []
+    assert flow_value(topo, cover, True) >= flow - 1e-6
+    moved = layers_to_load(current, by_name(topo, cover))
+    assert moved < layers_to_load(current, by_name(topo, recut))
+    assert moved == fewest_moves_for_flow(topo, cur, flow * (1 - 1e-9), moved).lower
+
+
+@pytest.mark.parametrize("tolerance", [0.0, 0.05])
+def test_resolve_moves_no_more_than_the_proven_fewest_for_its_flow(tolerance):
+    """The re-solve's flow needs at least ``lower`` new layers (the layer-cover MILP proves it);
+    the re-solve loads exactly that many. Without the cover start it loaded 10 for 9."""
+    from p2pserve.coordinator.move_bound import fewest_moves_for_flow
+    from p2pserve.coordinator.search import balanced_chain
+
+    full = small_cluster24(2, 3, 5)
+    current = by_name(full, balanced_chain(full))
+    topo, _ = full.without([6])
+    res = resolve(topo, current, CFG, reload_cost=2e-3 * flow_value(full, by_index(full, current), True),
+                  time_limit_s=6.0, tolerance=tolerance)
+    assert validate_placement(topo, res.plan.assignments) == []
+    proof = fewest_moves_for_flow(topo, by_index(topo, current), res.plan.max_flow * (1 - 1e-9), res.layers_moved)
+    assert proof.lower == res.layers_moved > 0
