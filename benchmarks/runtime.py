@@ -16,6 +16,24 @@
 Usage: python benchmarks/runtime.py [--model default] [--tokens 64] [--threads 1] [--out FILE]
 Peers and the baseline use the same number of torch threads (default 1: the CI machine has
 two cores, and three peers plus a client share them).
+
+Other sections (``--sections``, comma-separated; the default runs everything above):
+
+* ``hop``: only the tiny-model figures (added latency per hop, its peer-side breakdown, the
+  frame round trip to a tiny peer, the in-process hot / cold forwards); needs no download.
+* ``llama3``: a random-initialised bf16 model shaped like Llama-3-8B (``--shape tiny``: a
+  2-layer, hidden-256 version of it, to try the path on a CPU), built once into ``--model-dir``
+  (safetensors), served by 2 peer processes on ``--device`` (layers [0, L/2) and [L/2, L)),
+  against single-process ``generate`` on the same weights and device: decode tokens/s and ms
+  per token of each, whether the greedy tokens agree, a 1-peer chain of every layer, and
+  aggregate tokens/s with ``--sessions`` concurrent sessions vs 1. Driven with random token
+  ids (no tokenizer). ``--device cuda`` alone selects this section.
+
+  python benchmarks/runtime.py --sections hop
+  python benchmarks/runtime.py --device cuda --tokens 128 --model-dir /dev/shm/llama3-8b-random
+  python benchmarks/runtime.py --device cpu --sections llama3 --shape tiny   # CPU try-out
+
+``--copy-to DIR`` also writes the JSON into DIR.
 """
 
 from __future__ import annotations
@@ -65,8 +83,8 @@ def baseline_generate(model: LocalModelInfo, ids: list[int], n: int, threads: in
     return (out.shape[1] - x.shape[1]) / dt
 
 
-async def stream_rate(p2p, hops, model, ids, n, config: ClientConfig = ClientConfig()) -> tuple[float, float]:
-    """(decode tokens/s, median ms per decode step) of one session on ``hops``."""
+async def timed_generation(p2p, hops, model, ids, n, config: ClientConfig = ClientConfig()) -> tuple[list[int], list[float]]:
+    """(generated tokens, seconds of every step) of one greedy session on ``hops``; step 0 is the prefill."""
     params = GenerationParams(max_new_tokens=n, ignore_eos=True)
     session = await open_chain_session(p2p, hops, model, len(ids) + n + 8, params, config)
     try:
@@ -80,11 +98,17 @@ async def stream_rate(p2p, hops, model, ids, n, config: ClientConfig = ClientCon
             return r
 
         session.step = timed
-        await generate(session, ids, params, model.eos_ids)
-        decode = times[1:]  # the first step is the prefill
-        return len(decode) / sum(decode), 1000 * statistics.median(decode)
+        result = await generate(session, ids, params, model.eos_ids)
+        return result.tokens, times
     finally:
         await session.close()
+
+
+async def stream_rate(p2p, hops, model, ids, n, config: ClientConfig = ClientConfig()) -> tuple[float, float]:
+    """(decode tokens/s, median ms per decode step) of one session on ``hops``."""
+    _, times = await timed_generation(p2p, hops, model, ids, n, config)
+    decode = times[1:]  # the first step is the prefill
+    return len(decode) / sum(decode), 1000 * statistics.median(decode)
 
 
 async def aggregate_rate(p2p, hops, model, ids, n, sessions) -> float:
@@ -299,14 +323,33 @@ async def measure(args, model, ids, peers3, full) -> dict:
         await p2p.shutdown()
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="default")
-    ap.add_argument("--tokens", type=int, default=64)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "runtime.json"))
-    args = ap.parse_args()
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+def tiny_figures(tiny: dict, cold: dict, hot: dict) -> dict:
+    """The tiny-model figures of a run: added latency per hop (direct and libp2p), where it goes,
+    and the in-process hot / cold forwards."""
+    return {
+        "added_ms_per_hop": tiny["direct"]["added_ms_per_hop"],
+        "tiny_ms_per_token_one_peer": tiny["direct"]["ms1"],
+        "tiny_ms_per_token_four_peers": tiny["direct"]["ms4"],
+        "added_ms_per_hop_libp2p_only": tiny["libp2p"]["added_ms_per_hop"],
+        "tiny_ms_per_token_one_peer_libp2p_only": tiny["libp2p"]["ms1"],
+        "tiny_ms_per_token_four_peers_libp2p_only": tiny["libp2p"]["ms4"],
+        "added_ms_per_hop_in_peers": tiny["breakdown"]["peer_ms_per_added_hop"],
+        "added_ms_per_hop_in_compute": tiny["breakdown"]["compute_ms_per_added_hop"],
+        "added_ms_per_hop_wire_and_client": tiny["direct"]["added_ms_per_hop"] - tiny["breakdown"]["peer_ms_per_added_hop"],
+        "tiny_single_peer_service_ms": tiny["breakdown"]["single_peer_service_ms"],
+        "tiny_single_peer_compute_ms": tiny["breakdown"]["single_peer_compute_ms"],
+        "tiny_chain_service_ms_per_peer": tiny["breakdown"]["chain_service_ms"],
+        "tiny_chain_compute_ms_per_peer": tiny["breakdown"]["chain_compute_ms"],
+        "hot_forward_handled_ms_in_process": hot["handled"],
+        "hot_2_layer_forward_ms_in_process": hot["forward"],
+        "hot_peer_work_outside_compute_ms": hot["overhead"],
+        "tiny_2_layer_forward_ms_back_to_back": cold["back_to_back"],
+        "tiny_2_layer_forward_ms_after_other_work": cold["after_other_work"],
+    }
+
+
+def run_default(args) -> dict:
+    """Every section on SmolLM2 and the tiny model (the default run)."""
     model = LocalModelInfo.load(args.model)
     ids = model.chat_ids([{"role": "user", "content": PROMPT}])
     L = model.spec.num_layers
@@ -337,24 +380,7 @@ def main() -> int:
         "one_peer_tokens_per_s": m["rate1"],
         "ms_per_token_three_peers": m["ms3"],
         "ms_per_token_one_peer": m["ms1"],
-        "added_ms_per_hop": tiny["direct"]["added_ms_per_hop"],
-        "tiny_ms_per_token_one_peer": tiny["direct"]["ms1"],
-        "tiny_ms_per_token_four_peers": tiny["direct"]["ms4"],
-        "added_ms_per_hop_libp2p_only": tiny["libp2p"]["added_ms_per_hop"],
-        "tiny_ms_per_token_one_peer_libp2p_only": tiny["libp2p"]["ms1"],
-        "tiny_ms_per_token_four_peers_libp2p_only": tiny["libp2p"]["ms4"],
-        "added_ms_per_hop_in_peers": tiny["breakdown"]["peer_ms_per_added_hop"],
-        "added_ms_per_hop_in_compute": tiny["breakdown"]["compute_ms_per_added_hop"],
-        "added_ms_per_hop_wire_and_client": tiny["direct"]["added_ms_per_hop"] - tiny["breakdown"]["peer_ms_per_added_hop"],
-        "tiny_single_peer_service_ms": tiny["breakdown"]["single_peer_service_ms"],
-        "tiny_single_peer_compute_ms": tiny["breakdown"]["single_peer_compute_ms"],
-        "tiny_chain_service_ms_per_peer": tiny["breakdown"]["chain_service_ms"],
-        "tiny_chain_compute_ms_per_peer": tiny["breakdown"]["chain_compute_ms"],
-        "hot_forward_handled_ms_in_process": hot["handled"],
-        "hot_2_layer_forward_ms_in_process": hot["forward"],
-        "hot_peer_work_outside_compute_ms": hot["overhead"],
-        "tiny_2_layer_forward_ms_back_to_back": cold["back_to_back"],
-        "tiny_2_layer_forward_ms_after_other_work": cold["after_other_work"],
+        **tiny_figures(tiny, cold, hot),
         "smollm2_added_ms_per_hop": (m["ms3"] - m["ms1"]) / 2,
         "control_frame_rtt_ms": m["rtt"],
         "control_frame_rtt_ms_libp2p_only": m["rtt_libp2p"],
@@ -365,13 +391,312 @@ def main() -> int:
         "peak_rss_mb_all_layers": rss_full,
         "rss_ratio_third_vs_all": rss_third / rss_full,
     }
+    return result
+
+
+# Llama-3-8B's shape (random weights, bf16). "tiny" keeps the family and vocabulary but is small
+# enough to try the whole section on a CPU in seconds.
+LLAMA3_SHAPES = {
+    "llama3-8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                      num_key_value_heads=8),
+    "tiny": dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=8,
+                 num_key_value_heads=2),
+}
+LLAMA3_COMMON = dict(vocab_size=128256, max_position_embeddings=8192, rms_norm_eps=1e-5,
+                     rope_parameters={"rope_type": "default", "rope_theta": 500000.0}, tie_word_embeddings=False,
+                     bos_token_id=128000, eos_token_id=128001, hidden_act="silu")
+
+
+def build_random_llama(out: Path, shape: str, device: str, seed: int = 0):
+    """Write a seeded random bf16 Llama-3-shaped model to ``out`` (safetensors), unless there.
+
+    Returns (path, model): the model built on ``device`` (reused as the baseline), or None
+    when the folder already held one. Initialising on the GPU takes seconds for 8B parameters.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if (out / "config.json").is_file() and any(out.glob("*.safetensors")):
+        return out, None
+    config = AutoConfig.for_model("llama", **LLAMA3_COMMON, **LLAMA3_SHAPES[shape])
+    torch.manual_seed(seed)
+    t = time.perf_counter()
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    model = model.to(device).eval()  # in case a version built it elsewhere
+    sync(device)
+    t_init = time.perf_counter() - t
+    t = time.perf_counter()
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    print(f"built {shape} ({sum(p.numel() for p in model.parameters()) / 1e9:.2f}B params) in {t_init:.1f} s, "
+          f"saved to {out} in {time.perf_counter() - t:.1f} s", flush=True)
+    return out, model
+
+
+def sync(device: str) -> None:
+    if str(device).startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def baseline_generate_timed(m, ids: list[int], n: int, device: str, reps: int = 3) -> dict:
+    """Single-process greedy ``generate`` (no EOS stop): tokens, and decode ms per token from the
+    time of n new tokens minus the time of 1 (the prefill), median of ``reps`` each."""
+    m.generation_config.eos_token_id = None  # fixed length, and no EOS masking (the swarm runs ignore_eos)
+    x = torch.tensor([ids], device=device)
+    kwargs = dict(attention_mask=torch.ones_like(x), do_sample=False, pad_token_id=0)
+
+    def run(k: int) -> tuple[float, torch.Tensor]:
+        sync(device)
+        t = time.perf_counter()
+        out = m.generate(x, max_new_tokens=k, **kwargs)
+        sync(device)
+        return time.perf_counter() - t, out
+
+    with torch.inference_mode():
+        run(4)  # warm-up
+        t1 = statistics.median(run(1)[0] for _ in range(reps))
+        full = [run(n) for _ in range(reps)]
+    tn = statistics.median(t for t, _ in full)
+    out = full[0][1]
+    assert out.shape[1] - x.shape[1] == n, out.shape
+    decode_ms = 1000 * (tn - t1) / (n - 1)
+    return dict(tokens=out[0, x.shape[1]:].tolist(), decode_ms_per_token=decode_ms,
+                decode_tokens_per_s=1000 / decode_ms, prefill_plus_1_ms=1000 * t1, total_ms=1000 * tn,
+                tokens_per_s_incl_prefill=n / tn)
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    """Index of the first differing token of two equal-length runs, or None if they agree."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def launch_and_wait(model: str, ranges: list[tuple[int, int]], *extra: str, timeout: float = 600.0) -> list:
+    """start_peers with a longer ready timeout (loading 8B parameters takes a while)."""
+    from p2pserve.launch import PeerProcess
+
+    peers = [PeerProcess.launch(model, r, *extra) for r in ranges]
+    try:
+        for p in peers:
+            p.wait_ready(timeout)
+    except BaseException:
+        for p in peers:
+            p.kill()
+        raise
+    return peers
+
+
+async def llama3_measure(args, model, ids, two, one, reps: int = 3) -> dict:
+    p2p = await create_client_p2p()
+    try:
+        chains = {"two_peers": [p.hop() for p in two]}
+        if one is not None:
+            chains["one_peer"] = [one.hop()]
+        out = {}
+        for name, hops in chains.items():
+            await stream_rate(p2p, hops, model, ids, 8)  # warm-up
+            runs = [await timed_generation(p2p, hops, model, ids, args.tokens) for _ in range(reps)]
+            rates = [len(t[1:]) / sum(t[1:]) for _, t in runs]
+            mss = [1000 * statistics.median(t[1:]) for _, t in runs]
+            out[name] = dict(tokens=runs[0][0], decode_tokens_per_s=statistics.median(rates),
+                             median_ms_per_token=statistics.median(mss),
+                             prefill_ms=1000 * statistics.median(t[0] for _, t in runs),
+                             runs_agree=all(r[0] == runs[0][0] for r in runs))
+            out[name]["peer_service_compute_ms"] = await peer_timing(p2p, hops)
+        out["rtt"] = await frame_rtt_ms(p2p, chains["two_peers"][0])
+        out["agg1"] = await aggregate_rate(p2p, chains["two_peers"], model, ids, args.tokens, 1)
+        out["aggN"] = await aggregate_rate(p2p, chains["two_peers"], model, ids, args.tokens, args.sessions)
+        return out
+    finally:
+        await p2p.shutdown()
+
+
+def run_llama3(args) -> dict:
+    """Random Llama-3-8B-shaped bf16 model: 2 peer processes vs single-process generate."""
+    import gc
+    import platform
+
+    from p2pserve.client.chain import LocalModelInfo
+    from p2pserve.model.default import cache_dir
+    from p2pserve.model.spec import load_spec
+
+    device = "cuda" if args.device == "cuda" else "cpu"
+    if device == "cpu":
+        torch.set_num_threads(args.threads)
+    out_dir = Path(args.model_dir) if args.model_dir else cache_dir() / f"bench-{args.shape}-random-bf16"
+    t0 = time.perf_counter()
+    path, m = build_random_llama(out_dir, args.shape, device)
+    build_s = time.perf_counter() - t0
+    spec = load_spec(path, dtype="bfloat16")
+    L = spec.num_layers
+    gen = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, spec.vocab_size, (args.prompt_tokens,), generator=gen).tolist()
+    # Baseline first, alone on the device; then free it before the peers load.
+    if m is None:
+        from transformers import AutoModelForCausalLM
+
+        m = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.bfloat16).to(device).eval()
+    base = baseline_generate_timed(m, ids, args.tokens, device)
+    print(f"generate: {base['decode_ms_per_token']:.2f} ms/token", flush=True)
+    del m
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    model = LocalModelInfo(str(path), spec, None, set())  # ids in, ids out: no tokenizer
+    extra = ("--device", device, "--dtype", "bfloat16", "--num-threads", str(args.threads))
+    ranges = [(0, L // 2), (L // 2, L)] + ([] if args.no_one_peer else [(0, L)])
+    t0 = time.perf_counter()
+    peers = launch_and_wait(str(path), ranges, *extra)
+    load_s = time.perf_counter() - t0
+    print(f"peers ready in {load_s:.1f} s", flush=True)
+    try:
+        r = asyncio.run(llama3_measure(args, model, ids, peers[:2], None if args.no_one_peer else peers[2]))
+        rss = [peak_rss_mb(p.proc.pid) for p in peers]
+        gpu_mem = None
+        if device == "cuda":
+            import subprocess
+
+            gpu_mem = subprocess.run(["nvidia-smi", "--query-gpu=memory.used,memory.total", "--format=csv,noheader"],
+                                     capture_output=True, text=True).stdout.strip()
+    finally:
+        for p in peers:
+            p.stop()
+    two = r["two_peers"]
+    result = {
+        "section": "llama3",
+        "shape": args.shape,
+        "config": {**LLAMA3_COMMON, **LLAMA3_SHAPES[args.shape]},
+        "device": torch.cuda.get_device_name(0) if device == "cuda" else platform.processor() or "cpu",
+        "torch": torch.__version__,
+        "dtype": "bfloat16",
+        "peer_threads": args.threads,
+        "prompt_tokens": len(ids),
+        "new_tokens": args.tokens,
+        "build_or_reuse_s": build_s,
+        "peers_ready_s": load_s,
+        "generate_decode_ms_per_token": base["decode_ms_per_token"],
+        "generate_decode_tokens_per_s": base["decode_tokens_per_s"],
+        "generate_prefill_plus_1_token_ms": base["prefill_plus_1_ms"],
+        "generate_tokens_per_s_incl_prefill": base["tokens_per_s_incl_prefill"],
+        "two_peers_decode_tokens_per_s": two["decode_tokens_per_s"],
+        "two_peers_median_ms_per_token": two["median_ms_per_token"],
+        "two_peers_prefill_ms": two["prefill_ms"],
+        "two_peers_vs_generate_ratio": two["decode_tokens_per_s"] / base["decode_tokens_per_s"],
+        "two_peers_peer_service_compute_ms": two["peer_service_compute_ms"],
+        "two_peers_runs_agree": two["runs_agree"],
+        "first_difference_two_peers_vs_generate": first_difference(two["tokens"], base["tokens"]),
+    }
+    if "one_peer" in r:
+        one = r["one_peer"]
+        result.update({
+            "one_peer_decode_tokens_per_s": one["decode_tokens_per_s"],
+            "one_peer_median_ms_per_token": one["median_ms_per_token"],
+            "one_peer_vs_generate_ratio": one["decode_tokens_per_s"] / base["decode_tokens_per_s"],
+            "one_peer_peer_service_compute_ms": one["peer_service_compute_ms"],
+            "added_ms_two_peers_vs_one_peer": two["median_ms_per_token"] - one["median_ms_per_token"],
+            "first_difference_one_peer_vs_generate": first_difference(one["tokens"], base["tokens"]),
+            "first_difference_two_peers_vs_one_peer": first_difference(two["tokens"], one["tokens"]),
+        })
+    result.update({
+        "control_frame_rtt_ms": r["rtt"],
+        "aggregate_tokens_per_s_1_session": r["agg1"],
+        f"aggregate_tokens_per_s_{args.sessions}_sessions": r["aggN"],
+        f"batching_gain_{args.sessions}_vs_1": r["aggN"] / r["agg1"],
+        "peak_rss_mb_per_peer": rss,
+        "gpu_memory_used_total": gpu_mem,
+        "generate_tokens_first_32": base["tokens"][:32],
+        "two_peers_tokens_first_32": two["tokens"][:32],
+    })
+    return result
+
+
+def run_hop(args) -> dict:
+    """The tiny-model figures alone: added latency per hop and where it goes, the frame round
+    trip, the in-process hot / cold forwards. Nothing to download."""
+    import platform
+    import tempfile
+
+    from p2pserve.model.tiny import build_tiny_model
+
+    tiny_path = str(build_tiny_model("llama", Path(tempfile.mkdtemp()) / "tiny"))
+    tiny = asyncio.run(hop_overhead(tiny_path))
+
+    async def rtts(peer) -> tuple[float, float]:
+        p2p = await create_client_p2p()
+        try:
+            return await frame_rtt_ms(p2p, peer.hop()), await frame_rtt_ms(p2p, peer.hop(), direct=False)
+        finally:
+            await p2p.shutdown()
+
+    (peer,) = start_peers(tiny_path, [None])
+    try:
+        rtt, rtt_libp2p = asyncio.run(rtts(peer))
+    finally:
+        peer.stop()
+    cold = cold_forward_ms(tiny_path)
+    hot = hot_dispatch_ms(tiny_path)
+    return {
+        "section": "hop",
+        "cpu_count": os.cpu_count(),
+        "cpu": platform.processor() or platform.machine(),
+        "torch": torch.__version__,
+        "peer_threads": 1,
+        **tiny_figures(tiny, cold, hot),
+        "control_frame_rtt_ms": rtt,
+        "control_frame_rtt_ms_libp2p_only": rtt_libp2p,
+    }
+
+
+SECTIONS = {"default": run_default, "hop": run_hop, "llama3": run_llama3}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="default")
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--out", default=None, help="JSON file (default: benchmarks/results/runtime[_SECTIONS].json)")
+    ap.add_argument("--sections", default=None,
+                    help=f"comma-separated, of {', '.join(SECTIONS)} (default: llama3 with --device cuda, else default)")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="device of the llama3 section")
+    ap.add_argument("--shape", default="llama3-8b", choices=list(LLAMA3_SHAPES), help="llama3 section: model shape")
+    ap.add_argument("--model-dir", default=None, help="llama3 section: where the random model is built / reused")
+    ap.add_argument("--prompt-tokens", type=int, default=64, help="llama3 section: random prompt length")
+    ap.add_argument("--sessions", type=int, default=16, help="llama3 section: concurrent sessions of the aggregate")
+    ap.add_argument("--no-one-peer", action="store_true", help="llama3 section: skip the 1-peer chain of every layer")
+    ap.add_argument("--copy-to", default=None, metavar="DIR", help="also write the JSON into DIR")
+    args = ap.parse_args()
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    sections = (args.sections or ("llama3" if args.device == "cuda" else "default")).split(",")
+    unknown = [s for s in sections if s not in SECTIONS]
+    if unknown:
+        ap.error(f"unknown section(s) {unknown}; choose from {list(SECTIONS)}")
+    name = "runtime" if sections == ["default"] else "runtime_" + "_".join(
+        f"{s}-{args.device}-{args.shape}" if s == "llama3" else s for s in sections)
+    out = Path(args.out) if args.out else Path(__file__).parent / "results" / f"{name}.json"
+    result = {}
+    for section in sections:
+        r = SECTIONS[section](args)
+        result.update(r) if len(sections) == 1 else result.update({section: r})
+        if len(sections) > 1:  # keep what is done if a later section fails
+            write_result(result, out, args.copy_to)
     width = max(map(len, result))
     for k, v in result.items():
         print(f"{k:<{width}}  {v:.3f}" if isinstance(v, float) else f"{k:<{width}}  {v}")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2))
-    print(f"wrote {args.out}")
+    write_result(result, out, args.copy_to)
+    print(f"wrote {out}")
     return 0
+
+
+def write_result(result: dict, out: Path, copy_to: str | None) -> None:
+    text = json.dumps(result, indent=2)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    if copy_to:
+        Path(copy_to).mkdir(parents=True, exist_ok=True)
+        (Path(copy_to) / out.name).write_text(text)
 
 
 if __name__ == "__main__":
