@@ -123,7 +123,10 @@ def _cover_rows(m: LinearModel, topo: Topology, cands: list[Candidate], cols: li
         if flow_col is not None:
             m.row({**row, flow_col: -1.0}, lo=0.0)  # cover >= F
         else:
-            m.row(row, lo=target)
+            # Coefficient tightening: one range of T >= target covers its layers alone, so
+            # capping T at the target keeps every 0/1 solution and takes from the LP relaxation
+            # the fractions of fast ranges that it would otherwise cover layers with.
+            m.row({col: min(t, target) for col, t in row.items()}, lo=target)
 
 
 def _placement(cands: list[Candidate], cols: list[int], x: list[float] | None) -> Placement | None:
