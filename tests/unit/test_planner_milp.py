@@ -140,3 +140,19 @@ def test_model_size_matches_tables_5_6():
     pm = build_model(topo)
     # O(|C|) node variables and O(|E|) edge variables
     assert len(pm.s) == 4 and len(pm.f) == len(pm.edges) == len(pm.d)
+
+
+@pytest.mark.parametrize("n,L,kmax,seed", CASES[:3])
+def test_cpsat_matches_brute_force(n, L, kmax, seed):
+    """Where the ``ortools`` extra is installed (``backend="auto"`` then prefers it to HiGHS):
+    CP-SAT proves the brute-force optimum, up to its 0.01 tokens/s rounding of capacities."""
+    from p2pserve.coordinator.milp_backends import cpsat_available
+
+    if not cpsat_available():
+        pytest.skip("ortools is not installed (the optional 'ortools' extra)")
+    topo = random_topology(n, L, kmax, seed)
+    expected = brute_force(topo)
+    res = solve_milp(topo, 30.0, MilpOptions(), backend="auto")
+    assert res.backend == "cpsat"
+    assert res.objective == pytest.approx(expected, rel=1e-6, abs=1e-6)  # the true max-flow of its placement
+    assert res.bound == pytest.approx(expected, abs=0.05 * L * n)
