@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from typing import Callable, Mapping
 
 from p2pserve.coordinator.maxflow import flow_value
-from p2pserve.coordinator.move_bound import fewest_moves_for_flow
+from p2pserve.coordinator.move_bound import fewest_moves_for_flow, new_layer_count
 from p2pserve.coordinator.planner import Plan, PlannerConfig, make_plan, plan_for_topology, throughput_score, validate_placement
 from p2pserve.errors import PlanningError
 from p2pserve.coordinator.search import balanced_chain, improve, max_flow_score
@@ -57,15 +57,7 @@ def by_index(topo: Topology, named: Mapping[str, tuple[int, int]]) -> dict[int, 
 
 def layers_to_load(old: Mapping[str, tuple[int, int]], new: Mapping[str, tuple[int, int]]) -> int:
     """Layers nodes must newly load to go from ``old`` to ``new`` (kept layers are free)."""
-    moved = 0
-    for name, (s, e) in new.items():
-        if name in old:
-            os_, oe = old[name]
-            keep = max(0, min(e, oe) - max(s, os_))
-            moved += (e - s) - keep
-        else:
-            moved += e - s
-    return moved
+    return sum(new_layer_count(old.get(name), s, e) for name, (s, e) in new.items())
 
 
 def _score_fn(topo: Topology, config: PlannerConfig):
@@ -397,12 +389,7 @@ def fewest_moves_within(
 
 def new_layers(old, i: int, s: int, e: int) -> int:
     """Layers node ``i`` must newly load to hold ``[s, e)``, given ``old`` = {node: range held now}."""
-    if e <= s:
-        return 0
-    if i in old:
-        os_, oe = old[i]
-        return (e - s) - max(0, min(e, oe) - max(s, os_))
-    return e - s
+    return new_layer_count(old.get(i), s, e) if e > s else 0
 
 
 def chain_rebalance(
