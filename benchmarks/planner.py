@@ -14,8 +14,11 @@ Sections:
   Swarm-even, separate pipelines, the balanced chain, and the authors' Helix placement, on
   cluster24 (LLaMA-2-70B) and cluster10 (LLaMA-1-30B): max-flow, ratio to the best-known result
   (1,289.56 / 286.587), ratio to the upper bound, solve time, solver gap, estimated decode.
-* ``churn`` -- cluster24 from our max-flow plan: 1, 2, 4 random nodes removed and 2 added; time
-  to a valid plan, share of a full re-solve's max-flow, layers moved (ours vs full re-solve).
+* ``churn`` -- cluster24 from our plan for each objective: 1, 2, 4 random nodes removed and 2
+  added; time to a valid plan, share of a full re-solve's max-flow, layers moved (ours vs full
+  re-solve), and whether the target is reachable at all: the proven fewest layers any placement
+  must load for 95 % of the full re-solve's max-flow, and (max-flow objective) the proven ceiling
+  on the share within a quarter of the full re-solve's moves (``move_bound``).
 * ``unseen`` -- generated clusters (random GPU mix, heterogeneous links) never used to tune.
 * ``simulator`` -- when ``p2pserve.sim`` is present: simulated decode throughput (offline, IWRR,
   600 s window) of the authors' Helix placement and of our throughput plan on cluster24.
@@ -48,7 +51,7 @@ from p2pserve.coordinator.incremental import (  # noqa: E402
 )
 from p2pserve.coordinator.lanes import fewest_moves_recut  # noqa: E402
 from p2pserve.coordinator.maxflow import max_flow  # noqa: E402
-from p2pserve.coordinator.move_bound import fewest_moves_for_flow  # noqa: E402
+from p2pserve.coordinator.move_bound import fewest_moves_for_flow, max_cover_within  # noqa: E402
 from p2pserve.coordinator.planner import PlannerConfig, plan_for_topology, validate_placement  # noqa: E402
 from p2pserve.coordinator.search import balanced_chain  # noqa: E402
 from p2pserve.coordinator.topology import (  # noqa: E402
@@ -165,7 +168,8 @@ def bench_churn(tl_full: float, tl_inc: float, seed: int = 0, reload_shares: tup
         full_moved = layers_to_load(before, by_name(topo, full.assignments))
         full_rel = relabel_for_fewest_moves(topo, full.assignments, before)
         full_moved_rel = layers_to_load(before, by_name(topo, full_rel))
-        proof = bench_proof(topo, before, full.max_flow, full_moved, full_moved_rel)
+        proof = bench_proof(topo, before, full.max_flow, full_moved, full_moved_rel,
+                            ceiling_s=30.0 if objective == "max-flow" else 0.0)
         lane = None
         if lane_check_s > 0:
             from p2pserve.coordinator.planner import throughput_score
@@ -225,12 +229,16 @@ def bench_churn(tl_full: float, tl_inc: float, seed: int = 0, reload_shares: tup
     return results
 
 
-def bench_proof(topo, before, full_flow: float, full_moved: int, full_moved_rel: int, share: float = 0.95) -> dict:
+def bench_proof(topo, before, full_flow: float, full_moved: int, full_moved_rel: int, share: float = 0.95,
+                ceiling_s: float = 0.0) -> dict:
     """Is the churn target reachable at all? The fewest layers any placement must load for a
     max-flow of ``share`` x the full re-solve's, proven by the layer-cover MILP
     (``move_bound.fewest_moves_for_flow``) over placements loading at most as many layers as the
     full re-solve (raw). ``proven_fewest_moves`` None means more than that. The quarter budgets
-    are a quarter of the full re-solve's moves, raw and relabelled."""
+    are a quarter of the full re-solve's moves, raw and relabelled. With ``ceiling_s`` > 0, also
+    the proven ceiling on the share any placement within each quarter budget can reach
+    (``move_bound.max_cover_within``, at most ``ceiling_s`` each; the cover bound is tight for
+    chains, loose for parallel pipelines)."""
     t0 = time.monotonic()
     res = fewest_moves_for_flow(topo, by_index(topo, before), share * full_flow, full_moved, time_limit_s=60.0)
     out = {"share": share, "proven_fewest_moves": res.lower, "proof_closed": res.optimal or res.lower is None,
@@ -239,6 +247,10 @@ def bench_proof(topo, before, full_flow: float, full_moved: int, full_moved_rel:
     low = full_moved + 1 if res.lower is None else res.lower
     out["reachable_raw"] = low <= full_moved / 4
     out["reachable_relabelled"] = low <= full_moved_rel / 4
+    if ceiling_s > 0:
+        for name, moved in (("raw", full_moved), ("relabelled", full_moved_rel)):
+            ceiling = max_cover_within(topo, by_index(topo, before), int(moved / 4), time_limit_s=ceiling_s)
+            out[f"share_ceiling_{name}"] = round(ceiling.cover_upper / full_flow, 3)
     return out
 
 
@@ -359,7 +371,8 @@ def main(argv: list[str] | None = None) -> int:
                         [{"scenario": r["scenario"], **r["proof"]} for r in rows
                          if r["reload_share"] == args.reload_share[0] and r["tolerance"] == args.tolerance[0]],
                         ["scenario", "proven_fewest_moves", "proof_closed", "proof_time_s", "budget_raw",
-                         "budget_relabelled", "reachable_raw", "reachable_relabelled"])
+                         "budget_relabelled", "reachable_raw", "reachable_relabelled", "share_ceiling_raw",
+                         "share_ceiling_relabelled"])
     if "unseen" not in args.skip:
         report["unseen"] = bench_unseen(min(tl, 20.0))
         for entry in report["unseen"]:

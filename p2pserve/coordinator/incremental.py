@@ -5,7 +5,8 @@
 * :func:`resolve` -- warm-started search from the current placement where every layer a node
   must newly load costs ``reload_cost`` (tokens/s of objective per layer); only the nodes near
   the damage (new nodes, nodes whose neighbours vanished, plus a few random ones) are movable
-  first, then everyone.
+  first, then everyone. One of its starts is exact: the placement that loads the fewest layers
+  for the best start's flow (:func:`cover_start`, a MILP from :mod:`move_bound`).
 * :func:`periodic` -- a fresh solve is adopted only if its gain beats the reload cost of moving
   to it.
 * ``tolerance`` (of :func:`resolve`) -- once the search has found the best objective it can,
@@ -171,8 +172,9 @@ def resolve(
     on flow minus reload cost: half of the remaining time moves only ``focus`` (new nodes,
     neighbours of departed ones), the rest moves everyone. With ``tolerance`` > 0, the last
     ``tolerance_share`` of the time goes to :func:`fewest_moves_within` the tolerance of the
-    best objective found. ``cover_share`` of the time goes to the cover MILP
-    (:func:`cover_start`): the placement that loads the fewest layers for the flow reached.
+    best objective found. Before the local search, up to ``cover_share`` of the time goes to
+    the cover MILP (:func:`cover_start`): the placement that loads the fewest layers for the
+    flow of the best start, which joins the starts.
     """
     t0 = clock()
     # The searches below overrun their limits by up to one evaluation, and the plan takes a

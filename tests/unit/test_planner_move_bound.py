@@ -110,3 +110,13 @@ def test_bound_still_solves_after_the_placement_milp_ran_in_this_process():
     solve_milp(topo, time_limit_s=2.0, opts=MilpOptions())
     res = mb.fewest_moves_for_flow(topo, {}, 1.0, max_cost=topo.num_layers * topo.num_nodes)
     assert res.status == "Optimal" and res.lower is not None and res.lower >= topo.num_layers
+
+
+def test_max_cover_within_says_at_once_when_the_budget_cannot_cover_every_layer():
+    topo, rows = enumerated(*CASES[0])
+    current = {0: (0, 2)}  # layers 2-6 held by nobody: no budget under 4 layers can serve them
+    for budget in (1, 3):
+        res = mb.max_cover_within(topo, current, budget, time_limit_s=20)
+        assert res.cover_upper == 0.0 and res.optimal
+        assert max(f for p, f in rows if moves(current, p) <= budget) == 0.0
+    assert mb.max_cover_within(topo, current, 4, time_limit_s=20).cover_upper > 0
