@@ -113,14 +113,16 @@ class ComputeWorker:
             self._busy = True
             pending = Pending(job, job.inputs.shape[0], next(self._tickets))
             self._waiting.append(pending)
+        done: list[Delivery] = []
         try:
             while any(p is pending for p in self._waiting):
-                self._step()
+                done += self._step()
                 self.stats.inline_steps += 1
         finally:
             with self._cv:
                 self._busy = False
                 self._cv.notify()  # jobs submitted meanwhile wait for the thread
+            _deliver_all(done)
         return True
 
     # ------------------------------------------------------------------ thread
@@ -135,23 +137,32 @@ class ComputeWorker:
                     self._waiting.append(Pending(job, job.inputs.shape[0], next(self._tickets)))
                 self._incoming.clear()
                 self._busy = True
+            done: list[Delivery] = []
             try:
-                self._step()
+                done = self._step()
             finally:
+                # Idle before the results go out: the session's next frame can arrive as soon as
+                # its reply does, and a worker still "busy" then refuses ``run_inline``, so a lone
+                # session's next decode would take the thread handoff again
+                # (tests/unit/test_peer_inline.py).
                 with self._cv:
                     self._busy = False
+                _deliver_all(done)
         for p in self._waiting:
             _resolve(p.key, exc=RemoteError("peer is shutting down"))
 
-    def _step(self) -> None:
+    def _step(self) -> list[Delivery]:
+        """One batched forward over the waiting jobs; returns the results for the caller to
+        deliver once the worker is idle again."""
+        done: list[Delivery] = []
         shard = self.shard
         moved = [p for p in self._waiting
                  if shard is None or not (shard.start <= p.key.session.start and p.key.session.end <= shard.end)]
         for p in moved:  # the peer flipped to another range while these waited
             self._waiting.remove(p)
-            _resolve(p.key, exc=RangeMovedError("this peer moved to another layer range; replay elsewhere"))
+            done.append((p.key, None, RangeMovedError("this peer moved to another layer range; replay elsewhere")))
         if not self._waiting:
-            return
+            return done
         chunks = self.throttle.schedule(self._waiting, self.budget.free_fraction)
         segments = []
         for ch in chunks:
@@ -177,8 +188,8 @@ class ComputeWorker:
                 job = ch.pending.key
                 job.session.cache.truncate(job.position)  # drop half-written positions
                 self._waiting.remove(ch.pending)
-                _resolve(job, exc=err)
-            return
+                done.append((job, None, err))
+            return done
         st = self.stats
         st.compute.add(time.perf_counter() - t0)
         n_tokens = sum(c.n for c in chunks)
@@ -193,10 +204,20 @@ class ComputeWorker:
                 self._waiting.remove(ch.pending)
                 if job.sample:
                     position = job.position + ch.pending.total  # position of the new token
-                    _resolve(job, value=sample_token(out, job.session.sampling, position))
+                    done.append((job, sample_token(out, job.session.sampling, position), None))
                 else:
                     value = job.outputs[0] if len(job.outputs) == 1 else torch.cat(job.outputs)
-                    _resolve(job, value=value)
+                    done.append((job, value, None))
+        return done
+
+
+#: A finished job and its result: (job, value, exception).
+Delivery = tuple["Job", object, "BaseException | None"]
+
+
+def _deliver_all(done: list[Delivery]) -> None:
+    for job, value, exc in done:
+        _resolve(job, value=value, exc=exc)
 
 
 def _resolve(job: Job, value=None, exc: BaseException | None = None) -> None:

@@ -1,0 +1,69 @@
+"""The peer's inline decode (``ComputeWorker.run_inline``), driven directly: no timing involved."""
+
+from __future__ import annotations
+
+import asyncio
+
+import torch
+
+from p2pserve.config import BatchingConfig
+from p2pserve.model.shard import Shard
+from p2pserve.model.spec import load_spec
+from p2pserve.model.tiny import build_tiny_model
+from p2pserve.peer.batcher import TokenThrottle
+from p2pserve.peer.kv_cache import KVBudget
+from p2pserve.peer.sessions import SessionTable
+from p2pserve.peer.worker import ComputeWorker, Job
+from p2pserve.protocol import PROTOCOL_VERSION, OpenSession, SamplingParams
+
+PROMPT = [5, 17, 42, 7]
+
+
+def test_a_lone_decode_runs_inline_and_matches_the_worker_thread(tmp_path):
+    path = str(build_tiny_model("llama", tmp_path / "tiny", num_layers=2))
+    spec = load_spec(path)
+    shard = Shard.load(path, spec, 0, spec.num_layers)
+    budget = KVBudget(1_000_000)
+    table = SessionTable(spec=spec, served=(0, spec.num_layers), budget=budget, idle_timeout_s=60.0,
+                         torch_dtype=torch.float32)
+    worker = ComputeWorker(shard, TokenThrottle(BatchingConfig()), budget)
+    worker.start()
+    idle = ComputeWorker(shard, TokenThrottle(BatchingConfig()), budget)  # never started: jobs stay queued
+
+    def open_(name):
+        return table.open(OpenSession(version=PROTOCOL_VERSION, model_id=spec.model_id, session_id=name, start=0,
+                                      end=spec.num_layers, max_length=16, sampling=SamplingParams()), owner=None)
+
+    async def run(inline: bool) -> list[int]:
+        loop = asyncio.get_running_loop()
+        session = open_(f"inline={inline}")
+
+        def job(ids, position):
+            return Job(session=session, inputs=torch.tensor(ids), position=position, sample=True,
+                       future=loop.create_future(), loop=loop)
+
+        prefill = job(PROMPT, 0)
+        worker.submit(prefill)
+        tokens = [await prefill.future]
+        for step in range(3):
+            decode = job([tokens[-1]], len(PROMPT) + step)
+            if inline:
+                assert worker.run_inline(decode)  # an idle worker: this thread runs the step
+                assert decode.future.done()
+            else:
+                worker.submit(decode)
+            tokens.append(await decode.future)
+        # A worker with a job queued declines, and the caller submits instead.
+        queued = job([tokens[-1]], len(PROMPT) + 3)
+        idle.submit(job([tokens[-1]], len(PROMPT) + 3))
+        assert not idle.run_inline(queued) and not queued.future.done()
+        return tokens
+
+    try:
+        on_thread = asyncio.run(run(inline=False))
+        before = worker.stats.inline_steps
+        inline = asyncio.run(run(inline=True))
+    finally:
+        worker.stop()
+    assert inline == on_thread
+    assert before == 0 and worker.stats.inline_steps == 3
