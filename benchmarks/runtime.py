@@ -473,21 +473,6 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def launch_and_wait(model: str, ranges: list[tuple[int, int]], *extra: str, timeout: float = 600.0) -> list:
-    """start_peers with a longer ready timeout (loading 8B parameters takes a while)."""
-    from p2pserve.launch import PeerProcess
-
-    peers = [PeerProcess.launch(model, r, *extra) for r in ranges]
-    try:
-        for p in peers:
-            p.wait_ready(timeout)
-    except BaseException:
-        for p in peers:
-            p.kill()
-        raise
-    return peers
-
-
 async def llama3_measure(args, model, ids, two, one, reps: int = 3) -> dict:
     p2p = await create_client_p2p()
     try:
@@ -548,7 +533,7 @@ def run_llama3(args) -> dict:
     extra = ("--device", device, "--dtype", "bfloat16", "--num-threads", str(args.threads))
     ranges = [(0, L // 2), (L // 2, L)] + ([] if args.no_one_peer else [(0, L)])
     t0 = time.perf_counter()
-    peers = launch_and_wait(str(path), ranges, *extra)
+    peers = start_peers(str(path), ranges, *extra, ready_timeout=600.0)  # 8B parameters take a while to load
     load_s = time.perf_counter() - t0
     print(f"peers ready in {load_s:.1f} s", flush=True)
     try:

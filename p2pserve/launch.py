@@ -90,12 +90,13 @@ class PeerProcess:
         self.kill()
 
 
-def start_peers(model: str, ranges: list[tuple[int, int] | None], *extra: str) -> list[PeerProcess]:
+def start_peers(model: str, ranges: list[tuple[int, int] | None], *extra: str,
+                ready_timeout: float = 120.0) -> list[PeerProcess]:
     """Launch peers in parallel and wait until all are ready (kills all on failure)."""
     peers = [PeerProcess.launch(model, r, *extra) for r in ranges]
     try:
         for p in peers:
-            p.wait_ready()
+            p.wait_ready(ready_timeout)
     except BaseException:
         for p in peers:
             p.kill()

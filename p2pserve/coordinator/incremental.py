@@ -222,7 +222,6 @@ def resolve(
     starts = [relabel_for_fewest_moves(topo, p, current) for p in starts]
     if first_valid is None and any(not validate_placement(topo, p) for p in starts):
         first_valid = clock() - t0
-    covers = []
     if cover_share > 0:
         # Before the local search: the cover placement is a start that single moves rarely
         # reach (a stage jumping into the hole while faster nodes re-cut to fill its place).
@@ -234,7 +233,6 @@ def resolve(
             cover = cover_start(topo, current, ref, flow_value(topo, ref, config.partial),
                                 min(cover_share * time_limit_s, time_limit_s - (clock() - t0)))
             if cover is not None:
-                covers.append(cover)
                 starts.append(cover)
     movable = focus if focus else None
     reserve = tolerance_share * time_limit_s if tolerance > 0 else 0.0
@@ -245,7 +243,7 @@ def resolve(
         best, _ = improve(topo, [best], score, left, seed=config.seed + 7, clock=clock)
     if tolerance > 0:
         target = (1.0 - tolerance) * base(best)
-        cuts = list(covers)
+        cuts = []
         if target > 0:
             # The order-keeping re-cut that loads fewest layers at a flow near the target: for
             # chain-like plans it is often the answer outright.

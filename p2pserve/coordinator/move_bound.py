@@ -29,6 +29,7 @@ max-flow before using it).
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -114,20 +115,16 @@ def _model(topo: Topology, cands: list[Candidate]) -> tuple[LinearModel, list[in
     return m, cols
 
 
-def _cover_rows(m: LinearModel, topo: Topology, cands: list[Candidate], cols: list[int], flow_col: int | None,
-                target: float) -> None:
+def _cover_rows(m: LinearModel, topo: Topology, cands: list[Candidate], cols: list[int], target: float) -> None:
+    """``cover >= target`` at every layer. Coefficient tightening: one range of T >= target
+    covers its layers alone, so capping T at the target keeps every 0/1 solution and takes from
+    the LP relaxation the fractions of fast ranges it would otherwise cover layers with."""
     by_layer: list[dict[int, float]] = [{} for _ in range(topo.num_layers)]
     for col, c in zip(cols, cands):
         for layer in range(c.start, c.end):
-            by_layer[layer][col] = c.throughput
+            by_layer[layer][col] = min(c.throughput, target)
     for row in by_layer:
-        if flow_col is not None:
-            m.row({**row, flow_col: -1.0}, lo=0.0)  # cover >= F
-        else:
-            # Coefficient tightening: one range of T >= target covers its layers alone, so
-            # capping T at the target keeps every 0/1 solution and takes from the LP relaxation
-            # the fractions of fast ranges that it would otherwise cover layers with.
-            m.row({col: min(t, target) for col, t in row.items()}, lo=target)
+        m.row(row, lo=target)
 
 
 def _placement(cands: list[Candidate], cols: list[int], x: list[float] | None) -> Placement | None:
@@ -156,7 +153,7 @@ def fewest_moves_for_flow(
     for col, c in zip(cols, cands):
         m.obj[col] = -float(c.cost)  # the backends maximise
     m.row({col: float(c.cost) for col, c in zip(cols, cands)}, hi=float(max_cost))
-    _cover_rows(m, topo, cands, cols, None, target_flow)
+    _cover_rows(m, topo, cands, cols, target_flow)
     starts = []
     if start is not None:
         held = {(c.node, c.start, c.end) for c in cands}
@@ -191,8 +188,6 @@ def max_cover_within(
     found (the current placement's at worst); ``optimal`` means the two ends are within
     ``tolerance`` of each other.
     """
-    import time
-
     t0 = time.monotonic()
     best = {i: r for i, r in current.items() if 0 <= i < topo.num_nodes and r[1] > r[0]}
     lo = cover_of(topo, best)
