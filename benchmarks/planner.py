@@ -20,6 +20,8 @@ Sections:
   must load for 95 % of the full re-solve's max-flow, and (max-flow objective) the proven ceiling
   on the share within a quarter of the full re-solve's moves (``move_bound``).
 * ``unseen`` -- generated clusters (random GPU mix, heterogeneous links) never used to tune.
+* ``backends`` -- when the ``ortools`` extra is installed: HiGHS against CP-SAT on the placement
+  MILP with the same warm starts (incumbent, bound, status, time).
 * ``simulator`` -- when ``p2pserve.sim`` is present: simulated decode throughput (offline, IWRR,
   600 s window) of the authors' Helix placement and of our throughput plan on cluster24.
 """
@@ -254,6 +256,31 @@ def bench_proof(topo, before, full_flow: float, full_moved: int, full_moved_rel:
     return out
 
 
+def bench_backends(tl: float) -> list[dict] | None:
+    """HiGHS against CP-SAT on the placement MILP: the same model and warm starts (none,
+    Petals-greedy, the balanced chain) on both clusters; incumbent max-flow, bound, status and
+    time of each, and the ratio of CP-SAT's bound to HiGHS's. None when ``ortools`` (the
+    optional extra) is not installed."""
+    from p2pserve.coordinator.milp import MilpOptions, solve_milp
+    from p2pserve.coordinator.milp_backends import cpsat_available
+
+    if not cpsat_available():
+        return None
+    rows = []
+    data = hf.helix_data_dir()
+    for cname, (path, model, _) in CLUSTERS.items():
+        topo = load_helix_topology(data / path, model)
+        for start_name, start in (("none", None), ("petals", petals_greedy(topo)), ("balanced chain", balanced_chain(topo))):
+            out = {"cluster": cname, "start": start_name}
+            for backend in ("highs", "cpsat"):
+                res = solve_milp(topo, tl, MilpOptions(), warm_starts=[start] if start else None, backend=backend)
+                out.update({f"{backend}_max_flow": round(res.objective, 2), f"{backend}_bound": round(res.bound, 2),
+                            f"{backend}_status": res.status, f"{backend}_s": round(res.solve_time_s, 1)})
+            out["cpsat_vs_highs_bound"] = round(out["cpsat_bound"] / out["highs_bound"], 4) if out["highs_bound"] else None
+            rows.append(out)
+    return rows
+
+
 def generated_topology(n: int, seed: int, model: str = "llama2-70b") -> Topology:
     """A random cluster: GPU types from the profiles, 2 regions, slow links between them."""
     rng = random.Random(seed)
@@ -336,7 +363,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="10 s solves, 120 s simulator window")
     ap.add_argument("--time-limit", type=float, default=None)
-    ap.add_argument("--skip", nargs="*", default=[], choices=["methods", "churn", "unseen", "simulator"])
+    ap.add_argument("--skip", nargs="*", default=[],
+                    choices=["methods", "churn", "unseen", "simulator", "backends"])
     ap.add_argument("--reload-share", type=float, nargs="+", default=[5e-3],
                     help="churn: reload cost per moved layer, as a share of the objective (several: a sweep)")
     ap.add_argument("--tolerance", type=float, nargs="+", default=[0.0],
@@ -373,6 +401,15 @@ def main(argv: list[str] | None = None) -> int:
                         ["scenario", "proven_fewest_moves", "proof_closed", "proof_time_s", "budget_raw",
                          "budget_relabelled", "reachable_raw", "reachable_relabelled", "share_ceiling_raw",
                          "share_ceiling_relabelled"])
+    if "backends" not in args.skip:
+        rows = bench_backends(min(tl, 30.0))
+        if rows is None:
+            print("\n== MILP backends: skipped (ortools, the optional extra, is not installed)")
+        else:
+            report["backends"] = rows
+            print_table("MILP backends: HiGHS vs CP-SAT, same model and warm starts", rows,
+                        ["cluster", "start", "highs_max_flow", "highs_bound", "highs_s", "cpsat_max_flow",
+                         "cpsat_bound", "cpsat_status", "cpsat_s", "cpsat_vs_highs_bound"])
     if "unseen" not in args.skip:
         report["unseen"] = bench_unseen(min(tl, 20.0))
         for entry in report["unseen"]:
