@@ -38,10 +38,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from p2pserve.coordinator import helix_format as hf  # noqa: E402
-from p2pserve.coordinator.estimate import estimate  # noqa: E402
-from p2pserve.coordinator.heuristics import petals_greedy, separate_pipelines, swarm_even  # noqa: E402
-from p2pserve.coordinator.incremental import (  # noqa: E402
+from p2pserve.helix import format as hf  # noqa: E402
+from p2pserve.placement.estimate import estimate  # noqa: E402
+from p2pserve.placement.heuristics import petals_greedy, separate_pipelines, swarm_even  # noqa: E402
+from p2pserve.placement.churn import (  # noqa: E402
     by_index,
     by_name,
     interchangeable_groups,
@@ -51,12 +51,12 @@ from p2pserve.coordinator.incremental import (  # noqa: E402
     relabel_for_fewest_moves,
     resolve,
 )
-from p2pserve.coordinator.lanes import fewest_moves_recut  # noqa: E402
-from p2pserve.coordinator.maxflow import max_flow  # noqa: E402
-from p2pserve.coordinator.move_bound import fewest_moves_for_flow, max_cover_within  # noqa: E402
-from p2pserve.coordinator.planner import PlannerConfig, plan_for_topology, validate_placement  # noqa: E402
-from p2pserve.coordinator.search import balanced_chain  # noqa: E402
-from p2pserve.coordinator.topology import (  # noqa: E402
+from tools.lanes import fewest_moves_recut  # noqa: E402
+from p2pserve.placement.maxflow import max_flow  # noqa: E402
+from p2pserve.placement.move_bound import fewest_moves_for_flow, max_cover_within  # noqa: E402
+from p2pserve.placement.planner import PlannerConfig, plan_for_topology, validate_placement  # noqa: E402
+from p2pserve.placement.search import balanced_chain  # noqa: E402
+from p2pserve.placement.topology import (  # noqa: E402
     SINK,
     SOURCE,
     LinkSpec,
@@ -135,7 +135,7 @@ def bench_churn(tl_full: float, tl_inc: float, seed: int = 0, reload_shares: tup
     reload cost in ``reload_shares`` (a share of the starting plan's objective per moved layer),
     which traces the trade-off between what it recovers and what it moves; and once per
     ``tolerances`` value (0: the reload price alone; > 0: fewest moves within that share of the
-    best objective found, see ``incremental.fewest_moves_within``).
+    best objective found, see ``churn.fewest_moves_within``).
 
     The full re-solve's moves are reported twice: raw, and after relabelling interchangeable
     nodes onto the current placement (``relabel_for_fewest_moves``; what deploying it would
@@ -174,8 +174,8 @@ def bench_churn(tl_full: float, tl_inc: float, seed: int = 0, reload_shares: tup
                             ceiling_s=30.0 if objective == "max-flow" else 0.0)
         lane = None
         if lane_check_s > 0:
-            from p2pserve.coordinator.planner import throughput_score
-            from p2pserve.coordinator.search import max_flow_score
+            from p2pserve.placement.planner import throughput_score
+            from p2pserve.placement.search import max_flow_score
             val = max_flow_score(topo) if objective == "max-flow" else throughput_score(topo, cfg_full)
             cur_idx = by_index(topo, before)
             goal = 0.95 * val(full.assignments)
@@ -261,8 +261,8 @@ def bench_backends(tl: float) -> list[dict] | None:
     Petals-greedy, the balanced chain) on both clusters; incumbent max-flow, bound, status and
     time of each, and the ratio of CP-SAT's bound to HiGHS's. None when ``ortools`` (the
     optional extra) is not installed."""
-    from p2pserve.coordinator.milp import MilpOptions, solve_milp
-    from p2pserve.coordinator.milp_backends import cpsat_available
+    from p2pserve.placement.milp import MilpOptions, solve_milp
+    from p2pserve.placement.milp_backends import cpsat_available
 
     if not cpsat_available():
         return None

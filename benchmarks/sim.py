@@ -21,8 +21,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from p2pserve.coordinator.helix_format import helix_data_dir  # noqa: E402
-from p2pserve.sim.command import ONLINE_LOAD_FACTOR, offline_token_rate  # noqa: E402
+from p2pserve.helix.format import helix_data_dir  # noqa: E402
+from p2pserve.cli.sim import ONLINE_LOAD_FACTOR, offline_token_rate  # noqa: E402
 from p2pserve.sim.run import SimConfig, simulate  # noqa: E402
 from p2pserve.sim.scenario import build_scenario, helix_part, planner_part  # noqa: E402
 

@@ -80,7 +80,7 @@ _ELSEWHERE = {
     "DHTConfig": "p2pserve.dht.config",
     "ProberConfig": "p2pserve.dht.prober",
     "CoordinatorConfig": "p2pserve.coordinator.service",
-    "PlannerConfig": "p2pserve.coordinator.planner",
+    "PlannerConfig": "p2pserve.placement.planner",
 }
 
 

@@ -9,7 +9,7 @@ Split in two on purpose:
 * a **thin async shell** -- :class:`CoordinatorService` -- that announces candidacy, reads the
   DHT, runs the core and publishes.
 
-Planner. :func:`plan_targets` calls the planner's full solve / ``incremental`` churn handling
+Planner. :func:`plan_targets` calls the planner's full solve / ``churn`` churn handling
 (join, leave, periodic) on a ``Topology`` built from the records; :func:`greedy_targets` is the
 fallback when the planner refuses (swarm too small). Flows always come from
 ``maxflow.max_flow`` over the ranges peers *serve now*, never over targets.
@@ -25,9 +25,9 @@ from typing import Awaitable, Callable, Mapping, Optional, Sequence
 
 from hivemind.utils import get_dht_time
 
-from p2pserve.coordinator.heuristics import petals_greedy
-from p2pserve.coordinator.maxflow import max_flow
-from p2pserve.coordinator.topology import SINK, SOURCE, LinkSpec, NodeSpec, Topology
+from p2pserve.placement.heuristics import petals_greedy
+from p2pserve.placement.maxflow import max_flow
+from p2pserve.placement.topology import SINK, SOURCE, LinkSpec, NodeSpec, Topology
 from p2pserve.dht.keys import RecordKind
 from p2pserve.dht.election import elect_leader, next_epoch
 from p2pserve.dht.records import SINK as SINK_NAME
@@ -62,7 +62,7 @@ class CoordinatorConfig:
     # gain ~40%; small re-shuffles after a join do not pay).
     reload_share: float = 0.25
     # Churn re-solves may give up this share of the best objective they found to load fewer
-    # layers (``incremental.fewest_moves_within``); 0 keeps the reload price alone.
+    # layers (``churn.fewest_moves_within``); 0 keeps the reload price alone.
     churn_tolerance: float = 0.0
     seed: int = 0
     # a new candidate only observes for this long before it may lead, so that it has seen every
@@ -287,17 +287,17 @@ def plan_targets(
     """Target ranges for peers ``ids`` with the planner's churn handling; returns (targets, method).
 
     * no current placement: a full solve (``planner.plan_for_topology``);
-    * newcomers: ``incremental.on_join`` (warm start, reload cost per moved layer);
-    * a ``periodic`` or link-change trigger: ``incremental.periodic`` (adopted only if the gain
+    * newcomers: ``churn.on_join`` (warm start, reload cost per moved layer);
+    * a ``periodic`` or link-change trigger: ``churn.periodic`` (adopted only if the gain
       beats the reloads);
-    * anything else (leave, served ranges or links changed): ``incremental.on_leave``, which
+    * anything else (leave, served ranges or links changed): ``churn.on_leave``, which
       keeps the placement and only recomputes flows while every layer stays covered.
 
     Peers the planner leaves idle get a replica (:func:`fill_idle`). If the planner fails (e.g.
     the swarm is too small for the model) the greedy fallback covers what it can.
     """
-    from p2pserve.coordinator import incremental as inc
-    from p2pserve.coordinator.planner import PlannerConfig, plan_for_topology
+    from p2pserve.placement import churn as inc
+    from p2pserve.placement.planner import PlannerConfig, plan_for_topology
     from p2pserve.errors import PlanningError
 
     cur = {pid: tuple(span) for pid, span in current.items() if pid in set(ids)}

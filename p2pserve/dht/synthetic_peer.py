@@ -20,7 +20,7 @@ import sys
 import time
 from typing import Optional
 
-from p2pserve.dht.cli_common import add_dht_arguments, dht_config_from_args, setup_logging
+from p2pserve.cli.common import add_dht_arguments, dht_config_from_args, setup_logging
 from p2pserve.dht.keys import RecordKind
 from p2pserve.dht.records import LayerSpan, PeerInfo, encode_record
 

@@ -2,5 +2,5 @@
 
 Entry points: :func:`p2pserve.sim.run.simulate` (a :class:`~p2pserve.sim.scenario.Scenario` +
 a :class:`~p2pserve.sim.run.SimConfig`) and the ``p2pserve sim`` command
-(:mod:`p2pserve.sim.command`). Design, semantics and measured figures: ``docs/sim.md``.
+(:mod:`p2pserve.cli.sim`). Design, semantics and measured figures: ``docs/sim.md``.
 """

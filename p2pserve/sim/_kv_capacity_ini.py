@@ -1,6 +1,6 @@
 """Private reader for the KV capacities in a Helix ``simulator_cluster.ini``.
 
-``p2pserve.coordinator.helix_format`` reads cluster files, solutions, profiles and machine
+``p2pserve.helix.format`` reads cluster files, solutions, profiles and machine
 parameters, but not the per-layout ``simulator_cluster.ini`` the authors' layout synthesiser
 wrote. Only one field of it matters here: ``kv_cache_capacity`` per ``[compute_node_X]`` (token-
 layer entries). For nodes holding more layers than ``machine_params.json`` tabulates (the

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from p2pserve.coordinator.helix_format import LatencyProfile, load_profile
+from p2pserve.helix.format import LatencyProfile, load_profile
 
 #: Tabulate prompt batches up to this many tokens (A100's cap is 3 x 2048).
 PROMPT_TABLE_TOKENS = 8192

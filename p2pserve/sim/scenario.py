@@ -8,7 +8,7 @@ each other. Node indices of later parts are offset so that they stay distinct.
 Sources of each number:
 
 * node throughput ``T_i(k)`` (max-flow node capacities, and the Swarm-style prior):
-  ``helix_format.node_throughput_tables`` — the authors' formula, per part;
+  ``helix.format.node_throughput_tables`` — the authors' formula, per part;
 * max-flow and its edge flows (IWRR weights): ``coordinator.maxflow.max_flow``;
 * batch caps and KV capacity: ``machine_params.json``, or the layout's ``simulator_cluster.ini``
   when it has one (needed where a node holds more layers than the json tabulates);
@@ -21,9 +21,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Mapping
 
-from p2pserve.coordinator import helix_format as hf
-from p2pserve.coordinator.maxflow import max_flow
-from p2pserve.coordinator.topology import (
+from p2pserve.helix import format as hf
+from p2pserve.placement.maxflow import max_flow
+from p2pserve.placement.topology import (
     SINK as C_SINK,
     SOURCE as C_SOURCE,
     BandwidthConvention,

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from p2pserve.coordinator.helix_format import helix_data_dir
+from p2pserve.helix.format import helix_data_dir
 
 BUCKET_S = 3.0
 

@@ -21,7 +21,7 @@ import pytest
 from p2pserve.client.api import AsyncClient
 from p2pserve.client.chain import LocalModelInfo
 from p2pserve.config import ClientConfig
-from p2pserve.dht.cli_common import write_local_swarm_file
+from p2pserve.cli.common import write_local_swarm_file
 from p2pserve.dht.config import DHTConfig
 from tests.harness import reference_generate
 from tests.integration.test_swarm_peers import settled_spans, uncovered

@@ -26,7 +26,7 @@ from p2pserve.client.api import AsyncClient
 from p2pserve.client.chain import LocalModelInfo
 from p2pserve.client.connection import Hop
 from p2pserve.client.generation import GenerationParams
-from p2pserve.dht.cli_common import write_local_swarm_file
+from p2pserve.cli.common import write_local_swarm_file
 from p2pserve.dht.config import DHTConfig
 from p2pserve.dht.swarm import Swarm
 from tests.harness import reference_generate, run_chain

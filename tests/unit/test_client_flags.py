@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from p2pserve.client.api_command import add_client_arguments, apply_swarm_file
+from p2pserve.cli.api import add_client_arguments, apply_swarm_file
 
 
 def parse(*argv: str) -> argparse.Namespace:

@@ -1,6 +1,6 @@
 """The coordinator's pure core: snapshot, re-plan decisions, targets, flows, plan changes."""
 
-from p2pserve.coordinator.incremental import layers_to_load
+from p2pserve.placement.churn import layers_to_load
 from p2pserve.coordinator.service import (
     CoordinatorConfig,
     Snapshot,

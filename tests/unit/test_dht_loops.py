@@ -10,7 +10,7 @@ from p2pserve.dht.config import DHTConfig
 from p2pserve.dht.election import SignedPlan, choose_plan
 from p2pserve.dht.prober import LinkProber, ProberConfig, TokenBucket, bandwidth_from, next_probe_size
 from p2pserve.dht.records import LinkInfo, LinkStat, PeerInfo
-from p2pserve.dht.status_command import collect_status, format_status
+from p2pserve.cli.status import collect_status, format_status
 from p2pserve.dht.swarm import Signed
 
 

@@ -7,7 +7,7 @@ from concurrent.futures import Future
 import pytest
 from hivemind.utils import ValueWithExpiration
 
-from p2pserve.dht.cli_common import add_dht_arguments, dht_config_from_args
+from p2pserve.cli.common import add_dht_arguments, dht_config_from_args
 from p2pserve.dht.config import DHTConfig
 from p2pserve.dht.keys import RecordKind, record_key
 from p2pserve.dht.records import CoordinatorCandidate, PeerInfo, Plan, encode_record

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from p2pserve.coordinator import helix_format as hf
+from p2pserve.helix import format as hf
 
 
 @pytest.fixture(scope="module")

@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from p2pserve.coordinator import helix_format as hf
-from p2pserve.coordinator.incremental import (
+from p2pserve.helix import format as hf
+from p2pserve.placement.churn import (
     by_index,
     by_name,
     default_reload_cost,
@@ -20,9 +20,9 @@ from p2pserve.coordinator.incremental import (
     relabel_for_fewest_moves,
     resolve,
 )
-from p2pserve.coordinator.maxflow import flow_value
-from p2pserve.coordinator.planner import PlannerConfig, validate_placement
-from p2pserve.coordinator.topology import SINK, SOURCE, LinkSpec, NodeSpec, Topology, load_helix_topology
+from p2pserve.placement.maxflow import flow_value
+from p2pserve.placement.planner import PlannerConfig, validate_placement
+from p2pserve.placement.topology import SINK, SOURCE, LinkSpec, NodeSpec, Topology, load_helix_topology
 
 CFG = PlannerConfig(objective="max-flow", time_limit_s=0.5, use_milp=False)
 
@@ -181,7 +181,7 @@ def test_resolve_with_tolerance_keeps_coverage_and_moves_no_more(cluster24, heli
 
 
 def test_lanes_of_orders_each_group_along_the_layers():
-    from p2pserve.coordinator.lanes import lanes_of
+    from tools.lanes import lanes_of
 
     topo = chain4()
     lanes, idle = lanes_of(topo, {1: (4, 8), 0: (0, 4), 2: (4, 8)}, [[0, 1], [2, 3]])
@@ -190,7 +190,7 @@ def test_lanes_of_orders_each_group_along_the_layers():
 
 
 def test_cut_span_counts_fewest_new_layers_under_a_floor():
-    from p2pserve.coordinator.lanes import cut_span
+    from tools.lanes import cut_span
 
     topo = chain4()
     old = {0: (0, 2), 1: (2, 4), 2: (4, 6)}
@@ -201,7 +201,7 @@ def test_cut_span_counts_fewest_new_layers_under_a_floor():
 
 
 def test_fewest_moves_recut_is_exact_in_its_neighbourhood():
-    from p2pserve.coordinator.lanes import fewest_moves_recut
+    from tools.lanes import fewest_moves_recut
 
     full = chain4()
     topo, _ = full.without([3])  # n3 left: layers 6-8 uncovered
@@ -245,9 +245,9 @@ def small_cluster24(a100: int, l4: int, t4: int) -> Topology:
 def test_cover_start_finds_the_proven_fewest_moves():
     """A T4 leaves a chain: re-cutting the chain in order loads many layers; the cover MILP
     finds the fewest (an L4 jumps into the hole, the A100s stretch over its old layers)."""
-    from p2pserve.coordinator.incremental import _chain_order, chain_rebalance, cover_start
-    from p2pserve.coordinator.move_bound import fewest_moves_for_flow
-    from p2pserve.coordinator.search import balanced_chain
+    from p2pserve.placement.churn import _chain_order, chain_rebalance, cover_start
+    from p2pserve.placement.move_bound import fewest_moves_for_flow
+    from p2pserve.placement.search import balanced_chain
 
     full = small_cluster24(3, 3, 4)
     current = by_name(full, balanced_chain(full))
@@ -267,8 +267,8 @@ def test_cover_start_finds_the_proven_fewest_moves():
 def test_resolve_moves_no_more_than_the_proven_fewest_for_its_flow(tolerance):
     """The re-solve's flow needs at least ``lower`` new layers (the layer-cover MILP proves it);
     the re-solve loads exactly that many. Without the cover start it loaded 10 for 9."""
-    from p2pserve.coordinator.move_bound import fewest_moves_for_flow
-    from p2pserve.coordinator.search import balanced_chain
+    from p2pserve.placement.move_bound import fewest_moves_for_flow
+    from p2pserve.placement.search import balanced_chain
 
     full = small_cluster24(2, 3, 5)
     current = by_name(full, balanced_chain(full))

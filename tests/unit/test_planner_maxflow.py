@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from p2pserve.coordinator import helix_format as hf
-from p2pserve.coordinator.maxflow import max_flow, placement_edges
-from p2pserve.coordinator.topology import (
+from p2pserve.helix import format as hf
+from p2pserve.placement.maxflow import max_flow, placement_edges
+from p2pserve.placement.topology import (
     SINK,
     SOURCE,
     BandwidthConvention,

@@ -7,9 +7,9 @@ import random
 
 import pytest
 
-from p2pserve.coordinator import move_bound as mb
-from p2pserve.coordinator.maxflow import flow_value
-from p2pserve.coordinator.planner import validate_placement
+from p2pserve.placement import move_bound as mb
+from p2pserve.placement.maxflow import flow_value
+from p2pserve.placement.planner import validate_placement
 from tests.unit.test_planner_milp import make_topology
 
 
@@ -104,7 +104,7 @@ def test_candidates_cost_what_a_node_must_load():
 def test_bound_still_solves_after_the_placement_milp_ran_in_this_process():
     """HiGHS keeps one thread scheduler per process and answers "Not Set" at once to a model
     that asks for another thread count: the bound must use the placement MILP's."""
-    from p2pserve.coordinator.milp import MilpOptions, solve_milp
+    from p2pserve.placement.milp import MilpOptions, solve_milp
 
     topo = make_topology(3, 6, 3, 1)
     solve_milp(topo, time_limit_s=2.0, opts=MilpOptions())

@@ -6,13 +6,13 @@ import json
 
 import pytest
 
-from p2pserve.coordinator import helix_format as hf
-from p2pserve.coordinator import plan_command
-from p2pserve.coordinator.estimate import estimate
-from p2pserve.coordinator.heuristics import all_heuristics
-from p2pserve.coordinator.planner import PlannerConfig, plan_for_topology, validate_placement
-from p2pserve.coordinator.search import balanced_chain
-from p2pserve.coordinator.topology import load_helix_topology
+from p2pserve.helix import format as hf
+from p2pserve.cli import plan as plan_command
+from p2pserve.placement.estimate import estimate
+from p2pserve.placement.heuristics import all_heuristics
+from p2pserve.placement.planner import PlannerConfig, plan_for_topology, validate_placement
+from p2pserve.placement.search import balanced_chain
+from p2pserve.placement.topology import load_helix_topology
 from p2pserve.errors import ConfigError, InsufficientMemoryError
 
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from p2pserve.coordinator.helix_format import helix_data_dir
+from p2pserve.helix.format import helix_data_dir
 from p2pserve.errors import ConfigError
 
 try:
@@ -60,7 +60,7 @@ def test_cli_json(capsys):
     import argparse
     import json
 
-    from p2pserve.sim import command
+    from p2pserve.cli import sim as command
 
     parser = argparse.ArgumentParser()
     command.add_arguments(parser)

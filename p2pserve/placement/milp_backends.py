@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # pragma: no cover
-    from p2pserve.coordinator.milp import LinearModel, MilpOptions
+    from p2pserve.placement.milp import LinearModel, MilpOptions
 
 #: Size above which the pip (restricted) Gurobi licence refuses to optimise.
 GUROBI_RESTRICTED_LIMIT = 2000

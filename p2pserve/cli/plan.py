@@ -12,8 +12,8 @@ import argparse
 import json
 import sys
 
-from p2pserve.coordinator.planner import OBJECTIVES, PlannerConfig, plan_for_topology
-from p2pserve.coordinator.topology import BandwidthConvention, load_helix_topology
+from p2pserve.placement.planner import OBJECTIVES, PlannerConfig, plan_for_topology
+from p2pserve.placement.topology import BandwidthConvention, load_helix_topology
 from p2pserve.errors import P2PServeError
 
 

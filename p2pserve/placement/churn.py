@@ -23,12 +23,12 @@ import time
 from dataclasses import dataclass, replace
 from typing import Callable, Mapping
 
-from p2pserve.coordinator.maxflow import flow_value
-from p2pserve.coordinator.move_bound import fewest_moves_for_flow, new_layer_count
-from p2pserve.coordinator.planner import Plan, PlannerConfig, make_plan, plan_for_topology, throughput_score, validate_placement
+from p2pserve.placement.maxflow import flow_value
+from p2pserve.placement.move_bound import fewest_moves_for_flow, new_layer_count
+from p2pserve.placement.planner import Plan, PlannerConfig, make_plan, plan_for_topology, throughput_score, validate_placement
 from p2pserve.errors import PlanningError
-from p2pserve.coordinator.search import balanced_chain, improve, max_flow_score
-from p2pserve.coordinator.topology import SINK, SOURCE, Topology
+from p2pserve.placement.search import balanced_chain, improve, max_flow_score
+from p2pserve.placement.topology import SINK, SOURCE, Topology
 
 NamedPlacement = dict[str, tuple[int, int]]
 

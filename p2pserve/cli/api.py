@@ -42,7 +42,7 @@ def add_client_arguments(parser: argparse.ArgumentParser) -> None:
 def apply_swarm_file(args: argparse.Namespace) -> None:
     """Fill the swarm flags a user left out from ``--config``, the file every member of a swarm
     shares (so a client joins with the same file as peers and coordinators); flags win."""
-    from p2pserve.dht.cli_common import load_swarm_file, swarm_membership
+    from p2pserve.cli.common import load_swarm_file, swarm_membership
 
     f = load_swarm_file(args.config)
     m = swarm_membership(args, f)

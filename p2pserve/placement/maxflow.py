@@ -19,7 +19,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Mapping
 
-from p2pserve.coordinator.topology import SINK, SOURCE, Topology
+from p2pserve.placement.topology import SINK, SOURCE, Topology
 
 #: node index -> half-open layer range [start, end)
 Placement = Mapping[int, tuple[int, int]]

@@ -15,7 +15,7 @@ import os
 import signal
 import threading
 
-from p2pserve.dht.cli_common import load_swarm_file, setup_logging
+from p2pserve.cli.common import load_swarm_file, setup_logging
 
 logger = logging.getLogger("p2pserve.bootstrap")
 

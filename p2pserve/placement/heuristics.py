@@ -7,7 +7,7 @@ them guarantees full coverage when memory is short; callers validate.
 
 from __future__ import annotations
 
-from p2pserve.coordinator.topology import Topology
+from p2pserve.placement.topology import Topology
 
 
 def _best_k(thr: tuple[float, ...]) -> int:

@@ -21,8 +21,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
-from p2pserve.coordinator.maxflow import flow_value
-from p2pserve.coordinator.topology import Topology
+from p2pserve.placement.maxflow import flow_value
+from p2pserve.placement.topology import Topology
 
 PlacementDict = dict[int, tuple[int, int]]
 Score = Callable[[PlacementDict], float]

@@ -152,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
                        "--log-level", "WARNING")
         _wait(maddrs_file.exists, children, "bootstrap node", 60)
         boot = maddrs_file.read_text().split()
-        from p2pserve.dht.cli_common import write_local_swarm_file
+        from p2pserve.cli.common import write_local_swarm_file
 
         cfg_path = logdir / "swarm.json"
         write_local_swarm_file(cfg_path, spec, boot, SWARM_ID, LOOPBACK, TIMING, solve_time_limit=2.0)

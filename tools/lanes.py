@@ -9,7 +9,7 @@ finds only by luck. This module searches that neighbourhood exhaustively.
 
 Use: an analysis tool (``benchmarks/planner.py --lane-check``) that says whether a churn
 scenario can reach a target within a move budget by lane re-cuts; it is not part of
-``incremental.resolve``, because on cluster24 it never found fewer moves than ``resolve``
+``churn.resolve``, because on cluster24 it never found fewer moves than ``resolve``
 (which can move one node across a lane, a move this neighbourhood lacks; docs/planner.md,
 session 5).
 
@@ -18,7 +18,7 @@ session 5).
 * :func:`lane_cuts` -- for one lane, every span it may cover (its current span with one end
   moved by up to ``reach`` layers) and every throughput floor F: the cut of the span, nodes in
   order, each node holding at most the layers that keep ``T_i(k) >= F``, that loads the fewest
-  new layers (a DP over boundaries, as ``incremental.chain_rebalance``).
+  new layers (a DP over boundaries, as ``churn.chain_rebalance``).
 * :func:`cut_span` -- the DP: fewest-moves cut of ``[start, end)`` for every end at once.
 * :func:`fewest_moves_recut` -- combinations of one cut per lane, enumerated by increasing
   total layers loaded; the first valid one whose value reaches the target is the fewest-moves
@@ -31,8 +31,8 @@ import heapq
 import time
 from typing import Callable, Mapping
 
-from p2pserve.coordinator.incremental import new_layers
-from p2pserve.coordinator.topology import Topology
+from p2pserve.placement.churn import new_layers
+from p2pserve.placement.topology import Topology
 
 Placement = dict[int, tuple[int, int]]
 #: A lane's cut: (layers it loads, {node: range}) for the lane's nodes (absent = idle).
@@ -45,7 +45,7 @@ def lanes_of(
     """Lanes (node lists ordered by start, then end) and idle nodes.
 
     One lane per group of interchangeable nodes that holds layers; ``groups`` is
-    ``incremental.interchangeable_groups(topo)``.
+    ``churn.interchangeable_groups(topo)``.
     """
     lanes, idle = [], []
     for g in groups:

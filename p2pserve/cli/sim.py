@@ -78,7 +78,7 @@ def build_parts(args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> int:
     """Run the simulation and print a summary (or JSON)."""
-    from p2pserve.coordinator.topology import BandwidthConvention
+    from p2pserve.placement.topology import BandwidthConvention
     from p2pserve.sim.run import SimConfig, simulate
     from p2pserve.sim.scenario import build_scenario
 

@@ -11,7 +11,7 @@ import asyncio
 import logging
 import signal
 
-from p2pserve.dht.cli_common import add_dht_arguments, dht_config_from_args, model_settings, setup_logging
+from p2pserve.cli.common import add_dht_arguments, dht_config_from_args, model_settings, setup_logging
 
 logger = logging.getLogger("p2pserve.coordinator")
 

@@ -22,7 +22,7 @@ stops it before optimality, so a bound above the churn budget proves the target 
 for that start, not merely unfound.
 
 The optimal cover placement is also a good start for the churn search itself: it often is a
-real placement whose max-flow equals its cover (:mod:`incremental` evaluates it with the true
+real placement whose max-flow equals its cover (:mod:`churn` evaluates it with the true
 max-flow before using it).
 """
 
@@ -33,9 +33,9 @@ import time
 from dataclasses import dataclass
 from typing import Mapping
 
-from p2pserve.coordinator.milp import LinearModel, MilpOptions
-from p2pserve.coordinator.milp_backends import solve
-from p2pserve.coordinator.topology import Topology
+from p2pserve.placement.milp import LinearModel, MilpOptions
+from p2pserve.placement.milp_backends import solve
+from p2pserve.placement.topology import Topology
 
 Placement = dict[int, tuple[int, int]]
 

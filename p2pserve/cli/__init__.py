@@ -15,16 +15,16 @@ import sys
 
 # name -> (module path, one-line help). Order is the order shown by --help.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "bootstrap": ("p2pserve.dht.bootstrap_command", "run a long-lived DHT bootstrap node"),
-    "peer": ("p2pserve.peer.command", "serve layers of a model to the swarm"),
-    "coordinator": ("p2pserve.coordinator.command", "run a placement coordinator (election candidate)"),
-    "chat": ("p2pserve.client.chat_command", "interactive chat through the swarm"),
-    "api": ("p2pserve.client.api_command", "OpenAI-compatible HTTP server"),
-    "status": ("p2pserve.dht.status_command", "show the swarm: peers, links, leader, plan, flows"),
-    "plan": ("p2pserve.coordinator.plan_command", "solve a layer placement for a Helix cluster file"),
-    "sim": ("p2pserve.sim.command", "simulate a cluster with a placement and a scheduler"),
-    "demo": ("p2pserve.client.demo_command", "start a local swarm and answer a chat prompt"),
-    "prepare-model": ("p2pserve.model.command", "convert the embedded default model / build test models"),
+    "bootstrap": ("p2pserve.cli.bootstrap", "run a long-lived DHT bootstrap node"),
+    "peer": ("p2pserve.cli.peer", "serve layers of a model to the swarm"),
+    "coordinator": ("p2pserve.cli.coordinator", "run a placement coordinator (election candidate)"),
+    "chat": ("p2pserve.cli.chat", "interactive chat through the swarm"),
+    "api": ("p2pserve.cli.api", "OpenAI-compatible HTTP server"),
+    "status": ("p2pserve.cli.status", "show the swarm: peers, links, leader, plan, flows"),
+    "plan": ("p2pserve.cli.plan", "solve a layer placement for a Helix cluster file"),
+    "sim": ("p2pserve.cli.sim", "simulate a cluster with a placement and a scheduler"),
+    "demo": ("p2pserve.cli.demo", "start a local swarm and answer a chat prompt"),
+    "prepare-model": ("p2pserve.cli.prepare_model", "convert the embedded default model / build test models"),
 }
 
 

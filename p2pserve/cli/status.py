@@ -16,7 +16,7 @@ import json
 import sys
 from typing import Any, Optional
 
-from p2pserve.dht.cli_common import add_dht_arguments, dht_config_from_args, setup_logging
+from p2pserve.cli.common import add_dht_arguments, dht_config_from_args, setup_logging
 from p2pserve.dht.election import SignedPlan, elect_leader
 from p2pserve.dht.records import CoordinatorCandidate, LinkInfo, PeerInfo
 

@@ -1,8 +1,8 @@
 """Measurements of the control plane on this machine (figures quoted in docs/control-plane.md).
 
-    python -m p2pserve.dht.measure dht [--nodes 4] [--rounds 20]
-    python -m p2pserve.dht.measure probe --target /ip4/.../p2p/12D3... [--rounds 3]
-    python -m p2pserve.dht.measure serve-probe            # a probe target: prints its multiaddr
+    python -m tools.measure dht [--nodes 4] [--rounds 20]
+    python -m tools.measure probe --target /ip4/.../p2p/12D3... [--rounds 3]
+    python -m tools.measure serve-probe            # a probe target: prints its multiaddr
 
 ``dht`` starts N loopback DHT nodes and reports node start time, signed store / validated read
 latency of PeerInfo, record sizes and RSA sign/verify cost. ``probe`` measures one link with
@@ -146,7 +146,7 @@ def serve_probe(host: str) -> int:
 
 def main(argv=None) -> int:
     """Command-line entry point."""
-    ap = argparse.ArgumentParser(prog="python -m p2pserve.dht.measure")
+    ap = argparse.ArgumentParser(prog="python -m tools.measure")
     sub = ap.add_subparsers(dest="what", required=True)
     d = sub.add_parser("dht")
     d.add_argument("--nodes", type=int, default=4)

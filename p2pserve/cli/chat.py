@@ -15,7 +15,7 @@ import asyncio
 import logging
 import sys
 
-from p2pserve.client.api_command import add_client_arguments, start_client
+from p2pserve.cli.api import add_client_arguments, start_client
 from p2pserve.errors import P2PServeError
 
 

@@ -30,8 +30,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from p2pserve.coordinator.maxflow import max_flow
-from p2pserve.coordinator.topology import SINK, SOURCE, Topology
+from p2pserve.placement.maxflow import max_flow
+from p2pserve.placement.topology import SINK, SOURCE, Topology
 
 
 @dataclass(frozen=True)
@@ -342,7 +342,7 @@ def solve_milp(
 ) -> MilpResult:
     """Build and solve the MILP. ``backend``: ``auto`` (Gurobi if fully licensed, else HiGHS),
     ``highs``, ``gurobi``, ``cpsat``. Warm starts must place every node (complete placements)."""
-    from p2pserve.coordinator import milp_backends as mb
+    from p2pserve.placement import milp_backends as mb
 
     pm = build_model(topo, opts)
     starts = []

@@ -33,8 +33,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
-from p2pserve.coordinator.maxflow import FlowResult, max_flow
-from p2pserve.coordinator.topology import SINK, SOURCE, Topology
+from p2pserve.placement.maxflow import FlowResult, max_flow
+from p2pserve.placement.topology import SINK, SOURCE, Topology
 
 
 @dataclass(frozen=True)

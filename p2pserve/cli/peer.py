@@ -36,7 +36,7 @@ def parse_layers(text: str) -> tuple[int, int]:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Register the peer's flags (swarm flags come from the DHT layer)."""
-    from p2pserve.dht.cli_common import add_dht_arguments
+    from p2pserve.cli.common import add_dht_arguments
 
     d = PeerConfig()
     b = BatchingConfig()
@@ -101,7 +101,7 @@ def config_from_args(args: argparse.Namespace) -> PeerConfig:
 
 async def serve(config: PeerConfig, args: argparse.Namespace) -> None:
     """Start DHT node and peer (and the control-plane agent), print the ready line, serve until signalled."""
-    from p2pserve.dht.cli_common import dht_config_from_args, load_swarm_file
+    from p2pserve.cli.common import dht_config_from_args, load_swarm_file
     from p2pserve.dht.swarm import Swarm
     from p2pserve.model.default import resolve_model
     from p2pserve.model.spec import load_spec

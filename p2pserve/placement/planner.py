@@ -18,11 +18,11 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Mapping
 
-from p2pserve.coordinator.estimate import ThroughputEstimate, WorkloadModel, estimate
-from p2pserve.coordinator.heuristics import all_heuristics
-from p2pserve.coordinator.maxflow import max_flow
-from p2pserve.coordinator.search import balanced_chain, improve, max_flow_score, tiered_candidates
-from p2pserve.coordinator.topology import SINK, SOURCE, Topology
+from p2pserve.placement.estimate import ThroughputEstimate, WorkloadModel, estimate
+from p2pserve.placement.heuristics import all_heuristics
+from p2pserve.placement.maxflow import max_flow
+from p2pserve.placement.search import balanced_chain, improve, max_flow_score, tiered_candidates
+from p2pserve.placement.topology import SINK, SOURCE, Topology
 from p2pserve.errors import ConfigError, InsufficientMemoryError, PlanningError
 
 OBJECTIVES = ("throughput", "max-flow")
@@ -325,7 +325,7 @@ def plan_for_topology(
         margin = 0.5 + 0.06 * topo.num_nodes
         left = budget * (share if small else 1.0) - (clock() - t0) - margin
         if config.use_milp and left > 0.2 and max_flow(topo, best, config.partial).value < target:
-            from p2pserve.coordinator.milp import MilpOptions, solve_milp
+            from p2pserve.placement.milp import MilpOptions, solve_milp
 
             full = _complete(topo, best)
             res = solve_milp(

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Sequence
 
-from p2pserve.coordinator import helix_format as hf
+from p2pserve.helix import format as hf
 from p2pserve.errors import ConfigError
 
 SOURCE = -1  #: node index used for the source (clients / coordinator) in link tables
@@ -231,7 +231,7 @@ def topology_from_helix(
 ) -> Topology:
     """Build a :class:`Topology` from a parsed Helix cluster file.
 
-    ``throughput`` defaults to the authors' formula (:func:`helix_format.node_throughput_tables`);
+    ``throughput`` defaults to the authors' formula (:func:`helix.format.node_throughput_tables`);
     ``convention`` defaults to theirs so that their numbers reproduce.
     """
     mp = hf.load_machine_params(model)
