@@ -1,31 +1,40 @@
-"""The p2pserve exception tree.
+"""The p2pserve exception tree: every error we raise on purpose, and the wire codes.
 
 ::
 
-    P2PServeError                      base of everything we raise on purpose
-    ├── ConfigError                    bad flags / config files / unknown model
-    │   └── UnknownModelError          model name or path that does not exist
-    ├── ProtocolError                  bytes that do not decode into a valid message
-    │   ├── MalformedFrameError        not MessagePack / wrong field types / missing fields
-    │   ├── VersionMismatchError       peer speaks another protocol version
-    │   └── PayloadTooLargeError       size limit exceeded (checked before allocation)
-    ├── RemoteError                    a typed error reply received from a peer (has .code)
-    │   ├── OverloadedError            peer's KV budget / queue is full; try another peer
-    │   ├── SessionNotFoundError       unknown, closed or expired session
-    │   ├── BadRequestError            wrong shape / dtype / layers outside range / bad params
-    │   └── RangeMovedError            peer no longer serves that range (plan changed)
-    ├── RoutingError                   no pipeline can be built over the current swarm
-    ├── GenerationFailedError          retries exhausted; names the hops that failed
-    └── PlanningError                  placement problems
-        └── InsufficientMemoryError    swarm too small for the model (says how much is missing)
+    P2PServeError                        base of everything we raise on purpose
+    ├── ConfigError                      bad flags / config files
+    │   └── UnknownModelError            local model name or path that does not exist or is unsupported
+    ├── ProtocolError         [malformed] bytes from the network that do not decode into a valid message
+    │   ├── MalformedFrameError          not MessagePack / wrong field types / missing fields
+    │   ├── VersionMismatchError [version_mismatch]  the other side speaks another protocol version
+    │   ├── PayloadTooLargeError [payload_too_large] a size limit exceeded (checked before allocation)
+    │   └── RecordRejected               a DHT record that decoded but whose contents are not acceptable
+    ├── RequestError          [internal] a request a peer refused: raised by the refusing peer, and
+    │   │                                re-raised by the client from the peer's ErrorReply (``peer`` set)
+    │   ├── OverloadedError   [overloaded]       KV budget / queue full; try another peer
+    │   ├── SessionNotFoundError [unknown_session] unknown, closed or expired session
+    │   ├── BadRequestError   [bad_request]      wrong shape / dtype / layers outside range / bad params
+    │   ├── RangeMovedError   [range_moved]      the peer no longer serves that range (plan changed)
+    │   └── ModelMismatchError [unknown_model]   the peer serves another model
+    ├── RoutingError                     no pipeline can be built over the current swarm
+    │   └── NoRouteError                 ... because of masks; says which peers and why
+    ├── GenerationFailedError            retries exhausted; names the hops that failed
+    │   └── AllRoutesOverloadedError     ... and every route was refused as overloaded (HTTP 429)
+    ├── HTTPError                        an HTTP API error answered with a status and an OpenAI body
+    └── PlanningError                    placement problems
+        └── InsufficientMemoryError      swarm too small for the model (says how much is missing)
 
-Every error that crosses the wire is an ``ErrorReply`` (see ``protocol.py``) carrying one of the
-``ErrorCode`` values; ``RemoteError.from_reply`` maps it back to the class above.
+Direction is not part of the class: a peer raises ``OverloadedError`` for its own refusal, sends it
+as an ``ErrorReply`` (``protocol.py``), and the client re-raises the same class from the reply
+with :func:`error_from_reply`, which sets ``peer`` to the peer that sent it. :data:`ERROR_CLASSES`
+is the one table between wire codes and classes; each class's ``code`` is its inverse.
 """
 
 from __future__ import annotations
 
 from enum import Enum
+from typing import Mapping, Optional
 
 
 class ErrorCode(str, Enum):
@@ -51,10 +60,28 @@ class ConfigError(P2PServeError):
 
 
 class UnknownModelError(ConfigError):
-    """The requested model does not exist (no such path / not a supported architecture)."""
+    """The requested local model does not exist (no such path / not a supported architecture)."""
 
 
-class ProtocolError(P2PServeError):
+class _WireError(P2PServeError):
+    """An error that can cross the wire as an ``ErrorReply``: it has a ``code`` and may name a peer.
+
+    ``peer`` is the peer that sent the error reply, or None where the error was raised locally.
+    """
+
+    code = ErrorCode.INTERNAL
+
+    def __init__(self, message: str, *, peer: Optional[str] = None):
+        super().__init__(message)
+        self.message = message
+        self.peer = peer
+
+    def __str__(self) -> str:
+        where = f" from {self.peer}" if self.peer else ""
+        return f"[{self.code.value}]{where}: {self.message}"
+
+
+class ProtocolError(_WireError):
     """Bytes received from the network that are not a valid message."""
 
     code = ErrorCode.MALFORMED
@@ -76,71 +103,113 @@ class PayloadTooLargeError(ProtocolError):
     code = ErrorCode.TOO_LARGE
 
 
-class RemoteError(P2PServeError):
-    """A typed error reply received from a remote peer."""
+class RecordRejected(ProtocolError):
+    """A DHT record decoded fine but its contents are not acceptable; ``reason`` says why."""
 
-    code = ErrorCode.INTERNAL
-
-    def __init__(self, message: str, *, code: ErrorCode | None = None, peer: str | None = None):
-        super().__init__(message)
-        self.message = message
-        if code is not None:
-            self.code = code
-        self.peer = peer
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
 
     def __str__(self) -> str:
-        where = f" from {self.peer}" if self.peer else ""
-        return f"[{self.code.value}]{where}: {self.message}"
-
-    @staticmethod
-    def from_code(code: str, message: str, peer: str | None = None) -> "RemoteError":
-        """Rebuild the most specific exception class for a wire error code."""
-        try:
-            ec = ErrorCode(code)
-        except ValueError:
-            ec = ErrorCode.INTERNAL
-        cls = _CODE_TO_CLASS.get(ec, RemoteError)
-        return cls(message, code=ec, peer=peer)
+        return self.reason
 
 
-class OverloadedError(RemoteError):
+class RequestError(_WireError):
+    """A request a peer refused (the base class; also an internal failure on the peer)."""
+
+
+class OverloadedError(RequestError):
     """The peer cannot take this session now (KV budget or queue full)."""
 
     code = ErrorCode.OVERLOADED
 
 
-class SessionNotFoundError(RemoteError):
+class SessionNotFoundError(RequestError):
     """The session is unknown to the peer: never opened, closed, or expired."""
 
     code = ErrorCode.UNKNOWN_SESSION
 
 
-class BadRequestError(RemoteError):
+class BadRequestError(RequestError):
     """The request is well-formed but invalid: wrong shape, dtype, layer span or parameters."""
 
     code = ErrorCode.BAD_REQUEST
 
 
-class RangeMovedError(RemoteError):
+class RangeMovedError(RequestError):
     """The peer no longer serves the requested layers (it moved to a new range)."""
 
     code = ErrorCode.RANGE_MOVED
 
 
-_CODE_TO_CLASS = {
-    ErrorCode.OVERLOADED: OverloadedError,
-    ErrorCode.UNKNOWN_SESSION: SessionNotFoundError,
+class ModelMismatchError(RequestError):
+    """The peer serves a different model than the session asked for."""
+
+    code = ErrorCode.UNKNOWN_MODEL
+
+
+#: The one table between wire codes and classes (each class's ``code`` is its inverse).
+ERROR_CLASSES: Mapping[ErrorCode, type[_WireError]] = {
+    ErrorCode.MALFORMED: MalformedFrameError,
+    ErrorCode.VERSION: VersionMismatchError,
+    ErrorCode.TOO_LARGE: PayloadTooLargeError,
     ErrorCode.BAD_REQUEST: BadRequestError,
+    ErrorCode.UNKNOWN_SESSION: SessionNotFoundError,
+    ErrorCode.OVERLOADED: OverloadedError,
+    ErrorCode.UNKNOWN_MODEL: ModelMismatchError,
     ErrorCode.RANGE_MOVED: RangeMovedError,
+    ErrorCode.INTERNAL: RequestError,
 }
+
+#: What a client catches around one hop's reply: every error a peer can answer with.
+WIRE_ERRORS = (ProtocolError, RequestError)
+
+
+def error_from_reply(code: str, message: str, peer: Optional[str] = None) -> _WireError:
+    """The exception for an ``ErrorReply`` received from ``peer``; unknown codes become ``RequestError``."""
+    try:
+        ec = ErrorCode(code)
+    except ValueError:
+        ec = ErrorCode.INTERNAL
+    return ERROR_CLASSES[ec](message, peer=peer)
 
 
 class RoutingError(P2PServeError):
     """No pipeline from source to sink can be built over the peers currently usable."""
 
 
+class NoRouteError(RoutingError):
+    """No pipeline from source to sink avoids the masked peers.
+
+    ``reasons`` maps each masked peer to why; ``overloaded`` is True when a route would exist
+    if only the load masks (overloaded answers, KV high-water mark) were lifted.
+    """
+
+    def __init__(self, message: str, reasons: Optional[Mapping[str, str]] = None, overloaded: bool = False):
+        super().__init__(message)
+        self.reasons = dict(reasons or {})
+        self.overloaded = overloaded
+
+
 class GenerationFailedError(P2PServeError):
     """Generation gave up after the retry bound; the message lists every failed hop."""
+
+
+class AllRoutesOverloadedError(GenerationFailedError):
+    """Every route goes through a peer that refused the session as overloaded (HTTP 429)."""
+
+
+class HTTPError(P2PServeError):
+    """An HTTP API error answered with ``status`` and an OpenAI-style error body."""
+
+    def __init__(self, status: int, message: str, type_: str = "invalid_request_error", param: Optional[str] = None,
+                 code: Optional[str] = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
+
+    def body(self) -> dict:
+        """The JSON error object."""
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
 class PlanningError(P2PServeError):

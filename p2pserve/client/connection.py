@@ -1,7 +1,7 @@
 """One client-side stream to one peer, carrying one session hop.
 
 Every call sends a frame and waits for its reply under a timeout; a typed ``ErrorReply`` is
-raised as the matching ``RemoteError`` subclass, naming the peer.
+raised as the matching class of ``errors.ERROR_CLASSES``, naming the peer.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from p2pserve.errors import MalformedFrameError, P2PServeError, RemoteError
+from p2pserve.errors import WIRE_ERRORS, MalformedFrameError, P2PServeError, error_from_reply
 from p2pserve.protocol import (
     PROTOCOL_VERSION,
     SESSION_PROTOCOL,
@@ -148,7 +148,7 @@ class HopConnection:
         """
         try:
             offer, _ = await self._call(OpenDirect())
-        except (RemoteError, MalformedFrameError) as e:  # a peer without the direct path
+        except WIRE_ERRORS as e:  # a peer without the direct path
             log.debug("no direct path to %s: %s", self.hop, e)
             return
         if not isinstance(offer, DirectOffer) or not offer.port:
@@ -208,5 +208,5 @@ class HopConnection:
         except asyncio.IncompleteReadError:
             raise ConnectionError(f"peer {self.hop} closed the stream") from None
         if isinstance(reply, ErrorReply):
-            raise RemoteError.from_code(reply.code, reply.message, peer=self.hop.peer_id)
+            raise error_from_reply(reply.code, reply.message, peer=self.hop.peer_id)
         return reply, body

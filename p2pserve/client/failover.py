@@ -33,9 +33,17 @@ from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Optional, Sequence
 
 from p2pserve.client.connection import Hop, HopConnection
-from p2pserve.client.routing import Masks, NoRouteError, RouteGraph, Router
+from p2pserve.client.routing import Masks, RouteGraph, Router
 from p2pserve.config import ClientConfig
-from p2pserve.errors import BadRequestError, GenerationFailedError, OverloadedError, RangeMovedError, RoutingError
+from p2pserve.errors import (
+    AllRoutesOverloadedError,
+    BadRequestError,
+    GenerationFailedError,
+    NoRouteError,
+    OverloadedError,
+    RangeMovedError,
+    RoutingError,
+)
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +51,6 @@ RouteProvider = Callable[[Masks], Awaitable[list[Hop]]]
 SessionFactory = Callable[[list[Hop]], Awaitable[object]]
 
 
-class AllRoutesOverloadedError(GenerationFailedError):
-    """Every route goes through a peer that refused the session as overloaded (HTTP 429)."""
 
 
 class HopFailure(Exception):

@@ -28,8 +28,9 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from p2pserve.client.failover import AllRoutesOverloadedError
 from p2pserve.errors import (
+    AllRoutesOverloadedError,
+    HTTPError,
     BadRequestError,
     ConfigError,
     GenerationFailedError,
@@ -45,17 +46,6 @@ MAX_HEADER_BYTES = 64 << 10
 DEFAULT_MAX_TOKENS = 256
 
 
-class HTTPError(Exception):
-    """An error answered with ``status`` and an OpenAI-style error body."""
-
-    def __init__(self, status: int, message: str, type_: str = "invalid_request_error", param: Optional[str] = None,
-                 code: Optional[str] = None):
-        super().__init__(message)
-        self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
-
-    def body(self) -> dict:
-        """The JSON error object."""
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
 def http_error_for(exc: BaseException) -> HTTPError:

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Optional, Sequence
 
 from p2pserve.client.connection import Hop
-from p2pserve.errors import RoutingError
+from p2pserve.errors import NoRouteError
 
 SOURCE = "source"  # the same pseudo-node names as p2pserve.dht.records (no import: stays light)
 SINK = "sink"
@@ -38,17 +38,6 @@ SINK = "sink"
 LayerSpan = tuple[int, int]
 
 
-class NoRouteError(RoutingError):
-    """No pipeline from source to sink avoids the masked peers.
-
-    ``reasons`` maps each masked peer to why; ``overloaded`` is True when a route would exist
-    if only the load masks (overloaded answers, KV high-water mark) were lifted.
-    """
-
-    def __init__(self, message: str, reasons: Mapping[str, str] | None = None, overloaded: bool = False):
-        super().__init__(message)
-        self.reasons = dict(reasons or {})
-        self.overloaded = overloaded
 
 
 # ----------------------------------------------------------------------------- masks

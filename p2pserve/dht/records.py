@@ -17,7 +17,7 @@ from typing import Literal, Optional, TypeVar, Union
 
 import msgspec
 
-from p2pserve.errors import MalformedFrameError
+from p2pserve.errors import MalformedFrameError, RecordRejected
 
 SCHEMA_VERSION = 1
 
@@ -44,13 +44,6 @@ SINK = "sink"
 
 LayerSpan = tuple[int, int]
 
-
-class RecordRejected(MalformedFrameError):
-    """A record decoded fine but its contents are not acceptable; ``reason`` says why."""
-
-    def __init__(self, reason: str):
-        super().__init__(reason)
-        self.reason = reason
 
 
 def ttl_for(refresh_period: float, max_clock_skew: float) -> float:

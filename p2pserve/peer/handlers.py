@@ -19,9 +19,8 @@ from p2pserve.errors import (
     ErrorCode,
     P2PServeError,
     PayloadTooLargeError,
-    ProtocolError,
-    RemoteError,
-    UnknownModelError,
+    WIRE_ERRORS,
+    ModelMismatchError,
 )
 from p2pserve.model.spec import ModelSpec
 from p2pserve.peer.sessions import SessionTable
@@ -103,7 +102,7 @@ class SessionHandler:
 
     async def _reply_error(self, writer, exc: P2PServeError) -> None:
         try:
-            await write_frame(writer, error_reply(exc.code, str(exc)))
+            await write_frame(writer, error_reply(exc.code, exc.message))
         except (ConnectionError, RuntimeError):
             pass
 
@@ -125,12 +124,9 @@ class SessionHandler:
                 self.table.close(msg.session_id)
                 return SessionClosed(session_id=msg.session_id), b""
             raise BadRequestError(f"unexpected message {type(msg).__name__}")
-        except (ProtocolError, RemoteError, UnknownModelError) as e:
-            code = e.code if hasattr(e, "code") else ErrorCode.BAD_REQUEST
-            if isinstance(e, UnknownModelError):
-                code = ErrorCode.UNKNOWN_MODEL
-            log.info("rejected request (%s): %s", code.value, getattr(e, "message", e))
-            return ErrorReply(code=code.value, message=getattr(e, "message", str(e)), session_id=session_id, step=step), b""
+        except WIRE_ERRORS as e:
+            log.info("rejected request (%s): %s", e.code.value, e.message)
+            return ErrorReply(code=e.code.value, message=e.message, session_id=session_id, step=step), b""
         except Exception as e:  # never crash on input: report and keep serving
             log.exception("internal error while handling a request")
             return error_reply(ErrorCode.INTERNAL, f"{type(e).__name__}: {e}", session_id, step), b""
@@ -158,10 +154,7 @@ class SessionHandler:
 
     def _open(self, msg: OpenSession, owner) -> SessionOpened:
         if msg.model_id != self.spec.model_id:
-            raise RemoteError(
-                f"this peer serves model {self.spec.model_id!r}, not {msg.model_id!r}",
-                code=ErrorCode.UNKNOWN_MODEL,
-            )
+            raise ModelMismatchError(f"this peer serves model {self.spec.model_id!r}, not {msg.model_id!r}")
         session = self.table.open(msg, owner)
         lo, hi = self.table.served
         return SessionOpened(

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from p2pserve.errors import P2PServeError, RangeMovedError, RemoteError
+from p2pserve.errors import P2PServeError, RangeMovedError, RequestError
 from p2pserve.model.shard import Segment, Shard
 from p2pserve.peer.batcher import Pending, TokenThrottle
 from p2pserve.peer.kv_cache import KVBudget
@@ -149,7 +149,7 @@ class ComputeWorker:
                     self._busy = False
                 _deliver_all(done)
         for p in self._waiting:
-            _resolve(p.key, exc=RemoteError("peer is shutting down"))
+            _resolve(p.key, exc=RequestError("peer is shutting down"))
 
     def _step(self) -> list[Delivery]:
         """One batched forward over the waiting jobs; returns the results for the caller to
@@ -183,7 +183,7 @@ class ComputeWorker:
             outputs = shard.forward_batch(segments)
         except Exception as e:  # a bug or OOM must fail these jobs, not the peer
             log.exception("batch failed")
-            err = e if isinstance(e, P2PServeError) else RemoteError(f"compute failed: {type(e).__name__}: {e}")
+            err = e if isinstance(e, P2PServeError) else RequestError(f"compute failed: {type(e).__name__}: {e}")
             for ch in chunks:
                 job = ch.pending.key
                 job.session.cache.truncate(job.position)  # drop half-written positions

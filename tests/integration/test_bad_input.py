@@ -17,7 +17,7 @@ from p2pserve.errors import (
     BadRequestError,
     ErrorCode,
     OverloadedError,
-    RemoteError,
+    ModelMismatchError,
     SessionNotFoundError,
 )
 from p2pserve.protocol import FRAME_PREFIX, Forward, SamplingParams, TensorMeta
@@ -171,7 +171,7 @@ def test_layers_outside_range_and_unknown_model(peer):
             await conn.open(model.spec.model_id, "x", 64, SamplingParams())
         await conn.close()
         conn = HopConnection(p2p, p.hop(0, 8), LIMITS, 30)
-        with pytest.raises(RemoteError) as info:
+        with pytest.raises(ModelMismatchError) as info:
             await conn.open("no-such-model-123", "y", 64, SamplingParams())
         assert info.value.code == ErrorCode.UNKNOWN_MODEL
         await conn.close()
