@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from p2pserve.errors import BadRequestError
 from p2pserve.protocol import SamplingParams
 
 _MASK64 = (1 << 63) - 1
@@ -23,7 +24,14 @@ def position_seed(seed: int, position: int) -> int:
 
 
 def sample_token(logits: torch.Tensor, params: SamplingParams, position: int) -> int:
-    """Pick a token from fp32 logits [V] for absolute position ``position``."""
+    """Pick a token from fp32 logits [V] for absolute position ``position``.
+
+    Raises :class:`BadRequestError` when the logits, or the probabilities at this temperature,
+    are not finite: corrupt hidden states from upstream, or a temperature so small that the
+    scaled logits overflow. The job fails; the compute thread does not.
+    """
+    if not bool(torch.isfinite(logits).all()):
+        raise BadRequestError("the logits are not finite: the hidden states this span received were corrupt")
     if params.temperature == 0.0:
         return int(torch.argmax(logits))
     scores = logits.float() / params.temperature
@@ -37,5 +45,7 @@ def sample_token(logits: torch.Tensor, params: SamplingParams, position: int) ->
         drop = (cumulative - torch.softmax(sorted_scores, dim=-1)) >= params.top_p
         scores = scores.scatter(0, order, sorted_scores.masked_fill(drop, float("-inf")))
     probs = torch.softmax(scores, dim=-1)
+    if not bool(torch.isfinite(probs).all()):
+        raise BadRequestError(f"temperature {params.temperature:g} makes the probabilities not finite")
     gen = torch.Generator().manual_seed(position_seed(params.seed, position))
     return int(torch.multinomial(probs, 1, generator=gen))

@@ -140,6 +140,9 @@ class ComputeWorker:
             done: list[Delivery] = []
             try:
                 done = self._step()
+            except Exception as e:  # a bug in one step must not end the thread: fail what waits
+                log.exception("compute step failed")
+                done = self._fail_waiting(RequestError(f"compute failed: {type(e).__name__}: {e}"))
             finally:
                 # Idle before the results go out: the session's next frame can arrive as soon as
                 # its reply does, and a worker still "busy" then refuses ``run_inline``, so a lone
@@ -150,6 +153,16 @@ class ComputeWorker:
                 _deliver_all(done)
         for p in self._waiting:
             _resolve(p.key, exc=RequestError("peer is shutting down"))
+
+    def _fail_waiting(self, err: BaseException) -> list[Delivery]:
+        """Fail every waiting job, dropping positions they may have half written."""
+        done: list[Delivery] = []
+        for p in list(self._waiting):
+            job: Job = p.key
+            job.session.cache.truncate(job.position)
+            done.append((job, None, err))
+        self._waiting.clear()
+        return done
 
     def _step(self) -> list[Delivery]:
         """One batched forward over the waiting jobs; returns the results for the caller to
@@ -180,16 +193,10 @@ class ComputeWorker:
             )
         t0 = time.perf_counter()
         try:
-            outputs = shard.forward_batch(segments)
-        except Exception as e:  # a bug or OOM must fail these jobs, not the peer
-            log.exception("batch failed")
-            err = e if isinstance(e, P2PServeError) else RequestError(f"compute failed: {type(e).__name__}: {e}")
-            for ch in chunks:
-                job = ch.pending.key
-                job.session.cache.truncate(job.position)  # drop half-written positions
-                self._waiting.remove(ch.pending)
-                done.append((job, None, err))
-            return done
+            outputs: list = shard.forward_batch(segments)
+        except Exception:  # one bad job must not fail the honest ones batched with it
+            log.warning("batch of %d failed; re-running its chunks one by one", len(chunks), exc_info=True)
+            outputs = self._forward_each(shard, chunks, segments)
         st = self.stats
         st.compute.add(time.perf_counter() - t0)
         n_tokens = sum(c.n for c in chunks)
@@ -199,16 +206,43 @@ class ComputeWorker:
         st.max_batch_sessions = max(st.max_batch_sessions, len(chunks))
         for ch, out in zip(chunks, outputs):
             job = ch.pending.key
+            if isinstance(out, BaseException):
+                self._waiting.remove(ch.pending)
+                done.append((job, None, out))
+                continue
             job.outputs.append(out)
             if ch.pending.advance(ch.n):
                 self._waiting.remove(ch.pending)
-                if job.sample:
-                    position = job.position + ch.pending.total  # position of the new token
-                    done.append((job, sample_token(out, job.session.sampling, position), None))
-                else:
-                    value = job.outputs[0] if len(job.outputs) == 1 else torch.cat(job.outputs)
-                    done.append((job, value, None))
+                done.append(_finish(job, out, job.position + ch.pending.total))
         return done
+
+    def _forward_each(self, shard: Shard, chunks: list, segments: list[Segment]) -> list:
+        """Run each chunk alone after its batch failed: an output per chunk, or the error that
+        chunk's job fails with (its half-written positions dropped first)."""
+        outputs: list = []
+        for ch, seg in zip(chunks, segments):
+            job: Job = ch.pending.key
+            job.session.cache.truncate(job.position + ch.offset)  # the failed batch may have written some
+            try:
+                outputs.append(shard.forward_batch([seg])[0])
+            except Exception as e:
+                log.info("job of session %s failed alone: %s: %s", job.session.id, type(e).__name__, e)
+                job.session.cache.truncate(job.position)
+                outputs.append(e if isinstance(e, P2PServeError)
+                               else RequestError(f"compute failed: {type(e).__name__}: {e}"))
+        return outputs
+
+
+def _finish(job: Job, out: torch.Tensor, position: int) -> "Delivery":
+    """The result of a job whose last chunk ran: a sampled token for the token at ``position``
+    (the span ends at the last layer) or the hidden states of all its chunks."""
+    if not job.sample:
+        return job, (job.outputs[0] if len(job.outputs) == 1 else torch.cat(job.outputs)), None
+    try:
+        return job, sample_token(out, job.session.sampling, position), None
+    except P2PServeError as e:
+        job.session.cache.truncate(job.position)
+        return job, None, e
 
 
 #: A finished job and its result: (job, value, exception).

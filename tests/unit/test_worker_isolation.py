@@ -1,0 +1,112 @@
+"""One bad job never kills the compute thread nor fails an honest job batched with it.
+
+Reproduces issue 14's first finding against a real tiny Llama shard: a session whose sampling
+temperature passes validation but overflows the logits (1e-45), and hidden states holding NaN sent
+to a last-layer span, each used to kill ``ComputeWorker``'s thread for good.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from p2pserve.config import BatchingConfig
+from p2pserve.errors import BadRequestError
+from p2pserve.model.shard import Shard
+from p2pserve.model.spec import load_spec
+from p2pserve.model.tiny import build_tiny_model
+from p2pserve.peer.batcher import TokenThrottle
+from p2pserve.peer.kv_cache import KVBudget
+from p2pserve.peer.sessions import SessionTable
+from p2pserve.peer.worker import ComputeWorker, Job
+from p2pserve.protocol import PROTOCOL_VERSION, OpenSession, SamplingParams
+
+PROMPT = [5, 17, 42, 7]
+
+
+@pytest.fixture(scope="module")
+def peer(tmp_path_factory):
+    path = str(build_tiny_model("llama", tmp_path_factory.mktemp("tiny") / "m", num_layers=2))
+    spec = load_spec(path)
+    shard = Shard.load(path, spec, 0, spec.num_layers)
+    budget = KVBudget(1_000_000)
+    table = SessionTable(spec=spec, served=(0, spec.num_layers), budget=budget, idle_timeout_s=60.0,
+                         torch_dtype=torch.float32)
+    worker = ComputeWorker(shard, TokenThrottle(BatchingConfig()), budget)
+    worker.start()
+    yield spec, table, worker
+    worker.stop()
+
+
+def _open(spec, table, name, start=0, sampling=SamplingParams()):
+    return table.open(OpenSession(version=PROTOCOL_VERSION, model_id=spec.model_id, session_id=name, start=start,
+                                  end=spec.num_layers, max_length=16, sampling=sampling), owner=None)
+
+
+def _job(session, inputs, position=0):
+    loop = asyncio.get_running_loop()
+    return Job(session=session, inputs=inputs, position=position, sample=True, future=loop.create_future(),
+               loop=loop)
+
+
+async def _settle(*jobs):
+    return await asyncio.wait_for(asyncio.gather(*(j.future for j in jobs), return_exceptions=True), 10)
+
+
+def test_an_overflowing_temperature_fails_its_job_only(peer):
+    spec, table, worker = peer
+
+    async def main():
+        bad = _job(_open(spec, table, "tiny-temperature", sampling=SamplingParams(temperature=1e-45, seed=1)),
+                   torch.tensor(PROMPT))
+        honest = _job(_open(spec, table, "honest-1", sampling=SamplingParams(temperature=0.7, seed=1)),
+                      torch.tensor(PROMPT))
+        worker.submit(bad)
+        worker.submit(honest)
+        return await _settle(bad, honest)
+
+    bad, honest = asyncio.run(main())
+    assert isinstance(bad, BadRequestError) and "finite" in str(bad)
+    assert isinstance(honest, int) and 0 <= honest < spec.vocab_size
+    assert worker._thread.is_alive()
+
+
+def test_nan_hidden_states_fail_their_job_only_and_the_thread_serves_on(peer):
+    spec, table, worker = peer
+
+    async def main():
+        nan = torch.full((len(PROMPT), spec.hidden_size), float("nan"))
+        bad = _job(_open(spec, table, "nan", start=1, sampling=SamplingParams(temperature=0.7, seed=3)), nan)
+        honest = _job(_open(spec, table, "honest-2"), torch.tensor(PROMPT))
+        worker.submit(bad)
+        worker.submit(honest)
+        first = await _settle(bad, honest)
+        later = _job(_open(spec, table, "honest-3"), torch.tensor(PROMPT))
+        worker.submit(later)
+        return first, await _settle(later)
+
+    (bad, honest), (later,) = asyncio.run(main())
+    assert isinstance(bad, BadRequestError)
+    assert isinstance(honest, int) and honest == later  # greedy, same prompt: the same token
+    assert worker._thread.is_alive()
+
+
+def test_a_job_whose_forward_raises_is_isolated_from_its_batch(peer):
+    spec, table, worker = peer
+
+    async def main():
+        ok = _open(spec, table, "iso-ok")
+        broken = _open(spec, table, "iso-broken")
+        # Token ids out of the vocabulary make the embedding lookup raise inside forward_batch.
+        bad = _job(broken, torch.tensor([spec.vocab_size + 5, 1, 2]))
+        honest = _job(ok, torch.tensor(PROMPT))
+        worker.submit(bad)
+        worker.submit(honest)
+        return await _settle(bad, honest)
+
+    bad, honest = asyncio.run(main())
+    assert isinstance(bad, Exception)
+    assert isinstance(honest, int)
+    assert worker._thread.is_alive()
