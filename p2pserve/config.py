@@ -1,14 +1,28 @@
-"""One frozen config dataclass per role. Defaults and their documentation live only here.
+"""One frozen config dataclass per role, the typed swarm file, and the one rule that merges them.
 
-The control-plane and planner configs (``DHTConfig``, ``CoordinatorConfig``, ``PlannerConfig``)
-are defined next to their code in ``p2pserve.dht`` and ``p2pserve.coordinator`` and re-exported
-lazily below, so that importing this module stays cheap.
+Defaults and their documentation live only here: ``PeerConfig`` (with ``BatchingConfig``),
+``ClientConfig``, ``DHTConfig`` (every member's view of the swarm), ``ProberConfig`` (link
+probes), ``CoordinatorConfig`` and ``BootstrapConfig``. The planner's ``PlannerConfig`` stays in
+``p2pserve.placement.planner``, next to the solver that reads it.
+
+A :class:`SwarmFile` (TOML or JSON, see ``bootstrap/swarm.toml``) holds what every member of one
+swarm must agree on; it is validated on load. A command builds its role's config with
+:func:`merge`: a flag that was given wins over the file, even when it is 0 or empty, and a value
+neither gives keeps the dataclass default (commands use argparse defaults of ``None`` to tell a
+flag that was not given).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import tomllib
 from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional
 
+import msgspec
+
+from p2pserve.errors import ConfigError
 from p2pserve.protocol import FrameLimits
 
 
@@ -76,18 +90,252 @@ class ClientConfig:
     stale_route_pause_s: float = 0.25  # after "range moved": let the peer's new announcement land
 
 
-_ELSEWHERE = {
-    "DHTConfig": "p2pserve.dht.config",
-    "ProberConfig": "p2pserve.dht.prober",
-    "CoordinatorConfig": "p2pserve.coordinator.service",
-    "PlannerConfig": "p2pserve.placement.planner",
-}
+
+# ============================================================================== control plane
 
 
-def __getattr__(name: str):
-    """Lazy re-exports of the configs that live next to their (heavier) code."""
-    if name in _ELSEWHERE:
-        import importlib
+def ttl_for(refresh_period: float, max_clock_skew: float) -> float:
+    """Lifetime of a DHT record refreshed every ``refresh_period`` seconds.
 
-        return getattr(importlib.import_module(_ELSEWHERE[name]), name)
-    raise AttributeError(name)
+    Two periods so that one late refresh does not make a live record vanish, and never less
+    than the tolerated clock skew between nodes, since expirations are absolute DHT times.
+    """
+    return max(2.0 * refresh_period, max_clock_skew)
+
+
+@dataclass(frozen=True)
+class DHTConfig:
+    """One node's view of one swarm + model: addresses, keys, trust, refresh periods.
+
+    Refresh periods and the tolerated clock skew fix every record's TTL (:func:`ttl_for`);
+    tests shrink them to fractions of a second.
+    """
+
+    model: str
+    swarm_id: str = "p2pserve"
+    initial_peers: tuple[str, ...] = ()
+    # where the libp2p daemon listens / what it tells others; 0.0.0.0 for a real swarm
+    host_maddrs: tuple[str, ...] = ("/ip4/0.0.0.0/tcp/0",)
+    announce_maddrs: tuple[str, ...] = ()
+    identity_path: Optional[str] = None  # libp2p identity (peer id); None = random each start
+    key_path: Optional[str] = None  # RSA key that signs this node's records; None = ephemeral
+    trusted_coordinators: tuple[str, ...] = ()  # OpenSSH public keys; empty = open swarm
+    use_relay: bool = True  # may connect *through* relays (needed to reach NATed peers)
+    use_auto_relay: bool = False  # look for a relay to become reachable when behind NAT
+    client_mode: bool = False  # outgoing-only node (stores nothing for others)
+    # refresh periods in seconds
+    peer_refresh: float = 5.0
+    link_refresh: float = 60.0
+    candidate_refresh: float = 3.0
+    plan_refresh: float = 10.0
+    max_clock_skew: float = 2.0
+    rpc_timeout: float = 10.0  # one DHT get/store
+    reject_log_interval: float = 60.0  # the same rejected record is logged at most this often
+    # a loaded peer keeps its old range at most this long for the peers taking its dropped
+    # layers to load them (make-before-break, see p2pserve/peer/handover.py)
+    handover_max_wait: float = 120.0
+
+    def __post_init__(self) -> None:
+        for name in ("peer_refresh", "link_refresh", "candidate_refresh", "plan_refresh", "rpc_timeout"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"DHTConfig.{name} must be > 0, got {getattr(self, name)!r}")
+        if self.max_clock_skew < 0:
+            raise ConfigError("DHTConfig.max_clock_skew must be >= 0")
+
+    @property
+    def peer_ttl(self) -> float:
+        """Lifetime of a PeerInfo record."""
+        return ttl_for(self.peer_refresh, self.max_clock_skew)
+
+    @property
+    def link_ttl(self) -> float:
+        """Lifetime of a LinkInfo record."""
+        return ttl_for(self.link_refresh, self.max_clock_skew)
+
+    @property
+    def candidate_ttl(self) -> float:
+        """Lifetime of a CoordinatorCandidate record: bounds how long a dead leader stays elected."""
+        return ttl_for(self.candidate_refresh, self.max_clock_skew)
+
+    @property
+    def plan_ttl(self) -> float:
+        """Lifetime of a Plan record (readers also keep the last plan they saw)."""
+        return ttl_for(self.plan_refresh, self.max_clock_skew)
+
+    def replace(self, **changes) -> "DHTConfig":
+        """A copy with some fields changed."""
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class ProberConfig:
+    """Sizes, targets and limits of link probing (``p2pserve.dht.prober``)."""
+
+    min_probe_bytes: int = 64 << 10
+    max_probe_bytes: int = 64 << 20
+    target_transfer_s: float = 0.1
+    pings: int = 3
+    repeats: int = 3  # transfers at the final size; the fastest counts (disturbances only slow a transfer)
+    min_interval_s: float = 60.0  # per target
+    server_bytes_per_s: float = 200e6  # average probe bytes accepted per second
+    server_burst_bytes: int = 160 << 20
+    max_concurrent: int = 1
+    timeout_s: float = 10.0
+    keep_rounds: int = 3  # a link reads as the best of its last rounds (a busy host only under-reads)
+
+
+@dataclass(frozen=True)
+class CoordinatorConfig:
+    """Planning parameters of one coordinator (``p2pserve.coordinator``)."""
+
+    num_layers: int
+    activation_bytes: int = 8192  # bytes per token of hidden state (hidden_size x dtype bytes)
+    token_bytes: int = 4  # bytes per token id on source/sink edges
+    priority: int = 0  # election: higher wins
+    coordinator_id: str = ""  # default: this node's libp2p peer id
+    tick: Optional[float] = None  # loop period; default: the DHT candidate refresh period
+    replan_period: float = 60.0  # re-plan at least this often even if nothing changed
+    link_change_threshold: float = 0.3  # relative bandwidth change that triggers a re-plan
+    default_bandwidth: float = 1.25e6  # bytes/s assumed for an unmeasured link (10 Mbit/s)
+    default_rtt: float = 0.1  # seconds assumed for an unmeasured link
+    client_bandwidth: float = 12.5e6  # bytes/s of source/sink edges (clients are not probed)
+    objective: str = "throughput"  # planner objective: "throughput" (decode estimate) or "max-flow"
+    solve_time_limit: float = 5.0  # wall-clock budget of one placement solve (s)
+    reload_cost_per_layer: Optional[float] = None  # in the objective's units; None: from reload_share
+    # Moving a whole model's worth of layers must gain this share of the objective. Peers flip
+    # to new ranges one by one as they finish loading, so every move risks a window with less
+    # coverage: move only for a real gain (measured links that undo a cross-region placement
+    # gain ~40%; small re-shuffles after a join do not pay).
+    reload_share: float = 0.25
+    # Churn re-solves may give up this share of the best objective they found to load fewer
+    # layers (``churn.fewest_moves_within``); 0 keeps the reload price alone.
+    churn_tolerance: float = 0.0
+    seed: int = 0
+    # a new candidate only observes for this long before it may lead, so that it has seen every
+    # live candidacy (default: one candidate TTL); avoids two leaders right after a start
+    election_grace: Optional[float] = None
+
+    def __post_init__(self) -> None:
+        if self.num_layers < 1:
+            raise ConfigError("CoordinatorConfig.num_layers must be >= 1")
+        if self.activation_bytes < 1 or self.token_bytes < 1:
+            raise ConfigError("activation_bytes and token_bytes must be >= 1")
+        if not 0 <= self.churn_tolerance < 1:
+            raise ConfigError("churn_tolerance must be in [0, 1)")
+        if not 0 < self.link_change_threshold:
+            raise ConfigError("link_change_threshold must be > 0")
+
+
+@dataclass(frozen=True)
+class BootstrapConfig:
+    """A long-lived DHT node that holds no model (``p2pserve bootstrap``)."""
+
+    initial_peers: tuple[str, ...] = ()  # other bootstrap nodes to join
+    # a fixed port (with a persistent identity) keeps the multiaddr, and so everyone's config, stable
+    host_maddrs: tuple[str, ...] = ("/ip4/0.0.0.0/tcp/31337",)
+    announce_maddrs: tuple[str, ...] = ()
+    identity_path: Optional[str] = None
+    use_relay: bool = True
+    maddrs_file: Optional[str] = None  # also write the multiaddrs here (scripts, tests)
+
+
+# ============================================================================== the swarm file
+
+
+class _FileTable(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """Base of the swarm file's tables: every field optional (None = the file does not set it),
+    unknown keys rejected so that a typo fails loudly instead of being ignored."""
+
+    def values(self) -> dict[str, Any]:
+        """The fields this table sets, by name."""
+        return {f: getattr(self, f) for f in self.__struct_fields__ if getattr(self, f) is not None}
+
+
+class Timing(_FileTable):
+    """``[timing]``: refresh periods (seconds) of every member; each record lives
+    ``max(2 x refresh, max_clock_skew)``."""
+
+    peer_refresh: Optional[float] = None
+    link_refresh: Optional[float] = None
+    candidate_refresh: Optional[float] = None
+    plan_refresh: Optional[float] = None
+    max_clock_skew: Optional[float] = None
+    handover_max_wait: Optional[float] = None
+
+
+class ModelSettings(_FileTable):
+    """``[models."<name>"]``: what a coordinator needs to plan one model."""
+
+    num_layers: Optional[int] = None
+    activation_bytes: Optional[int] = None  # hidden_size x bytes per element of the activations
+    replan_period: Optional[float] = None
+    link_change_threshold: Optional[float] = None
+    objective: Optional[str] = None
+    solve_time_limit: Optional[float] = None
+
+
+class SwarmFile(_FileTable):
+    """What every member of one swarm must agree on: its id, bootstrap addresses, trusted
+    coordinator keys, refresh periods and, per model, the coordinator's planning settings."""
+
+    swarm_id: Optional[str] = None
+    model: Optional[str] = None  # default model of commands not given --model
+    initial_peers: Optional[tuple[str, ...]] = None
+    trusted_coordinators: Optional[tuple[str, ...]] = None
+    host_maddrs: Optional[tuple[str, ...]] = None
+    announce_maddrs: Optional[tuple[str, ...]] = None
+    identity_path: Optional[str] = None
+    key_path: Optional[str] = None
+    use_relay: Optional[bool] = None
+    use_auto_relay: Optional[bool] = None
+    client_mode: Optional[bool] = None
+    timing: Timing = Timing()
+    models: dict[str, ModelSettings] = {}
+
+    @classmethod
+    def load(cls, path: Optional[str]) -> "SwarmFile":
+        """Parse and validate a swarm file (``.json``, else TOML); an empty file for ``None``."""
+        if not path:
+            return cls()
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except OSError as e:
+            raise ConfigError(f"cannot read swarm config {path}: {e}") from e
+        try:
+            raw = json.loads(data) if str(path).endswith(".json") else tomllib.loads(data.decode())
+        except (ValueError, tomllib.TOMLDecodeError) as e:
+            raise ConfigError(f"{path}: {e}") from e
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{path}: expected a table at top level")
+        try:
+            return msgspec.convert(raw, cls)
+        except msgspec.ValidationError as e:
+            raise ConfigError(f"{path}: {e}") from e
+
+    def dht_values(self) -> dict[str, Any]:
+        """The :class:`DHTConfig` fields this file sets (its top level and ``[timing]``)."""
+        out = self.values()
+        for table in ("timing", "models"):
+            out.pop(table, None)
+        return {**out, **self.timing.values()}
+
+    def model_settings(self, model: str) -> ModelSettings:
+        """The ``[models."<model>"]`` table (empty if absent)."""
+        return self.models.get(model, ModelSettings())
+
+    def to_json(self) -> bytes:
+        """JSON text of the fields this file sets (what :meth:`load` reads back)."""
+        return msgspec.json.encode({**self.values(), "timing": self.timing.values(),
+                                    "models": {m: s.values() for m, s in self.models.items()}})
+
+
+def merge(file: Mapping[str, Any], flags: Mapping[str, Any]) -> dict[str, Any]:
+    """Config values from a swarm file overlaid by flags: every flag that was given wins.
+
+    "Given" means not ``None``: a flag set to 0, ``False`` or an empty list overrides the file.
+    A key neither sets is absent, so the role's config dataclass supplies its default.
+    """
+    out = {k: v for k, v in file.items() if v is not None}
+    out.update({k: v for k, v in flags.items() if v is not None})
+    return out

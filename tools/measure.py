@@ -24,62 +24,70 @@ def _pct(xs: list[float]) -> dict:
     return {"median_ms": round(statistics.median(xs) * 1e3, 3), "p90_ms": round(xs[int(0.9 * (len(xs) - 1))] * 1e3, 3), "n": len(xs)}
 
 
-def measure_dht(nodes: int, rounds: int) -> dict:
-    """Start ``nodes`` loopback DHT nodes and time the record operations."""
-    from hivemind.utils.crypto import RSAPrivateKey
-
-    from p2pserve.coordinator.service import CoordinatorConfig, Snapshot, make_plan
-    from p2pserve.dht.config import DHTConfig
-    from p2pserve.dht.records import PeerInfo, decode_record, encode_record
+def _start_swarms(nodes: int) -> tuple[list, list[float]]:
+    """``nodes`` loopback swarm nodes, the later ones joining the first; and their start times."""
+    from p2pserve.config import DHTConfig
     from p2pserve.dht.swarm import Swarm
 
-    out: dict = {}
     starts, swarms = [], []
-    for i in range(nodes):
+    for _ in range(nodes):
         cfg = DHTConfig(model="bench", host_maddrs=("/ip4/127.0.0.1/tcp/0",),
                         initial_peers=tuple(swarms[0].visible_maddrs()) if swarms else ())
         t = time.perf_counter()
         swarms.append(Swarm.create(cfg))
         starts.append(time.perf_counter() - t)
-    out["dht_node_start"] = _pct(starts)
+    return swarms, starts
 
-    def info(sw, j):
-        return PeerInfo(model="bench", peer_id=sw.peer_id, max_layers=32, throughput_decode=[1000.0 / k for k in range(1, 33)],
-                        throughput_prefill=[8000.0 / k for k in range(1, 33)], serving=(0, 16), state="serving",
-                        addrs=sw.visible_maddrs(), device="NVIDIA H100", timestamp=time.time() + j * 1e-3)
 
-    async def go():
-        stores, reads = [], []
-        for j in range(rounds):
-            for sw in swarms[1:]:
-                t = time.perf_counter()
-                await sw.announce_peer(info(sw, j))
-                stores.append(time.perf_counter() - t)
+def _bench_info(sw, j: int):
+    """A serving peer's PeerInfo with a 32-layer throughput table (the j-th refresh)."""
+    from p2pserve.dht.records import PeerInfo
+
+    return PeerInfo(model="bench", peer_id=sw.peer_id, max_layers=32, throughput_decode=[1000.0 / k for k in range(1, 33)],
+                    throughput_prefill=[8000.0 / k for k in range(1, 33)], serving=(0, 16), state="serving",
+                    addrs=sw.visible_maddrs(), device="NVIDIA H100", timestamp=time.time() + j * 1e-3)
+
+
+async def _time_records(swarms: list, rounds: int) -> tuple[list[float], list[float]]:
+    """Signed store latency of every node but the first, and the first's validated read of them all."""
+    stores, reads = [], []
+    for j in range(rounds):
+        for sw in swarms[1:]:
             t = time.perf_counter()
-            got = await swarms[0].get_peers()
-            reads.append(time.perf_counter() - t)
-            assert len(got) == nodes - 1, got.keys()
-        return stores, reads
+            await sw.announce_peer(_bench_info(sw, j))
+            stores.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        got = await swarms[0].get_peers()
+        reads.append(time.perf_counter() - t)
+        assert len(got) == len(swarms) - 1, got.keys()
+    return stores, reads
 
-    try:
-        stores, reads = asyncio.run(go())
-        out["announce_peer_signed_store"] = _pct(stores)
-        out[f"get_peers_{nodes - 1}_records_validated"] = _pct(reads)
-        out["peerinfo_bytes_32_layers"] = len(encode_record(info(swarms[0], 0)))
-    finally:
-        for sw in swarms:
-            sw.shutdown()
-    key = RSAPrivateKey()
+
+def _rsa_costs() -> dict:
+    """RSA-2048 sign and verify cost of a 1 KB record."""
+    from p2pserve.dht.signing import load_or_create_key
+
+    key = load_or_create_key(None)
     pub = key.get_public_key()
     data = b"x" * 1000
     t = time.perf_counter()
     sigs = [key.sign(data) for _ in range(50)]
-    out["rsa2048_sign_ms"] = round((time.perf_counter() - t) / 50 * 1e3, 3)
+    out = {"rsa2048_sign_ms": round((time.perf_counter() - t) / 50 * 1e3, 3)}
     t = time.perf_counter()
     for s in sigs:
         pub.verify(data, s)
     out["rsa2048_verify_ms"] = round((time.perf_counter() - t) / 50 * 1e3, 3)
-    # decode + validate cost and plan size for a 64-peer swarm
+    return out
+
+
+def _record_costs() -> dict:
+    """PeerInfo decode + validate cost, and make_plan time and size for a 64-peer swarm."""
+    from p2pserve.config import CoordinatorConfig
+    from p2pserve.coordinator.plan_record import make_plan
+    from p2pserve.coordinator.snapshot import Snapshot
+    from p2pserve.coordinator.trigger import Reason, Trigger
+    from p2pserve.dht.records import PeerInfo, decode_record, encode_record
+
     peers = {f"peer{i:02d}": PeerInfo(model="bench", peer_id=f"peer{i:02d}", max_layers=16,
                                       throughput_decode=[1000.0 / k for k in range(1, 17)],
                                       serving=((i % 4) * 8, (i % 4) * 8 + 8), state="serving") for i in range(64)}
@@ -87,22 +95,39 @@ def measure_dht(nodes: int, rounds: int) -> dict:
     t = time.perf_counter()
     for _ in range(1000):
         decode_record(blob, PeerInfo)
-    out["peerinfo_decode_validate_us"] = round((time.perf_counter() - t) / 1000 * 1e6, 2)
+    out = {"peerinfo_decode_validate_us": round((time.perf_counter() - t) / 1000 * 1e6, 2)}
     t = time.perf_counter()
     plan = make_plan(Snapshot(peers, {}), {}, epoch=1, leader_id="c", model="bench",
-                     cfg=CoordinatorConfig(num_layers=32), reason="bench", now=time.time())
+                     cfg=CoordinatorConfig(num_layers=32), reason=Reason(Trigger.INITIAL, "bench"), now=time.time())
     out["plan_64_peers_make_ms"] = round((time.perf_counter() - t) * 1e3, 2)
     out["plan_64_peers_bytes"] = len(encode_record(plan))
     return out
 
 
+def measure_dht(nodes: int, rounds: int) -> dict:
+    """Start ``nodes`` loopback DHT nodes and time the record operations."""
+    from p2pserve.dht.records import encode_record
+
+    swarms, starts = _start_swarms(nodes)
+    out: dict = {"dht_node_start": _pct(starts)}
+    try:
+        stores, reads = asyncio.run(_time_records(swarms, rounds))
+        out["announce_peer_signed_store"] = _pct(stores)
+        out[f"get_peers_{nodes - 1}_records_validated"] = _pct(reads)
+        out["peerinfo_bytes_32_layers"] = len(encode_record(_bench_info(swarms[0], 0)))
+    finally:
+        for sw in swarms:
+            sw.shutdown()
+    return {**out, **_rsa_costs(), **_record_costs()}
+
+
 def measure_probe(target: str, rounds: int, max_bytes: int) -> dict:
     """Probe the peer at multiaddr ``target`` ``rounds`` times."""
-    import hivemind
+    from p2pserve.config import ProberConfig
+    from p2pserve.dht.node import start_dht
+    from p2pserve.dht.prober import LinkProber
 
-    from p2pserve.dht.prober import LinkProber, ProberConfig
-
-    dht = hivemind.DHT(start=True, host_maddrs=["/ip4/0.0.0.0/tcp/0"], initial_peers=[target])
+    dht = start_dht(host_maddrs=["/ip4/0.0.0.0/tcp/0"], initial_peers=[target])
     pid = target.rsplit("/p2p/", 1)[1]
 
     async def go():
@@ -124,11 +149,10 @@ def measure_probe(target: str, rounds: int, max_bytes: int) -> dict:
 
 def serve_probe(host: str) -> int:
     """Run a DHT node with the probe handler until killed; prints its multiaddrs."""
-    import hivemind
-
+    from p2pserve.dht.node import start_dht
     from p2pserve.dht.prober import LinkProber
 
-    dht = hivemind.DHT(start=True, host_maddrs=[host])
+    dht = start_dht(host_maddrs=[host], initial_peers=[])
 
     async def go():
         prober = LinkProber(await dht.replicate_p2p())

@@ -1,8 +1,9 @@
-"""Command-line flags and swarm config files shared by bootstrap / coordinator / status / peer.
+"""Command-line flags and the swarm file, shared by bootstrap / coordinator / status / peer.
 
-A swarm config file (TOML or JSON, see ``bootstrap/swarm.toml``) holds what every member of a
-swarm must agree on: swarm id, initial peers, trusted coordinator keys, and per model its layer
-count and activation size. Flags override the file.
+A swarm file (:class:`p2pserve.config.SwarmFile`, see ``bootstrap/swarm.toml``) holds what every
+member of a swarm must agree on. Each command turns its flags and the file into its role's config
+with :func:`p2pserve.config.merge`: a flag that was given wins, even 0 or empty, so every flag
+here defaults to ``None`` ("not given").
 """
 
 from __future__ import annotations
@@ -11,61 +12,35 @@ import argparse
 import json
 import logging
 import os
-import tomllib
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
-from p2pserve.dht.config import DHTConfig
+import msgspec
+
+from p2pserve.config import DHTConfig, ModelSettings, SwarmFile, Timing, merge
 from p2pserve.errors import ConfigError
 
-
-def load_swarm_file(path: Optional[str]) -> dict[str, Any]:
-    """Parse a swarm config file (``.toml`` or ``.json``); ``{}`` when ``path`` is None."""
-    if not path:
-        return {}
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError as e:
-        raise ConfigError(f"cannot read swarm config {path}: {e}") from e
-    try:
-        if path.endswith(".json"):
-            cfg = json.loads(data)
-        else:
-            cfg = tomllib.loads(data.decode())
-    except (ValueError, tomllib.TOMLDecodeError) as e:
-        raise ConfigError(f"{path}: {e}") from e
-    if not isinstance(cfg, dict):
-        raise ConfigError(f"{path}: expected a table at top level")
-    return cfg
-
-
-def write_local_swarm_file(path, spec, boot: list[str], swarm_id: str, host_maddr: str,
-                           timing: dict[str, float], solve_time_limit: float,
-                           trusted_coordinators: tuple[str, ...] = ()) -> None:
-    """Write the JSON swarm file of a swarm started on one machine (demo, tests, benchmarks):
-    its id, model, bootstrap addresses, listen address, refresh periods, the coordinator keys
-    whose plans members follow (none: an open swarm), and the planner's settings for ``spec``
-    (a ``ModelSpec``)."""
-    cfg = {
-        "swarm_id": swarm_id, "model": spec.model_id, "initial_peers": list(boot), "host_maddrs": [host_maddr],
-        "trusted_coordinators": list(trusted_coordinators), "timing": dict(timing),
-        "models": {spec.model_id: {"num_layers": spec.num_layers, "activation_bytes": spec.activation_bytes_per_token,
-                                   "solve_time_limit": solve_time_limit}},
-    }
-    with open(path, "w") as f:
-        json.dump(cfg, f)
-
-
-def model_settings(file_cfg: dict, model: str) -> dict[str, Any]:
-    """The ``[models."<model>"]`` table of a swarm file (``{}`` if absent)."""
-    models = file_cfg.get("models", {})
-    if not isinstance(models, dict):
-        raise ConfigError("'models' must be a table of tables")
-    return dict(models.get(model, {}))
+# DHTConfig field -> the argparse ``dest`` of its flag (registered by add_dht_arguments)
+_DHT_FLAGS = {
+    "swarm_id": "swarm_id",
+    "initial_peers": "initial_peers",
+    "trusted_coordinators": "trusted_coordinator",
+    "host_maddrs": "host_maddrs",
+    "announce_maddrs": "announce_maddrs",
+    "identity_path": "identity_path",
+    "key_path": "key_path",
+    "use_relay": "use_relay",
+    "use_auto_relay": "use_auto_relay",
+    "client_mode": "client_mode",
+    "peer_refresh": "peer_refresh",
+    "link_refresh": "link_refresh",
+    "candidate_refresh": "candidate_refresh",
+    "plan_refresh": "plan_refresh",
+    "max_clock_skew": "max_clock_skew",
+}
 
 
 def add_dht_arguments(parser: argparse.ArgumentParser, *, need_model: bool = True) -> None:
-    """Flags every DHT-using command accepts."""
+    """Flags every DHT-using command accepts (all default to None: "not given")."""
     g = parser.add_argument_group("swarm")
     g.add_argument("--config", help="swarm config file (.toml or .json): initial peers, trusted coordinators, models")
     if need_model:
@@ -78,9 +53,9 @@ def add_dht_arguments(parser: argparse.ArgumentParser, *, need_model: bool = Tru
     g.add_argument("--key-path", default=None, help="RSA key (DER) signing this node's records; created if missing")
     g.add_argument("--trusted-coordinator", action="append", default=None, metavar="PUBKEY",
                    help="OpenSSH public key of a coordinator whose plans to follow (repeatable)")
-    g.add_argument("--use-auto-relay", action="store_true", help="behind NAT: find a relay to be reachable through")
-    g.add_argument("--no-relay", action="store_true", help="disable libp2p circuit relay")
-    g.add_argument("--client-mode", action="store_true", help="outgoing connections only (stores nothing for others)")
+    g.add_argument("--use-auto-relay", action="store_true", default=None, help="behind NAT: find a relay to be reachable through")
+    g.add_argument("--no-relay", dest="use_relay", action="store_false", default=None, help="disable libp2p circuit relay")
+    g.add_argument("--client-mode", action="store_true", default=None, help="outgoing connections only (stores nothing for others)")
     t = parser.add_argument_group("timing (seconds; shorten in tests)")
     t.add_argument("--peer-refresh", type=float, default=None)
     t.add_argument("--link-refresh", type=float, default=None)
@@ -98,41 +73,78 @@ def setup_logging(level: str) -> None:
     )
 
 
-def swarm_membership(args: argparse.Namespace, f: dict[str, Any]) -> dict[str, Any]:
-    """Which swarm a member joins: its id, bootstrap addresses and trusted coordinator keys,
-    each from its flag if given, else from the swarm file ``f``. Every role, clients included,
-    resolves these the same way."""
-    peers = args.initial_peers if args.initial_peers is not None else f.get("initial_peers", [])
-    trusted = args.trusted_coordinator if args.trusted_coordinator is not None else f.get("trusted_coordinators", [])
-    return {"swarm_id": args.swarm_id or f.get("swarm_id", "p2pserve"), "initial_peers": tuple(peers),
-            "trusted_coordinators": tuple(trusted)}
+def dht_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """The DHTConfig fields as given on the command line (None: not given; lists as tuples).
+
+    Flags a command does not register read as not given, so partial parsers work too.
+    """
+    out = {}
+    for name, dest in _DHT_FLAGS.items():
+        v = getattr(args, dest, None)
+        out[name] = tuple(v) if isinstance(v, list) else v
+    return out
 
 
-def dht_config_from_args(args: argparse.Namespace, *, model: Optional[str] = None) -> tuple[DHTConfig, dict]:
-    """Merge the swarm file and flags into a DHTConfig; also returns the parsed file."""
-    f = load_swarm_file(getattr(args, "config", None))
-    model = model or getattr(args, "model", None) or f.get("model")
-    if not model:
+def dht_config(args: argparse.Namespace, file: SwarmFile, *, model_flag: Optional[str] = "model",
+               default_model: Optional[str] = None) -> DHTConfig:
+    """The DHTConfig of a command: ``default_model`` < the swarm file < the flags given.
+
+    ``model_flag`` names the flag holding the swarm's model name (``swarm_model`` for a peer,
+    whose ``--model`` is a checkpoint), or None if the command has none.
+    """
+    flags = dht_flags(args)
+    flags["model"] = getattr(args, model_flag, None) if model_flag else None
+    kw = merge(merge({"model": default_model}, file.dht_values()), flags)
+    if not kw.get("model"):
         raise ConfigError("no model: pass --model or set 'model' in the swarm config")
-    kw: dict[str, Any] = {"model": model, **swarm_membership(args, f)}
-    if args.host_maddrs is not None or "host_maddrs" in f:
-        kw["host_maddrs"] = tuple(args.host_maddrs if args.host_maddrs is not None else f["host_maddrs"])
-    if args.announce_maddrs is not None or "announce_maddrs" in f:
-        kw["announce_maddrs"] = tuple(args.announce_maddrs if args.announce_maddrs is not None else f["announce_maddrs"])
-    kw["identity_path"] = args.identity_path or f.get("identity_path")
-    kw["key_path"] = args.key_path or f.get("key_path")
-    kw["use_auto_relay"] = bool(args.use_auto_relay or f.get("use_auto_relay", False))
-    kw["use_relay"] = not (args.no_relay or f.get("use_relay", True) is False)
-    kw["client_mode"] = bool(args.client_mode or f.get("client_mode", False))
-    timing = f.get("timing", {})
-    for name in ("peer_refresh", "link_refresh", "candidate_refresh", "plan_refresh", "max_clock_skew",
-                 "handover_max_wait"):
-        v = getattr(args, name, None)
-        if v is None:
-            v = timing.get(name)
-        if v is not None:
-            kw[name] = float(v)
     for p in ("identity_path", "key_path"):
-        if kw[p]:
+        if kw.get(p):
             kw[p] = os.path.expanduser(kw[p])
-    return DHTConfig(**kw), f
+    return DHTConfig(**kw)
+
+
+def dht_config_from_args(args: argparse.Namespace) -> tuple[DHTConfig, SwarmFile]:
+    """Load ``--config`` and build the DHTConfig of a command with ``--model``; also returns the
+    loaded swarm file."""
+    file = SwarmFile.load(getattr(args, "config", None))
+    return dht_config(args, file), file
+
+
+# ------------------------------------------------------------------ compat: untyped swarm file
+
+
+def load_swarm_file(path: Optional[str]) -> dict[str, Any]:
+    """The validated swarm file as a plain dict (``{}``-like for None).
+
+    Kept for the client commands; new code uses :meth:`SwarmFile.load` and :func:`dht_config`.
+    """
+    return json.loads(SwarmFile.load(path).to_json())
+
+
+def swarm_membership(args: argparse.Namespace, f: SwarmFile | Mapping[str, Any]) -> dict[str, Any]:
+    """Which swarm a member joins: its id, bootstrap addresses and trusted coordinator keys,
+    each from its flag if given (even empty), else from the swarm file ``f``.
+
+    Kept for the client commands; the same merge is :func:`dht_config`'s.
+    """
+    file = f if isinstance(f, SwarmFile) else msgspec.convert(dict(f), SwarmFile)
+    m = merge(file.dht_values(), dht_flags(args))
+    return {"swarm_id": m.get("swarm_id", DHTConfig.swarm_id), "initial_peers": tuple(m.get("initial_peers", ())),
+            "trusted_coordinators": tuple(m.get("trusted_coordinators", ()))}
+
+
+def write_local_swarm_file(path, spec, boot: list[str], swarm_id: str, host_maddr: str,
+                           timing: dict[str, float], solve_time_limit: float,
+                           trusted_coordinators: tuple[str, ...] = ()) -> None:
+    """Write the JSON swarm file of a swarm started on one machine (demo, tests, benchmarks):
+    its id, model, bootstrap addresses, listen address, refresh periods, the coordinator keys
+    whose plans members follow (none: an open swarm), and the planner's settings for ``spec``
+    (a ``ModelSpec``)."""
+    file = SwarmFile(
+        swarm_id=swarm_id, model=spec.model_id, initial_peers=tuple(boot), host_maddrs=(host_maddr,),
+        trusted_coordinators=tuple(trusted_coordinators), timing=msgspec.convert(dict(timing), Timing),
+        models={spec.model_id: ModelSettings(num_layers=spec.num_layers, activation_bytes=spec.activation_bytes_per_token,
+                                             solve_time_limit=solve_time_limit)},
+    )
+    with open(path, "wb") as f:
+        f.write(file.to_json())

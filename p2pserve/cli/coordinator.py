@@ -11,17 +11,23 @@ import asyncio
 import logging
 import signal
 
-from p2pserve.cli.common import add_dht_arguments, dht_config_from_args, model_settings, setup_logging
+from p2pserve.cli.common import add_dht_arguments, dht_config, setup_logging
+from p2pserve.config import CoordinatorConfig, SwarmFile, merge
+from p2pserve.errors import ConfigError
 
 logger = logging.getLogger("p2pserve.coordinator")
 
+# CoordinatorConfig fields that have a flag of the same name (and may be set per model in the file)
+_FLAGS = ("num_layers", "activation_bytes", "replan_period", "link_change_threshold", "objective",
+          "solve_time_limit", "priority", "coordinator_id")
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Flags of ``p2pserve coordinator``."""
+    """Flags of ``p2pserve coordinator`` (None: not given, the file or the default applies)."""
     add_dht_arguments(parser)
     c = parser.add_argument_group("coordinator")
-    c.add_argument("--priority", type=int, default=0, help="election priority (higher leads)")
-    c.add_argument("--coordinator-id", default="", help="election id (default: libp2p peer id)")
+    c.add_argument("--priority", type=int, default=None, help="election priority (higher leads; default 0)")
+    c.add_argument("--coordinator-id", default=None, help="election id (default: libp2p peer id)")
     c.add_argument("--num-layers", type=int, default=None, help="model layers (default from the swarm file)")
     c.add_argument("--activation-bytes", type=int, default=None, help="bytes per token of hidden state")
     c.add_argument("--replan-period", type=float, default=None, help="re-plan at least this often (s)")
@@ -31,39 +37,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     c.add_argument("--print-public-key", action="store_true", help="print this coordinator's public key and exit")
 
 
+def coordinator_config(args: argparse.Namespace, file: SwarmFile, model: str) -> CoordinatorConfig:
+    """The file's ``[models."<model>"]`` settings, overridden by every flag given."""
+    kw = merge(file.model_settings(model).values(), {name: getattr(args, name, None) for name in _FLAGS})
+    if "num_layers" not in kw:
+        raise ConfigError(f"number of layers of {model} unknown: pass --num-layers or set [models.\"{model}\"] num_layers")
+    return CoordinatorConfig(**kw)
+
+
+def _print_public_key(key_path: str | None) -> int:
+    from p2pserve.dht.signing import load_or_create_key, public_key_text
+
+    if not key_path:
+        print("--print-public-key needs --key-path (an ephemeral key cannot be trusted)")
+        return 2
+    print(public_key_text(load_or_create_key(key_path)))
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     """Entry point; returns the exit code."""
     setup_logging(args.log_level)
     if args.print_public_key:
-        from p2pserve.dht.signing import load_or_create_key, public_key_text
-
-        if not args.key_path:
-            print("--print-public-key needs --key-path (an ephemeral key cannot be trusted)")
-            return 2
-        print(public_key_text(load_or_create_key(args.key_path)))
-        return 0
-    from p2pserve.coordinator.service import CoordinatorConfig, CoordinatorService
+        return _print_public_key(args.key_path)
+    from p2pserve.coordinator.service import CoordinatorService
     from p2pserve.dht.swarm import Swarm
-    from p2pserve.errors import ConfigError
 
     try:
-        dcfg, file_cfg = dht_config_from_args(args)
-        ms = model_settings(file_cfg, dcfg.model)
-        num_layers = args.num_layers or ms.get("num_layers")
-        if not num_layers:
-            raise ConfigError(f"number of layers of {dcfg.model} unknown: pass --num-layers or set [models.\"{dcfg.model}\"] num_layers")
-        kw = dict(num_layers=int(num_layers), priority=args.priority, coordinator_id=args.coordinator_id)
-        if args.activation_bytes or ms.get("activation_bytes"):
-            kw["activation_bytes"] = int(args.activation_bytes or ms["activation_bytes"])
-        if args.replan_period or ms.get("replan_period"):
-            kw["replan_period"] = float(args.replan_period or ms["replan_period"])
-        if args.objective or ms.get("objective"):
-            kw["objective"] = args.objective or ms["objective"]
-        if args.solve_time_limit or ms.get("solve_time_limit"):
-            kw["solve_time_limit"] = float(args.solve_time_limit or ms["solve_time_limit"])
-        if args.link_change_threshold:
-            kw["link_change_threshold"] = args.link_change_threshold
-        ccfg = CoordinatorConfig(**kw)
+        file = SwarmFile.load(args.config)
+        dcfg = dht_config(args, file)
+        ccfg = coordinator_config(args, file, dcfg.model)
     except ConfigError as e:
         print(f"error: {e}")
         return 2

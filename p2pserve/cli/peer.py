@@ -101,7 +101,8 @@ def config_from_args(args: argparse.Namespace) -> PeerConfig:
 
 async def serve(config: PeerConfig, args: argparse.Namespace) -> None:
     """Start DHT node and peer (and the control-plane agent), print the ready line, serve until signalled."""
-    from p2pserve.cli.common import dht_config_from_args, load_swarm_file
+    from p2pserve.cli.common import dht_config
+    from p2pserve.config import SwarmFile
     from p2pserve.dht.swarm import Swarm
     from p2pserve.model.default import resolve_model
     from p2pserve.model.spec import load_spec
@@ -110,9 +111,8 @@ async def serve(config: PeerConfig, args: argparse.Namespace) -> None:
     spec = load_spec(resolve_model(config.model), dtype=config.dtype)  # fail fast on a bad model
     # The model's name in DHT keys: --swarm-model, else the swarm file's model, else the
     # checkpoint's own id. (Sessions still check the checkpoint id itself when they open.)
-    swarm_model = config.swarm_model or load_swarm_file(args.config).get("model") or spec.model_id
-    dht_config, _ = dht_config_from_args(args, model=swarm_model)
-    swarm = Swarm.create(dht_config)  # forks the DHT process before weights are loaded
+    dcfg = dht_config(args, SwarmFile.load(args.config), model_flag="swarm_model", default_model=spec.model_id)
+    swarm = Swarm.create(dcfg)  # forks the DHT process before weights are loaded
     agent = None
     try:
         peer = await Peer.create(config, swarm.dht)
@@ -134,7 +134,8 @@ async def serve(config: PeerConfig, args: argparse.Namespace) -> None:
 
 
 async def _start_agent(peer, swarm, config: PeerConfig):
-    from p2pserve.dht.prober import LinkProber, ProberConfig
+    from p2pserve.config import ProberConfig
+    from p2pserve.dht.prober import LinkProber
     from p2pserve.peer.agent import SwarmAgent
     from p2pserve.peer.profiler import load_or_measure
 

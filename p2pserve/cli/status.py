@@ -17,6 +17,7 @@ import sys
 from typing import Any, Optional
 
 from p2pserve.cli.common import add_dht_arguments, dht_config_from_args, setup_logging
+from p2pserve.clock import wall
 from p2pserve.dht.election import SignedPlan, elect_leader
 from p2pserve.dht.records import CoordinatorCandidate, LinkInfo, PeerInfo
 
@@ -135,8 +136,6 @@ def format_status(d: dict[str, Any]) -> str:
 def run(args: argparse.Namespace) -> int:
     """Read the swarm once and print it."""
     setup_logging("WARNING" if args.log_level == "INFO" else args.log_level)
-    from hivemind.utils import get_dht_time
-
     from p2pserve.dht.swarm import Swarm
 
     dcfg, _ = dht_config_from_args(args)
@@ -159,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
             return got
 
         peers, links, cands, plan = asyncio.run(read_settled())
-        d = collect_status(peers, links, cands, plan, get_dht_time())
+        d = collect_status(peers, links, cands, plan, wall())
     finally:
         swarm.shutdown()
     if args.json:

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from typing import Awaitable, Callable, Optional
 
+from p2pserve import clock as clocks
+from p2pserve.clock import Clock
 from p2pserve.dht.records import LinkInfo, PeerInfo
+from p2pserve.dht.view import SwarmView
 
 logger = logging.getLogger(__name__)
 
@@ -26,19 +28,19 @@ def next_due(last: Optional[float], period: float, now: float) -> float:
 class Announcer:
     """Keeps this node's PeerInfo (and, if given, LinkInfo) alive in the DHT.
 
-    ``swarm`` is a :class:`p2pserve.dht.swarm.Swarm` (or anything with ``announce_peer``,
-    ``announce_links`` and ``withdraw_all``); ``clock``/``sleep`` are injectable for tests.
+    ``swarm`` is any :class:`~p2pserve.dht.view.SwarmView`; ``clock``/``sleep`` are injectable
+    for tests.
     """
 
     def __init__(
         self,
-        swarm,
+        swarm: SwarmView,
         peer_info: Callable[[], PeerInfo],
         link_info: Optional[Callable[[], Optional[LinkInfo]]] = None,
         *,
         peer_period: Optional[float] = None,
         link_period: Optional[float] = None,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Clock = clocks.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ):
         self.swarm = swarm

@@ -39,13 +39,13 @@ import asyncio
 import logging
 import math
 import time
-from dataclasses import dataclass
 from typing import Callable, Iterable, Optional
 
 import msgspec
 from hivemind.p2p import P2P, PeerID
 from hivemind.utils.multiaddr import Multiaddr
 
+from p2pserve.config import ProberConfig
 from p2pserve.dht.records import LinkInfo, LinkStat
 from p2pserve.errors import MalformedFrameError, PayloadTooLargeError, ProtocolError
 
@@ -55,23 +55,6 @@ PROTOCOL = "p2pserve.probe"
 PROBE_VERSION = 1
 _MAX_HEADER = 1024
 _CHUNK = 1 << 16
-
-
-@dataclass(frozen=True)
-class ProberConfig:
-    """Sizes, targets and limits of link probing."""
-
-    min_probe_bytes: int = 64 << 10
-    max_probe_bytes: int = 64 << 20
-    target_transfer_s: float = 0.1
-    pings: int = 3
-    repeats: int = 3  # transfers at the final size; the fastest counts (disturbances only slow a transfer)
-    min_interval_s: float = 60.0  # per target
-    server_bytes_per_s: float = 200e6  # average probe bytes accepted per second
-    server_burst_bytes: int = 160 << 20
-    max_concurrent: int = 1
-    timeout_s: float = 10.0
-    keep_rounds: int = 3  # a link reads as the best of its last rounds (a busy host only under-reads)
 
 
 def next_probe_size(n: int, elapsed: float, cfg: ProberConfig, rtt: float = 0.0) -> Optional[int]:
@@ -145,7 +128,8 @@ async def _read_frame(reader: asyncio.StreamReader) -> dict:
 
 
 class LinkProber:
-    """Serves ``p2pserve.probe`` on a P2P handle and measures links to other peers."""
+    """Serves ``p2pserve.probe`` on a P2P handle and measures links to other peers (the hivemind
+    implementation of :class:`~p2pserve.dht.view.LinkProbes`)."""
 
     def __init__(self, p2p: P2P, config: ProberConfig = ProberConfig(), *, clock: Callable[[], float] = time.perf_counter):
         self.p2p = p2p

@@ -18,6 +18,7 @@ from typing import Literal, Optional, TypeVar, Union
 import msgspec
 
 from p2pserve.errors import MalformedFrameError, RecordRejected
+from p2pserve.types import SINK, SOURCE, LayerRange
 
 SCHEMA_VERSION = 1
 
@@ -38,21 +39,6 @@ MAX_FLOWS = 1 << 17
 
 PeerState = Literal["joining", "loading", "serving", "draining"]
 PEER_STATES: tuple[str, ...] = ("joining", "loading", "serving", "draining")
-# A pseudo-node name used in Plan.flows for the clients' side of the graph.
-SOURCE = "source"
-SINK = "sink"
-
-LayerSpan = tuple[int, int]
-
-
-
-def ttl_for(refresh_period: float, max_clock_skew: float) -> float:
-    """Lifetime of a record refreshed every ``refresh_period`` seconds.
-
-    Two periods so that one late refresh does not make a live record vanish, and never less
-    than the tolerated clock skew between nodes, since expirations are absolute DHT times.
-    """
-    return max(2.0 * refresh_period, max_clock_skew)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -74,7 +60,7 @@ def _str(name: str, s: str, *, allow_empty: bool = False) -> None:
         raise RecordRejected(f"{name} must be 1-{MAX_STR} characters, got {len(s)}")
 
 
-def check_span(name: str, span: Optional[LayerSpan], num_layers: Optional[int] = None) -> None:
+def check_span(name: str, span: Optional[LayerRange], num_layers: Optional[int] = None) -> None:
     """Reject a half-open layer range that is empty, reversed or out of bounds."""
     if span is None:
         return
@@ -106,8 +92,8 @@ class PeerInfo(msgspec.Struct, kw_only=True, frozen=True):
     throughput_decode: list[float] = []
     throughput_prefill: list[float] = []
     max_layers: int = 0
-    serving: Optional[LayerSpan] = None
-    loading: Optional[LayerSpan] = None
+    serving: Optional[LayerRange] = None
+    loading: Optional[LayerRange] = None
     loaded: bool = False  # ``loading`` is in memory; the peer flips once its dropped layers are covered
     state: PeerState = "joining"
     kv_free_tokens: int = 0
@@ -232,8 +218,8 @@ class Plan(msgspec.Struct, kw_only=True, frozen=True):
     epoch: int
     leader_id: str
     num_layers: int
-    targets: dict[str, LayerSpan] = {}
-    spans: dict[str, LayerSpan] = {}
+    targets: dict[str, LayerRange] = {}
+    spans: dict[str, LayerRange] = {}
     flows: list[Flow] = []
     max_flow: float = 0.0
     upper_bound: float = 0.0

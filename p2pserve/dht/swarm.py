@@ -17,16 +17,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
-from dataclasses import dataclass
-from typing import Callable, Generic, Optional, TypeVar
+from typing import Optional
 
 import hivemind
-from hivemind.utils import get_dht_time
 
+from p2pserve import clock as clocks
+from p2pserve.clock import Clock
+from p2pserve.config import DHTConfig
 from p2pserve.dht import keys
-from p2pserve.dht.config import DHTConfig
 from p2pserve.dht.election import SignedPlan, choose_plan
+from p2pserve.dht.node import start_dht
 from p2pserve.dht.records import (
     CoordinatorCandidate,
     LinkInfo,
@@ -37,7 +37,6 @@ from p2pserve.dht.records import (
     encode_record,
 )
 from p2pserve.dht.signing import (
-    LoggingSignatureValidator,
     is_trusted,
     load_or_create_key,
     normalize_public_key,
@@ -46,27 +45,18 @@ from p2pserve.dht.signing import (
     public_key_text,
     trusted_set,
 )
+from p2pserve.dht.view import Signed
 from p2pserve.errors import ConfigError, MalformedFrameError
 
 logger = logging.getLogger(__name__)
 
-R = TypeVar("R")
 TOMBSTONE = b""  # what withdraw() stores: an empty value, ignored by readers
-
-
-@dataclass(frozen=True)
-class Signed(Generic[R]):
-    """A validated record, the public key that signed it and its DHT expiration time."""
-
-    record: R
-    signer: str
-    expiration: float
 
 
 class RejectLog:
     """Logs each (signer, reason) rejection at most once per ``interval`` seconds."""
 
-    def __init__(self, interval: float, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, interval: float, clock: Clock = clocks.monotonic):
         self._interval = interval
         self._clock = clock
         self._last: dict[tuple[str, str], float] = {}
@@ -86,9 +76,11 @@ class RejectLog:
 
 
 class Swarm:
-    """One node's handle on the records of one model in one swarm.
+    """One node's handle on the records of one model in one swarm: the hivemind implementation
+    of :class:`~p2pserve.dht.view.SwarmView`.
 
     ``__init__`` does no I/O; use :meth:`create` to start a DHT node, or pass an existing one.
+    ``clock`` is DHT time (:func:`p2pserve.clock.wall`): record timestamps and expirations.
     """
 
     def __init__(
@@ -97,7 +89,7 @@ class Swarm:
         dht: hivemind.DHT,
         private_key,
         *,
-        clock: Callable[[], float] = get_dht_time,
+        clock: Clock = clocks.wall,
     ):
         self.config = config
         self.dht = dht
@@ -118,24 +110,14 @@ class Swarm:
 
     @staticmethod
     def start_dht(config: DHTConfig, private_key) -> hivemind.DHT:
-        """Start a hivemind DHT node with our signature validator (blocks ~1-3 s)."""
-        kwargs = dict(
-            initial_peers=list(config.initial_peers),
-            start=True,
-            record_validators=[LoggingSignatureValidator(private_key)],
-            host_maddrs=list(config.host_maddrs),
-            use_relay=config.use_relay,
-            use_auto_relay=config.use_auto_relay,
-            client_mode=config.client_mode,
-        )
-        if config.announce_maddrs:
-            kwargs["announce_maddrs"] = list(config.announce_maddrs)
-        if config.identity_path:
-            kwargs["identity_path"] = config.identity_path
-        return hivemind.DHT(**kwargs)
+        """Start a hivemind DHT node for ``config`` with our signature validator (blocks ~1-3 s)."""
+        return start_dht(initial_peers=config.initial_peers, host_maddrs=config.host_maddrs, private_key=private_key,
+                         announce_maddrs=config.announce_maddrs, identity_path=config.identity_path,
+                         use_relay=config.use_relay, use_auto_relay=config.use_auto_relay,
+                         client_mode=config.client_mode)
 
     @classmethod
-    def create(cls, config: DHTConfig, *, clock: Callable[[], float] = get_dht_time) -> "Swarm":
+    def create(cls, config: DHTConfig, *, clock: Clock = clocks.wall) -> "Swarm":
         """Load (or create) the signing key and start a DHT node for ``config``."""
         key = load_or_create_key(config.key_path)
         return cls(config, cls.start_dht(config, key), key, clock=clock)
@@ -148,6 +130,10 @@ class Swarm:
     def visible_maddrs(self) -> list[str]:
         """Multiaddrs others can use as ``--initial-peers`` to reach this node."""
         return [str(a) for a in self.dht.get_visible_maddrs()]
+
+    async def replicate_p2p(self):
+        """A handle on this node's libp2p daemon (for the probe and session protocols)."""
+        return await self.dht.replicate_p2p()
 
     def shutdown(self) -> None:
         """Stop the DHT node (records stay until they expire unless withdrawn first)."""

@@ -5,27 +5,29 @@ reading its tensors while the old range keeps serving; once read, ``loaded`` is 
 peer waits until the layers it would drop are covered: make-before-break, ``handover.py``) ->
 serving (flipped) -> draining (shutting down; records withdrawn). The decisions what to load and
 when to flip are pure (``next_target``, ``flip_decision``); the loops are a thin shell over
-``Swarm`` (DHT records), ``LinkProber`` and ``Peer.prepare_range`` / ``Peer.flip_to``.
+the swarm's records (a :class:`~p2pserve.dht.view.SwarmView`), a link prober
+(:class:`~p2pserve.dht.view.LinkProbes`) and ``Peer.prepare_range`` / ``Peer.flip_to``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
-
-from hivemind.utils import get_dht_time
 
 from p2pserve import __version__
+from p2pserve import clock as clocks
+from p2pserve.clock import Clock
 from p2pserve.dht.announcer import Announcer
 from p2pserve.dht.records import LinkInfo, PeerInfo, Plan
-from p2pserve.dht.prober import LinkProber
+from p2pserve.dht.view import LinkProbes, SwarmView
 from p2pserve.peer.handover import OtherPeer, flip_decision
 from p2pserve.peer.profiler import Profile
+from p2pserve.peer.server import Peer
+from p2pserve.types import LayerRange
 
 log = logging.getLogger(__name__)
 
-Span = tuple[int, int]
+Span = LayerRange
 
 
 def next_target(plan: Plan | None, peer_id: str, serving: Span | None, loading: Span | None) -> Span | None:
@@ -42,14 +44,20 @@ def next_target(plan: Plan | None, peer_id: str, serving: Span | None, loading: 
 
 
 class SwarmAgent:
-    """Connects one running ``Peer`` to the swarm's control plane."""
+    """Connects one running ``Peer`` to the swarm's control plane.
 
-    def __init__(self, peer, swarm, profile: Profile, follow_plan: bool, prober: LinkProber | None = None):
+    ``wall`` stamps announcements (DHT time); ``monotonic`` times loads and handovers.
+    """
+
+    def __init__(self, peer: Peer, swarm: SwarmView, profile: Profile, follow_plan: bool,
+                 prober: LinkProbes | None = None, *, wall: Clock = clocks.wall, monotonic: Clock = clocks.monotonic):
         self.peer = peer
         self.swarm = swarm
         self.profile = profile
         self.follow_plan = follow_plan
         self.prober = prober
+        self._wall = wall
+        self._monotonic = monotonic
         self.loading: Span | None = None
         self.loaded = False  # the loading range is in memory, waiting for the handover
         self.state = "joining" if peer.served is None else "serving"
@@ -80,7 +88,7 @@ class SwarmAgent:
             kv_free_tokens=budget.free // layers_held,
             queued_tokens=self.peer.worker.queued_tokens,
             version=__version__,
-            timestamp=get_dht_time(),
+            timestamp=self._wall(),
         )
 
     def link_info(self) -> LinkInfo | None:
@@ -88,7 +96,7 @@ class SwarmAgent:
         if not self.prober or not self.prober.results:
             return None
         return LinkInfo(model=self.swarm.config.model, peer_id=self.swarm.peer_id,
-                        links=dict(self.prober.results), timestamp=get_dht_time())
+                        links=dict(self.prober.results), timestamp=self._wall())
 
     async def start(self) -> None:
         """Start announcing, probing and (if plan-driven) following the plan."""
@@ -117,7 +125,7 @@ class SwarmAgent:
     async def _move(self, target: Span) -> None:
         self.loading, self.state = target, "loading"
         self.announcer.poke()
-        t = time.perf_counter()
+        t = self._monotonic()
         log.info("plan assigns layers [%d, %d): loading", *target)
         try:
             shard = await self.peer.prepare_range(*target)
@@ -125,7 +133,7 @@ class SwarmAgent:
             self.announcer.poke()
             if await self._handover(target):
                 self.peer.flip_to(shard)
-                log.info("now serving [%d, %d) after %.1f s", *target, time.perf_counter() - t)
+                log.info("now serving [%d, %d) after %.1f s", *target, self._monotonic() - t)
         finally:
             self.loading, self.loaded = None, False
             self.state = "serving" if self.peer.served else "joining"
@@ -136,7 +144,7 @@ class SwarmAgent:
         the plan moved this peer elsewhere meanwhile (the loaded shard is then discarded)."""
         cfg = self.swarm.config
         period = max(0.1, min(cfg.peer_refresh, cfg.plan_refresh) / 2)
-        t0 = time.monotonic()
+        t0 = self._monotonic()
         last_reason = None
         while True:
             peers = await self.swarm.get_peers()
@@ -149,7 +157,7 @@ class SwarmAgent:
             # a loading peer still serves its old range; a draining one is about to stop
             others = [OtherPeer(s.record.serving, s.record.loading, s.record.loaded, targets.get(pid))
                       for pid, s in peers.items() if pid != self.swarm.peer_id and s.record.state != "draining"]
-            flip, reason = flip_decision(self.peer.served, target, others, time.monotonic() - t0,
+            flip, reason = flip_decision(self.peer.served, target, others, self._monotonic() - t0,
                                          grace_s=cfg.plan_refresh, settle_s=cfg.peer_refresh,
                                          max_wait_s=cfg.handover_max_wait)
             if reason != last_reason:

@@ -24,7 +24,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
-Span = tuple[int, int]
+from p2pserve.types import LayerRange
+
+Span = LayerRange
 
 
 @dataclass(frozen=True)

@@ -3,9 +3,11 @@
 One bootstrap node, two trusted coordinators and four synthetic peers (real DHT nodes that
 publish real signed PeerInfo/LinkInfo records, probe links, and follow the plan) start from
 nothing; the tests then check election, plan coverage, join, crash, forged / untrusted /
-absurd records, the status command and leader failover, in that order (they share the swarm).
-Synthetic peers let these tests forge and misreport what real ones never would; the same
-scenario with real peer processes serving a model is `test_swarm_peers.py`.
+absurd records, the status command and leader failover. They share the swarm, but each one
+first waits for the state it asserts on (:func:`settled_plan`) and starts the members it
+needs, so each passes when run alone. Synthetic peers let these tests forge and misreport
+what real ones never would; the same scenario with real peer processes serving a model is
+`test_swarm_peers.py`.
 
 Refresh periods are shortened (0.5-2 s) so the file stays well under two minutes. No test
 asserts a duration: deadlines are generous upper bounds for a loaded two-core machine.
@@ -16,28 +18,25 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import hivemind
 import pytest
 from hivemind.dht.validation import RecordValidatorBase
-from hivemind.utils import get_dht_time
 
-from p2pserve.dht.config import DHTConfig
+from p2pserve.clock import wall
+from p2pserve.config import DHTConfig, ProberConfig
 from p2pserve.dht.keys import RecordKind, record_key
-from p2pserve.dht.prober import LinkProber, ProberConfig
+from p2pserve.dht.prober import LinkProber
 from p2pserve.dht.records import PeerInfo, Plan, encode_record
 from p2pserve.dht.signing import load_or_create_key, owner_subkey, public_key_text
 from p2pserve.dht.swarm import Swarm
+from tests.integration import processes
+from tests.integration.processes import Procs
 
 pytestmark = pytest.mark.integration
 
-REPO = Path(__file__).resolve().parents[2]
 MODEL = "tiny-8"
 NUM_LAYERS = 8
 # short periods; the 2 s skew floor keeps TTLs >= 2 s so that a loaded machine does not make a
@@ -47,67 +46,9 @@ TIMING = dict(peer_refresh=0.5, candidate_refresh=0.5, plan_refresh=3.0, link_re
 DEADLINE = 60.0  # generous: seconds on a loaded 2-core machine, not a performance claim
 
 
-class Procs:
-    """Child processes, each in its own session so that its whole tree can be killed by pgid."""
-
-    def __init__(self, logdir: Path):
-        self.logdir = logdir
-        self.procs: dict[str, subprocess.Popen] = {}
-
-    def start(self, name: str, args: list[str]) -> subprocess.Popen:
-        log = open(self.logdir / f"{name}.log", "wb")
-        env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        p = subprocess.Popen([sys.executable, *args], cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-                             start_new_session=True, env=env)
-        log.close()
-        self.procs[name] = p
-        return p
-
-    def log(self, name: str) -> str:
-        return (self.logdir / f"{name}.log").read_text(errors="replace")
-
-    def kill(self, name: str) -> None:
-        """Crash: SIGKILL the process and everything it started (DHT child, p2pd)."""
-        p = self.procs.pop(name)
-        try:
-            os.killpg(p.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        p.wait(10)
-
-    def stop(self, name: str, grace: float = 15.0) -> None:
-        """Graceful stop (SIGTERM, records withdrawn), then make sure the whole group is gone."""
-        p = self.procs.pop(name)
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-            try:
-                p.wait(grace)
-            except subprocess.TimeoutExpired:
-                pass
-        try:
-            os.killpg(p.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        p.wait(10)
-
-    def close(self) -> None:
-        """Stop everything: SIGTERM all at once, short grace, then SIGKILL every group."""
-        for p in self.procs.values():
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        end = time.monotonic() + 5.0
-        for p in self.procs.values():
-            try:
-                p.wait(max(0.1, end - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-        for name in list(self.procs):
-            p = self.procs.pop(name)
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            p.wait(10)
+def wait_until(check, what: str, timeout: float = DEADLINE, interval: float = 0.3):
+    """:func:`processes.wait_until` with this file's deadline."""
+    return processes.wait_until(check, what, timeout, interval)
 
 
 _LOOP: asyncio.AbstractEventLoop | None = None
@@ -119,18 +60,6 @@ def run(coro):
     if _LOOP is None or _LOOP.is_closed():
         _LOOP = asyncio.new_event_loop()
     return _LOOP.run_until_complete(coro)
-
-
-def wait_until(check, what: str, timeout: float = DEADLINE, interval: float = 0.3):
-    """Poll ``check()`` (sync, may return a value) until truthy; fail naming ``what``."""
-    end = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < end:
-        last = check()
-        if last:
-            return last
-        time.sleep(interval)
-    pytest.fail(f"timed out waiting for {what} (last: {last!r})")
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -189,16 +118,15 @@ def swarm(tmp_path_factory):
 
 
 def start_peer(procs: Procs, name: str, cfg_path: Path, *extra: str) -> None:
-    procs.start(name, ["-m", "p2pserve.dht.synthetic_peer", "--config", str(cfg_path), "--max-layers", "4",
+    procs.start(name, ["-m", "p2pserve.testing_peer", "--config", str(cfg_path), "--max-layers", "4",
                        "--tps", "400", "--load-delay", "0.5", "--device", name, *extra])
 
 
 def peer_id_of(procs: Procs, name: str) -> str:
+    """The peer id ``name`` printed last (a restarted member prints a new one)."""
     def find():
-        for line in procs.log(name).splitlines():
-            if line.startswith("peer "):
-                return line.split()[1]
-        return None
+        ids = [line.split()[1] for line in procs.log(name).splitlines() if line.startswith("peer ")]
+        return ids[-1] if ids else None
 
     return wait_until(find, f"{name} to print its peer id")
 
@@ -219,22 +147,34 @@ def full_and_serving(plan: Plan | None, peers: set[str]) -> bool:
     )
 
 
+BASE_PEERS = tuple(f"peer-{i}" for i in range(1, 5))
+
+
+def settled_plan(swarm, extra: tuple[str, ...] = ()) -> Plan:
+    """The state most tests start from: a leader's plan that targets exactly the four base peers
+    (and ``extra``), all serving, every layer covered. Waits for it, restarting a base peer a
+    test stopped."""
+    procs = swarm["procs"]
+    for name in BASE_PEERS:
+        procs.ensure(name)
+    ids = {peer_id_of(procs, n) for n in BASE_PEERS + extra}
+    return wait_until(lambda: (p := current_plan(swarm["observer"])) and full_and_serving(p, ids) and p,
+                      "a plan serving every layer over the base peers" + (f" and {extra}" if extra else ""))
+
+
 def test_leader_elected_and_every_layer_served(swarm):
-    procs, obs = swarm["procs"], swarm["observer"]
-    ids = {peer_id_of(procs, f"peer-{i}") for i in range(1, 5)}
-    plan = wait_until(lambda: (p := current_plan(obs)) and full_and_serving(p, ids) and p, "a plan serving all layers")
+    plan = settled_plan(swarm)
     assert plan.leader_id == "coord-1"  # highest priority
     assert plan.num_layers == NUM_LAYERS
     assert min(plan.coverage(use_targets=True)) >= 1
     srcs = {f.dst for f in plan.flows if f.src == "source"}
     assert srcs and all(plan.spans[p][0] == 0 for p in srcs)
-    cands = run(obs.get_candidates())
+    cands = run(swarm["observer"].get_candidates())
     assert {c.record.coordinator_id for c in cands} <= {"coord-1", "coord-2"}
-    # the joiner of a later test boots while the next tests run
-    start_peer(procs, "peer-5", swarm["cfg"])
 
 
 def test_links_are_measured_and_announced(swarm):
+    settled_plan(swarm)
     obs = swarm["observer"]
     links = wait_until(lambda: (ls := run(obs.get_links())) and len(ls) >= 2 and ls, "LinkInfo records")
     stats = [s for li in links.values() for s in li.record.links.values()]
@@ -259,7 +199,8 @@ class ForgingValidator(RecordValidatorBase):
 
 
 def test_record_with_wrong_signature_is_ignored(swarm, caplog):
-    obs, boot = swarm["observer"], swarm["boot"]
+    obs, boot, procs = swarm["observer"], swarm["boot"], swarm["procs"]
+    settled_plan(swarm)
     victim, forger = load_or_create_key(None), load_or_create_key(None)
     dht = hivemind.DHT(initial_peers=boot, host_maddrs=["/ip4/127.0.0.1/tcp/0"], start=True,
                        record_validators=[ForgingValidator(forger)])
@@ -267,12 +208,12 @@ def test_record_with_wrong_signature_is_ignored(swarm, caplog):
         fake = PeerInfo(model=MODEL, peer_id="forged-peer", max_layers=4, throughput_decode=[9e4] * 4,
                         serving=(0, 4), state="serving", timestamp=time.time())
         key = record_key("cp-test", MODEL, RecordKind.PEERS)
-        procs = swarm["procs"]
+        refused_before = sum(procs.log(n).count("signature does not match") for n in procs.procs)
 
         def refused_with_reason():
-            dht.store(key, encode_record(fake), get_dht_time() + 30, subkey=owner_subkey(victim))
+            dht.store(key, encode_record(fake), wall() + 30, subkey=owner_subkey(victim))
             # honest nodes that were asked to store it say why they refused, in their own logs
-            return any("signature does not match" in procs.log(n) for n in procs.procs)
+            return sum(procs.log(n).count("signature does not match") for n in procs.procs) > refused_before
 
         wait_until(refused_with_reason, "an honest node to refuse the forged record", interval=1.0)
         for _ in range(3):
@@ -287,6 +228,8 @@ def test_record_with_wrong_signature_is_ignored(swarm, caplog):
 def test_plan_from_untrusted_coordinator_is_ignored(swarm, caplog):
     procs, obs = swarm["procs"], swarm["observer"]
     rogue_key = swarm["pub"]["rogue"]
+    procs.ensure("rogue")  # started with everyone else by the fixture
+    settled_plan(swarm)
 
     def rogue_plan_in_dht():
         return any(s.signer == rogue_key for s in run(obs._entries(RecordKind.PLAN, Plan)))
@@ -300,11 +243,12 @@ def test_plan_from_untrusted_coordinator_is_ignored(swarm, caplog):
         assert current_plan(obs).leader_id in ("coord-1", "coord-2")
         assert "rogue" not in {c.record.coordinator_id for c in run(obs.get_candidates())}
     assert "not in trusted_coordinators" in caplog.text
-    procs.stop("rogue")
+    procs.stop("rogue")  # frees its share of the two cores
 
 
 def test_absurd_figures_are_ignored_with_a_reason(swarm, caplog):
     procs, obs = swarm["procs"], swarm["observer"]
+    procs.ensure("absurd")  # started with everyone else by the fixture
     bad = peer_id_of(procs, "absurd")
     with caplog.at_level(logging.WARNING, logger="p2pserve.dht.swarm"):
         def rejected():
@@ -312,33 +256,38 @@ def test_absurd_figures_are_ignored_with_a_reason(swarm, caplog):
             return "throughput_decode" in caplog.text and "1e+08" in caplog.text
         wait_until(rejected, "the absurd PeerInfo to be rejected with a reason")
     assert bad not in run(obs.get_peers())
-    plan = current_plan(obs)  # made long after the absurd peer started announcing
+    plan = settled_plan(swarm)  # made while the absurd peer announces
     assert bad not in plan.targets and bad not in plan.spans
     procs.stop("absurd")
 
 
 def test_new_peer_receives_a_range_and_serves_it(swarm):
     procs, obs = swarm["procs"], swarm["observer"]
-    before = current_plan(obs)
-    new = peer_id_of(procs, "peer-5")  # started at the end of the first test
-    # it is part of the graph flows are computed over; whether max-flow routes through it
-    # depends on where the bottleneck is, so only check that nothing got worse once the swarm
-    # settled (a re-plan may still shrink or move a range, and peers flip one by one)
-    plan = wait_until(lambda: (p := current_plan(obs)) and new in p.targets and p.spans.get(new) == p.targets[new]
-                      and p.max_flow >= before.max_flow * 0.99 and p, "peer-5 serving its target")
-    # one DHT read may miss a record that is being refreshed: wait for the peer's own view
-    record = wait_until(lambda: (r := run(obs.get_peers()).get(new)) and r.record, "peer-5's PeerInfo")
-    assert record.state == "serving" and record.serving == plan.targets[new]
+    before = settled_plan(swarm)
+    start_peer(procs, "joiner", swarm["cfg"])
+    try:
+        new = peer_id_of(procs, "joiner")
+        # it is part of the graph flows are computed over; whether max-flow routes through it
+        # depends on where the bottleneck is, so only check that nothing got worse once the swarm
+        # settled (a re-plan may still shrink or move a range, and peers flip one by one)
+        plan = wait_until(lambda: (p := current_plan(obs)) and new in p.targets and p.spans.get(new) == p.targets[new]
+                          and p.max_flow >= before.max_flow * 0.99 and p, "the joiner serving its target")
+        # one DHT read may miss a record that is being refreshed: wait for the peer's own view
+        record = wait_until(lambda: (r := run(obs.get_peers()).get(new)) and r.record, "the joiner's PeerInfo")
+        assert record.state == "serving" and record.serving == plan.targets[new]
+    finally:
+        procs.stop("joiner")
 
 
 def test_crashed_peer_is_excluded_from_the_next_plan(swarm):
     procs, obs = swarm["procs"], swarm["observer"]
-    gone = peer_id_of(procs, "peer-5")
-    before = current_plan(obs).epoch
-    procs.kill("peer-5")  # no withdraw: its records must expire
+    start_peer(procs, "crasher", swarm["cfg"])
+    before = settled_plan(swarm, extra=("crasher",))  # placed and serving
+    gone = peer_id_of(procs, "crasher")
+    procs.kill("crasher")  # no withdraw: its records must expire
     plan = wait_until(lambda: (p := current_plan(obs)) and gone not in p.targets and gone not in p.spans and p,
                       "a plan without the crashed peer")
-    assert plan.epoch > before
+    assert plan.epoch > before.epoch
     assert min(plan.coverage()) >= 1
     assert all(gone not in (f.src, f.dst) for f in plan.flows)
 
@@ -346,6 +295,7 @@ def test_crashed_peer_is_excluded_from_the_next_plan(swarm):
 def test_status_command_json(swarm, capsys):
     from p2pserve.cli import main  # in-process: the subcommand module is what is under test
 
+    settled_plan(swarm)
     assert main(["status", "--config", str(swarm["cfg"]), "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert len(d["peers"]) >= 4 and d["leader"] in ("coord-1", "coord-2")
@@ -358,23 +308,26 @@ def test_status_command_json(swarm, capsys):
 
 def test_leader_failover_keeps_serving(swarm):
     procs, obs = swarm["procs"], swarm["observer"]
-    before = current_plan(obs)
+    before = settled_plan(swarm)
     leader = before.leader_id  # coord-1 unless a starved machine let its candidacy lapse
     other = {"coord-1": "coord-2", "coord-2": "coord-1"}[leader]
     procs.kill(leader)  # crash: candidacy and plan simply stop being refreshed
-    # a client keeps the last plan it saw; it must cover every layer at every moment
-    last = before
+    try:
+        # a client keeps the last plan it saw; it must cover every layer at every moment
+        last = before
 
-    def taken_over():
-        nonlocal last
-        p = current_plan(obs)
-        if p is not None:
-            last = p
-        assert min(last.coverage()) >= 1 and last.max_flow > 0
-        return p is not None and p.leader_id == other and p
-    plan = wait_until(taken_over, f"{other} to publish", interval=0.2)
-    assert plan.epoch > before.epoch
-    assert plan.targets == before.targets  # the takeover keeps the placement: no reload
+        def taken_over():
+            nonlocal last
+            p = current_plan(obs)
+            if p is not None:
+                last = p
+            assert min(last.coverage()) >= 1 and last.max_flow > 0
+            return p is not None and p.leader_id == other and p
+        plan = wait_until(taken_over, f"{other} to publish", interval=0.2)
+        assert plan.epoch > before.epoch
+        assert plan.targets == before.targets  # the takeover keeps the placement: no reload
+    finally:
+        procs.ensure(leader)  # back as a candidate (it leads again once its grace has passed)
 
 
 def test_prober_between_two_p2p_nodes():

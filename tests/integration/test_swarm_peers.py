@@ -7,7 +7,8 @@ processes (no --layers) on the tiny Llama start from nothing, all real processes
 The tests then check, in order (they share the swarm): the leader is elected and every layer is
 served; killing the leader mid-generation, the other coordinator publishes a higher epoch while
 generation goes on, token-identical; a killed peer leaves the next plan; a joining peer is placed
-while no layer goes unserved.
+while no layer goes unserved. They share the swarm, but each waits for the state it asserts on
+(a settled plan, or coord-1 leading), so each passes when run alone.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from p2pserve.client.chain import LocalModelInfo
 from p2pserve.client.connection import Hop
 from p2pserve.client.generation import GenerationParams
 from p2pserve.cli.common import write_local_swarm_file
-from p2pserve.dht.config import DHTConfig
+from p2pserve.config import DHTConfig
 from p2pserve.dht.swarm import Swarm
 from tests.harness import reference_generate, run_chain
 
@@ -159,6 +160,20 @@ def current(observer):
     return asyncio.run(read())
 
 
+def settled_plan(swarm, leader: str | None = None):
+    """Wait for a plan whose ranges are all loaded and served, covering every layer (and
+    published by ``leader``, if given)."""
+    observer, L = swarm["observer"], swarm["model"].spec.num_layers
+
+    def settled():
+        plan, peers = current(observer)
+        if leader is not None and (plan is None or plan.plan.leader_id != leader):
+            return None
+        return plan if settled_spans(plan.plan if plan else None, peers, L) else None
+
+    return wait_for(settled, "a settled plan" + (f" by {leader}" if leader else ""))
+
+
 def test_plan_assigns_ranges_and_swarm_generates_exactly(swarm):
     observer, model = swarm["observer"], swarm["model"]
     L = model.spec.num_layers
@@ -197,7 +212,7 @@ def test_killed_leader_is_replaced_and_generation_goes_on(swarm):
     """Kill the leader mid-stream: the stream finishes token-identical on the last plan, and the
     other coordinator publishes a higher epoch while the client keeps generating meanwhile."""
     observer, model, procs = swarm["observer"], swarm["model"], swarm["procs"]
-    before = wait_for(lambda: (p := current(observer)[0]) and p.plan.leader_id == "coord-1" and p, "coord-1's plan")
+    before = settled_plan(swarm, leader="coord-1")
     messages = [{"role": "user", "content": "Tell me about peer-to-peer networks."}]
     ids = model.chat_ids(messages)
     ref = reference_generate(swarm["path"], ids, 16)
@@ -233,7 +248,7 @@ def test_killed_leader_is_replaced_and_generation_goes_on(swarm):
 
 def test_killed_peer_leaves_the_next_plan(swarm):
     observer, procs = swarm["observer"], swarm["procs"]
-    plan, peers = current(observer)
+    plan = settled_plan(swarm)
     victim_pid = next(iter(plan.plan.spans))
     # find which process is that peer by its log line
     name = None
@@ -243,10 +258,10 @@ def test_killed_peer_leaves_the_next_plan(swarm):
             name = n
     assert name is not None
     killpg(procs.pop(name))
-    later = wait_for(lambda: (lambda p: p if p and victim_pid not in p.plan.spans and p.plan.epoch >= 0
+    later = wait_for(lambda: (lambda p: p if p and victim_pid not in p.plan.spans
                               and victim_pid not in p.plan.targets else None)(current(observer)[0]),
                      "a plan without the killed peer")
-    assert victim_pid not in later.plan.spans
+    assert later.plan.epoch > plan.plan.epoch  # a new plan, not a read that missed the peer
 
 
 def test_a_joining_peer_is_placed_and_no_layer_goes_unserved_meanwhile(swarm):

@@ -1,15 +1,12 @@
 """The coordinator's pure core: snapshot, re-plan decisions, targets, flows, plan changes."""
 
-from p2pserve.placement.churn import layers_to_load
-from p2pserve.coordinator.service import (
-    CoordinatorConfig,
-    Snapshot,
-    Summary,
-    decide_replan,
-    make_plan,
-    plan_changed,
-)
+from p2pserve.config import CoordinatorConfig
+from p2pserve.coordinator.plan_record import make_plan, plan_changed
+from p2pserve.coordinator.replan import decide_replan
+from p2pserve.coordinator.snapshot import Snapshot, Summary
+from p2pserve.coordinator.trigger import Reason, Trigger
 from p2pserve.dht.records import LinkInfo, LinkStat, PeerInfo
+from p2pserve.placement.churn import layers_to_load
 
 CFG = CoordinatorConfig(num_layers=8, activation_bytes=1000, replan_period=60.0, solve_time_limit=0.3)
 
@@ -22,7 +19,8 @@ def peer(pid, k=4, serving=None, state=None, tps=100.0):
 
 def plan_for(peers, links=(), current=None, epoch=1):
     snap = Snapshot.from_records({p.peer_id: p for p in peers}, list(links))
-    return make_plan(snap, current or {}, epoch=epoch, leader_id="c", model="m", cfg=CFG, reason="t", now=1.0)
+    return make_plan(snap, current or {}, epoch=epoch, leader_id="c", model="m", cfg=CFG,
+                     reason=Reason(Trigger.INITIAL, "t"), now=1.0)
 
 
 def test_initial_targets_cover_every_layer():
@@ -71,29 +69,35 @@ def test_links_measured_or_defaulted():
     assert rates.get(("a", "b"), 0.0) <= 1e4 / 1000 + 1e-9  # 10 tokens/s over a 10 kB/s link
 
 
+def why(*args):
+    """decide_replan's reason as (trigger, text), or None."""
+    r = decide_replan(*args)
+    return None if r is None else (r.trigger, str(r))
+
+
 def test_decide_replan():
     s0 = Summary.of(Snapshot.from_records({"a": peer("a")}, []))
-    assert decide_replan(None, s0, 0.0, None, CFG) == "initial"
-    assert decide_replan(s0, s0, 10.0, 5.0, CFG) is None
-    assert decide_replan(s0, s0, 70.0, 5.0, CFG) == "periodic"
+    assert why(None, s0, 0.0, None, CFG) == (Trigger.INITIAL, "initial")
+    assert why(s0, s0, 10.0, 5.0, CFG) is None
+    assert why(s0, s0, 70.0, 5.0, CFG) == (Trigger.PERIODIC, "periodic")
     s1 = Summary.of(Snapshot.from_records({"a": peer("a"), "b": peer("b")}, []))
-    assert decide_replan(s0, s1, 10.0, 5.0, CFG).startswith("join")
-    assert decide_replan(s1, s0, 10.0, 5.0, CFG).startswith("leave")
+    assert why(s0, s1, 10.0, 5.0, CFG)[0] is Trigger.MEMBERSHIP and why(s0, s1, 10.0, 5.0, CFG)[1].startswith("join")
+    assert why(s1, s0, 10.0, 5.0, CFG)[0] is Trigger.MEMBERSHIP and why(s1, s0, 10.0, 5.0, CFG)[1].startswith("leave")
     s2 = Summary.of(Snapshot.from_records({"a": peer("a", serving=(0, 4))}, []))
-    assert decide_replan(s0, s2, 10.0, 5.0, CFG) == "served ranges changed"
+    assert why(s0, s2, 10.0, 5.0, CFG) == (Trigger.SERVED_RANGES, "served ranges changed")
     peers = {"a": peer("a"), "b": peer("b")}
     l1 = Summary.of(Snapshot.from_records(peers, [LinkInfo(model="m", peer_id="a", links={"b": LinkStat(bandwidth=100.0, rtt=0.0)})]))
     l2 = Summary.of(Snapshot.from_records(peers, [LinkInfo(model="m", peer_id="a", links={"b": LinkStat(bandwidth=120.0, rtt=0.0)})]))
     l3 = Summary.of(Snapshot.from_records(peers, [LinkInfo(model="m", peer_id="a", links={"b": LinkStat(bandwidth=200.0, rtt=0.0)})]))
-    assert decide_replan(l1, l2, 10.0, 5.0, CFG) is None  # +20% < threshold
-    assert decide_replan(l1, l3, 10.0, 5.0, CFG).startswith("link")
+    assert why(l1, l2, 10.0, 5.0, CFG) is None  # +20% < threshold
+    assert why(l1, l3, 10.0, 5.0, CFG)[0] is Trigger.LINK and why(l1, l3, 10.0, 5.0, CFG)[1].startswith("link")
     # with 1000-byte activations a peer of 100 tok/s can use 1e5 B/s at most: faster links
     # changing (by any factor) cannot change a plan
     f1, f2, f3 = (Summary.of(Snapshot.from_records(peers, [LinkInfo(model="m", peer_id="a", links={
         "b": LinkStat(bandwidth=bw, rtt=0.0)})]), 1000) for bw in (2e5, 9e5, 5e4))
     assert f1.link_ceiling == 1e5
-    assert decide_replan(f1, f2, 10.0, 5.0, CFG) is None
-    assert decide_replan(f1, f3, 10.0, 5.0, CFG).startswith("link")  # now it can bind
+    assert why(f1, f2, 10.0, 5.0, CFG) is None
+    assert why(f1, f3, 10.0, 5.0, CFG)[0] is Trigger.LINK  # now it can bind
 
 
 def test_plan_changed():
@@ -113,9 +117,35 @@ def test_swarm_too_small_falls_back_and_logs(caplog):
 
 
 def test_idle_peers_get_a_replica():
-    from p2pserve.coordinator.service import build_topology, fill_idle
+    from p2pserve.coordinator.targets import build_topology, fill_idle
 
     snap = Snapshot.from_records({p: peer(p) for p in "abc"}, [])
     topo, _ = build_topology(snap, ["a", "b", "c"], CFG)
     out = fill_idle(topo, ["a", "b", "c"], {"a": (0, 4), "b": (4, 8)})
     assert out["a"] == (0, 4) and out["b"] == (4, 8) and out["c"][1] - out["c"][0] == 4
+
+
+def test_replan_takeover_keeps_the_placement_and_epochs_only_move_up():
+    from p2pserve.coordinator.plan_record import with_epoch
+    from p2pserve.coordinator.replan import LeaderState, replan
+
+    peers = [peer("a", serving=(0, 4)), peer("b", serving=(4, 8))]
+    snap = Snapshot.from_records({p.peer_id: p for p in peers}, [])
+    old = plan_for(peers, current={"a": (0, 4), "b": (4, 8)}, epoch=7)
+
+    def round_(state, latest, now, elected=False):
+        return replan(snap, state, elected=elected, latest_seen=latest, now=now, cfg=CFG, leader_id="c2", model="m")
+
+    d = round_(LeaderState(), old, 10.0, elected=True)
+    assert d.reason.trigger is Trigger.ELECTED and d.publish.epoch == 8 and d.publish.targets == old.targets
+    assert d.publish.leader_id == "c2" and d.state.plan == d.publish
+    # nothing changed: no re-plan, nothing to publish, the state stays
+    d2 = round_(d.state, d.publish, 11.0)
+    assert d2.reason is None and d2.publish is None and d2.state == d.state
+    # another leader published a higher epoch: publish above it, same content
+    d3 = round_(d.state, with_epoch(d.publish, 12), 12.0)
+    assert d3.reason.trigger is Trigger.SAW_EPOCH and d3.publish.epoch == 13 and d3.publish.targets == old.targets
+    # the periodic re-plan finds the same plan: no new epoch (the service only refreshes it)
+    d4 = round_(d3.state, d3.publish, 12.0 + CFG.replan_period)
+    assert d4.reason.trigger is Trigger.PERIODIC and d4.publish is None
+    assert d4.state.plan.epoch == 13 and d4.state.planned_at == 12.0 + CFG.replan_period

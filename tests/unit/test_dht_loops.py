@@ -4,66 +4,15 @@ import asyncio
 
 import pytest
 
-from p2pserve.coordinator.service import CoordinatorConfig, CoordinatorService
-from p2pserve.dht.announcer import Announcer
-from p2pserve.dht.config import DHTConfig
-from p2pserve.dht.election import SignedPlan, choose_plan
-from p2pserve.dht.prober import LinkProber, ProberConfig, TokenBucket, bandwidth_from, next_probe_size
-from p2pserve.dht.records import LinkInfo, LinkStat, PeerInfo
 from p2pserve.cli.status import collect_status, format_status
-from p2pserve.dht.swarm import Signed
-
-
-class Clock:
-    def __init__(self):
-        self.t = 1000.0
-
-    def __call__(self):
-        return self.t
-
-
-class FakeSwarm:
-    """An in-memory DHT view shared by several fake nodes."""
-
-    def __init__(self, shared, name, cfg):
-        self.shared, self.name, self.config = shared, name, cfg
-        self.peer_id = name
-        self.public_key = "key-" + name
-
-    async def announce_peer(self, info):
-        self.shared.setdefault("peers", {})[self.name] = info
-        return True
-
-    async def announce_links(self, info):
-        self.shared.setdefault("links", {})[self.name] = info
-        return True
-
-    async def announce_candidate(self, c):
-        self.shared.setdefault("cands", {})[self.name] = c
-        return True
-
-    async def publish_plan(self, plan):
-        self.shared.setdefault("plans", {})[self.name] = plan
-        return True
-
-    async def withdraw(self, kind):
-        self.shared.get("cands", {}).pop(self.name, None)
-
-    async def withdraw_all(self):
-        for k in ("peers", "links", "cands"):
-            self.shared.get(k, {}).pop(self.name, None)
-
-    async def get_peers(self):
-        return {p.peer_id: Signed(p, "k", 1e12) for p in self.shared.get("peers", {}).values()}
-
-    async def get_links(self):
-        return {}
-
-    async def get_candidates(self):
-        return [Signed(c, "k", 0) for c in self.shared.get("cands", {}).values()]
-
-    async def get_plans(self):
-        return [SignedPlan(p, n) for n, p in self.shared.get("plans", {}).items()]
+from p2pserve.config import CoordinatorConfig, DHTConfig, ProberConfig
+from p2pserve.coordinator.service import CoordinatorService
+from p2pserve.dht.announcer import Announcer
+from p2pserve.dht.election import choose_plan
+from p2pserve.dht.keys import RecordKind
+from p2pserve.dht.prober import LinkProber, TokenBucket, bandwidth_from, next_probe_size
+from p2pserve.dht.records import LinkInfo, LinkStat, PeerInfo
+from p2pserve.testing import FakeClock, FakeSwarm, FakeSwarmStore
 
 
 def run(coro):
@@ -71,8 +20,8 @@ def run(coro):
 
 
 def test_announcer_refreshes_on_period_and_withdraws():
-    shared, clock = {}, Clock()
-    sw = FakeSwarm(shared, "p", DHTConfig(model="m", peer_refresh=5.0, link_refresh=20.0))
+    store, clock = FakeSwarmStore(), FakeClock()
+    sw = FakeSwarm(store, "p", DHTConfig(model="m", peer_refresh=5.0, link_refresh=20.0))
     calls = []
 
     def info():
@@ -83,42 +32,47 @@ def test_announcer_refreshes_on_period_and_withdraws():
 
     async def go():
         assert await ann.step() == 5.0
-        clock.t += 2.0
+        clock.advance(2.0)
         assert await ann.step() == 3.0
-        clock.t += 3.0
+        clock.advance(3.0)
         await ann.step()
         assert calls == [1000.0, 1005.0]
-        assert "p" in shared["peers"] and "p" in shared["links"]
+        assert "p" in await sw.get_peers() and "p" in await sw.get_links()
         await ann.shutdown()
-        assert "p" not in shared["peers"]
+        assert "p" not in await sw.get_peers() and sw.public_key in sw.withdrawn[RecordKind.PEERS]
 
     run(go())
 
 
 def test_coordinator_failover_with_fake_clock():
-    shared, clock = {}, Clock()
+    store, clock = FakeSwarmStore(), FakeClock()
     cfg = DHTConfig(model="m", candidate_refresh=1.0, plan_refresh=2.0, max_clock_skew=0.0)
-    a = CoordinatorService(FakeSwarm(shared, "a", cfg), CoordinatorConfig(num_layers=4, priority=2, solve_time_limit=0.2), clock=clock)
-    b = CoordinatorService(FakeSwarm(shared, "b", cfg), CoordinatorConfig(num_layers=4, priority=1, solve_time_limit=0.2), clock=clock)
-    shared["peers"] = {"x": PeerInfo(model="m", peer_id="x", max_layers=4, throughput_decode=[4.0, 3.0, 2.0, 1.0])}
+    sa, sb = FakeSwarm(store, "a", cfg), FakeSwarm(store, "b", cfg)
+    a = CoordinatorService(sa, CoordinatorConfig(num_layers=4, priority=2, solve_time_limit=0.2), clock=clock)
+    b = CoordinatorService(sb, CoordinatorConfig(num_layers=4, priority=1, solve_time_limit=0.2), clock=clock)
+    x = FakeSwarm(store, "x", DHTConfig(model="m"))
+    asyncio.run(x.announce_peer(PeerInfo(model="m", peer_id="x", max_layers=4, throughput_decode=[4.0, 3.0, 2.0, 1.0])))
+
+    def plan_of(swarm):
+        return store.get(RecordKind.PLAN, swarm.public_key)
 
     async def go():
         await a.step(), await b.step()  # inside the election grace: nobody leads yet
-        assert not a.is_leader and not b.is_leader and "plans" not in shared
-        clock.t += 2.5
+        assert not a.is_leader and not b.is_leader and not await x.get_plans()
+        clock.advance(2.5)
         assert (await a.step()).startswith("published")
         assert await b.step() is None and a.is_leader and not b.is_leader
-        assert shared["plans"]["a"].epoch == 1 and shared["plans"]["a"].targets == {"x": (0, 4)}
+        assert plan_of(sa).epoch == 1 and plan_of(sa).targets == {"x": (0, 4)}
         # a dies (its candidacy disappears); b takes over with a higher epoch and the same placement
-        shared["cands"].pop("a")
+        store.drop(RecordKind.COORDINATORS, sa.public_key)
         assert (await b.step()).startswith("published")
-        pb = shared["plans"]["b"]
+        pb = plan_of(sb)
         assert pb.epoch == 2 and pb.targets == {"x": (0, 4)} and pb.leader_id == "b"
-        assert choose_plan([SignedPlan(p, n) for n, p in shared["plans"].items()]).plan.leader_id == "b"
+        assert choose_plan(await x.get_plans()).plan.leader_id == "b"
         # nothing changed: only refreshes, same epoch
-        clock.t += 2.5
+        clock.advance(2.5)
         assert await b.step() == "refreshed"
-        assert shared["plans"]["b"].epoch == 2
+        assert plan_of(sb).epoch == 2
 
     run(go())
 
@@ -146,10 +100,10 @@ def test_probe_sizing_covers_slow_and_fast_links():
 
 
 def test_token_bucket():
-    clock = Clock()
+    clock = FakeClock()
     b = TokenBucket(rate=100.0, burst=200.0, clock=clock)
     assert b.take(150) and not b.take(100)
-    clock.t += 1.0
+    clock.advance(1.0)
     assert b.take(100)
 
 

@@ -15,8 +15,8 @@ from p2pserve.dht.records import (
     RecordRejected,
     decode_record,
     encode_record,
-    ttl_for,
 )
+from p2pserve.config import ttl_for
 from p2pserve.errors import MalformedFrameError
 
 

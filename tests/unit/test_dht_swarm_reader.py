@@ -2,47 +2,25 @@
 
 import asyncio
 import json
-from concurrent.futures import Future
+from pathlib import Path
 
 import pytest
-from hivemind.utils import ValueWithExpiration
 
 from p2pserve.cli.common import add_dht_arguments, dht_config_from_args
-from p2pserve.dht.config import DHTConfig
+from p2pserve.config import DHTConfig
 from p2pserve.dht.keys import RecordKind, record_key
 from p2pserve.dht.records import CoordinatorCandidate, PeerInfo, Plan, encode_record
 from p2pserve.dht.signing import load_or_create_key, owner_subkey, public_key_text
 from p2pserve.dht.swarm import Swarm
 from p2pserve.errors import ConfigError
+from p2pserve.testing import FakeClock, FakeDHT
 
-
-class FakeDHT:
-    def __init__(self):
-        self.data = {}
-
-    def get(self, key, latest=False, return_future=False):
-        f = Future()
-        entries = self.data.get(key)
-        f.set_result(None if not entries else ValueWithExpiration(dict(entries), max(v.expiration_time for v in entries.values())))
-        return f
-
-    def store(self, key, value, expiration_time, subkey=None, return_future=False):
-        self.data.setdefault(key, {})[subkey] = ValueWithExpiration(value, expiration_time)
-        f = Future()
-        f.set_result(True)
-        return f
+Entry = FakeDHT.Entry
 
 
 @pytest.fixture(scope="module")
 def keys():
     return [load_or_create_key(None) for _ in range(3)]
-
-
-class Clock:
-    t = 1000.0
-
-    def __call__(self):
-        return self.t
 
 
 def make(keys, i, dht, clock, trusted=()):
@@ -52,7 +30,7 @@ def make(keys, i, dht, clock, trusted=()):
 
 
 def test_reader_filters(keys, caplog):
-    dht, clock = FakeDHT(), Clock()
+    dht, clock = FakeDHT(), FakeClock()
     a, b = make(keys, 0, dht, clock), make(keys, 1, dht, clock)
 
     async def go():
@@ -62,8 +40,8 @@ def test_reader_filters(keys, caplog):
         # an absurd record written around local validation, and one for another model
         key = record_key("s", "m", RecordKind.PEERS)
         bad = PeerInfo(model="m", peer_id="px", max_layers=1, throughput_decode=[1e12])
-        dht.data[key][owner_subkey(keys[2])] = ValueWithExpiration(encode_record(bad), 2000.0)
-        dht.data[key][b"no-owner"] = ValueWithExpiration(encode_record(PeerInfo(model="m", peer_id="py")), 2000.0)
+        dht.data[key][owner_subkey(keys[2])] = Entry(encode_record(bad), 2000.0)
+        dht.data[key][b"no-owner"] = Entry(encode_record(PeerInfo(model="m", peer_id="py")), 2000.0)
         assert set(await a.get_peers()) == {"pa", "pb"}
         assert "throughput_decode[1]" in caplog.text and "no owner" in caplog.text
         # withdraw: tombstone, reported as withdrawn
@@ -71,14 +49,14 @@ def test_reader_filters(keys, caplog):
         assert set(await a.get_peers()) == {"pa"}
         assert public_key_text(keys[1]) in a.withdrawn[RecordKind.PEERS]
         # expiry
-        clock.t += 100
+        clock.advance(100)
         assert await a.get_peers() == {}
 
     asyncio.run(go())
 
 
 def test_candidates_must_carry_their_signers_key(keys):
-    dht, clock = FakeDHT(), Clock()
+    dht, clock = FakeDHT(), FakeClock()
     a = make(keys, 0, dht, clock)
 
     async def go():
@@ -87,14 +65,14 @@ def test_candidates_must_carry_their_signers_key(keys):
                                                             public_key=public_key_text(keys[1])))
         key = record_key("s", "m", RecordKind.COORDINATORS)
         lie = CoordinatorCandidate(model="m", coordinator_id="liar", start_time=1.0, public_key=public_key_text(keys[1]))
-        dht.data[key] = {owner_subkey(keys[2]): ValueWithExpiration(encode_record(lie), 2000.0)}
+        dht.data[key] = {owner_subkey(keys[2]): Entry(encode_record(lie), 2000.0)}
         assert await a.get_candidates() == []
 
     asyncio.run(go())
 
 
 def test_trusted_plans_and_keep_last(keys):
-    dht, clock = FakeDHT(), Clock()
+    dht, clock = FakeDHT(), FakeClock()
     c1, rogue = make(keys, 0, dht, clock, trusted=(0,)), make(keys, 1, dht, clock, trusted=(0,))
     reader = make(keys, 2, dht, clock, trusted=(0,))
 
@@ -108,7 +86,7 @@ def test_trusted_plans_and_keep_last(keys):
         got = await reader.get_plan()
         assert got.plan.leader_id == "c1" and got.signer == public_key_text(keys[0])
         # the record expires and nobody republishes: the last plan stays valid
-        clock.t += 60
+        clock.advance(60)
         assert (await reader.get_plan()).plan.epoch == 3
         # all coordinators restarted and begin again at epoch 1: followed once the old one expired
         await c1.publish_plan(plan(1, "c1"))
@@ -134,3 +112,80 @@ def test_config_file_and_flags(tmp_path):
     (tmp_path / "bad.toml").write_text("model = ")
     with pytest.raises(ConfigError):
         dht_config_from_args(p.parse_args(["--config", str(tmp_path / "bad.toml")]))
+
+
+def test_merge_flags_given_win_even_when_zero_or_empty():
+    from p2pserve.config import merge
+
+    assert merge({"a": 1, "b": 2, "c": None}, {"a": 0, "b": None, "d": ()}) == {"a": 0, "b": 2, "d": ()}
+
+
+def test_flag_set_to_zero_overrides_a_nonzero_file_value(tmp_path):
+    import argparse
+
+    from p2pserve.cli.coordinator import add_arguments, coordinator_config
+    from p2pserve.config import SwarmFile
+
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps({
+        "model": "m", "initial_peers": ["/ip4/1.2.3.4/tcp/1/p2p/Qm"], "timing": {"max_clock_skew": 2.0},
+        "models": {"m": {"num_layers": 8, "replan_period": 60.0, "activation_bytes": 4096}},
+    }))
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    args = p.parse_args(["--config", str(path), "--max-clock-skew", "0", "--replan-period", "0", "--initial-peers",
+                         "--priority", "0"])
+    cfg, file = dht_config_from_args(args)
+    assert cfg.max_clock_skew == 0.0 and cfg.initial_peers == ()
+    ccfg = coordinator_config(args, file, cfg.model)
+    assert ccfg.replan_period == 0.0 and ccfg.num_layers == 8 and ccfg.activation_bytes == 4096
+    # flags not given: the file's values, else the dataclass defaults
+    args = p.parse_args(["--config", str(path)])
+    cfg, file = dht_config_from_args(args)
+    assert cfg.max_clock_skew == 2.0 and cfg.initial_peers and cfg.peer_refresh == DHTConfig.peer_refresh
+    assert coordinator_config(args, file, "m").replan_period == 60.0
+    assert isinstance(file, SwarmFile) and file.model_settings("other").values() == {}
+
+
+def test_swarm_file_is_validated(tmp_path):
+    from p2pserve.config import SwarmFile
+
+    (tmp_path / "typo.toml").write_text('model = "m"\n[timing]\npeer_refesh = 1.0\n')
+    with pytest.raises(ConfigError, match="peer_refesh"):
+        SwarmFile.load(str(tmp_path / "typo.toml"))
+    (tmp_path / "type.json").write_text(json.dumps({"initial_peers": "not-a-list"}))
+    with pytest.raises(ConfigError, match="initial_peers"):
+        SwarmFile.load(str(tmp_path / "type.json"))
+    shipped = Path(__file__).resolve().parents[2] / "bootstrap" / "swarm.toml"
+    assert SwarmFile.load(str(shipped)).model_settings("Qwen/Qwen2.5-0.5B-Instruct").num_layers == 24
+
+
+def test_swarm_and_the_shared_fake_implement_the_swarm_view(keys):
+    """The roles see only SwarmView: the hivemind Swarm and the in-memory fake both provide
+    every member of it, with the same signatures."""
+    import inspect
+
+    from p2pserve.dht.view import LinkProbes, SwarmReader, SwarmView
+    from p2pserve.dht.prober import LinkProber
+    from p2pserve.testing import FakeSwarm
+
+    def members(proto):
+        names = set()
+        for cls in proto.__mro__:
+            if cls in (SwarmView, SwarmReader, LinkProbes):
+                names |= {n for n in vars(cls) if not n.startswith("_")} | set(getattr(cls, "__annotations__", {}))
+        return names
+
+    def params(f):
+        return [p for p in inspect.signature(f).parameters if p != "self"]
+
+    for impl in (make(keys, 0, FakeDHT(), FakeClock()), FakeSwarm()):
+        for name in members(SwarmView):
+            # properties are looked up on the class (Swarm.peer_id asks its DHT node)
+            assert hasattr(type(impl), name) or hasattr(impl, name), (type(impl).__name__, name)
+            spec = getattr(SwarmView, name, None)
+            if inspect.iscoroutinefunction(spec):
+                method = getattr(type(impl), name)
+                assert inspect.iscoroutinefunction(method) and params(method) == params(spec), (type(impl).__name__, name)
+    prober = LinkProber(None)
+    assert all(hasattr(type(prober), name) or hasattr(prober, name) for name in members(LinkProbes))

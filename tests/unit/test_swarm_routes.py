@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-from types import SimpleNamespace
 
 import pytest
 
 from p2pserve.client.routing import Masks, NoRouteError
 from p2pserve.client.swarm_routes import SwarmRoutes, graph_from_records
+from p2pserve.config import DHTConfig
+from p2pserve.dht.keys import RecordKind
 from p2pserve.dht.records import Flow, PeerInfo, Plan
 from p2pserve.errors import RoutingError
+from p2pserve.testing import FakeClock, FakeSwarm, FakeSwarmStore
 
 M = "m"
 
@@ -25,23 +27,18 @@ PLAN = Plan(model=M, epoch=3, leader_id="c", num_layers=8, spans={"A": (0, 4), "
                    Flow("C", "sink", 20.0)])
 
 
-class FakeSwarm:
-    def __init__(self, plan, peers):
-        self.plan, self.peers, self.reads = plan, peers, 0
-
-    async def get_plan(self):
-        self.reads += 1
-        return SimpleNamespace(plan=self.plan, signer="k") if self.plan is not None else None
-
-    async def get_peers(self):
-        return {p.peer_id: SimpleNamespace(record=p) for p in self.peers}
+def fake_swarm(plan, peers):
+    """A client's view of a swarm whose leader published ``plan`` and whose ``peers`` announced."""
+    store = FakeSwarmStore()
+    for p in peers:
+        store.put(RecordKind.PEERS, p.peer_id, p)
+    if plan is not None:
+        store.put(RecordKind.PLAN, "c", plan)
+    return FakeSwarm(store, "client", DHTConfig(model=M))
 
 
-class Clock:
-    t = 0.0
-
-    def __call__(self):
-        return self.t
+def reads(swarm):
+    return swarm.calls["get_plan"]
 
 
 def test_graph_drops_departed_peers_and_their_flows():
@@ -64,42 +61,42 @@ def test_without_a_plan_routes_over_serving_spans():
 
 
 def test_routes_follow_plan_mask_kv_and_cache_reads():
-    clock = Clock()
-    swarm = FakeSwarm(PLAN, [info("A", (0, 4), kv_free=10), info("B", (0, 4)), info("C", (4, 8))])
+    clock = FakeClock(0.0)
+    swarm = fake_swarm(PLAN, [info("A", (0, 4), kv_free=10), info("B", (0, 4)), info("C", (4, 8))])
     routes = SwarmRoutes(swarm, seed=0, num_layers=8, refresh_s=5.0, clock=clock)
     hops = asyncio.run(routes.route(Masks(), kv_need_tokens=100))  # A is over the high-water mark
     assert [(h.peer_id, h.start, h.end) for h in hops] == [("B", 0, 4), ("C", 4, 8)]
     assert asyncio.run(routes.route(Masks(), kv_need_tokens=5))  # small requests may use A
-    assert swarm.reads == 1  # cached within refresh_s
-    clock.t = 10.0
+    assert reads(swarm) == 1  # cached within refresh_s
+    clock.advance(10.0)
     asyncio.run(routes.route(Masks()))
-    assert swarm.reads == 2 and routes.epoch == 3
+    assert reads(swarm) == 2 and routes.epoch == 3
     with pytest.raises(NoRouteError) as e:
         asyncio.run(routes.route(Masks(banned=frozenset({"C"}))))
     assert "layer 4" in str(e.value)
 
 
 def test_peer_without_kv_budget_is_not_kv_masked():
-    swarm = FakeSwarm(PLAN, [info("A", (0, 4), kv_free=0, kv_bytes=0), info("C", (4, 8))])
+    swarm = fake_swarm(PLAN, [info("A", (0, 4), kv_free=0, kv_bytes=0), info("C", (4, 8))])
     routes = SwarmRoutes(swarm, seed=0, num_layers=8)
     assert [h.peer_id for h in asyncio.run(routes.route(Masks(), kv_need_tokens=100))] == ["A", "C"]
 
 
 def test_no_plan_and_no_peers_is_a_routing_error():
-    routes = SwarmRoutes(FakeSwarm(None, []), seed=0, num_layers=None)
+    routes = SwarmRoutes(fake_swarm(None, []), seed=0, num_layers=None)
     with pytest.raises(RoutingError):
         asyncio.run(routes.route(Masks()))
 
 
 def test_stale_plan_falls_back_to_announced_ranges_and_invalidate_rereads():
     """C flipped from [4, 8) to [5, 8) after the plan: no plan route is left, the served ranges have one."""
-    swarm = FakeSwarm(PLAN, [info("A", (0, 4)), info("B", (0, 5)), info("C", (5, 8))])
-    routes = SwarmRoutes(swarm, seed=0, num_layers=8, refresh_s=60.0, clock=Clock())
+    swarm = fake_swarm(PLAN, [info("A", (0, 4)), info("B", (0, 5)), info("C", (5, 8))])
+    routes = SwarmRoutes(swarm, seed=0, num_layers=8, refresh_s=60.0, clock=FakeClock(0.0))
     hops = asyncio.run(routes.route(Masks()))
     assert [(h.peer_id, h.start, h.end) for h in hops] == [("B", 0, 5), ("C", 5, 8)]
     provider = routes.for_request(16)
     asyncio.run(provider(Masks()))
-    assert swarm.reads == 1  # cached
+    assert reads(swarm) == 1  # cached
     provider.invalidate()
     asyncio.run(provider(Masks()))
-    assert swarm.reads == 2
+    assert reads(swarm) == 2

@@ -1,10 +1,11 @@
-"""A synthetic peer: real DHT node, real signed records, real link probes, no model.
+"""A synthetic peer for control-plane tests: real DHT node, real signed records, real link
+probes, no model.
 
 It stands in for the peer runtime in control-plane tests and demos: it announces a PeerInfo
 shaped like a small GPU peer, probes links over ``p2pserve.probe`` and follows the plan
 (joining -> loading the target range for ``--load-delay`` seconds -> serving it).
 
-    python -m p2pserve.dht.synthetic_peer --initial-peers ... --model M --max-layers 4
+    python -m p2pserve.testing_peer --initial-peers ... --model M --max-layers 4
 
 ``--absurd`` announces 10^12 tokens/s (bypassing local validation) so that tests can check
 that readers drop such records with a logged reason.
@@ -17,14 +18,19 @@ import asyncio
 import logging
 import signal
 import sys
-import time
 from typing import Optional
 
 from p2pserve.cli.common import add_dht_arguments, dht_config_from_args, setup_logging
+from p2pserve.clock import monotonic, wall
+from p2pserve.config import ProberConfig
+from p2pserve.dht.announcer import Announcer
 from p2pserve.dht.keys import RecordKind
-from p2pserve.dht.records import LayerSpan, PeerInfo, encode_record
+from p2pserve.dht.prober import LinkProber
+from p2pserve.dht.records import PeerInfo, encode_record
+from p2pserve.dht.swarm import Swarm
+from p2pserve.types import LayerRange
 
-logger = logging.getLogger("p2pserve.synthetic_peer")
+logger = logging.getLogger("p2pserve.testing_peer")
 
 
 class SyntheticState:
@@ -33,8 +39,9 @@ class SyntheticState:
     def __init__(self, model: str, peer_id: str, addrs: list[str], args: argparse.Namespace):
         self.model, self.peer_id, self.addrs, self.args = model, peer_id, addrs, args
         self.state = "joining"
-        self.serving: Optional[LayerSpan] = None
-        self.loading: Optional[LayerSpan] = None
+        self.serving: Optional[LayerRange] = None
+        self.loading: Optional[LayerRange] = None
+        self.flip_at: Optional[float] = None  # when the range being "loaded" is ready
 
     def peer_info(self) -> PeerInfo:
         """The PeerInfo for the current state. T[j] = tps / j (one device, j layers in sequence)."""
@@ -57,25 +64,30 @@ class SyntheticState:
             kv_free_tokens=100_000,
             queued_tokens=0,
             version="synthetic",
-            timestamp=time.time(),
+            timestamp=wall(),
         )
 
+    def follow(self, target: Optional[LayerRange], now: float) -> bool:
+        """Start "loading" a new target and flip once it is loaded; returns whether the state changed."""
+        changed = False
+        if target is not None and target != self.serving and target != self.loading:
+            self.loading, self.state, self.flip_at = target, "loading", now + self.args.load_delay
+            logger.info(f"loading {target}")
+            changed = True
+        if self.flip_at is not None and now >= self.flip_at:
+            self.serving, self.loading, self.state, self.flip_at = self.loading, None, "serving", None
+            logger.info(f"serving {self.serving}")
+            changed = True
+        return changed
 
-class _UncheckedSwarm:
-    """Swarm wrapper that skips local validation of PeerInfo (``--absurd`` only)."""
 
-    def __init__(self, swarm):
-        self._s = swarm
-        self.config = swarm.config
+class UncheckedSwarm(Swarm):
+    """A Swarm that skips local validation of its PeerInfo (``--absurd`` only): what a buggy
+    or hostile peer would publish."""
 
-    async def announce_peer(self, info):
-        return await self._s._put(RecordKind.PEERS, encode_record(info), self.config.peer_ttl)
-
-    async def announce_links(self, info):
-        return await self._s.announce_links(info)
-
-    async def withdraw_all(self):
-        return await self._s.withdraw_all()
+    async def announce_peer(self, info: PeerInfo) -> bool:
+        """Store ``info`` as is."""
+        return await self._put(RecordKind.PEERS, encode_record(info), self.config.peer_ttl)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -89,53 +101,41 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--absurd", action="store_true", help="announce 10^12 tokens/s")
 
 
+async def _probe_round(swarm: Swarm, prober: LinkProber, announcer: Announcer, me: str) -> None:
+    peers = await swarm.get_peers()
+    targets = {pid: s.record.addrs for pid, s in peers.items() if pid != me}
+    prober.forget(list(targets) + [me])
+    if await prober.probe_many(targets):
+        announcer.poke_links()
+
+
 async def amain(args: argparse.Namespace) -> int:
     """Run until SIGTERM/SIGINT; withdraws its records on the way out."""
-    from p2pserve.dht.announcer import Announcer
-    from p2pserve.dht.prober import LinkProber, ProberConfig
-    from p2pserve.dht.swarm import Swarm
-
     dcfg, _ = dht_config_from_args(args)
-    swarm = Swarm.create(dcfg)
+    swarm = (UncheckedSwarm if args.absurd else Swarm).create(dcfg)
     try:
         st = SyntheticState(dcfg.model, swarm.peer_id, swarm.visible_maddrs(), args)
         prober = None
         if not args.no_probe:
-            prober = LinkProber(await swarm.dht.replicate_p2p(), ProberConfig(min_interval_s=dcfg.link_refresh, max_probe_bytes=16 << 20))
+            prober = LinkProber(await swarm.replicate_p2p(),
+                                ProberConfig(min_interval_s=dcfg.link_refresh, max_probe_bytes=16 << 20))
             await prober.start()
-        target_swarm = _UncheckedSwarm(swarm) if args.absurd else swarm
-        announcer = Announcer(
-            target_swarm,
-            st.peer_info,
-            (lambda: prober.link_info(dcfg.model, st.peer_id)) if prober else None,
-        )
+        announcer = Announcer(swarm, st.peer_info, (lambda: prober.link_info(dcfg.model, st.peer_id)) if prober else None)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         print(f"peer {st.peer_id}", flush=True)
         ann_task = asyncio.create_task(announcer.run(stop))
-        flip_at: Optional[float] = None
         last_probe = 0.0
         while not stop.is_set():
             try:
                 signed = await swarm.get_plan()
-                target = signed.plan.targets.get(st.peer_id) if signed else None
-                if target is not None and target != st.serving and target != st.loading:
-                    logger.info(f"plan epoch {signed.plan.epoch}: loading {target}")
-                    st.loading, st.state, flip_at = target, "loading", time.monotonic() + args.load_delay
+                if st.follow(signed.plan.targets.get(st.peer_id) if signed else None, monotonic()):
                     announcer.poke()
-                if flip_at is not None and time.monotonic() >= flip_at:
-                    st.serving, st.loading, st.state, flip_at = st.loading, None, "serving", None
-                    logger.info(f"serving {st.serving}")
-                    announcer.poke()
-                if prober and time.monotonic() - last_probe >= min(dcfg.link_refresh, 2.0):
-                    last_probe = time.monotonic()
-                    peers = await swarm.get_peers()
-                    targets = {pid: s.record.addrs for pid, s in peers.items() if pid != st.peer_id}
-                    prober.forget(list(targets) + [st.peer_id])
-                    if await prober.probe_many(targets):
-                        announcer.poke_links()
+                if prober and monotonic() - last_probe >= min(dcfg.link_refresh, 2.0):
+                    last_probe = monotonic()
+                    await _probe_round(swarm, prober, announcer, st.peer_id)
             except (asyncio.TimeoutError, OSError) as e:
                 logger.warning(f"synthetic peer round failed: {e!r}")
             try:
@@ -149,8 +149,8 @@ async def amain(args: argparse.Namespace) -> int:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    """``python -m p2pserve.dht.synthetic_peer``."""
-    parser = argparse.ArgumentParser(prog="python -m p2pserve.dht.synthetic_peer", description=__doc__.splitlines()[0])
+    """``python -m p2pserve.testing_peer``."""
+    parser = argparse.ArgumentParser(prog="python -m p2pserve.testing_peer", description=__doc__.splitlines()[0])
     add_arguments(parser)
     args = parser.parse_args(argv)
     setup_logging(args.log_level)
@@ -159,3 +159,4 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+

@@ -1,0 +1,112 @@
+"""The Plan record a leading coordinator publishes: targets, flows, bounds (pure, no I/O).
+
+Targets come from :func:`~p2pserve.coordinator.targets.plan_targets` over plannable peers;
+flows always come from ``maxflow.max_flow`` over the ranges peers *serve now*, never over
+targets, so a client following them only reaches loaded ranges.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Optional
+
+import msgspec
+
+from p2pserve import clock as clocks
+from p2pserve.clock import Clock
+from p2pserve.config import CoordinatorConfig
+from p2pserve.coordinator.snapshot import Snapshot
+from p2pserve.coordinator.targets import build_topology, plan_targets
+from p2pserve.coordinator.trigger import Reason
+from p2pserve.dht.records import Flow, Plan
+from p2pserve.placement.maxflow import max_flow
+from p2pserve.types import SINK, SINK_INDEX, SOURCE, SOURCE_INDEX, LayerRange
+
+
+def compute_flows(snap: Snapshot, cfg: CoordinatorConfig) -> tuple[list[Flow], float, float, dict[str, LayerRange], list]:
+    """Max-flow over the ranges peers serve now: (flows, value, upper bound, spans, defaulted)."""
+    spans = {pid: span for pid, span in snap.serving_now().items() if pid in set(snap.plannable())}
+    ids = sorted(spans)
+    if not ids:
+        return [], 0.0, 0.0, {}, []
+    topo, defaulted = build_topology(snap, ids, cfg)
+    placement = {i: spans[pid] for i, pid in enumerate(ids)}
+    result = max_flow(topo, placement)
+
+    def name(i: int) -> str:
+        return SOURCE if i == SOURCE_INDEX else SINK if i == SINK_INDEX else ids[i]
+
+    flows = [Flow(name(u), name(v), float(f)) for (u, v), f in sorted(result.edge_flows.items(), key=lambda kv: (name(kv[0][0]), name(kv[0][1])))]
+    return flows, float(result.value), float(topo.upper_bound()), spans, defaulted
+
+
+def make_plan(
+    snap: Snapshot,
+    current_targets: Mapping[str, LayerRange],
+    *,
+    epoch: int,
+    leader_id: str,
+    model: str,
+    cfg: CoordinatorConfig,
+    reason: Reason,
+    now: float,
+    clock: Clock = clocks.monotonic,
+) -> Plan:
+    """A complete Plan: targets over plannable peers, flows over served ranges.
+
+    ``Plan.reason`` is the reason's text and, when the planner ran, the method it used;
+    ``clock`` times the solve.
+    """
+    t0 = clock()
+    ids = snap.plannable()
+    targets: dict[str, LayerRange] = {}
+    defaulted_t: list = []
+    text = str(reason)
+    if ids:
+        topo, defaulted_t = build_topology(snap, ids, cfg)
+        # a peer without a target (new leader, rejoin) keeps what it already loads or serves
+        current = {}
+        for pid in ids:
+            p = snap.peers[pid]
+            span = current_targets.get(pid) or p.loading or p.serving
+            if span is not None:
+                current[pid] = span
+        targets, method = plan_targets(topo, ids, current, cfg, reason.trigger)
+        text = f"{text}; {method}"
+    flows, value, bound, spans, defaulted_f = compute_flows(snap, cfg)
+    # the bound of the *target* placement is the meaningful one: what the swarm could reach
+    if ids:
+        bound = max(bound, topo.upper_bound())
+    defaulted = sorted(set(map(tuple, defaulted_t)) | set(map(tuple, defaulted_f)))
+    return Plan(
+        model=model,
+        epoch=epoch,
+        leader_id=leader_id,
+        num_layers=cfg.num_layers,
+        targets=targets,
+        spans=spans,
+        flows=flows,
+        max_flow=value,
+        upper_bound=bound,
+        solve_time=clock() - t0,
+        defaulted_links=defaulted,
+        created_at=now,
+        reason=text,
+    )
+
+
+def plan_changed(old: Optional[Plan], new: Plan, rel_tol: float = 0.01) -> bool:
+    """Whether ``new`` differs from ``old`` enough to deserve a new epoch."""
+    if old is None:
+        return True
+    if old.targets != new.targets or old.spans != new.spans:
+        return True
+    a = {(f.src, f.dst): f.rate for f in old.flows}
+    b = {(f.src, f.dst): f.rate for f in new.flows}
+    if a.keys() != b.keys():
+        return True
+    return any(abs(a[k] - b[k]) > rel_tol * max(a[k], b[k], 1e-9) for k in a)
+
+
+def with_epoch(plan: Plan, epoch: int) -> Plan:
+    """The same plan under another epoch."""
+    return msgspec.structs.replace(plan, epoch=epoch)

@@ -1,0 +1,173 @@
+"""Target ranges: where each plannable peer should be (pure; the planner does the solving).
+
+:func:`build_topology` turns a :class:`~p2pserve.coordinator.snapshot.Snapshot` into the
+planner's ``Topology``; :func:`plan_targets` calls the planner's full solve or its churn
+handling (join, leave, periodic) on it, gives idle peers a replica (:func:`fill_idle`) and falls
+back to :func:`greedy_targets` when the planner refuses (swarm too small).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Mapping, Optional, Sequence
+
+from p2pserve.config import CoordinatorConfig
+from p2pserve.coordinator.trigger import Trigger
+from p2pserve.coordinator.snapshot import Snapshot
+from p2pserve.errors import ConfigError, PlanningError
+from p2pserve.placement import churn as inc
+from p2pserve.placement.heuristics import petals_greedy
+from p2pserve.placement.planner import PlannerConfig, plan_for_topology
+from p2pserve.placement.topology import LinkSpec, NodeSpec, Topology
+from p2pserve.types import SINK_INDEX, SOURCE_INDEX, LayerRange
+
+logger = logging.getLogger(__name__)
+
+
+def build_topology(
+    snap: Snapshot, ids: Sequence[str], cfg: CoordinatorConfig
+) -> tuple[Topology, list[tuple[str, str]]]:
+    """The planner's Topology over peers ``ids`` (node index = position in ``ids``).
+
+    A link measured in only one direction is assumed symmetric; a pair measured in neither gets
+    ``default_bandwidth``/``default_rtt`` and is returned in the defaulted list (flagged in the
+    plan). Every peer is assumed reachable from clients at ``client_bandwidth``.
+    """
+    nodes = []
+    for pid in ids:
+        p = snap.peers[pid]
+        thr = tuple([0.0] + list(p.throughput_decode)) if p.throughput_decode else (0.0,)
+        nodes.append(NodeSpec(name=pid, gpu_type=p.device, throughput=thr, memory_bytes=float(p.weights_memory_bytes)))
+    links: list[LinkSpec] = []
+    defaulted: list[tuple[str, str]] = []
+    for i, a in enumerate(ids):
+        links.append(LinkSpec(SOURCE_INDEX, i, cfg.client_bandwidth, cfg.default_rtt / 2))
+        links.append(LinkSpec(i, SINK_INDEX, cfg.client_bandwidth, cfg.default_rtt / 2))
+        for j, b in enumerate(ids):
+            if i == j:
+                continue
+            stat = snap.links.get((a, b)) or snap.links.get((b, a))
+            if stat is None:
+                if a < b:
+                    defaulted.append((a, b))
+                links.append(LinkSpec(i, j, cfg.default_bandwidth, cfg.default_rtt / 2))
+            else:
+                links.append(LinkSpec(i, j, stat.bandwidth, stat.rtt / 2))
+    topo = Topology(
+        nodes=tuple(nodes),
+        links=tuple(links),
+        num_layers=cfg.num_layers,
+        activation_bytes=cfg.activation_bytes,
+        token_bytes=cfg.token_bytes,
+    )
+    return topo, defaulted
+
+
+def _coverage(L: int, spans) -> list[int]:
+    cover = [0] * L
+    for s, e in spans:
+        for layer in range(s, e):
+            cover[layer] += 1
+    return cover
+
+
+def _fill_weakest_windows(topo: Topology, placed: Mapping[int, LayerRange], todo: Sequence[int]) -> dict[int, LayerRange]:
+    """Keep ``placed``; give each node in ``todo`` the window of its ``max_layers`` layers whose
+    weakest layer has the least throughput so far (ties: least total, then lowest start)."""
+    L = topo.num_layers
+    out = dict(placed)
+    cover = [0.0] * L
+    for i, (s, e) in out.items():
+        t = topo.nodes[i].throughput
+        for layer in range(s, e):
+            cover[layer] += t[e - s] if e - s < len(t) else 0.0
+    for i in todo:
+        k = min(topo.nodes[i].max_layers, L)
+        if k <= 0:
+            continue
+        best = min(range(L - k + 1), key=lambda s: (min(cover[s : s + k]), sum(cover[s : s + k]), s))
+        out[i] = (best, best + k)
+        for layer in range(best, best + k):
+            cover[layer] += topo.nodes[i].throughput[k]
+    return out
+
+
+def greedy_targets(topo: Topology, ids: Sequence[str], current: Mapping[str, LayerRange]) -> dict[str, LayerRange]:
+    """Fallback placement for peers ``ids``, moving as few loaded layers as possible.
+
+    1. every peer keeps its current target if it still fits (no reload);
+    2. peers without one (newcomers) take the contiguous window of ``max_layers`` layers whose
+       weakest layer has the least throughput so far;
+    3. only if some layer is still uncovered (a departure) is everything re-placed with the
+       Petals-style greedy, newcomers last -- a reload, but a model with a hole serves nothing.
+    """
+    L = topo.num_layers
+    kept: dict[int, LayerRange] = {}
+    for i, pid in enumerate(ids):
+        span = current.get(pid)
+        k = topo.nodes[i].max_layers
+        if span is not None and 0 <= span[0] < span[1] <= L and span[1] - span[0] <= k:
+            kept[i] = tuple(span)
+    out = _fill_weakest_windows(topo, kept, [i for i in range(len(ids)) if i not in kept])
+    if min(_coverage(L, out.values()), default=0) == 0:
+        order = [i for i in range(len(ids)) if ids[i] in current] + [i for i in range(len(ids)) if ids[i] not in current]
+        out = petals_greedy(topo, order)
+    return {ids[i]: span for i, span in out.items()}
+
+
+def fill_idle(topo: Topology, ids: Sequence[str], targets: Mapping[str, LayerRange]) -> dict[str, LayerRange]:
+    """Give every peer the planner left idle a replica on the weakest window (nobody else moves).
+
+    An idle volunteer helps nobody; a replica adds capacity, KV room and a failover target.
+    """
+    idx = {pid: i for i, pid in enumerate(ids)}
+    placed = {idx[pid]: span for pid, span in targets.items()}
+    out = _fill_weakest_windows(topo, placed, [i for i, pid in enumerate(ids) if pid not in targets])
+    return {**dict(targets), **{ids[i]: span for i, span in out.items() if ids[i] not in targets}}
+
+
+def plan_targets(
+    topo: Topology,
+    ids: Sequence[str],
+    current: Mapping[str, LayerRange],
+    cfg: CoordinatorConfig,
+    trigger: Optional[Trigger] = None,
+) -> tuple[dict[str, LayerRange], str]:
+    """Target ranges for peers ``ids`` with the planner's churn handling; returns (targets, method).
+
+    * no current placement: a full solve (``planner.plan_for_topology``);
+    * newcomers: ``churn.on_join`` (warm start, reload cost per moved layer);
+    * a trigger that re-measured the swarm (periodic, link change: :attr:`Trigger.remeasures`):
+      ``churn.periodic`` (adopted only if the gain beats the reloads);
+    * anything else (leave, served ranges or links changed): ``churn.on_leave``, which
+      keeps the placement and only recomputes flows while every layer stays covered.
+
+    Peers the planner leaves idle get a replica (:func:`fill_idle`). If the planner fails (e.g.
+    the swarm is too small for the model) the greedy fallback covers what it can.
+    """
+    cur = {pid: tuple(span) for pid, span in current.items() if pid in set(ids)}
+    try:
+        pc = PlannerConfig(objective=cfg.objective, time_limit_s=cfg.solve_time_limit, seed=cfg.seed)
+        reload_cost = cfg.reload_cost_per_layer
+        if reload_cost is None:
+            reload_cost = inc.default_reload_cost(topo, cur, pc, cfg.reload_share)
+        if not cur:
+            result = plan_for_topology(topo, pc)
+            method = f"solve:{result.method}"
+            assignments = result.assignments
+        else:
+            if any(pid not in cur for pid in ids):
+                r = inc.on_join(topo, cur, pc, reload_cost, cfg.solve_time_limit, tolerance=cfg.churn_tolerance)
+            elif trigger is not None and trigger.remeasures:
+                # measurements changed what the links can carry: adopt a fresh solve only if
+                # its gain beats the cost of the layers it would reload
+                r = inc.periodic(topo, cur, pc, reload_cost)
+            else:
+                r = inc.on_leave(topo, cur, pc, reload_cost, cfg.solve_time_limit, tolerance=cfg.churn_tolerance)
+            method = f"{r.plan.method} ({r.layers_moved} layers to load)"
+            assignments = r.plan.assignments
+        targets = {ids[i]: (int(s), int(e)) for i, (s, e) in assignments.items() if e > s}
+    except (PlanningError, ConfigError) as e:
+        logger.warning(f"planner failed ({e}); using the greedy fallback")
+        targets, method = greedy_targets(topo, ids, cur), "greedy-fallback"
+    return fill_idle(topo, ids, targets), method
