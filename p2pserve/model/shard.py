@@ -10,7 +10,7 @@ nH / nKV = query / key-value heads, c = cached tokens before this step.
 
 Fast path. A decode step is one token per sequence, so with small models nearly all of its time
 is fixed per-op cost (dispatch, ``nn.Module.__call__``), not arithmetic. For the families whose
-layer math is known (`_FAST_FAMILIES`) the shard therefore runs the very same tensor ops that
+layer math is known (`FAST_FAMILIES`) the shard therefore runs the very same tensor ops that
 the transformers modules run, in the same order, but called directly: norms as their own ops,
 projections as the ``mm``/``addmm`` that ``F.linear`` dispatches to on 2-D inputs, SiLU as
 ``F.silu``. Rotary tables are computed by the model's own rotary module once for a range of
@@ -25,7 +25,7 @@ from __future__ import annotations
 import importlib
 import logging
 from dataclasses import dataclass, field
-from typing import Callable, NamedTuple, Protocol
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -33,6 +33,7 @@ from transformers import AutoConfig
 
 from p2pserve.errors import BadRequestError
 from p2pserve.model.checkpoint import CheckpointIndex
+from p2pserve.model.fast_ops import LayerPlan, Norm, build_layer_plans, linear, rms_norm, rope
 from p2pserve.model.spec import SUPPORTED_FAMILIES, ModelSpec
 
 log = logging.getLogger(__name__)
@@ -72,90 +73,11 @@ class Segment:
 # Families whose decoder layer, attention, MLP and RMSNorm math `_layer_fast` reproduces (checked
 # against transformers 5.x): pre-norm, optional q/k/v biases (Qwen2), optional per-head q/k
 # RMSNorm (Qwen3), gated MLP ``down(act(gate(x)) * up(x))``.
-_FAST_FAMILIES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
 # Rotary types that rescale their frequencies with the sequence length (transformers'
 # ``dynamic_rope_update``): their cos/sin are computed every step. Every other type's cos/sin of
 # a position never change, so they are computed once into a table and sliced.
 _DYNAMIC_ROPE = ("dynamic", "longrope")
 _ROPE_TABLE_MIN = 256  # positions computed at once when the rotary table first grows
-
-
-def _linear(x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """``F.linear(x, weight, bias)`` for 2-D x: the exact kernel it dispatches to, without the
-    ``linear -> matmul -> t`` wrappers (``weight_t`` is ``weight.t()``, made once)."""
-    return torch.mm(x, weight_t) if bias is None else torch.addmm(bias, x, weight_t)
-
-
-class _Norm(NamedTuple):
-    """An RMSNorm's weight and eps, plus eps and the normalised size as 0-dim CPU tensors."""
-
-    weight: torch.Tensor
-    eps: float
-    eps_t: torch.Tensor
-    size_t: torch.Tensor
-
-
-def _norm_params(weight: torch.Tensor, eps: float) -> _Norm:
-    return _Norm(weight, eps, torch.tensor(eps, dtype=torch.float32), torch.tensor(float(weight.shape[-1])))
-
-
-def _rms_norm(x: torch.Tensor, norm: _Norm) -> torch.Tensor:
-    """transformers' ``LlamaRMSNorm.forward``, op for op.
-
-    On CPU, ``pow(2)`` is ``x * x`` and ``mean(-1)`` is ``sum(-1).div_(size)`` inside torch;
-    they are spelled out here with ready 0-dim tensors for the divisor and eps, which skips
-    wrapping Python scalars on every call and gives the same bits. Other devices run the
-    transformers ops unchanged.
-    """
-    dtype = x.dtype
-    h = x if dtype == torch.float32 else x.to(torch.float32)
-    if h.is_cpu:
-        variance = torch.sum(h * h, -1, keepdim=True).div_(norm.size_t).add_(norm.eps_t)
-    else:
-        variance = h.pow(2).mean(-1, keepdim=True) + norm.eps
-    h = h * variance.rsqrt_()
-    return (h if dtype == torch.float32 else h.to(dtype)).mul_(norm.weight)  # == weight * h
-
-
-def _rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor):
-    """Rotary embedding of q [T, nH, D] and k [T, nKV, D] in one pass.
-
-    transformers computes ``x * cos + rotate_half(x) * sin`` with rotate_half(x) = [-x2, x1].
-    Here rotate_half(x) * sin = roll(x) * [-sin1, sin2] = [x2, x1] * sin_signed, which is the
-    same product bit for bit ((-a) * b == a * (-b) in IEEE arithmetic); q and k are stacked so
-    the four elementwise ops run once instead of twice.
-    """
-    nq = q.shape[1]
-    qk = torch.cat((q, k), 1)  # [T, nH + nKV, D]
-    rotated = torch.roll(qk, qk.shape[-1] // 2, -1).mul_(sin_signed)
-    qk = qk.mul_(cos).add_(rotated)  # == qk * cos + rotated
-    q, k = qk[:, :nq], qk[:, nq:]
-    if q.shape[0] > 1:  # give attention the same contiguous q as the unfused computation
-        q = q.contiguous()
-    return q, k
-
-
-@dataclass(frozen=True)
-class _LayerPlan:
-    """One decoder layer's tensors, unwrapped from its modules for `Shard._layer_fast`.
-
-    Linear weights are stored transposed (views) with their biases; ``act`` is None for
-    SiLU (run in place), else the layer's own activation module.
-    """
-
-    input_norm: _Norm
-    post_norm: _Norm
-    q_norm: _Norm | None
-    k_norm: _Norm | None
-    q: tuple[torch.Tensor, torch.Tensor | None]
-    k: tuple[torch.Tensor, torch.Tensor | None]
-    v: tuple[torch.Tensor, torch.Tensor | None]
-    o: tuple[torch.Tensor, torch.Tensor | None]
-    gate: tuple[torch.Tensor, torch.Tensor | None]
-    up: tuple[torch.Tensor, torch.Tensor | None]
-    down: tuple[torch.Tensor, torch.Tensor | None]
-    act: Callable[[torch.Tensor], torch.Tensor] | None
-    scaling: float
 
 
 class Shard(torch.nn.Module):
@@ -188,9 +110,9 @@ class Shard(torch.nn.Module):
         self.device = torch.device("cpu")
         self._fast_classes = (norm_cls, getattr(mod, f"{prefix}Attention", None), getattr(mod, f"{prefix}MLP", None))
         # Fast-path state, built on first use and dropped whenever weights may have moved.
-        self._plan: list[_LayerPlan] | None = None
+        self._plan: list[LayerPlan] | None = None
         self._plan_built = False
-        self._head: tuple[_Norm, torch.Tensor, torch.Tensor | None] | None = None
+        self._head: tuple[Norm, torch.Tensor, torch.Tensor | None] | None = None
         self._rope_table: tuple[torch.Tensor, torch.Tensor] | None = None
         self._dynamic_rope = _is_dynamic_rope(self.rotary)
 
@@ -263,68 +185,15 @@ class Shard(torch.nn.Module):
         self._reset_fast_path()
         return super().load_state_dict(*args, **kwargs)
 
-    def _build_plan(self) -> list[_LayerPlan] | None:
-        """Unwrap every layer into a `_LayerPlan`, or None to use the module path.
-
-        Only layers built from the family's own classes with plain ``nn.Linear`` projections are
-        unwrapped, so a transformers version that changes the layer layout falls back safely.
-        """
-        if self.spec.family not in _FAST_FAMILIES:
-            return None
-        norm_cls, attn_cls, mlp_cls = self._fast_classes
-        silu_types = tuple(t for t in (torch.nn.SiLU, _hf_silu_type()) if t is not None)
-
-        def norm(m) -> _Norm:
-            if type(m) is not norm_cls:
-                raise _NoFastPath
-            return _norm_params(m.weight, float(m.variance_epsilon))
-
-        def linear(m) -> tuple[torch.Tensor, torch.Tensor | None]:
-            if type(m) is not torch.nn.Linear:
-                raise _NoFastPath
-            return m.weight.t(), m.bias
-
-        plans = []
-        try:
-            if self.norm is not None:
-                self._head = (norm(self.norm), *linear(self.lm_head))
-            for layer in self.layers:
-                attn, mlp = layer.self_attn, layer.mlp
-                if type(attn) is not attn_cls or type(mlp) is not mlp_cls:
-                    raise _NoFastPath
-                has_qk_norm = hasattr(attn, "q_norm")
-                plans.append(
-                    _LayerPlan(
-                        input_norm=norm(layer.input_layernorm),
-                        post_norm=norm(layer.post_attention_layernorm),
-                        q_norm=norm(attn.q_norm) if has_qk_norm else None,
-                        k_norm=norm(attn.k_norm) if has_qk_norm else None,
-                        q=linear(attn.q_proj),
-                        k=linear(attn.k_proj),
-                        v=linear(attn.v_proj),
-                        o=linear(attn.o_proj),
-                        gate=linear(mlp.gate_proj),
-                        up=linear(mlp.up_proj),
-                        down=linear(mlp.down_proj),
-                        act=None if isinstance(mlp.act_fn, silu_types) else mlp.act_fn,
-                        scaling=attn.scaling,
-                    )
-                )
-        except (_NoFastPath, AttributeError):
-            log.info("shard of %s: layer layout not recognised, using the module path", self.spec.family)
-            self._head = None
-            return None
-        return plans
-
-    def _fast_plan(self) -> list[_LayerPlan] | None:
+    def _fast_plan(self) -> list[LayerPlan] | None:
         if not self._plan_built:
-            self._plan, self._plan_built = self._build_plan(), True
+            (self._head, self._plan), self._plan_built = build_layer_plans(self), True
         return self._plan
 
     def _rope_rows(self, segments: list[Segment], like: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """(cos, sin_signed) [n, 1, D] for each segment's positions, in ``like``'s dtype.
 
-        sin_signed is sin with its first half negated (see `_rope`). For static rotary types
+        sin_signed is sin with its first half negated (see `rope`). For static rotary types
         the rows are slices of a table that the rotary module computed for positions
         [0, P): each position's row is an elementwise function of that position alone, so it
         is the same whether computed alone or in a batch.
@@ -388,7 +257,7 @@ class Shard(torch.nn.Module):
             last = torch.cat([segments[i].hidden[-1:] for i in wanting])  # [S, H]
             if self._head is not None:
                 norm, head_t, head_bias = self._head
-                logits = _linear(_rms_norm(last, norm), head_t, head_bias)
+                logits = linear(rms_norm(last, norm), head_t, head_bias)
             else:
                 logits = self.lm_head(self.norm(last))
             if logits.dtype != torch.float32:
@@ -438,7 +307,7 @@ class Shard(torch.nn.Module):
         v = attn.v_proj(h).view(T, -1, D)
         if hasattr(attn, "q_norm"):  # Qwen3: per-head RMSNorm before RoPE
             q, k = attn.q_norm(q), attn.k_norm(k)
-        q, k = _rope(q, k, cos, sin)
+        q, k = rope(q, k, cos, sin)
         o = self._attention(layer_idx, q, k, v, segments, attn.scaling)
         x = x + attn.o_proj(o)
         return x + layer.mlp(layer.post_attention_layernorm(x))
@@ -448,23 +317,23 @@ class Shard(torch.nn.Module):
         p = self._plan[layer_idx - self.start]
         T = x.shape[0]
         D = self.spec.head_dim
-        h = _rms_norm(x, p.input_norm)
-        q = _linear(h, *p.q).view(T, -1, D)  # [T, nH, D]
-        k = _linear(h, *p.k).view(T, -1, D)  # [T, nKV, D]
-        v = _linear(h, *p.v).view(T, -1, D)
+        h = rms_norm(x, p.input_norm)
+        q = linear(h, *p.q).view(T, -1, D)  # [T, nH, D]
+        k = linear(h, *p.k).view(T, -1, D)  # [T, nKV, D]
+        v = linear(h, *p.v).view(T, -1, D)
         if p.q_norm is not None:  # Qwen3: per-head RMSNorm before RoPE
-            q, k = _rms_norm(q, p.q_norm), _rms_norm(k, p.k_norm)
-        q, k = _rope(q, k, cos, sin)
+            q, k = rms_norm(q, p.q_norm), rms_norm(k, p.k_norm)
+        q, k = rope(q, k, cos, sin)
         o = self._attention(layer_idx, q, k, v, segments, p.scaling)
         # In-place ops below only touch tensors made in this call (never the input x), and
         # a + b == b + a, a * b == b * a bit for bit.
-        x = _linear(o, *p.o).add_(x)  # x + o_proj(o)
-        h = _rms_norm(x, p.post_norm)
+        x = linear(o, *p.o).add_(x)  # x + o_proj(o)
+        h = rms_norm(x, p.post_norm)
         if p.act is None:  # SiLU
-            a = F.silu(_linear(h, *p.gate), inplace=True).mul_(_linear(h, *p.up))
+            a = F.silu(linear(h, *p.gate), inplace=True).mul_(linear(h, *p.up))
         else:
-            a = p.act(_linear(h, *p.gate)) * _linear(h, *p.up)
-        return x.add_(_linear(a, *p.down))  # x + down(act(gate(h)) * up(h))
+            a = p.act(linear(h, *p.gate)) * linear(h, *p.up)
+        return x.add_(linear(a, *p.down))  # x + down(act(gate(h)) * up(h))
 
     def _attention(self, layer_idx: int, q, k, v, segments: list[Segment], scaling: float) -> torch.Tensor:
         """Append k, v to each segment's cache and attend; q, k, v [T, heads, D] -> [T, nH * D]."""
@@ -491,18 +360,6 @@ class Shard(torch.nn.Module):
             outs.append(o[0].transpose(0, 1).reshape(n, -1))
             at += n
         return torch.cat(outs)
-
-
-class _NoFastPath(Exception):
-    """A layer the fast path does not recognise."""
-
-
-def _hf_silu_type():
-    try:
-        from transformers.activations import SiLUActivation
-    except ImportError:
-        return None
-    return SiLUActivation
 
 
 def _is_dynamic_rope(rotary) -> bool:

@@ -1,0 +1,163 @@
+"""The shard's fast path: the exact tensor ops transformers' layer modules run, called directly.
+
+A decode step is one token per sequence, so with small models nearly all of its time is fixed
+per-op cost (dispatch, ``nn.Module.__call__``), not arithmetic. ``build_layer_plans`` unwraps each
+layer's tensors once (``LayerPlan``); the functions below run the same ops, in the same order,
+as the modules (see ``shard.py``'s docstring for why each is bit-identical).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Callable, NamedTuple
+
+import torch
+
+log = logging.getLogger(__name__)
+
+FAST_FAMILIES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
+
+
+def linear(x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` for 2-D x: the exact kernel it dispatches to, without the
+    ``linear -> matmul -> t`` wrappers (``weight_t`` is ``weight.t()``, made once)."""
+    return torch.mm(x, weight_t) if bias is None else torch.addmm(bias, x, weight_t)
+
+
+class Norm(NamedTuple):
+    """An RMSNorm's weight and eps, plus eps and the normalised size as 0-dim CPU tensors."""
+
+    weight: torch.Tensor
+    eps: float
+    eps_t: torch.Tensor
+    size_t: torch.Tensor
+
+
+def norm_params(weight: torch.Tensor, eps: float) -> Norm:
+    return Norm(weight, eps, torch.tensor(eps, dtype=torch.float32), torch.tensor(float(weight.shape[-1])))
+
+
+def rms_norm(x: torch.Tensor, norm: Norm) -> torch.Tensor:
+    """transformers' ``LlamaRMSNorm.forward``, op for op.
+
+    On CPU, ``pow(2)`` is ``x * x`` and ``mean(-1)`` is ``sum(-1).div_(size)`` inside torch;
+    they are spelled out here with ready 0-dim tensors for the divisor and eps, which skips
+    wrapping Python scalars on every call and gives the same bits. Other devices run the
+    transformers ops unchanged.
+    """
+    dtype = x.dtype
+    h = x if dtype == torch.float32 else x.to(torch.float32)
+    if h.is_cpu:
+        variance = torch.sum(h * h, -1, keepdim=True).div_(norm.size_t).add_(norm.eps_t)
+    else:
+        variance = h.pow(2).mean(-1, keepdim=True) + norm.eps
+    h = h * variance.rsqrt_()
+    return (h if dtype == torch.float32 else h.to(dtype)).mul_(norm.weight)  # == weight * h
+
+
+def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor):
+    """Rotary embedding of q [T, nH, D] and k [T, nKV, D] in one pass.
+
+    transformers computes ``x * cos + rotate_half(x) * sin`` with rotate_half(x) = [-x2, x1].
+    Here rotate_half(x) * sin = roll(x) * [-sin1, sin2] = [x2, x1] * sin_signed, which is the
+    same product bit for bit ((-a) * b == a * (-b) in IEEE arithmetic); q and k are stacked so
+    the four elementwise ops run once instead of twice.
+    """
+    nq = q.shape[1]
+    qk = torch.cat((q, k), 1)  # [T, nH + nKV, D]
+    rotated = torch.roll(qk, qk.shape[-1] // 2, -1).mul_(sin_signed)
+    qk = qk.mul_(cos).add_(rotated)  # == qk * cos + rotated
+    q, k = qk[:, :nq], qk[:, nq:]
+    if q.shape[0] > 1:  # give attention the same contiguous q as the unfused computation
+        q = q.contiguous()
+    return q, k
+
+
+@dataclass(frozen=True)
+class LayerPlan:
+    """One decoder layer's tensors, unwrapped from its modules for `Shard._layer_fast`.
+
+    Linear weights are stored transposed (views) with their biases; ``act`` is None for
+    SiLU (run in place), else the layer's own activation module.
+    """
+
+    input_norm: Norm
+    post_norm: Norm
+    q_norm: Norm | None
+    k_norm: Norm | None
+    q: tuple[torch.Tensor, torch.Tensor | None]
+    k: tuple[torch.Tensor, torch.Tensor | None]
+    v: tuple[torch.Tensor, torch.Tensor | None]
+    o: tuple[torch.Tensor, torch.Tensor | None]
+    gate: tuple[torch.Tensor, torch.Tensor | None]
+    up: tuple[torch.Tensor, torch.Tensor | None]
+    down: tuple[torch.Tensor, torch.Tensor | None]
+    act: Callable[[torch.Tensor], torch.Tensor] | None
+    scaling: float
+
+
+class NoFastPath(Exception):
+    """A layer the fast path does not recognise."""
+
+
+def hf_silu_type():
+    try:
+        from transformers.activations import SiLUActivation
+    except ImportError:
+        return None
+    return SiLUActivation
+
+
+def build_layer_plans(shard) -> tuple[tuple | None, list[LayerPlan] | None]:
+    """Unwrap ``shard``'s head (final norm, LM head weight and bias) and every layer into a
+    `LayerPlan`; ``(None, None)`` to use the module path.
+
+    Only layers built from the family's own classes with plain ``nn.Linear`` projections are
+    unwrapped, so a transformers version that changes the layer layout falls back safely.
+    """
+    if shard.spec.family not in FAST_FAMILIES:
+        return None, None
+    norm_cls, attn_cls, mlp_cls = shard._fast_classes
+    silu_types = tuple(t for t in (torch.nn.SiLU, hf_silu_type()) if t is not None)
+
+    def norm_of(m) -> Norm:
+        if type(m) is not norm_cls:
+            raise NoFastPath
+        return norm_params(m.weight, float(m.variance_epsilon))
+
+    def linear_of(m) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if type(m) is not torch.nn.Linear:
+            raise NoFastPath
+        return m.weight.t(), m.bias
+
+    plans, head = [], None
+    try:
+        if shard.norm is not None:
+            head = (norm_of(shard.norm), *linear_of(shard.lm_head))
+        for layer in shard.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            if type(attn) is not attn_cls or type(mlp) is not mlp_cls:
+                raise NoFastPath
+            has_qk_norm = hasattr(attn, "q_norm")
+            plans.append(
+                LayerPlan(
+                    input_norm=norm_of(layer.input_layernorm),
+                    post_norm=norm_of(layer.post_attention_layernorm),
+                    q_norm=norm_of(attn.q_norm) if has_qk_norm else None,
+                    k_norm=norm_of(attn.k_norm) if has_qk_norm else None,
+                    q=linear_of(attn.q_proj),
+                    k=linear_of(attn.k_proj),
+                    v=linear_of(attn.v_proj),
+                    o=linear_of(attn.o_proj),
+                    gate=linear_of(mlp.gate_proj),
+                    up=linear_of(mlp.up_proj),
+                    down=linear_of(mlp.down_proj),
+                    act=None if isinstance(mlp.act_fn, silu_types) else mlp.act_fn,
+                    scaling=attn.scaling,
+                )
+            )
+    except (NoFastPath, AttributeError):
+        log.info("shard of %s: layer layout not recognised, using the module path", shard.spec.family)
+        return None, None
+    return head, plans
