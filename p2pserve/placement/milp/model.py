@@ -1,4 +1,4 @@
-"""The Helix §4.4 MILP (Tables 5-6), built once as a solver-neutral model, solved by a backend.
+"""The Helix §4.4 MILP (Tables 5-6) as a solver-neutral :class:`LinearModel`, and placements in and out.
 
 Variables per node i: ``s_i`` (first layer, integer), ``b_i^k`` (holds k layers, binary).
 Per kept directed edge (u, v): ``f_uv`` (flow, continuous), ``d_uv`` (edge valid, binary) and,
@@ -26,12 +26,13 @@ Improvements over the paper's formulation (each can be switched off in :class:`M
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Mapping
 
 from p2pserve.placement.maxflow import max_flow
-from p2pserve.placement.topology import SINK, SOURCE, Topology
+from p2pserve.placement.milp.linear import LinearModel
+from p2pserve.placement.topology import Topology
+from p2pserve.types import SINK_INDEX, SOURCE_INDEX
 
 
 @dataclass(frozen=True)
@@ -47,43 +48,8 @@ class MilpOptions:
     keep_edges_per_node: int | None = None
     prune_below_tokens_per_s: float = 0.0
     early_stop_gap: float = 0.0
-    threads: int = 2
+    threads: int = 2  # the churn bound's solves use the same count (see move_bound)
     seed: int = 0
-
-
-@dataclass
-class LinearModel:
-    """A solver-neutral MILP: columns with bounds/integrality, sparse rows, a max objective."""
-
-    names: list[str] = field(default_factory=list)
-    lb: list[float] = field(default_factory=list)
-    ub: list[float] = field(default_factory=list)
-    integer: list[bool] = field(default_factory=list)
-    obj: list[float] = field(default_factory=list)
-    rows: list[tuple[dict[int, float], float, float]] = field(default_factory=list)
-
-    def var(self, name: str, lb: float, ub: float, integer: bool, obj: float = 0.0) -> int:
-        """Add a column; returns its index."""
-        self.names.append(name)
-        self.lb.append(lb)
-        self.ub.append(ub)
-        self.integer.append(integer)
-        self.obj.append(obj)
-        return len(self.names) - 1
-
-    def row(self, coefs: dict[int, float], lo: float = -float("inf"), hi: float = float("inf")) -> None:
-        """Add ``lo <= sum coefs[j] * x_j <= hi``."""
-        self.rows.append((coefs, lo, hi))
-
-    @property
-    def num_vars(self) -> int:
-        """Number of columns."""
-        return len(self.names)
-
-    @property
-    def num_rows(self) -> int:
-        """Number of constraints."""
-        return len(self.rows)
 
 
 @dataclass
@@ -99,18 +65,25 @@ class PlacementModel:
     c2: dict[tuple[int, int], int]
     edges: list[tuple[int, int, float]]
 
+    def end_coefs(self, i: int, sign: float) -> dict[int, float]:
+        """Coefficients of ``sign * e_i`` where ``e_i = s_i + sum_k k b_i^k`` (node i's end)."""
+        c = {self.s[i]: sign}
+        for k, var in self.b[i].items():
+            c[var] = c.get(var, 0.0) + sign * k
+        return c
+
 
 def kept_edges(topo: Topology, opts: MilpOptions) -> list[tuple[int, int, float]]:
     """Directed edges ``(u, v, capacity)`` left after pruning (source/sink edges always kept)."""
     n = topo.num_nodes
     out: list[tuple[int, int, float]] = []
     for i in range(n):
-        c = topo.capacity(SOURCE, i)
+        c = topo.capacity(SOURCE_INDEX, i)
         if c > 0:
-            out.append((SOURCE, i, c))
-        c = topo.capacity(i, SINK)
+            out.append((SOURCE_INDEX, i, c))
+        c = topo.capacity(i, SINK_INDEX)
         if c > 0:
-            out.append((i, SINK, c))
+            out.append((i, SINK_INDEX, c))
     for i in range(n):
         cand = []
         for j in range(n):
@@ -137,8 +110,8 @@ def identical_groups(topo: Topology) -> list[list[int]]:
         # Compare link rows ignoring the i/j self position: use sorted multiset plus endpoints.
         key = (
             topo.nodes[i].throughput,
-            round(topo.capacity(SOURCE, i), 6),
-            round(topo.capacity(i, SINK), 6),
+            round(topo.capacity(SOURCE_INDEX, i), 6),
+            round(topo.capacity(i, SINK_INDEX), 6),
             tuple(sorted(links)),
         )
         sig.setdefault(key, []).append(i)
@@ -164,105 +137,125 @@ def identical_groups(topo: Topology) -> list[list[int]]:
 
 
 def build_model(topo: Topology, opts: MilpOptions = MilpOptions()) -> PlacementModel:
-    """Build the §4.4 MILP for ``topo`` with the options' improvements."""
-    L = topo.num_layers
+    """Build the §4.4 MILP for ``topo`` with the options' improvements.
+
+    Columns and rows are added in a fixed order (nodes, then edges, then per-node rows, then
+    the cuts): a solver's path, and so what it finds within a time limit, depends on it.
+    """
     m = LinearModel()
-    n = topo.num_nodes
-    s, b = {}, {}
-    tmax = {}
-    for i in range(n):
-        node = topo.nodes[i]
-        K = min(node.max_layers, L)
-        s[i] = m.var(f"s_{i}", 0, L - 1, True)
-        b[i] = {k: m.var(f"b_{i}_{k}", 0, 1, True) for k in range(1, K + 1)}
-        tmax[i] = max(node.throughput[1 : K + 1], default=0.0)
-        # exactly one size (every node holds something, as in the paper)
-        m.row({b[i][k]: 1.0 for k in b[i]}, 1.0, 1.0)
-        # e_i = s_i + sum k b_i^k <= L
-        coefs = {s[i]: 1.0}
-        coefs.update({b[i][k]: float(k) for k in b[i]})
-        m.row(coefs, -float("inf"), float(L))
-    tmax[SOURCE] = tmax[SINK] = float("inf")
-
-    def e_coefs(i: int, sign: float) -> dict[int, float]:
-        c = {s[i]: sign}
-        for k, var in b[i].items():
-            c[var] = c.get(var, 0.0) + sign * k
-        return c
-
-    edges = kept_edges(topo, opts)
-    f, d, c1, c2 = {}, {}, {}, {}
-    for u, v, cap in edges:
-        big = min(cap, tmax[u], tmax[v]) if opts.tight_big_m else cap
-        f[(u, v)] = m.var(f"f_{u}_{v}", 0, big, False, obj=1.0 if u == SOURCE else 0.0)
-        d[(u, v)] = m.var(f"d_{u}_{v}", 0, 1, True)
-        m.row({f[(u, v)]: 1.0, d[(u, v)]: -big}, hi=0.0)  # f <= d * S
-        if u == SOURCE:
-            m.row({s[v]: 1.0, d[(u, v)]: float(L)}, hi=float(L))  # s_v <= L (1 - d)
-        elif v == SINK:
-            c = e_coefs(u, 1.0)
-            c[d[(u, v)]] = c.get(d[(u, v)], 0.0) - L
-            m.row(c, lo=0.0)  # L d <= e_u
-        elif opts.partial:
-            c1[(u, v)] = m.var(f"c1_{u}_{v}", 0, 1, True)
-            c2[(u, v)] = m.var(f"c2_{u}_{v}", 0, 1, True)
-            # (L+1)(1 - c1) >= s_v - e_u   <=>   s_v - e_u + (L+1) c1 <= L+1
-            c = e_coefs(u, -1.0)
-            c[s[v]] = c.get(s[v], 0.0) + 1.0
-            c[c1[(u, v)]] = float(L + 1)
-            m.row(c, hi=float(L + 1))
-            # e_v - e_u >= 1 - (L+1)(1 - c2)   <=>   e_v - e_u - (L+1) c2 >= -L
-            c = e_coefs(v, 1.0)
-            for var, val in e_coefs(u, -1.0).items():
-                c[var] = c.get(var, 0.0) + val
-            c[c2[(u, v)]] = -float(L + 1)
-            m.row(c, lo=-float(L))
-            if opts.tight_validity:
-                m.row({d[(u, v)]: 1.0, c1[(u, v)]: -1.0}, hi=0.0)
-                m.row({d[(u, v)]: 1.0, c2[(u, v)]: -1.0}, hi=0.0)
-            else:
-                m.row({d[(u, v)]: 1.0, c1[(u, v)]: -0.5, c2[(u, v)]: -0.5}, hi=0.0)
-        else:
-            # no partial inference: d = 1 only if e_u == s_v
-            c = e_coefs(u, -1.0)
-            c[s[v]] = c.get(s[v], 0.0) + 1.0
-            c[d[(u, v)]] = float(L)
-            m.row(c, hi=float(L))  # L d <= L + s_v - e_u
-            c = e_coefs(u, 1.0)
-            c[s[v]] = c.get(s[v], 0.0) - 1.0
-            c[d[(u, v)]] = float(L)
-            m.row(c, hi=float(L))  # L d <= L - s_v + e_u
-    for i in range(n):
-        ins = [f[(u, v)] for (u, v) in f if v == i]
-        outs = [f[(u, v)] for (u, v) in f if u == i]
-        c = {x: 1.0 for x in ins}
-        for x in outs:
-            c[x] = c.get(x, 0.0) - 1.0
-        m.row(c, 0.0, 0.0)  # conservation
-        cap = {x: 1.0 for x in ins}
-        for k, var in b[i].items():
-            cap[var] = -topo.nodes[i].throughput[k]
-        m.row(cap, hi=0.0)  # inference throughput
-        if opts.node_cap_flow:
-            for x in outs:
-                cc = {x: 1.0}
-                for k, var in b[i].items():
-                    cc[var] = -topo.nodes[i].throughput[k]
-                m.row(cc, hi=0.0)
+    pm = PlacementModel(m, {}, {}, {}, {}, {}, {}, kept_edges(topo, opts))
+    tmax = _node_columns(pm, topo)
+    for u, v, cap in pm.edges:
+        _edge_rows(pm, topo, opts, u, v, min(cap, tmax[u], tmax[v]) if opts.tight_big_m else cap)
+    for i in range(topo.num_nodes):
+        _node_rows(pm, topo, opts, i)
     if opts.layer_pass_cut:
-        c = {f[(u, v)]: float(L) for (u, v) in f if u == SOURCE}
-        cover = {}
-        for i in range(n):
-            for k, var in b[i].items():
-                c[var] = -k * topo.nodes[i].throughput[k]
-                cover[var] = float(k)
-        m.row(c, hi=0.0)
-        m.row(cover, lo=float(L))
+        _layer_pass_rows(pm, topo)
     if opts.symmetry:
         for group in identical_groups(topo):
             for a, c in zip(group, group[1:]):
-                m.row({s[a]: 1.0, s[c]: -1.0}, hi=0.0)
-    return PlacementModel(m, s, b, f, d, c1, c2, edges)
+                m.row({pm.s[a]: 1.0, pm.s[c]: -1.0}, hi=0.0)
+    return pm
+
+
+def _node_columns(pm: PlacementModel, topo: Topology) -> dict[int, float]:
+    """``s_i`` and ``b_i^k`` per node with their rows; returns each node's best throughput."""
+    m, L = pm.model, topo.num_layers
+    tmax: dict[int, float] = {}
+    for i in range(topo.num_nodes):
+        node = topo.nodes[i]
+        K = min(node.max_layers, L)
+        pm.s[i] = m.var(f"s_{i}", 0, L - 1, True)
+        pm.b[i] = {k: m.var(f"b_{i}_{k}", 0, 1, True) for k in range(1, K + 1)}
+        tmax[i] = max(node.throughput[1 : K + 1], default=0.0)
+        # exactly one size (every node holds something, as in the paper)
+        m.row({pm.b[i][k]: 1.0 for k in pm.b[i]}, 1.0, 1.0)
+        m.row(pm.end_coefs(i, 1.0), -float("inf"), float(L))  # e_i = s_i + sum k b_i^k <= L
+    tmax[SOURCE_INDEX] = tmax[SINK_INDEX] = float("inf")
+    return tmax
+
+
+def _edge_rows(pm: PlacementModel, topo: Topology, opts: MilpOptions, u: int, v: int, big: float) -> None:
+    """Flow ``f_uv``, validity ``d_uv`` and the rows tying them to the two nodes' ranges."""
+    m, L = pm.model, topo.num_layers
+    f = pm.f[(u, v)] = m.var(f"f_{u}_{v}", 0, big, False, obj=1.0 if u == SOURCE_INDEX else 0.0)
+    d = pm.d[(u, v)] = m.var(f"d_{u}_{v}", 0, 1, True)
+    m.row({f: 1.0, d: -big}, hi=0.0)  # f <= d * S
+    if u == SOURCE_INDEX:
+        m.row({pm.s[v]: 1.0, d: float(L)}, hi=float(L))  # s_v <= L (1 - d)
+    elif v == SINK_INDEX:
+        c = pm.end_coefs(u, 1.0)
+        c[d] = c.get(d, 0.0) - L
+        m.row(c, lo=0.0)  # L d <= e_u
+    elif opts.partial:
+        _partial_rows(pm, opts, u, v, L)
+    else:
+        # no partial inference: d = 1 only if e_u == s_v
+        c = pm.end_coefs(u, -1.0)
+        c[pm.s[v]] = c.get(pm.s[v], 0.0) + 1.0
+        c[d] = float(L)
+        m.row(c, hi=float(L))  # L d <= L + s_v - e_u
+        c = pm.end_coefs(u, 1.0)
+        c[pm.s[v]] = c.get(pm.s[v], 0.0) - 1.0
+        c[d] = float(L)
+        m.row(c, hi=float(L))  # L d <= L - s_v + e_u
+
+
+def _partial_rows(pm: PlacementModel, opts: MilpOptions, u: int, v: int, L: int) -> None:
+    """Partial inference: ``d_uv`` only if ``s_v <= e_u`` (``c1``) and ``e_u < e_v`` (``c2``)."""
+    m, d = pm.model, pm.d[(u, v)]
+    c1 = pm.c1[(u, v)] = m.var(f"c1_{u}_{v}", 0, 1, True)
+    c2 = pm.c2[(u, v)] = m.var(f"c2_{u}_{v}", 0, 1, True)
+    # (L+1)(1 - c1) >= s_v - e_u   <=>   s_v - e_u + (L+1) c1 <= L+1
+    c = pm.end_coefs(u, -1.0)
+    c[pm.s[v]] = c.get(pm.s[v], 0.0) + 1.0
+    c[c1] = float(L + 1)
+    m.row(c, hi=float(L + 1))
+    # e_v - e_u >= 1 - (L+1)(1 - c2)   <=>   e_v - e_u - (L+1) c2 >= -L
+    c = pm.end_coefs(v, 1.0)
+    for var, val in pm.end_coefs(u, -1.0).items():
+        c[var] = c.get(var, 0.0) + val
+    c[c2] = -float(L + 1)
+    m.row(c, lo=-float(L))
+    if opts.tight_validity:
+        m.row({d: 1.0, c1: -1.0}, hi=0.0)
+        m.row({d: 1.0, c2: -1.0}, hi=0.0)
+    else:
+        m.row({d: 1.0, c1: -0.5, c2: -0.5}, hi=0.0)
+
+
+def _node_rows(pm: PlacementModel, topo: Topology, opts: MilpOptions, i: int) -> None:
+    """Flow conservation through node ``i`` and its throughput cap (per edge too, if asked)."""
+    m, f = pm.model, pm.f
+    ins = [f[(u, v)] for (u, v) in f if v == i]
+    outs = [f[(u, v)] for (u, v) in f if u == i]
+    c = {x: 1.0 for x in ins}
+    for x in outs:
+        c[x] = c.get(x, 0.0) - 1.0
+    m.row(c, 0.0, 0.0)  # conservation
+    cap = {x: 1.0 for x in ins}
+    for k, var in pm.b[i].items():
+        cap[var] = -topo.nodes[i].throughput[k]
+    m.row(cap, hi=0.0)  # inference throughput
+    if opts.node_cap_flow:
+        for x in outs:
+            cc = {x: 1.0}
+            for k, var in pm.b[i].items():
+                cc[var] = -topo.nodes[i].throughput[k]
+            m.row(cc, hi=0.0)
+
+
+def _layer_pass_rows(pm: PlacementModel, topo: Topology) -> None:
+    """``L * sum f_source <= sum_i sum_k k T_i(k) b_i^k`` and ``sum_i k_i >= L``."""
+    L = topo.num_layers
+    c = {pm.f[(u, v)]: float(L) for (u, v) in pm.f if u == SOURCE_INDEX}
+    cover = {}
+    for i in range(topo.num_nodes):
+        for k, var in pm.b[i].items():
+            c[var] = -k * topo.nodes[i].throughput[k]
+            cover[var] = float(k)
+    pm.model.row(c, hi=0.0)
+    pm.model.row(cover, lo=float(L))
 
 
 def canonical_for_symmetry(topo: Topology, placement: Mapping[int, tuple[int, int]]) -> dict[int, tuple[int, int]]:
@@ -289,9 +282,9 @@ def solution_vector(pm: PlacementModel, topo: Topology, placement: Mapping[int, 
     kept = {(u, v) for u, v, _ in pm.edges}
     flows = max_flow(topo, placement, partial).edge_flows
     for (u, v) in pm.f:
-        if u == SOURCE:
+        if u == SOURCE_INDEX:
             valid = placement[v][0] == 0
-        elif v == SINK:
+        elif v == SINK_INDEX:
             valid = placement[u][1] == L
         else:
             su, eu = placement[u]
@@ -306,22 +299,6 @@ def solution_vector(pm: PlacementModel, topo: Topology, placement: Mapping[int, 
     return x
 
 
-@dataclass
-class MilpResult:
-    """Outcome of a MILP solve."""
-
-    placement: dict[int, tuple[int, int]] | None
-    objective: float
-    bound: float
-    gap: float
-    status: str
-    solve_time_s: float
-    backend: str
-    num_vars: int
-    num_rows: int
-    trace: list[tuple[float, float]] = field(default_factory=list)  # (seconds, incumbent)
-
-
 def read_placement(pm: PlacementModel, topo: Topology, x: list[float]) -> dict[int, tuple[int, int]]:
     """Placement from a column vector."""
     out = {}
@@ -330,40 +307,3 @@ def read_placement(pm: PlacementModel, topo: Topology, x: list[float]) -> dict[i
         start = int(round(x[pm.s[i]]))
         out[i] = (start, start + k)
     return out
-
-
-def solve_milp(
-    topo: Topology,
-    time_limit_s: float,
-    opts: MilpOptions = MilpOptions(),
-    warm_starts: list[Mapping[int, tuple[int, int]]] | None = None,
-    backend: str = "auto",
-    upper_bound: float | None = None,
-) -> MilpResult:
-    """Build and solve the MILP. ``backend``: ``auto`` (Gurobi if fully licensed, else HiGHS),
-    ``highs``, ``gurobi``, ``cpsat``. Warm starts must place every node (complete placements)."""
-    from p2pserve.placement import milp_backends as mb
-
-    pm = build_model(topo, opts)
-    starts = []
-    for p in warm_starts or []:
-        fits = all(
-            i in p and 0 <= p[i][0] < p[i][1] <= topo.num_layers and (p[i][1] - p[i][0]) in pm.b[i]
-            for i in range(topo.num_nodes)
-        )
-        if fits:  # the MILP needs every node placed within its memory
-            q = canonical_for_symmetry(topo, p) if opts.symmetry else dict(p)
-            starts.append(solution_vector(pm, topo, q, opts.partial))
-    ub = upper_bound if upper_bound is not None else topo.upper_bound()
-    target = (1.0 - opts.early_stop_gap) * ub if opts.early_stop_gap > 0 else None
-    t0 = time.monotonic()
-    res = mb.solve(pm.model, time_limit_s, starts, backend, opts, target)
-    elapsed = time.monotonic() - t0
-    placement = read_placement(pm, topo, res.x) if res.x is not None else None
-    obj = max_flow(topo, placement, opts.partial).value if placement else 0.0
-    bound = res.bound
-    gap = (bound - obj) / bound if bound and bound > 0 and bound != float("inf") else float("nan")
-    return MilpResult(
-        placement, obj, bound, gap, res.status, elapsed, res.backend,
-        pm.model.num_vars, pm.model.num_rows, res.trace,
-    )
