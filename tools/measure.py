@@ -26,11 +26,16 @@ def _pct(xs: list[float]) -> dict:
 
 def measure_dht(nodes: int, rounds: int) -> dict:
     """Start ``nodes`` loopback DHT nodes and time the record operations."""
-    from hivemind.utils.crypto import RSAPrivateKey
+    out = _swarm_timings(nodes, rounds)
+    out.update(_signature_timings())
+    out.update(_record_costs())
+    return out
 
-    from p2pserve.coordinator.service import CoordinatorConfig, Snapshot, make_plan
+
+def _swarm_timings(nodes: int, rounds: int) -> dict:
+    """Node start, signed announce and validated read times on ``nodes`` loopback DHT nodes."""
     from p2pserve.dht.config import DHTConfig
-    from p2pserve.dht.records import PeerInfo, decode_record, encode_record
+    from p2pserve.dht.records import PeerInfo, encode_record
     from p2pserve.dht.swarm import Swarm
 
     out: dict = {}
@@ -69,17 +74,32 @@ def measure_dht(nodes: int, rounds: int) -> dict:
     finally:
         for sw in swarms:
             sw.shutdown()
+    return out
+
+
+def _signature_timings() -> dict:
+    """RSA-2048 sign and verify times of a 1 kB record."""
+    from hivemind.utils.crypto import RSAPrivateKey
+
     key = RSAPrivateKey()
     pub = key.get_public_key()
     data = b"x" * 1000
     t = time.perf_counter()
     sigs = [key.sign(data) for _ in range(50)]
-    out["rsa2048_sign_ms"] = round((time.perf_counter() - t) / 50 * 1e3, 3)
+    out = {"rsa2048_sign_ms": round((time.perf_counter() - t) / 50 * 1e3, 3)}
     t = time.perf_counter()
     for s in sigs:
         pub.verify(data, s)
     out["rsa2048_verify_ms"] = round((time.perf_counter() - t) / 50 * 1e3, 3)
-    # decode + validate cost and plan size for a 64-peer swarm
+    return out
+
+
+def _record_costs() -> dict:
+    """Decode + validate cost of a peer record, and plan time and size for a 64-peer swarm."""
+    from p2pserve.coordinator.service import CoordinatorConfig, Snapshot, make_plan
+    from p2pserve.dht.records import PeerInfo, decode_record, encode_record
+
+    out: dict = {}
     peers = {f"peer{i:02d}": PeerInfo(model="bench", peer_id=f"peer{i:02d}", max_layers=16,
                                       throughput_decode=[1000.0 / k for k in range(1, 17)],
                                       serving=((i % 4) * 8, (i % 4) * 8 + 8), state="serving") for i in range(64)}
