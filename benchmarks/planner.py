@@ -18,12 +18,12 @@ Sections:
   added; time to a valid plan, share of a full re-solve's max-flow, layers moved (ours vs full
   re-solve), and whether the target is reachable at all: the proven fewest layers any placement
   must load for 95 % of the full re-solve's max-flow, and (max-flow objective) the proven ceiling
-  on the share within a quarter of the full re-solve's moves (``move_bound``).
+  on the share within a quarter of the full re-solve's moves (``move_bound``, ``tools/move_ceiling.py``).
 * ``unseen`` -- generated clusters (random GPU mix, heterogeneous links) never used to tune.
 * ``backends`` -- when the ``ortools`` extra is installed: HiGHS against CP-SAT on the placement
   MILP with the same warm starts (incumbent, bound, status, time).
-* ``simulator`` -- when ``p2pserve.sim`` is present: simulated decode throughput (offline, IWRR,
-  600 s window) of the authors' Helix placement and of our throughput plan on cluster24.
+* ``simulator`` -- simulated decode throughput (offline, IWRR, 600 s window) of the authors' Helix
+  placement and of our throughput plan on cluster24.
 """
 
 from __future__ import annotations
@@ -39,31 +39,20 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from p2pserve.helix import format as hf  # noqa: E402
+from p2pserve.helix.root import data_root  # noqa: E402
+from p2pserve.helix.throughput import throughput_table  # noqa: E402
+from p2pserve.helix.topology import helix_node_spec, load_helix_topology  # noqa: E402
 from p2pserve.placement.estimate import estimate  # noqa: E402
 from p2pserve.placement.heuristics import petals_greedy, separate_pipelines, swarm_even  # noqa: E402
-from p2pserve.placement.churn import (  # noqa: E402
-    by_index,
-    by_name,
-    interchangeable_groups,
-    layers_to_load,
-    on_join,
-    on_leave,
-    relabel_for_fewest_moves,
-    resolve,
-)
-from tools.lanes import fewest_moves_recut  # noqa: E402
 from p2pserve.placement.maxflow import max_flow  # noqa: E402
-from p2pserve.placement.move_bound import fewest_moves_for_flow, max_cover_within  # noqa: E402
-from p2pserve.placement.planner import PlannerConfig, plan_for_topology, validate_placement  # noqa: E402
+from p2pserve.placement.planner import PlannerConfig, plan_for_topology  # noqa: E402
 from p2pserve.placement.search import balanced_chain  # noqa: E402
-from p2pserve.placement.topology import (  # noqa: E402
-    SINK,
-    SOURCE,
-    LinkSpec,
-    Topology,
-    helix_node_spec,
-    load_helix_topology,
-)
+from p2pserve.placement.solution import validate_placement  # noqa: E402
+from p2pserve.placement.topology import LinkSpec, Topology  # noqa: E402
+from p2pserve.sim.run import SimConfig, simulate  # noqa: E402
+from p2pserve.sim.scenario import Part, build_scenario  # noqa: E402
+from p2pserve.types import SINK_INDEX, SOURCE_INDEX  # noqa: E402
+from planner_churn import churn_section  # noqa: E402  (this directory is on sys.path when run)
 
 BEST_KNOWN = {"cluster24": 1289.56, "cluster10": 286.587}
 CLUSTERS = {
@@ -101,7 +90,7 @@ def timed(fn):
 
 def bench_methods(tl: float) -> dict:
     out = {}
-    data = hf.helix_data_dir()
+    data = data_root()
     for cname, (path, model, sol) in CLUSTERS.items():
         topo = load_helix_topology(data / path, model)
         best = BEST_KNOWN[cname]
@@ -126,148 +115,18 @@ def bench_methods(tl: float) -> dict:
     return out
 
 
-def bench_churn(tl_full: float, tl_inc: float, seed: int = 0, reload_shares: tuple[float, ...] = (5e-3,),
-                objective: str = "max-flow", tolerances: tuple[float, ...] = (0.0,),
-                lane_check_s: float = 0.0) -> list[dict]:
-    """Churn on cluster24 starting from our plan for ``objective`` (same objective throughout).
-
-    Each scenario's 60 s full re-solve runs once; the incremental re-solve then runs once per
-    reload cost in ``reload_shares`` (a share of the starting plan's objective per moved layer),
-    which traces the trade-off between what it recovers and what it moves; and once per
-    ``tolerances`` value (0: the reload price alone; > 0: fewest moves within that share of the
-    best objective found, see ``churn.fewest_moves_within``).
-
-    The full re-solve's moves are reported twice: raw, and after relabelling interchangeable
-    nodes onto the current placement (``relabel_for_fewest_moves``; what deploying it would
-    really load, and the strict budget: ``moved_ratio_relabelled``). With ``lane_check_s`` > 0,
-    each scenario also gets an exhaustive search of the lane neighbourhood
-    (``lanes.fewest_moves_recut``, target 95 % of the full re-solve): the fewest moves it
-    finds, or the move count below which it proved nothing reaches the target.
-    """
-    data = hf.helix_data_dir()
-    full_topo = load_helix_topology(data / CLUSTERS["cluster24"][0], "llama2-70b")
-    cfg_full = PlannerConfig(objective=objective, time_limit_s=tl_full)
-    start = plan_for_topology(full_topo, cfg_full)
-    current = by_name(full_topo, start.assignments)
-    rng = random.Random(seed)
-    results = []
-    # Reload cost: a layer move must buy ``reload_share`` of the current objective (a layer
-    # takes about a minute to load, amortised over the plan's lifetime).
-    value = start.max_flow if objective == "max-flow" else start.estimate.decode_tokens_per_s
-    cfg_inc = PlannerConfig(objective=objective, time_limit_s=tl_inc, use_milp=False)
-    scenarios = [("remove", 1), ("remove", 2), ("remove", 4), ("add", 2)]
-    for kind, count in scenarios:
-        gone = rng.sample(range(full_topo.num_nodes), count)
-        if kind == "remove":
-            topo, _ = full_topo.without(gone)
-            before = current
-        else:
-            small, _ = full_topo.without(gone)
-            base = plan_for_topology(small, PlannerConfig(objective=objective, time_limit_s=tl_inc))
-            before = by_name(small, base.assignments)
-            topo = full_topo
-        full = plan_for_topology(topo, cfg_full)
-        full_moved = layers_to_load(before, by_name(topo, full.assignments))
-        full_rel = relabel_for_fewest_moves(topo, full.assignments, before)
-        full_moved_rel = layers_to_load(before, by_name(topo, full_rel))
-        proof = bench_proof(topo, before, full.max_flow, full_moved, full_moved_rel,
-                            ceiling_s=30.0 if objective == "max-flow" else 0.0)
-        lane = None
-        if lane_check_s > 0:
-            from p2pserve.placement.planner import throughput_score
-            from p2pserve.placement.search import max_flow_score
-            val = max_flow_score(topo) if objective == "max-flow" else throughput_score(topo, cfg_full)
-            cur_idx = by_index(topo, before)
-            goal = 0.95 * val(full.assignments)
-            found, st = fewest_moves_recut(topo, cur_idx, cur_idx, interchangeable_groups(topo), val, goal,
-                                           lane_check_s, lambda q: not validate_placement(topo, q),
-                                           reach=12, donors=[full_rel])
-            lane = {"moves": layers_to_load(before, by_name(topo, found)) if found else None,
-                    "proven_none_below": st["proven_below"], "evaluations": st["evaluations"],
-                    "combinations": st["combinations"]}
-        for share, tol in [(sh, tol) for tol in tolerances for sh in reload_shares]:
-            reload_cost = share * value
-            t0 = time.monotonic()
-            if kind == "remove":
-                res = on_leave(topo, before, cfg_inc, reload_cost, time_limit_s=tl_inc, tolerance=tol)
-                immediate = res
-                if not res.resolved:
-                    # Coverage held: serving continues on the flows-only plan at once; the
-                    # warm-started re-solve then gets its 10 s to win back what was lost.
-                    res = resolve(topo, before, cfg_inc, reload_cost, tl_inc, tolerance=tol)
-            else:
-                res = on_join(topo, before, cfg_inc, reload_cost, time_limit_s=tl_inc, tolerance=tol)
-                immediate = None
-            inc_time = time.monotonic() - t0
-            results.append({
-                "objective": objective,
-                "scenario": f"{kind} {count}",
-                "reload_share": share,
-                "tolerance": tol,
-                "nodes": [full_topo.nodes[i].name for i in gone],
-                "coverage_held": not validate_placement(topo, by_index(topo, before)) if kind == "remove" else None,
-                "time_to_valid_plan_s": round(inc_time, 3),
-                "time_to_first_valid_s": round(immediate.elapsed_s, 3) if immediate is not None and not immediate.resolved
-                else (None if res.first_valid_s is None else round(res.first_valid_s, 3)),
-                "flows_only_share_of_full": round(immediate.plan.max_flow / full.max_flow, 4)
-                if immediate is not None and not immediate.resolved and full.max_flow else None,
-                "resolved": res.resolved,
-                "valid": not validate_placement(topo, res.plan.assignments),
-                "max_flow": round(res.plan.max_flow, 2),
-                "full_resolve_max_flow": round(full.max_flow, 2),
-                "share_of_full": round(res.plan.max_flow / full.max_flow, 4) if full.max_flow else None,
-                "est_decode": round(res.plan.estimate.decode_tokens_per_s, 1),
-                "full_est_decode": round(full.estimate.decode_tokens_per_s, 1),
-                "decode_share_of_full": round(res.plan.estimate.decode_tokens_per_s / full.estimate.decode_tokens_per_s, 4)
-                if full.estimate.decode_tokens_per_s else None,
-                "layers_moved": res.layers_moved,
-                "full_resolve_layers_moved": full_moved,
-                "moved_ratio": round(res.layers_moved / full_moved, 3) if full_moved else None,
-                "full_resolve_layers_moved_relabelled": full_moved_rel,
-                "moved_ratio_relabelled": round(res.layers_moved / full_moved_rel, 3) if full_moved_rel else None,
-                "lane_check": lane,
-                "proof": proof,
-            })
-    return results
-
-
-def bench_proof(topo, before, full_flow: float, full_moved: int, full_moved_rel: int, share: float = 0.95,
-                ceiling_s: float = 0.0) -> dict:
-    """Is the churn target reachable at all? The fewest layers any placement must load for a
-    max-flow of ``share`` x the full re-solve's, proven by the layer-cover MILP
-    (``move_bound.fewest_moves_for_flow``) over placements loading at most as many layers as the
-    full re-solve (raw). ``proven_fewest_moves`` None means more than that. The quarter budgets
-    are a quarter of the full re-solve's moves, raw and relabelled. With ``ceiling_s`` > 0, also
-    the proven ceiling on the share any placement within each quarter budget can reach
-    (``move_bound.max_cover_within``, at most ``ceiling_s`` each; the cover bound is tight for
-    chains, loose for parallel pipelines)."""
-    t0 = time.monotonic()
-    res = fewest_moves_for_flow(topo, by_index(topo, before), share * full_flow, full_moved, time_limit_s=60.0)
-    out = {"share": share, "proven_fewest_moves": res.lower, "proof_closed": res.optimal or res.lower is None,
-           "proof_status": res.status, "proof_time_s": round(time.monotonic() - t0, 2),
-           "budget_raw": full_moved / 4, "budget_relabelled": full_moved_rel / 4}
-    low = full_moved + 1 if res.lower is None else res.lower
-    out["reachable_raw"] = low <= full_moved / 4
-    out["reachable_relabelled"] = low <= full_moved_rel / 4
-    if ceiling_s > 0:
-        for name, moved in (("raw", full_moved), ("relabelled", full_moved_rel)):
-            ceiling = max_cover_within(topo, by_index(topo, before), int(moved / 4), time_limit_s=ceiling_s)
-            out[f"share_ceiling_{name}"] = round(ceiling.cover_upper / full_flow, 3)
-    return out
-
-
 def bench_backends(tl: float) -> list[dict] | None:
     """HiGHS against CP-SAT on the placement MILP: the same model and warm starts (none,
     Petals-greedy, the balanced chain) on both clusters; incumbent max-flow, bound, status and
     time of each, and the ratio of CP-SAT's bound to HiGHS's. None when ``ortools`` (the
     optional extra) is not installed."""
     from p2pserve.placement.milp import MilpOptions, solve_milp
-    from p2pserve.placement.milp_backends import cpsat_available
+    from p2pserve.placement.milp.backends import cpsat_available
 
     if not cpsat_available():
         return None
     rows = []
-    data = hf.helix_data_dir()
+    data = data_root()
     for cname, (path, model, _) in CLUSTERS.items():
         topo = load_helix_topology(data / path, model)
         for start_name, start in (("none", None), ("petals", petals_greedy(topo)), ("balanced chain", balanced_chain(topo))):
@@ -286,7 +145,7 @@ def generated_topology(n: int, seed: int, model: str = "llama2-70b") -> Topology
     rng = random.Random(seed)
     types = ["A100", "L4", "T4", "V100", "L4x2", "T4x2"]
     node_types = [rng.choice(types) for _ in range(n)]
-    tables = hf.throughput_table(model, node_types)
+    tables = throughput_table(model, node_types)
     mp = hf.load_machine_params(model)
     nodes = tuple(
         helix_node_spec(f"gen{seed}-{i}", t, tables[mp.gpu(t).name], model) for i, t in enumerate(node_types)
@@ -294,8 +153,8 @@ def generated_topology(n: int, seed: int, model: str = "llama2-70b") -> Topology
     region = [rng.random() < 0.5 for _ in range(n)]
     links = []
     for i in range(n):
-        links.append(LinkSpec(SOURCE, i, 1e9, 1e-3))
-        links.append(LinkSpec(i, SINK, 1e9, 1e-3))
+        links.append(LinkSpec(SOURCE_INDEX, i, 1e9, 1e-3))
+        links.append(LinkSpec(i, SINK_INDEX, 1e9, 1e-3))
         for j in range(n):
             if i == j:
                 continue
@@ -328,13 +187,8 @@ def bench_unseen(tl: float) -> list[dict]:
     return rows
 
 
-def bench_simulator(placements: dict[str, dict], duration: float) -> dict | None:
-    try:
-        from p2pserve.sim.run import SimConfig, simulate
-        from p2pserve.sim.scenario import Part, build_scenario
-    except ImportError:
-        return None
-    data = hf.helix_data_dir()
+def bench_simulator(placements: dict[str, dict], duration: float) -> dict:
+    data = data_root()
     cl = hf.load_cluster(data / CLUSTERS["cluster24"][0])
     out = {}
     for name, placement in placements.items():
@@ -359,7 +213,8 @@ def print_table(title: str, rows: list[dict], cols: list[str]) -> None:
         print("  ".join(str(r.get(c)).ljust(w) for c, w in zip(cols, widths)))
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The benchmark's flags."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="10 s solves, 120 s simulator window")
     ap.add_argument("--time-limit", type=float, default=None)
@@ -374,7 +229,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--objective", nargs="+", default=["max-flow", "throughput"], choices=["max-flow", "throughput"],
                     help="churn: objectives to run")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "planner.json"))
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     tl = args.time_limit or (10.0 if args.quick else 60.0)
     report: dict = {"time_limit_s": tl, "started": time.strftime("%Y-%m-%d %H:%M:%S")}
     cols = ["method", "max_flow", "ratio_best_known", "ratio_upper_bound", "solve_time_s", "solver_gap",
@@ -385,22 +244,7 @@ def main(argv: list[str] | None = None) -> int:
             print_table(f"{cname} (best known {BEST_KNOWN[cname]}, upper bound {res['upper_bound']:.2f})",
                         res["rows"], cols)
     if "churn" not in args.skip:
-        report["churn"] = []
-        for objective in args.objective:
-            rows = bench_churn(tl, min(10.0, tl), reload_shares=tuple(args.reload_share), objective=objective,
-                               tolerances=tuple(args.tolerance), lane_check_s=args.lane_check)
-            report["churn"].extend(rows)
-            print_table(f"churn on cluster24 ({objective} objective, from our {objective} plan)", rows,
-                        ["scenario", "reload_share", "tolerance", "coverage_held", "time_to_first_valid_s", "time_to_valid_plan_s", "share_of_full",
-                         "decode_share_of_full", "layers_moved", "full_resolve_layers_moved", "moved_ratio",
-                         "full_resolve_layers_moved_relabelled", "moved_ratio_relabelled", "valid", "lane_check"])
-            print_table(f"churn target reachable at all? ({objective}; fewest moves for 95 % of the full re-solve's "
-                        "max-flow, proven by the layer-cover MILP)",
-                        [{"scenario": r["scenario"], **r["proof"]} for r in rows
-                         if r["reload_share"] == args.reload_share[0] and r["tolerance"] == args.tolerance[0]],
-                        ["scenario", "proven_fewest_moves", "proof_closed", "proof_time_s", "budget_raw",
-                         "budget_relabelled", "reachable_raw", "reachable_relabelled", "share_ceiling_raw",
-                         "share_ceiling_relabelled"])
+        report["churn"] = churn_section(args, tl, print_table)
     if "backends" not in args.skip:
         rows = bench_backends(min(tl, 30.0))
         if rows is None:
@@ -417,23 +261,26 @@ def main(argv: list[str] | None = None) -> int:
                         ["method", "max_flow", "ratio_covering_bound", "solve_time_s", "est_decode_tokens_per_s",
                          "mean_depth", "valid"])
     if "simulator" not in args.skip:
-        data = hf.helix_data_dir()
-        placements = {"helix": hf.load_solution(data / CLUSTERS["cluster24"][2])}
-        if "methods" in report:
-            m = report["methods"]["cluster24"]
-            placements["ours (throughput)"] = {int(k): tuple(v) for k, v in m["throughput_plan"].items()}
-            placements["ours (max-flow)"] = {int(k): tuple(v) for k, v in m["max_flow_plan"].items()}
-        sim = bench_simulator(placements, 120.0 if args.quick else 600.0)
-        if sim is not None:
-            report["simulator"] = sim
-            print_table("simulated decode throughput, cluster24 70B offline IWRR",
-                        [{"placement": k, **v} for k, v in sim.items()],
-                        ["placement", "decode_tokens_per_s", "ratio_to_helix", "decode_latency_s", "avg_route_depth"])
+        report["simulator"] = simulator_section(report, args.quick)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2))
     print(f"\nwrote {out}")
     return 0
+
+
+def simulator_section(report: dict, quick: bool) -> dict:
+    """Simulate the authors' placement and (after ``methods``) our two plans; print the table."""
+    placements = {"helix": hf.load_solution(data_root() / CLUSTERS["cluster24"][2])}
+    if "methods" in report:
+        m = report["methods"]["cluster24"]
+        placements["ours (throughput)"] = {int(k): tuple(v) for k, v in m["throughput_plan"].items()}
+        placements["ours (max-flow)"] = {int(k): tuple(v) for k, v in m["max_flow_plan"].items()}
+    sim = bench_simulator(placements, 120.0 if quick else 600.0)
+    print_table("simulated decode throughput, cluster24 70B offline IWRR",
+                [{"placement": k, **v} for k, v in sim.items()],
+                ["placement", "decode_tokens_per_s", "ratio_to_helix", "decode_latency_s", "avg_route_depth"])
+    return sim
 
 
 if __name__ == "__main__":

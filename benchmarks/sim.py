@@ -5,8 +5,9 @@ token throttling, and the simulator's own speed.
     python benchmarks/sim.py --quick    # shorter windows, one seed (a smoke run)
 
 Prints a table per section and writes ``benchmarks/results/sim.json``. Every figure comes from
-``p2pserve.sim`` driven with the authors' layouts and data in ``shared/data/helix`` (see
-docs/sim.md for what each setting means and why).
+``p2pserve.sim`` driven with the authors' layouts and data (the Helix data root: the copy shipped
+in ``p2pserve/helix/data`` unless ``$P2PSERVE_HELIX_DATA`` names another; see docs/sim.md for what
+each setting means and why).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from p2pserve.helix.format import helix_data_dir  # noqa: E402
+from p2pserve.helix.root import data_root  # noqa: E402
 from p2pserve.cli.sim import ONLINE_LOAD_FACTOR, offline_token_rate  # noqa: E402
 from p2pserve.sim.run import SimConfig, simulate  # noqa: E402
 from p2pserve.sim.scenario import build_scenario, helix_part, planner_part  # noqa: E402
@@ -51,7 +52,7 @@ TOLERANCE = 0.15
 
 def parts_for(model: str, method: str):
     """The authors' layout of ``method`` for ``model`` on the single cluster."""
-    d = helix_data_dir()
+    d = data_root()
     clusters = d / "clusters" / "single_cluster"
     lay = d / "layouts" / "single_cluster" / MODEL_DIR[model]
     if method == "helix" and model == "llama2-70b":
@@ -180,7 +181,7 @@ def ablation(args, seeds) -> dict:
 def planner(args, seeds) -> dict:
     """Section 3: our planner's placement against the authors' Helix placement (70B, cluster24)."""
     print("\n== 3. Our planner's placement vs the authors' Helix placement (70B, cluster24, IWRR) ==")
-    d = helix_data_dir()
+    d = data_root()
     t = time.perf_counter()
     part = planner_part(d / "clusters" / "single_cluster" / "cluster24.ini", "llama2-70b",
                         time_limit_s=args.planner_s, seed=0)

@@ -31,7 +31,7 @@ import heapq
 import time
 from typing import Callable, Mapping
 
-from p2pserve.placement.churn import new_layers
+from p2pserve.placement.moves import new_layers
 from p2pserve.placement.topology import Topology
 
 Placement = dict[int, tuple[int, int]]
@@ -181,6 +181,25 @@ def fewest_moves_recut(
     every one loading exactly that many.
     """
     t0 = clock()
+    options = _lane_options(topo, old, current, groups, reach, donors)
+    stats = {"evaluations": 0, "proven_below": 0, "combinations": 1}
+    for o in options:
+        stats["combinations"] *= len(o)
+    if not options:
+        return None, stats
+    return _cheapest_combination(options, value, target, valid, max_moves, lambda: clock() - t0 < time_limit_s,
+                                 stats), stats
+
+
+def _lane_options(
+    topo: Topology,
+    old: Mapping[int, tuple[int, int]],
+    current: Mapping[int, tuple[int, int]],
+    groups: list[list[int]],
+    reach: int,
+    donors: list[Mapping[int, tuple[int, int]]],
+) -> list[list[Cut]]:
+    """Per group with any option: its options (current part, donors' parts, re-cuts), cheapest first."""
     lanes, idle = lanes_of(topo, current, groups)
     lane_by_group = {}
     for lane in lanes:
@@ -206,16 +225,25 @@ def fewest_moves_recut(
                 add(part)
         if opts:
             options.append(sorted(((m, dict(k)) for k, m in opts.items()), key=lambda c: c[0]))
+    return options
+
+
+def _cheapest_combination(
+    options: list[list[Cut]],
+    value: Callable[[Placement], float],
+    target: float,
+    valid: Callable[[Placement], bool],
+    max_moves: int | None,
+    in_time: Callable[[], bool],
+    stats: dict,
+) -> Placement | None:
+    """Combinations of one option per lane by increasing total moves (a heap over the sorted
+    lists); the first valid one reaching ``target``, or None. Updates ``stats``."""
     n = len(options)
-    stats = {"evaluations": 0, "proven_below": 0, "combinations": 1}
-    for o in options:
-        stats["combinations"] *= len(o)
-    if n == 0:
-        return None, stats
     start = tuple([0] * n)
     heap = [(sum(o[0][0] for o in options), start)]
     pushed = {start}
-    while heap and clock() - t0 < time_limit_s:
+    while heap and in_time():
         moves, idx = heapq.heappop(heap)
         if max_moves is not None and moves > max_moves:
             break
@@ -225,11 +253,11 @@ def fewest_moves_recut(
             p.update(o[j][1])
         stats["evaluations"] += 1
         if valid(p) and value(p) >= target:
-            return p, stats
+            return p
         for d in range(n):
             if idx[d] + 1 < len(options[d]):
                 nxt = idx[:d] + (idx[d] + 1,) + idx[d + 1:]
                 if nxt not in pushed:
                     pushed.add(nxt)
                     heapq.heappush(heap, (moves - options[d][idx[d]][0] + options[d][idx[d] + 1][0], nxt))
-    return None, stats
+    return None

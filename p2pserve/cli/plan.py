@@ -2,8 +2,12 @@
 
 Example::
 
-    python -m p2pserve.cli plan --cluster ../shared/data/helix/clusters/single_cluster/cluster24.ini \\
-        --model llama2-70b --time-limit 60 --objective max-flow --json
+    p2pserve plan --cluster single_cluster/cluster24.ini --model llama2-70b --time-limit 60 \\
+        --objective max-flow --json
+
+A relative ``--cluster`` that does not exist as given is looked up under the Helix data root's
+``clusters/`` (``--data``, else ``$P2PSERVE_HELIX_DATA``, else the copy shipped with the package;
+see :mod:`p2pserve.helix.root`).
 """
 
 from __future__ import annotations
@@ -12,14 +16,20 @@ import argparse
 import json
 import sys
 
-from p2pserve.placement.planner import OBJECTIVES, PlannerConfig, plan_for_topology
-from p2pserve.placement.topology import BandwidthConvention, load_helix_topology
 from p2pserve.errors import P2PServeError
+from p2pserve.helix.root import data_root, resolve_file
+from p2pserve.helix.topology import load_helix_topology
+from p2pserve.placement.planner import OBJECTIVES, PlannerConfig, plan_for_topology
+from p2pserve.placement.solution import Solution
+from p2pserve.placement.topology import BandwidthConvention, Topology
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the ``plan`` flags."""
-    parser.add_argument("--cluster", required=True, help="Helix cluster .ini file")
+    parser.add_argument("--cluster", required=True,
+                        help="Helix cluster .ini file, or a name under the data root's clusters/")
+    parser.add_argument("--data", default=None, metavar="DIR",
+                        help="Helix data root (default: $P2PSERVE_HELIX_DATA, else the packaged copy)")
     parser.add_argument("--model", required=True, choices=["llama2-70b", "llama1-30b"])
     parser.add_argument("--time-limit", type=float, default=60.0, help="wall-clock seconds (default 60)")
     parser.add_argument("--objective", choices=OBJECTIVES, default="throughput",
@@ -49,7 +59,9 @@ def write_solution(path: str, assignments: dict[int, tuple[int, int]]) -> None:
 def run(args: argparse.Namespace) -> int:
     """Solve and print; exit code 0 on success, 2 on a planning/config error."""
     try:
-        topo = load_helix_topology(args.cluster, args.model, BandwidthConvention(args.bandwidth))
+        root = data_root(args.data)
+        cluster = resolve_file(args.cluster, "clusters", root)
+        topo = load_helix_topology(cluster, args.model, BandwidthConvention(args.bandwidth), root=root)
         config = PlannerConfig(
             objective=args.objective,
             time_limit_s=args.time_limit,
@@ -60,16 +72,22 @@ def run(args: argparse.Namespace) -> int:
             max_latency_s=args.max_latency,
             seed=args.seed,
         )
-        plan = plan_for_topology(topo, config)
+        solution = plan_for_topology(topo, config)
     except P2PServeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.write_solution:
-        write_solution(args.write_solution, plan.assignments)
+        write_solution(args.write_solution, solution.assignments)
     if args.json:
-        print(json.dumps(plan.to_json(), indent=2))
+        print(json.dumps(solution.to_json(), indent=2))
         return 0
-    print(f"cluster {topo.name}: {topo.num_nodes} nodes, model {args.model} ({topo.num_layers} layers)")
+    print_solution(topo, args.model, solution)
+    return 0
+
+
+def print_solution(topo: Topology, model: str, plan: Solution) -> None:
+    """The human-readable report: ranges per node, flows, bounds, estimates, warnings."""
+    print(f"cluster {topo.name}: {topo.num_nodes} nodes, model {model} ({topo.num_layers} layers)")
     print(f"objective {plan.objective}, method {plan.method}")
     for i, (s, e) in sorted(plan.assignments.items(), key=lambda x: (x[1], x[0])):
         node = topo.nodes[i]
@@ -87,4 +105,3 @@ def run(args: argparse.Namespace) -> int:
     print(f"solve time          {plan.solve_time_s:10.2f} s")
     for w in plan.warnings:
         print(f"warning: {w}")
-    return 0

@@ -2,10 +2,12 @@
 
 Examples::
 
-    p2pserve sim --cluster shared/data/helix/clusters/single_cluster/cluster24.ini \\
-        --model llama2-70b --placement shared/data/helix/layouts/single_cluster/llama70b/ilp/ilp_sol.ini \\
-        --scheduler iwrr --mode offline --duration 600 --json
+    p2pserve sim --cluster single_cluster/cluster24.ini --model llama2-70b \\
+        --placement single_cluster/llama70b/ilp/ilp_sol.ini --scheduler iwrr --mode offline --duration 600 --json
 
+A relative ``--cluster`` / ``--placement`` that does not exist as given is looked up under the
+Helix data root's ``clusters/`` / ``layouts/`` (``--data``, else ``$P2PSERVE_HELIX_DATA``, else the
+copy shipped with the package; see :mod:`p2pserve.helix.root`); traces come from the same root.
 ``--cluster`` and ``--placement`` may be repeated in pairs to join several clusters under one
 coordinator without links between them (the separate-pipelines baseline). In online mode the
 offered load is ``--rate`` prompt+output tokens/s; without it, a short offline run of the same
@@ -18,8 +20,10 @@ import argparse
 import json
 import math
 import sys
+from pathlib import Path
 
 from p2pserve.errors import ConfigError
+from p2pserve.helix.root import data_root, resolve_file
 
 #: Online load as a share of the simulated offline peak (prompt+output tokens/s). The paper
 #: offers 75% of peak; the authors' rates (700 for Helix, 350 for Swarm on cluster24, 70B) are
@@ -32,10 +36,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from p2pserve.sim.schedulers import SCHEDULERS
 
     parser.add_argument("--cluster", action="append", required=True, metavar="FILE.ini",
-                        help="Helix cluster file (repeat, paired with --placement, to join clusters)")
+                        help="Helix cluster file or a name under the data root's clusters/ "
+                             "(repeat, paired with --placement, to join clusters)")
+    parser.add_argument("--data", default=None, metavar="DIR",
+                        help="Helix data root (default: $P2PSERVE_HELIX_DATA, else the packaged copy)")
     parser.add_argument("--model", required=True, choices=["llama2-70b", "llama1-30b"])
     parser.add_argument("--placement", action="append", required=True, metavar="planner|FILE",
-                        help="'planner' (our planner) or a Helix *_sol.ini; one per --cluster")
+                        help="'planner' (our planner) or a Helix *_sol.ini (or a name under the data "
+                             "root's layouts/); one per --cluster")
     parser.add_argument("--scheduler", default="iwrr", choices=list(SCHEDULERS))
     parser.add_argument("--mode", default="offline", choices=["offline", "online"])
     parser.add_argument("--duration", type=float, default=None,
@@ -61,18 +69,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
 
 
-def build_parts(args: argparse.Namespace):
+def build_parts(args: argparse.Namespace, root: Path):
     """Scenario parts from the paired ``--cluster`` / ``--placement`` flags."""
     from p2pserve.sim.scenario import helix_part, planner_part
 
     if len(args.cluster) != len(args.placement):
         raise ConfigError("give one --placement per --cluster")
     parts = []
-    for cluster, placement in zip(args.cluster, args.placement):
+    for name, placement in zip(args.cluster, args.placement):
+        cluster = resolve_file(name, "clusters", root)
         if placement == "planner":
-            parts.append(planner_part(cluster, args.model, time_limit_s=args.planner_time, seed=args.seed))
+            parts.append(planner_part(cluster, args.model, time_limit_s=args.planner_time, seed=args.seed, root=root))
         else:
-            parts.append(helix_part(cluster, placement, kv_from_layout=not args.no_layout_kv))
+            layout = resolve_file(placement, "layouts", root)
+            parts.append(helix_part(cluster, layout, kv_from_layout=not args.no_layout_kv))
     return parts
 
 
@@ -84,7 +94,8 @@ def run(args: argparse.Namespace) -> int:
 
     conv = BandwidthConvention.HELIX if args.bandwidth_convention == "helix" else BandwidthConvention.BITS_PER_S
     try:
-        scenario = build_scenario(args.model, build_parts(args), convention=conv)
+        root = data_root(args.data)
+        scenario = build_scenario(args.model, build_parts(args, root), convention=conv, root=root)
     except ConfigError as exc:
         print(f"p2pserve sim: {exc}", file=sys.stderr)
         return 2
@@ -98,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
             SimConfig(scheduler=args.scheduler, mode="offline", duration=300.0, seed=args.seed,
                       throttle=args.throttle, kv_mask=kv_mask, kv_model=args.kv_model),
         )
-        rate = ONLINE_LOAD_FACTOR * offline_token_rate(calibration.decode_throughput_tokens_per_s)
+        rate = ONLINE_LOAD_FACTOR * offline_token_rate(calibration.decode_throughput_tokens_per_s, root)
     cfg = SimConfig(
         scheduler=args.scheduler,
         mode=args.mode,
@@ -120,11 +131,11 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def offline_token_rate(decode_tokens_per_s: float) -> float:
+def offline_token_rate(decode_tokens_per_s: float, root: Path | None = None) -> float:
     """Prompt+output tokens/s implied by a decode rate, at the Azure trace's mean lengths."""
     from p2pserve.sim.workload import load_lengths
 
-    inputs, outputs = load_lengths()
+    inputs, outputs = load_lengths(root=root)
     return decode_tokens_per_s * (inputs.mean() + outputs.mean()) / outputs.mean()
 
 

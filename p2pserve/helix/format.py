@@ -1,14 +1,15 @@
-"""Readers for the Helix (ASPLOS'25) artifact data: cluster files, solutions, profiles, T tables.
+"""Readers for the Helix (ASPLOS'25) artifact files: clusters, solutions, profiles, machine params.
 
-Everything here is pure parsing plus the authors' node-throughput formula, re-implemented from
-the description in ``shared/data/helix/README.md``. No solver, no network.
+Pure parsing, no solver, no network; where the files live is :mod:`p2pserve.helix.root`'s
+business (every reader that finds its own file takes an optional data ``root``). The authors'
+node-throughput formula is in :mod:`p2pserve.helix.throughput`.
 
 Unit conventions (kept exactly as the authors use them, so that their numbers reproduce):
 
 * bandwidth strings such as ``1000 * mbps`` evaluate to 1e9 (mbps = 1e6, gbps = 1e9, kbps = 1e3);
   the authors divide that number *directly by a size in bytes*. :class:`HelixLink.bandwidth` holds
   the evaluated number untouched; converting it to a capacity is the topology's job, where the
-  convention is an explicit parameter (see ``topology.BandwidthConvention``).
+  convention is an explicit parameter (see ``placement.topology.BandwidthConvention``).
 * latency strings such as ``1 * MilliSec`` evaluate to seconds (1e-3).
 * profile csv rows are ``batch_tokens, milliseconds per ONE layer``.
 """
@@ -16,7 +17,6 @@ Unit conventions (kept exactly as the authors use them, so that their numbers re
 from __future__ import annotations
 
 import ast
-import bisect
 import configparser
 import json
 import os
@@ -26,6 +26,8 @@ from functools import lru_cache
 from pathlib import Path
 
 from p2pserve.errors import ConfigError, UnknownModelError
+from p2pserve.helix.root import data_root
+from p2pserve.placement.profile import LatencyProfile
 
 #: Our model names -> directory / key names in the artifact.
 MODEL_DIRS: dict[str, str] = {"llama2-70b": "llama2_70b", "llama1-30b": "llama1_30b"}
@@ -42,29 +44,6 @@ _UNITS: dict[str, float] = {
     "mb": 1e6,
     "gb": 1e9,
 }
-
-
-def helix_data_dir() -> Path:
-    """Directory holding the Helix artifact data.
-
-    ``$P2PSERVE_HELIX_DATA`` if set, else ``<repo root>/../shared/data/helix`` where the repo
-    root is the parent of the ``p2pserve`` package directory. Raises :class:`ConfigError` when
-    neither exists.
-    """
-    env = os.environ.get("P2PSERVE_HELIX_DATA")
-    if env:
-        path = Path(env)
-        if not path.is_dir():
-            raise ConfigError(f"P2PSERVE_HELIX_DATA={env!r} is not a directory")
-        return path
-    repo_root = Path(__file__).resolve().parent.parent.parent
-    path = (repo_root / ".." / "shared" / "data" / "helix").resolve()
-    if path.is_dir():
-        return path
-    raise ConfigError(
-        f"Helix data not found at {path}; set P2PSERVE_HELIX_DATA to the directory holding "
-        "clusters/, profiles/ and node_throughput/"
-    )
 
 
 def parse_quantity(text: str) -> float:
@@ -181,40 +160,6 @@ def load_solution(path: str | os.PathLike) -> dict[int, tuple[int, int]]:
     return out
 
 
-def _interp(xs: list[float], ys: list[float], x: float) -> float:
-    """Piecewise-linear interpolation; beyond the last row extrapolate with the last slope."""
-    if x <= xs[0]:
-        return ys[0]
-    i = bisect.bisect_left(xs, x)
-    if i >= len(xs):
-        # Extrapolate linearly from the last segment: batches bigger than profiled cost more.
-        x0, x1, y0, y1 = xs[-2], xs[-1], ys[-2], ys[-1]
-        slope = (y1 - y0) / (x1 - x0) if x1 != x0 else 0.0
-        return y1 + max(slope, 0.0) * (x - x1)
-    if xs[i] == x:
-        return ys[i]
-    x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
-    return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
-
-
-@dataclass(frozen=True)
-class LatencyProfile:
-    """Per-layer latency of one GPU type for one model (milliseconds per ONE layer)."""
-
-    prompt_tokens: tuple[float, ...]
-    prompt_ms_values: tuple[float, ...]
-    decode_tokens: tuple[float, ...]
-    decode_ms_values: tuple[float, ...]
-
-    def prompt_ms(self, tokens: float) -> float:
-        """Milliseconds for one layer to prefill a batch of ``tokens`` prompt tokens."""
-        return _interp(list(self.prompt_tokens), list(self.prompt_ms_values), tokens)
-
-    def decode_ms(self, tokens: float) -> float:
-        """Milliseconds for one layer to decode a batch of ``tokens`` decode tokens."""
-        return _interp(list(self.decode_tokens), list(self.decode_ms_values), tokens)
-
-
 def _model_dir(model: str) -> str:
     if model in MODEL_DIRS:
         return MODEL_DIRS[model]
@@ -245,9 +190,9 @@ def _load_profile_cached(model_dir: str, gpu: str, data_dir: str) -> LatencyProf
     return LatencyProfile(px, py, dx, dy)
 
 
-def load_profile(model: str, gpu_type: str) -> LatencyProfile:
+def load_profile(model: str, gpu_type: str, root: Path | None = None) -> LatencyProfile:
     """Latency profile of ``gpu_type`` (``A100``/``a100``, ``L4``, ``T4x2``...) for ``model``."""
-    return _load_profile_cached(_model_dir(model), gpu_type.lower(), str(helix_data_dir()))
+    return _load_profile_cached(_model_dir(model), gpu_type.lower(), str(root or data_root()))
 
 
 @dataclass(frozen=True)
@@ -297,17 +242,18 @@ class MachineParams:
         return self.gpu(gpu_type).prompt_max_requests[k] * self.max_input_len
 
 
-def _canon_type(name: str, table: dict) -> str:
+def canonical_type(name: str, table: dict) -> str:
+    """The key of ``table`` naming GPU type ``name``, whatever its case (``a100`` -> ``A100``)."""
     for key in table:
         if key.lower() == name.lower():
             return key
     raise ConfigError(f"GPU type {name!r} not in {sorted(table)}")
 
 
-def load_machine_params(model: str) -> MachineParams:
+def load_machine_params(model: str, root: Path | None = None) -> MachineParams:
     """Read ``profiles/machine_params.json`` for ``model`` (``llama2-70b`` / ``llama1-30b``)."""
     mdir = _model_dir(model)
-    raw = json.loads((helix_data_dir() / "profiles" / "machine_params.json").read_text())
+    raw = json.loads(((root or data_root()) / "profiles" / "machine_params.json").read_text())
     section = raw[mdir]
     consts = raw.get("_constants", {})
     meta = section["_model"]
@@ -341,104 +287,46 @@ def load_machine_params(model: str) -> MachineParams:
     )
 
 
-def load_machine_profiles(path: str | os.PathLike | None = None) -> dict[str, dict[str, float]]:
+def load_machine_profiles(root: Path | None = None) -> dict[str, dict[str, float]]:
     """``machine_profiles.ini``: type -> {inbound_nic_speed, outbound_nic_speed, vram_size} (evaluated)."""
-    path = Path(path) if path else helix_data_dir() / "clusters" / "single_cluster" / "machine_profiles.ini"
+    path = (root or data_root()) / "clusters" / "single_cluster" / "machine_profiles.ini"
     cp = _read_ini(path)
     return {sec: {k: parse_quantity(v) for k, v in cp.items(sec)} for sec in cp.sections()}
 
 
-def _mixed_batch_throughput(
-    prof: LatencyProfile, mp: MachineParams, gpu: str, k: int, ratio: float
-) -> float:
-    """Tokens/s of the authors' "typical" mixed prompt+decode batch for a node holding k layers."""
-    I, O = mp.avg_input_len, mp.avg_output_len
-    kv = mp.kv_capacity(gpu, k)
-    avail = int(mp.kv_cache_hwm * kv / k)
-    pr = avail / (I + O) * ratio / O
-    if pr > 1:
-        pr, pt, dt = 1.0, I, O
-    else:
-        pt = round(pr * I)
-        dt = round(avail / (I + O) * ratio)
-    if pr >= 1:
-        ms = k * (prof.prompt_ms(pt) + prof.decode_ms(dt))
-        return (pt + dt) / ms * 1000.0
-    rho = 1.0 / pr
-    ms = k * (prof.prompt_ms(int(pt * rho)) + rho * prof.decode_ms(dt))
-    return rho * (pt + dt) / ms * 1000.0
-
-
-def throughput_table(
-    model: str, node_types: list[str], nic_bytes_per_s: float | None = None
-) -> dict[str, list[float]]:
-    """T[k] per GPU type present in a cluster with these ``node_types`` (authors' formula).
-
-    Returns type -> list where index k (1..max_num_layers) is tokens/s holding k layers and
-    index 0 is 0. The result depends on the cluster composition through the average per-layer
-    time ``t̄`` (see README), so pass the full list of node types.
-    """
-    mp = load_machine_params(model)
-    L = mp.num_layers
-    counts: dict[str, int] = {}
-    for t in node_types:
-        key = _canon_type(t, mp.gpus)
-        counts[key] = counts.get(key, 0) + 1
-    # The authors switch to the larger "typical #layers" table when the cluster, loaded with the
-    # default typical counts, would hold fewer than 1.2 model copies (verified against their
-    # cluster10 and cluster24 tables; single-type clusters do not depend on the choice).
-    typical_capacity = sum(mp.typical_layers_default[t] * n for t, n in counts.items())
-    typical = mp.typical_layers_small if typical_capacity < 1.2 * L else mp.typical_layers_default
-    perf = {t: mp.initial_normalized_perf[t] for t in counts}
-    profs = {t: load_profile(model, t) for t in counts}
-
-    def tables(perf_now: dict[str, float]) -> dict[str, list[float]]:
-        num = sum(counts[t] * typical[t] * (1.0 / perf_now[t]) for t in counts)
-        den = sum(counts[t] * typical[t] for t in counts)
-        tbar = num / den
-        out = {}
-        for t in counts:
-            tm = 1.0 / perf_now[t]
-            row = [0.0]
-            for k in range(1, mp.gpus[t].max_num_layers + 1):
-                r = k * tm / ((L - k) * tbar + k * tm)
-                row.append(_mixed_batch_throughput(profs[t], mp, t, k, r))
-            out[t] = row
-        return out
-
-    for _ in range(10):
-        cur = tables(perf)
-        perf = {t: cur[t][min(typical[t], len(cur[t]) - 1)] * typical[t] for t in counts}
-    final = tables(perf)
-    if nic_bytes_per_s is None:
-        nic_bytes_per_s = 10e9  # every GPU type in machine_profiles.ini has a 10 Gbps NIC
-    cap = nic_bytes_per_s / mp.activation_size_bytes
-    return {t: [min(v, cap) if i else 0.0 for i, v in enumerate(row)] for t, row in final.items()}
-
-
-def node_throughput_tables(cluster: HelixCluster, model: str) -> list[list[float]]:
-    """T[i][k]: tokens/s of compute node i holding k layers (index 0 is 0), authors' formula."""
-    by_type = throughput_table(model, cluster.node_types)
-    mp = load_machine_params(model)
-    return [list(by_type[_canon_type(t, mp.gpus)]) for t in cluster.node_types]
-
-
-def load_reference_throughput(name: str) -> list[list[float]]:
-    """The authors' own T tables from ``node_throughput/<name>.json`` (same shape as above)."""
-    raw = json.loads((helix_data_dir() / "node_throughput" / f"{name}.json").read_text())
-    table = raw["node_T_tokens_per_s"]
-    out = []
-    for i in range(len(table)):
-        row = table[str(i)]
-        kmax = max(int(k) for k in row)
-        out.append([0.0] + [float(row[str(k)]) for k in range(1, kmax + 1)])
-    return out
-
-
-def vram_bytes(gpu_type: str) -> float:
+def vram_bytes(gpu_type: str, root: Path | None = None) -> float:
     """VRAM of a GPU type from ``machine_profiles.ini`` (e.g. T4 16 GB -> 16e9)."""
-    profiles = load_machine_profiles()
+    profiles = load_machine_profiles(root)
     for name, vals in profiles.items():
         if name.lower() == gpu_type.lower():
             return vals["vram_size"]
     raise ConfigError(f"GPU type {gpu_type!r} has no VRAM entry in machine_profiles.ini")
+
+
+def read_kv_capacities(path: str | os.PathLike, offset: int = 2) -> dict[int, int]:
+    """KV capacity per node from a layout's ``simulator_cluster.ini``.
+
+    The authors' layout synthesiser wrote one next to each solution; only ``kv_cache_capacity``
+    per ``[compute_node_X]`` (token-layer entries) is read. For nodes holding more layers than
+    ``machine_params.json`` tabulates (the separate-pipelines layouts put 20 LLaMA-70B layers on
+    an A100) it is the only source. Keys are 0-based node indices ``X - offset``.
+    """
+    cp = _read_ini(Path(path))
+    out: dict[int, int] = {}
+    for sec in cp.sections():
+        m = re.fullmatch(r"compute_node_(\d+)", sec)
+        if m and cp.has_option(sec, "kv_cache_capacity"):
+            out[int(m.group(1)) - offset] = int(float(cp.get(sec, "kv_cache_capacity")))
+    return out
+
+
+def sibling_simulator_cluster(solution_path: str | os.PathLike) -> Path | None:
+    """The ``simulator_cluster.ini`` the authors wrote next to a solution file, if any."""
+    p = Path(solution_path)
+    candidates = [p.parent / "simulator_cluster.ini"]
+    if "solution_file" in p.name:
+        candidates.insert(0, p.parent / p.name.replace("solution_file", "simulator_cluster"))
+    for c in candidates:
+        if c.is_file():
+            return c
+    return None

@@ -34,7 +34,8 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from p2pserve.placement.maxflow import FlowResult, max_flow
-from p2pserve.placement.topology import SINK, SOURCE, Topology
+from p2pserve.placement.topology import Topology
+from p2pserve.types import SINK_INDEX, SOURCE_INDEX
 
 
 @dataclass(frozen=True)
@@ -85,10 +86,10 @@ def flow_paths(flow: FlowResult) -> list[tuple[list[int], float]]:
         out_edges.setdefault(u, []).append(v)
     paths = []
     for _ in range(10000):
-        path, u = [], SOURCE
+        path, u = [], SOURCE_INDEX
         bottleneck = float("inf")
         seen = set()
-        while u != SINK:
+        while u != SINK_INDEX:
             nxt = [v for v in out_edges.get(u, []) if rem.get((u, v), 0.0) > 1e-6]
             if not nxt or u in seen:
                 path = []
@@ -96,13 +97,13 @@ def flow_paths(flow: FlowResult) -> list[tuple[list[int], float]]:
             seen.add(u)
             v = max(nxt, key=lambda x: rem[(u, x)])
             bottleneck = min(bottleneck, rem[(u, v)])
-            if v != SINK:
+            if v != SINK_INDEX:
                 path.append(v)
             u = v
         if not path or bottleneck == float("inf") or bottleneck <= 1e-6:
             break
-        prev = SOURCE
-        for v in path + [SINK]:
+        prev = SOURCE_INDEX
+        for v in path + [SINK_INDEX]:
             rem[(prev, v)] -= bottleneck
             prev = v
         paths.append((path, bottleneck))
@@ -121,8 +122,8 @@ def _routable_paths(flow: FlowResult, mask_share: float) -> list[tuple[list[int]
     paths = flow_paths(flow)
     kept = []
     for p, f in paths:
-        prev, ok = SOURCE, True
-        for v in p + [SINK]:
+        prev, ok = SOURCE_INDEX, True
+        for v in p + [SINK_INDEX]:
             if (prev, v) in masked:
                 ok = False
                 break
@@ -185,23 +186,50 @@ def estimate(
         return ThroughputEstimate(0.0, float("inf"), 0.0, 0.0, 0.0, 0.0, 0, 0)
     paths = _routable_paths(flow, model.mask_share)
     total_w = sum(f for _, f in paths) or 1.0
-    mean_depth = sum(len(p) * f for p, f in paths) / total_w
-    max_depth = max((len(p) for p, _ in paths), default=0)
-    # Shares of requests per node / edge once the scheduler's small-edge mask is applied.
+    share, edge_share = _shares(paths, total_w)
+    kv_cap = kv_layer_capacity(topo, placement)
+    n_kv = _concurrency(topo, placement, share, kv_cap, model)
+    n_dec = n_kv * model.decode_fraction
+    node_cost = _node_costs(topo, placement, share, n_dec, model)
+    tau = sum(f * _path_latency(topo, p, node_cost, edge_share, n_dec, model) for p, f in paths) / total_w
+    # Replicas with identical ranges: the scheduler alternates between them at every stage, so
+    # each receives tokens from several upstream nodes and its convoys fragment (fitted).
+    ranges = list(placement.values())
+    aligned = sum(1 for r in ranges if ranges.count(r) > 1) / len(ranges)
+    tau *= 1.0 + model.aligned_weight * aligned
+    return ThroughputEstimate(
+        decode_tokens_per_s=n_dec / tau if tau > 0 else 0.0,
+        per_token_latency_s=tau,
+        concurrency=n_kv,
+        kv_layer_capacity_tokens=kv_cap,
+        compute_bound_decode_tokens_per_s=F * model.avg_output / (model.avg_input + model.avg_output),
+        mean_depth=sum(len(p) * f for p, f in paths) / total_w,
+        max_depth=max((len(p) for p, _ in paths), default=0),
+        paths=len(paths),
+    )
+
+
+def _shares(paths: list[tuple[list[int], float]], total_w: float
+            ) -> tuple[dict[int, float], dict[tuple[int, int], float]]:
+    """Shares of requests per node and per edge once the scheduler's small-edge mask is applied."""
     share: dict[int, float] = {}
     edge_share: dict[tuple[int, int], float] = {}
     for p, f in paths:
-        prev = SOURCE
-        for v in p + [SINK]:
+        prev = SOURCE_INDEX
+        for v in p + [SINK_INDEX]:
             edge_share[(prev, v)] = edge_share.get((prev, v), 0.0) + f / total_w
-            if v != SINK:
+            if v != SINK_INDEX:
                 share[v] = share.get(v, 0.0) + f / total_w
             prev = v
-    I, O = model.avg_input, model.avg_output
-    per_req = I + model.reserved_output
-    kv_cap = kv_layer_capacity(topo, placement)
+    return share, edge_share
+
+
+def _concurrency(topo: Topology, placement: Mapping[int, tuple[int, int]], share: Mapping[int, float],
+                 kv_cap: float, model: WorkloadModel) -> float:
+    """Requests in flight: the least-provisioned layer's fill, capped by each node's high-water
+    mark for the share of the requests it sees."""
+    per_req = model.avg_input + model.reserved_output
     n_kv = model.kv_fill * kv_cap / per_req
-    # Per-node high-water mark: node i sees a share of the requests.
     for i, sh in share.items():
         s, e = placement[i]
         k = e - s
@@ -209,9 +237,13 @@ def estimate(
         cap = kv[k] if k < len(kv) else 0
         if cap > 0:
             n_kv = min(n_kv, model.node_hwm * cap / (per_req * k) / sh)
-    compute_bound = F * O / (I + O)
-    n_dec = n_kv * model.decode_fraction
+    return n_kv
 
+
+def _node_costs(topo: Topology, placement: Mapping[int, tuple[int, int]], share: Mapping[int, float],
+                n_dec: float, model: WorkloadModel) -> dict[int, float]:
+    """Seconds each node adds to a token's round trip: its convoy's decode batches, the fixed
+    per-batch cost, and the prompts it prefills meanwhile."""
     node_cost = {}
     for i, sh in share.items():
         s, e = placement[i]
@@ -220,36 +252,24 @@ def estimate(
         node_cost[i] = (
             model.decode_weight * k * _decode_batch_ms(topo, i, k, n_i)
             + model.fixed_weight * k * _decode_batch_ms(topo, i, k, 1.0)
-            + model.prompt_weight * k * _prompt_ms(topo, i, k, I) * n_i / O
+            + model.prompt_weight * k * _prompt_ms(topo, i, k, model.avg_input) * n_i / model.avg_output
         ) / 1000.0
-    tau = 0.0
-    for p, f in paths:
-        t = 0.0
-        prev = SOURCE
-        for v in p + [SINK]:
-            link = topo.link(prev, v)
-            bw = topo.convention.bytes_per_s(link.bandwidth) if link else 0.0
-            size = topo.token_bytes if (prev == SOURCE or v == SINK) else topo.activation_bytes
-            batch = n_dec * edge_share.get((prev, v), 0.0)
-            t += (link.latency_s if link else 0.0) + (size * max(batch, 1.0) / bw if bw > 0 else 0.0)
-            if v != SINK:
-                t += node_cost[v] + model.hop_overhead_s
-            prev = v
-        tau += f * t
-    tau /= total_w
-    # Replicas with identical ranges: the scheduler alternates between them at every stage, so
-    # each receives tokens from several upstream nodes and its convoys fragment (fitted).
-    ranges = list(placement.values())
-    aligned = sum(1 for r in ranges if ranges.count(r) > 1) / len(ranges)
-    tau *= 1.0 + model.aligned_weight * aligned
-    X = n_dec / tau if tau > 0 else 0.0
-    return ThroughputEstimate(
-        decode_tokens_per_s=X,
-        per_token_latency_s=tau,
-        concurrency=n_kv,
-        kv_layer_capacity_tokens=kv_cap,
-        compute_bound_decode_tokens_per_s=compute_bound,
-        mean_depth=mean_depth,
-        max_depth=max_depth,
-        paths=len(paths),
-    )
+    return node_cost
+
+
+def _path_latency(topo: Topology, path: list[int], node_cost: Mapping[int, float],
+                  edge_share: Mapping[tuple[int, int], float], n_dec: float, model: WorkloadModel) -> float:
+    """Seconds for one token along ``path``: link latency and transfer of its convoy per hop,
+    plus each node's cost and the fixed hop overhead."""
+    t = 0.0
+    prev = SOURCE_INDEX
+    for v in path + [SINK_INDEX]:
+        link = topo.link(prev, v)
+        bw = topo.bytes_per_s(prev, v)
+        size = topo.token_bytes if (prev == SOURCE_INDEX or v == SINK_INDEX) else topo.activation_bytes
+        batch = n_dec * edge_share.get((prev, v), 0.0)
+        t += (link.latency_s if link else 0.0) + (size * max(batch, 1.0) / bw if bw > 0 else 0.0)
+        if v != SINK_INDEX:
+            t += node_cost[v] + model.hop_overhead_s
+        prev = v
+    return t

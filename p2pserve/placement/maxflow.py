@@ -19,7 +19,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Mapping
 
-from p2pserve.placement.topology import SINK, SOURCE, Topology
+from p2pserve.placement.topology import Topology
+from p2pserve.types import SINK_INDEX, SOURCE_INDEX
 
 #: node index -> half-open layer range [start, end)
 Placement = Mapping[int, tuple[int, int]]
@@ -31,7 +32,7 @@ _EPS = 1e-9
 class FlowResult:
     """Max-flow value (tokens/s) and the flow on each used edge.
 
-    ``edge_flows`` maps ``(u, v)`` to tokens/s with u, v node indices or ``SOURCE``/``SINK``;
+    ``edge_flows`` maps ``(u, v)`` to tokens/s with u, v node indices or ``SOURCE_INDEX``/``SINK_INDEX``;
     ``node_flows[i]`` is the flow through node i.
     """
 
@@ -49,13 +50,13 @@ def placement_edges(
     items = [(i, r) for i, r in placement.items() if r is not None and r[1] > r[0]]
     for i, (s, e) in items:
         if s == 0:
-            cap = topo.capacity(SOURCE, i)
+            cap = topo.capacity(SOURCE_INDEX, i)
             if cap > 0:
-                edges.append((SOURCE, i, cap))
+                edges.append((SOURCE_INDEX, i, cap))
         if e == L:
-            cap = topo.capacity(i, SINK)
+            cap = topo.capacity(i, SINK_INDEX)
             if cap > 0:
-                edges.append((i, SINK, cap))
+                edges.append((i, SINK_INDEX, cap))
     for i, (si, ei) in items:
         if ei >= L:
             continue
@@ -152,8 +153,8 @@ def max_flow(
         node_eid[i] = g.add(2 + 2 * pos[i], 3 + 2 * pos[i], t)
     edge_eid = {}
     for u, v, c in edges:
-        a = 0 if u == SOURCE else 3 + 2 * pos[u]
-        b = 1 if v == SINK else 2 + 2 * pos[v]
+        a = 0 if u == SOURCE_INDEX else 3 + 2 * pos[u]
+        b = 1 if v == SINK_INDEX else 2 + 2 * pos[v]
         edge_eid[(u, v)] = g.add(a, b, c)
     caps0 = list(g.cap)
     value = g.run(0, 1)
@@ -183,14 +184,14 @@ def _max_flow_networkx(topo, placement, nodes, edges) -> FlowResult:
         k = e - s
         g.add_edge(("in", i), ("out", i), capacity=thr[k] if k < len(thr) else 0.0)
     for u, v, c in edges:
-        a = "source" if u == SOURCE else ("out", u)
-        b = "sink" if v == SINK else ("in", v)
+        a = "source" if u == SOURCE_INDEX else ("out", u)
+        b = "sink" if v == SINK_INDEX else ("in", v)
         g.add_edge(a, b, capacity=c)
     value, fd = nx.maximum_flow(g, "source", "sink", flow_func=nx.algorithms.flow.preflow_push)
     flows = {}
     for u, v, _c in edges:
-        a = "source" if u == SOURCE else ("out", u)
-        b = "sink" if v == SINK else ("in", v)
+        a = "source" if u == SOURCE_INDEX else ("out", u)
+        b = "sink" if v == SINK_INDEX else ("in", v)
         f = fd[a][b]
         if f > _EPS:
             flows[(u, v)] = f

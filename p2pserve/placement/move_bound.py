@@ -14,8 +14,8 @@ of paths can only lower the real flow below this cover.
 **The MILP.** Each node picks at most one range from its candidates; a range's cost is the
 layers the node must newly load to hold it (what it holds now is free). Asking for a cover of at
 least ``F`` at every layer while minimising the total cost is a small set multi-cover with a
-knapsack (:func:`fewest_moves_for_flow`); the highest cover under a budget of moves
-(:func:`max_cover_within`) is found by bisection on it. HiGHS solves it with the planner
+knapsack (:func:`fewest_moves_for_flow`); the highest cover under a budget of moves is found
+by bisection on it (``tools/move_ceiling.py``, an analysis for the benchmark). HiGHS solves it with the planner
 MILP's thread count: HiGHS keeps one scheduler per process and refuses, at once and silently
 ("Not Set"), a model that asks for another. Its dual bound is a proof even when the time limit
 stops it before optimality, so a bound above the churn budget proves the target out of reach
@@ -29,12 +29,12 @@ max-flow before using it).
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
 from typing import Mapping
 
-from p2pserve.placement.milp import LinearModel, MilpOptions
-from p2pserve.placement.milp_backends import solve
+from p2pserve.placement.milp.backends import solve
+from p2pserve.placement.milp.linear import LinearModel
+from p2pserve.placement.moves import new_layer_count
 from p2pserve.placement.topology import Topology
 
 Placement = dict[int, tuple[int, int]]
@@ -53,27 +53,17 @@ class Candidate:
 
 @dataclass(frozen=True)
 class MoveBound:
-    """Result of a cover MILP.
+    """Result of the cover MILP (:func:`fewest_moves_for_flow`).
 
-    ``lower`` is proven: no placement reaching the asked flow loads fewer layers (for
-    :func:`fewest_moves_for_flow`; ``None`` when no placement can reach it at all within the
-    candidates). ``cover_upper`` is proven: no placement within the move budget has a max-flow
-    above it (for :func:`max_cover_within`). ``placement`` is the best cover placement found,
-    ``optimal`` whether the solver closed its gap, ``status`` its words.
+    ``lower`` is proven: no placement reaching the asked flow loads fewer layers (``None`` when
+    no placement can reach it at all within the candidates). ``placement`` is the best cover
+    placement found, ``optimal`` whether the solver closed its gap, ``status`` its words.
     """
 
     lower: int | None
-    cover_upper: float | None
     placement: Placement | None
     optimal: bool
     status: str
-
-
-def new_layer_count(old: tuple[int, int] | None, s: int, e: int) -> int:
-    """Layers a node holding ``old`` (or nothing) must load to hold ``[s, e)``."""
-    if old is None:
-        return e - s
-    return (e - s) - max(0, min(e, old[1]) - max(s, old[0]))
 
 
 def candidates(topo: Topology, current: Mapping[int, tuple[int, int]], max_cost: int) -> list[Candidate]:
@@ -92,16 +82,6 @@ def candidates(topo: Topology, current: Mapping[int, tuple[int, int]], max_cost:
                 if cost <= max_cost:
                     out.append(Candidate(i, s, s + k, t, cost))
     return out
-
-
-def cover_of(topo: Topology, placement: Mapping[int, tuple[int, int]]) -> float:
-    """The layer-cover bound of one placement: ``min_l sum_{i holds l} T_i(k_i)``."""
-    per_layer = [0.0] * topo.num_layers
-    for i, (s, e) in placement.items():
-        if e > s:
-            for layer in range(s, e):
-                per_layer[layer] += topo.nodes[i].throughput[e - s]
-    return min(per_layer) if per_layer else 0.0
 
 
 def _model(topo: Topology, cands: list[Candidate]) -> tuple[LinearModel, list[int]]:
@@ -159,58 +139,14 @@ def fewest_moves_for_flow(
         held = {(c.node, c.start, c.end) for c in cands}
         if all((i, s, e) in held for i, (s, e) in start.items() if e > s):
             starts.append([1.0 if start.get(c.node) == (c.start, c.end) else 0.0 for c in cands])
-    res = solve(m, time_limit_s, starts, "highs", MilpOptions(), None)
+    # Default settings: the planner MILP's thread count, which HiGHS requires process-wide.
+    res = solve(m, time_limit_s, starts, "highs")
     placement = _placement(cands, cols, res.x)
     if res.status == "Infeasible":
-        return MoveBound(None, None, None, True, res.status)
+        return MoveBound(None, None, True, res.status)
     # Costs are integers, so the proven lower bound rounds up (less a tolerance for the
     # solver's floating point).
     bound = -res.bound if math.isfinite(res.bound) else 0.0
     lower = max(0, math.ceil(bound - 1e-6))
     found = None if placement is None else sum(new_layer_count(current.get(i), s, e) for i, (s, e) in placement.items())
-    return MoveBound(lower, None, placement, found is not None and found <= lower, res.status)
-
-
-def max_cover_within(
-    topo: Topology,
-    current: Mapping[int, tuple[int, int]],
-    budget: int,
-    time_limit_s: float = 60.0,
-    tolerance: float = 0.005,
-) -> MoveBound:
-    """Highest layer cover of any placement loading at most ``budget`` layers.
-
-    ``cover_upper`` is a proof: no placement that loads at most ``budget`` layers has a
-    max-flow above it. Found by bisection on the target of :func:`fewest_moves_for_flow`,
-    whose capped rows solve far faster than maximising the cover directly (its LP relaxation
-    is weak). Every step that lowers ``cover_upper`` is a proven infeasibility; a step the
-    time limit cuts short ends the bisection where it stands. ``placement`` has the best cover
-    found (the current placement's at worst); ``optimal`` means the two ends are within
-    ``tolerance`` of each other.
-    """
-    t0 = time.monotonic()
-    best = {i: r for i, r in current.items() if 0 <= i < topo.num_nodes and r[1] > r[0]}
-    lo = cover_of(topo, best)
-    hi = topo.covering_upper_bound()  # a placement's weakest layer is at most its average one
-    status = "bisection"
-    if lo <= 0:
-        # Can the budget cover every layer at all? If not, bisecting would only halve ``hi``
-        # towards zero, one slow proof at a time.
-        floor = 1e-6 * max(hi, 1.0)
-        if fewest_moves_for_flow(topo, current, floor, budget, time_limit_s).lower is None:
-            return MoveBound(None, 0.0, best, True, "no placement within the budget covers every layer")
-    while hi - lo > tolerance * hi:
-        left = time_limit_s - (time.monotonic() - t0)
-        if left < 0.5:
-            status = "time limit reached"
-            break
-        mid = 0.5 * (lo + hi)
-        res = fewest_moves_for_flow(topo, current, mid, budget, left)
-        if res.lower is None:
-            hi = mid  # proven: nothing within the budget reaches mid
-        elif res.placement is not None and cover_of(topo, res.placement) >= mid - 1e-9:
-            best, lo = res.placement, cover_of(topo, res.placement)
-        else:
-            status = f"undecided at {mid:.1f}: {res.status}"
-            break
-    return MoveBound(None, hi, best, hi - lo <= tolerance * hi, status)
+    return MoveBound(lower, placement, found is not None and found <= lower, res.status)

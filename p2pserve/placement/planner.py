@@ -1,6 +1,6 @@
-"""The placement planner: topology in, :class:`Plan` out (pure; no network, no simulator).
+"""The placement planner: topology in, :class:`~p2pserve.placement.solution.Solution` out.
 
-Pipeline (DESIGN.md §3):
+Pure: no network, no simulator. Pipeline (DESIGN.md §3):
 
 1. check memory (:class:`InsufficientMemoryError` says how much is missing);
 2. candidate placements: Petals-greedy, Swarm-even, separate pipelines, the balanced chain and
@@ -8,22 +8,25 @@ Pipeline (DESIGN.md §3):
 3. improve them: annealing on max-flow (objective ``max-flow``) or on the depth/KV-aware decode
    estimate (objective ``throughput``, the default); for ``max-flow`` the MILP then gets the
    rest of the time, warm-started with the best placement, to raise it or prove a bound;
-4. pick the best candidate by the objective, subject to optional depth / latency limits, and
-   report flows, max-flow, bounds, gap, depth, latency and decode estimates.
+4. give idle nodes a range where it helps (:func:`fill_idle`) and report flows, max-flow,
+   bounds, gap, depth, latency and decode estimates (:func:`make_solution`).
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Callable, Mapping
 
-from p2pserve.placement.estimate import ThroughputEstimate, WorkloadModel, estimate
+from p2pserve.errors import ConfigError, PlanningError
+from p2pserve.placement.estimate import WorkloadModel, estimate
 from p2pserve.placement.heuristics import all_heuristics
 from p2pserve.placement.maxflow import max_flow
+from p2pserve.placement.milp.model import MilpOptions
+from p2pserve.placement.milp.solve import MilpResult, solve_milp
 from p2pserve.placement.search import balanced_chain, improve, max_flow_score, tiered_candidates
-from p2pserve.placement.topology import SINK, SOURCE, Topology
-from p2pserve.errors import ConfigError, InsufficientMemoryError, PlanningError
+from p2pserve.placement.solution import Solution, check_memory, validate_placement
+from p2pserve.placement.topology import Topology
 
 OBJECTIVES = ("throughput", "max-flow")
 #: Clusters up to this many nodes are solved MILP-first (exact within seconds).
@@ -62,127 +65,6 @@ class PlannerConfig:
             raise ConfigError("time limit must be positive")
 
 
-@dataclass(frozen=True)
-class Plan:
-    """A placement and what it is expected to deliver.
-
-    ``assignments``: node index -> [start, end). ``flows``: (u, v) -> tokens/s on each used edge
-    (``-1`` = source, ``-2`` = sink). ``max_flow`` / ``upper_bound`` in tokens/s (prompt and
-    decode tokens together, Helix's unit). ``solver_gap``: (bound - max_flow) / bound with the
-    tightest bound known (the MILP's dual bound when it ran, else the covering bound).
-    """
-
-    assignments: dict[int, tuple[int, int]]
-    node_names: dict[int, str]
-    flows: dict[tuple[int, int], float]
-    max_flow: float
-    upper_bound: float
-    covering_bound: float
-    solver_bound: float
-    solver_gap: float
-    solve_time_s: float
-    objective: str
-    method: str
-    estimate: ThroughputEstimate
-    warnings: tuple[str, ...] = ()
-    stats: dict = field(default_factory=dict)
-
-    # A Plan reads as its assignments mapping (``dict(plan)``), which is what callers that only
-    # need the placement (the simulator's adapter) expect.
-    def keys(self):
-        """Node indices that hold layers."""
-        return self.assignments.keys()
-
-    def __getitem__(self, node: int) -> tuple[int, int]:
-        return self.assignments[node]
-
-    def __iter__(self):
-        return iter(self.assignments)
-
-    def __len__(self) -> int:
-        return len(self.assignments)
-
-    @property
-    def layers_held(self) -> int:
-        """Total layers loaded across nodes."""
-        return sum(e - s for s, e in self.assignments.values())
-
-    def to_json(self) -> dict:
-        """JSON-ready dict (the CLI's ``--json`` output)."""
-        est = asdict(self.estimate)
-        return {
-            "objective": self.objective,
-            "method": self.method,
-            "max_flow_tokens_per_s": self.max_flow,
-            "upper_bound_tokens_per_s": self.upper_bound,
-            "covering_bound_tokens_per_s": self.covering_bound,
-            "solver_bound_tokens_per_s": self.solver_bound,
-            "solver_gap": self.solver_gap,
-            "solve_time_s": self.solve_time_s,
-            "estimated_decode_tokens_per_s": self.estimate.decode_tokens_per_s,
-            "estimated_per_token_latency_s": self.estimate.per_token_latency_s,
-            "mean_depth": self.estimate.mean_depth,
-            "max_depth": self.estimate.max_depth,
-            "estimate": est,
-            "assignments": {
-                self.node_names.get(i, str(i)): [s, e] for i, (s, e) in sorted(self.assignments.items())
-            },
-            "assignments_by_index": {str(i): [s, e] for i, (s, e) in sorted(self.assignments.items())},
-            "flows": [
-                {"from": _end_name(u, self.node_names), "to": _end_name(v, self.node_names), "tokens_per_s": f}
-                for (u, v), f in sorted(self.flows.items())
-            ],
-            "warnings": list(self.warnings),
-            "stats": self.stats,
-        }
-
-
-def _end_name(i: int, names: Mapping[int, str]) -> str:
-    if i == SOURCE:
-        return "source"
-    if i == SINK:
-        return "sink"
-    return names.get(i, str(i))
-
-
-def check_memory(topo: Topology) -> None:
-    """Raise :class:`InsufficientMemoryError` if all nodes together cannot hold every layer."""
-    L = topo.num_layers
-    have = topo.total_memory_layers()
-    if have >= L:
-        return
-    missing_layers = L - have
-    per = topo.layer_bytes
-    if per > 0:
-        raise InsufficientMemoryError(
-            f"the swarm can hold {have} of {L} layers: {missing_layers} layers "
-            f"({missing_layers * per / 1e9:.1f} GB at {per / 1e9:.2f} GB per layer) of memory are missing"
-        )
-    raise InsufficientMemoryError(f"the swarm can hold {have} of {L} layers: {missing_layers} layers are missing")
-
-
-def validate_placement(topo: Topology, placement: Mapping[int, tuple[int, int]]) -> list[str]:
-    """Problems with a placement (empty list = valid): ranges, memory, coverage."""
-    problems = []
-    L = topo.num_layers
-    covered = [False] * L
-    for i, (s, e) in placement.items():
-        if not (0 <= i < topo.num_nodes):
-            problems.append(f"unknown node {i}")
-            continue
-        if not (0 <= s < e <= L):
-            problems.append(f"node {i}: bad range [{s}, {e})")
-            continue
-        if e - s > topo.nodes[i].max_layers:
-            problems.append(f"node {i}: {e - s} layers exceed its memory ({topo.nodes[i].max_layers})")
-        for l in range(s, e):
-            covered[l] = True
-    missing = [l for l in range(L) if not covered[l]]
-    if missing:
-        problems.append(f"layers not covered: {missing[:10]}{'...' if len(missing) > 10 else ''}")
-    return problems
-
-
 def throughput_score(
     topo: Topology, config: PlannerConfig, extra: Callable[[Mapping[int, tuple[int, int]]], float] | None = None
 ) -> Callable[[dict[int, tuple[int, int]]], float]:
@@ -208,8 +90,14 @@ def throughput_score(
     return score
 
 
-def _fill_idle(topo: Topology, placement: dict[int, tuple[int, int]], score) -> dict[int, tuple[int, int]]:
-    """Give idle nodes a range where it helps the score most (never hurts: kept only if better)."""
+def fill_idle(
+    topo: Topology, placement: Mapping[int, tuple[int, int]], score: Callable[[dict[int, tuple[int, int]]], float]
+) -> dict[int, tuple[int, int]]:
+    """Give idle nodes a range where it helps ``score`` most (never hurts: kept only if better).
+
+    Nodes in index order; each tries sizes 1, half and all of its memory at starts spaced by
+    half the size, and keeps the best range that raises the score.
+    """
     out = dict(placement)
     base = score(out)
     L = topo.num_layers
@@ -231,7 +119,7 @@ def _fill_idle(topo: Topology, placement: dict[int, tuple[int, int]], score) -> 
     return out
 
 
-def make_plan(
+def make_solution(
     topo: Topology,
     placement: Mapping[int, tuple[int, int]],
     config: PlannerConfig,
@@ -239,8 +127,8 @@ def make_plan(
     method: str,
     solver_bound: float | None = None,
     stats: dict | None = None,
-) -> Plan:
-    """Wrap a placement into a :class:`Plan` with flows, bounds and estimates."""
+) -> Solution:
+    """Wrap a placement into a :class:`Solution` with flows, bounds and estimates."""
     placement = {i: tuple(r) for i, r in placement.items()}
     fr = max_flow(topo, placement, config.partial)
     est = estimate(topo, placement, fr, config.workload, config.partial)
@@ -257,7 +145,7 @@ def make_plan(
         )
     if topo.missing_links:
         warnings.append(f"{len(topo.missing_links)} links unmeasured; conservative defaults used")
-    return Plan(
+    return Solution(
         assignments=dict(sorted(placement.items())),
         node_names={i: topo.nodes[i].name for i in range(topo.num_nodes)},
         flows=dict(fr.edge_flows),
@@ -282,12 +170,10 @@ def plan_for_topology(
     time_limit_s: float | None = None,
     seed: int | None = None,
     clock: Callable[[], float] = time.monotonic,
-) -> Plan:
+) -> Solution:
     """Solve a placement for ``topo`` (see module docstring). ``current`` seeds the search."""
     config = config or PlannerConfig()
     if time_limit_s is not None or seed is not None:
-        from dataclasses import replace
-
         config = replace(
             config,
             time_limit_s=time_limit_s if time_limit_s is not None else config.time_limit_s,
@@ -295,6 +181,14 @@ def plan_for_topology(
         )
     t0 = clock()
     check_memory(topo)
+    starts = _starts(topo, current)
+    stats: dict = {"starts": {k: max_flow(topo, v, config.partial).value for k, v in starts.items()}}
+    solve = _solve_max_flow if config.objective == "max-flow" else _solve_throughput
+    return solve(topo, config, starts, stats, t0, clock)
+
+
+def _starts(topo: Topology, current: Mapping[int, tuple[int, int]] | None) -> dict[str, dict[int, tuple[int, int]]]:
+    """The valid candidate placements the search starts from, by name."""
     starts: dict[str, dict[int, tuple[int, int]]] = {}
     if current:
         starts["current"] = {i: tuple(r) for i, r in current.items() if 0 <= i < topo.num_nodes}
@@ -303,57 +197,72 @@ def plan_for_topology(
     starts = {k: v for k, v in starts.items() if v and not validate_placement(topo, v)}
     if not starts:
         raise PlanningError("no heuristic found a placement covering every layer")
-    stats: dict = {"starts": {k: max_flow(topo, v, config.partial).value for k, v in starts.items()}}
+    return starts
+
+
+def _solve_max_flow(topo: Topology, config: PlannerConfig, starts: dict, stats: dict, t0: float,
+                    clock: Callable[[], float]) -> Solution:
+    """Objective ``max-flow``: annealing, then the MILP on what time is left (or MILP first on
+    small clusters, then annealing if it did not prove optimality)."""
     budget = config.time_limit_s
-    if config.objective == "max-flow":
-        target = (1.0 - config.early_stop_gap) * topo.covering_upper_bound()
-        # Small clusters: the MILP is exact and fast, so it goes first and may prove optimality;
-        # large ones: the search finds good flows fast and the MILP gets what is left.
-        small = topo.num_nodes <= SMALL_CLUSTER
-        share = 0.75 if small else config.milp_share
-        search_time = budget * (1.0 - share) if config.use_milp else budget
-        method = "search"
-        solver_bound = None
-        best = max(starts.values(), key=lambda p: max_flow(topo, p, config.partial).value)
-        if not (config.use_milp and small):
-            best, st = improve(
-                topo, list(starts.values()), max_flow_score(topo, config.partial),
-                search_time, seed=config.seed, target=target, clock=clock,
-            )
+    score = max_flow_score(topo, config.partial)
+
+    def flow(p) -> float:
+        return max_flow(topo, p, config.partial).value
+
+    target = (1.0 - config.early_stop_gap) * topo.covering_upper_bound()
+    # Small clusters: the MILP is exact and fast, so it goes first and may prove optimality;
+    # large ones: the search finds good flows fast and the MILP gets what is left.
+    small = topo.num_nodes <= SMALL_CLUSTER
+    share = 0.75 if small else config.milp_share
+    search_time = budget * (1.0 - share) if config.use_milp else budget
+    method, solver_bound = "search", None
+    best = max(starts.values(), key=flow)
+    if not (config.use_milp and small):
+        best, st = improve(topo, list(starts.values()), score, search_time, seed=config.seed, target=target,
+                           clock=clock)
+        stats["search"] = asdict(st)
+    # Keep a margin for building the model and finishing the solution (flows, estimates).
+    margin = 0.5 + 0.06 * topo.num_nodes
+    left = budget * (share if small else 1.0) - (clock() - t0) - margin
+    if config.use_milp and left > 0.2 and flow(best) < target:
+        res = _run_milp(topo, config, best, left, stats)
+        if res.bound and res.bound < float("inf"):
+            solver_bound = res.bound
+        if res.placement and res.objective > flow(best) + 1e-6:
+            best, method = res.placement, "search+milp" if not small else "milp"
+        if small and res.status != "Optimal":
+            more, st = improve(topo, [best] + list(starts.values()), score, max(0.0, budget - (clock() - t0)),
+                               seed=config.seed, target=target, clock=clock)
             stats["search"] = asdict(st)
-        # Keep a margin for building the model and finishing the plan (flows, estimates).
-        margin = 0.5 + 0.06 * topo.num_nodes
-        left = budget * (share if small else 1.0) - (clock() - t0) - margin
-        if config.use_milp and left > 0.2 and max_flow(topo, best, config.partial).value < target:
-            from p2pserve.placement.milp import MilpOptions, solve_milp
+            if flow(more) > flow(best) + 1e-6:
+                best, method = more, "milp+search"
+    best = fill_idle(topo, best, score)
+    return make_solution(topo, best, config, clock() - t0, method, solver_bound, stats)
 
-            full = _complete(topo, best)
-            res = solve_milp(
-                topo, left,
-                MilpOptions(partial=config.partial, early_stop_gap=config.early_stop_gap, seed=config.seed),
-                warm_starts=[full], backend=config.backend,
-                upper_bound=topo.covering_upper_bound(),
-            )
-            stats["milp"] = {
-                "backend": res.backend, "objective": res.objective, "bound": res.bound,
-                "status": res.status, "vars": res.num_vars, "rows": res.num_rows,
-                "time_s": res.solve_time_s,
-            }
-            if res.bound and res.bound < float("inf"):
-                solver_bound = res.bound
-            if res.placement and res.objective > max_flow(topo, best, config.partial).value + 1e-6:
-                best, method = res.placement, "search+milp" if not small else "milp"
-            if small and res.status != "Optimal":
-                more, st = improve(
-                    topo, [best] + list(starts.values()), max_flow_score(topo, config.partial),
-                    max(0.0, budget - (clock() - t0)), seed=config.seed, target=target, clock=clock,
-                )
-                stats["search"] = asdict(st)
-                if max_flow(topo, more, config.partial).value > max_flow(topo, best, config.partial).value + 1e-6:
-                    best, method = more, "milp+search"
-        best = _fill_idle(topo, best, max_flow_score(topo, config.partial))
-        return make_plan(topo, best, config, clock() - t0, method, solver_bound, stats)
 
+def _run_milp(topo: Topology, config: PlannerConfig, best: Mapping[int, tuple[int, int]], time_limit_s: float,
+              stats: dict) -> MilpResult:
+    """The MILP warm-started with ``best`` (completed); its figures go to ``stats["milp"]``."""
+    res = solve_milp(
+        topo, time_limit_s,
+        MilpOptions(partial=config.partial, early_stop_gap=config.early_stop_gap, seed=config.seed),
+        warm_starts=[_complete(topo, best)], backend=config.backend,
+        upper_bound=topo.covering_upper_bound(),
+    )
+    stats["milp"] = {
+        "backend": res.backend, "objective": res.objective, "bound": res.bound,
+        "status": res.status, "vars": res.num_vars, "rows": res.num_rows,
+        "time_s": res.solve_time_s,
+    }
+    return res
+
+
+def _solve_throughput(topo: Topology, config: PlannerConfig, starts: dict, stats: dict, t0: float,
+                      clock: Callable[[], float]) -> Solution:
+    """Objective ``throughput``: a short max-flow phase, then annealing on the decode estimate
+    from the starts, the max-flow phase's best and the best tiered candidates."""
+    budget = config.time_limit_s
     score = throughput_score(topo, config)
     # First a short max-flow phase so that high-flow structures are among the starts.
     mf_best, _ = improve(
@@ -368,8 +277,8 @@ def plan_for_topology(
         seed=config.seed + 1, clock=clock,
     )
     stats["search"] = asdict(st)
-    best = _fill_idle(topo, best, score)
-    return make_plan(topo, best, config, clock() - t0, "search(throughput)", None, stats)
+    best = fill_idle(topo, best, score)
+    return make_solution(topo, best, config, clock() - t0, "search(throughput)", None, stats)
 
 
 def _complete(topo: Topology, placement: Mapping[int, tuple[int, int]]) -> dict[int, tuple[int, int]]:

@@ -26,6 +26,8 @@ from p2pserve.placement.topology import Topology
 
 PlacementDict = dict[int, tuple[int, int]]
 Score = Callable[[PlacementDict], float]
+#: Annealing restarts from the best placement after this many evaluations without improvement.
+RESTART_AFTER = 3000
 
 
 def layer_cover(topo: Topology, placement: Mapping[int, tuple[int, int]]) -> list[float]:
@@ -204,7 +206,12 @@ def _clip(s: int, k: int, L: int) -> tuple[int, int]:
 
 
 def _neighbour(topo: Topology, p: PlacementDict, rng: random.Random, movable: list[int]) -> PlacementDict | None:
-    """One random move; returns a new placement dict or None if the move does nothing."""
+    """One random move; returns a new placement dict or None if the move does nothing.
+
+    Move kinds by the draw ``rng.random()``: below 0.15 (or when node i is idle) re-place i over
+    the weakest layer; below 0.45 resize; below 0.7 shift; below 0.85 move a boundary with the
+    next node; else swap with another node.
+    """
     L = topo.num_layers
     q = dict(p)
     i = rng.choice(movable)
@@ -214,57 +221,81 @@ def _neighbour(topo: Topology, p: PlacementDict, rng: random.Random, movable: li
     cur = q.get(i)
     move = rng.random()
     if cur is None or move < 0.15:
-        # (Re)place node i over the weakest layer with a random size.
-        w = _weakest_layer(topo, {j: r for j, r in q.items() if j != i}) if q else 0
-        k = rng.randint(1, kmax)
-        s = w - rng.randint(0, k - 1)
-        q[i] = _clip(s, k, L)
+        _replace(topo, q, i, kmax, rng)
+        done = True
     elif move < 0.45:
-        s, e = cur
-        k = e - s
-        dk = rng.choice((-2, -1, 1, 2))
-        nk = max(1, min(kmax, k + dk))
-        if nk == k:
-            return None
-        if rng.random() < 0.5:
-            q[i] = _clip(s, nk, L)  # keep the start
-        else:
-            q[i] = _clip(e - nk, nk, L)  # keep the end
+        done = _resize(q, i, cur, kmax, L, rng)
     elif move < 0.7:
         s, e = cur
-        ds = rng.choice((-3, -2, -1, 1, 2, 3))
-        q[i] = _clip(s + ds, e - s, L)
+        q[i] = _clip(s + rng.choice((-3, -2, -1, 1, 2, 3)), e - s, L)
+        done = True
     elif move < 0.85:
-        # Move the boundary between i and a node j that starts where i ends by one layer
-        # (keeps a chain contiguous while rebalancing it).
-        s, e = cur
-        nb = [j for j, r in q.items() if j != i and r[0] == e]
-        if not nb:
-            return None
-        j = rng.choice(nb)
-        sj, ej = q[j]
-        kj_max = min(topo.nodes[j].max_layers, L)
-        if rng.random() < 0.5:
-            if e - s >= kmax or ej - sj <= 1:
-                return None
-            q[i], q[j] = (s, e + 1), (sj + 1, ej)
-        else:
-            if e - s <= 1 or ej - sj >= kj_max:
-                return None
-            q[i], q[j] = (s, e - 1), (sj - 1, ej)
+        done = _move_boundary(topo, q, i, cur, kmax, L, rng)
     else:
-        # Swap ranges of two nodes, resizing to what each can hold.
-        j = rng.choice(movable)
-        if j == i or j not in q:
-            return None
-        si, ei = cur
-        sj, ej = q[j]
-        ki = min(ej - sj, kmax)
-        kj = min(ei - si, topo.nodes[j].max_layers)
-        q[i] = _clip(sj, ki, L)
-        q[j] = _clip(si, kj, L)
+        done = _swap(topo, q, i, cur, kmax, L, rng, movable)
+    if not done:
+        return None
     q = {a: b for a, b in q.items() if b is not None}
     return q if q != p else None
+
+
+def _replace(topo: Topology, q: PlacementDict, i: int, kmax: int, rng: random.Random) -> None:
+    """(Re)place node i over the weakest layer with a random size."""
+    w = _weakest_layer(topo, {j: r for j, r in q.items() if j != i}) if q else 0
+    k = rng.randint(1, kmax)
+    s = w - rng.randint(0, k - 1)
+    q[i] = _clip(s, k, topo.num_layers)
+
+
+def _resize(q: PlacementDict, i: int, cur: tuple[int, int], kmax: int, L: int, rng: random.Random) -> bool:
+    """Grow or shrink node i by one or two layers, keeping its start or its end."""
+    s, e = cur
+    k = e - s
+    nk = max(1, min(kmax, k + rng.choice((-2, -1, 1, 2))))
+    if nk == k:
+        return False
+    if rng.random() < 0.5:
+        q[i] = _clip(s, nk, L)  # keep the start
+    else:
+        q[i] = _clip(e - nk, nk, L)  # keep the end
+    return True
+
+
+def _move_boundary(topo: Topology, q: PlacementDict, i: int, cur: tuple[int, int], kmax: int, L: int,
+                   rng: random.Random) -> bool:
+    """Move the boundary between i and a node j that starts where i ends by one layer (keeps a
+    chain contiguous while rebalancing it)."""
+    s, e = cur
+    nb = [j for j, r in q.items() if j != i and r[0] == e]
+    if not nb:
+        return False
+    j = rng.choice(nb)
+    sj, ej = q[j]
+    kj_max = min(topo.nodes[j].max_layers, L)
+    if rng.random() < 0.5:
+        if e - s >= kmax or ej - sj <= 1:
+            return False
+        q[i], q[j] = (s, e + 1), (sj + 1, ej)
+    else:
+        if e - s <= 1 or ej - sj >= kj_max:
+            return False
+        q[i], q[j] = (s, e - 1), (sj - 1, ej)
+    return True
+
+
+def _swap(topo: Topology, q: PlacementDict, i: int, cur: tuple[int, int], kmax: int, L: int,
+          rng: random.Random, movable: list[int]) -> bool:
+    """Swap the ranges of i and another node, resizing to what each can hold."""
+    j = rng.choice(movable)
+    if j == i or j not in q:
+        return False
+    si, ei = cur
+    sj, ej = q[j]
+    ki = min(ej - sj, kmax)
+    kj = min(ei - si, topo.nodes[j].max_layers)
+    q[i] = _clip(sj, ki, L)
+    q[j] = _clip(si, kj, L)
+    return True
 
 
 def improve(
@@ -296,21 +327,41 @@ def improve(
         stats.evaluations += 1
         if v > best_s:
             best, best_s = dict(p), v
-    if best is None or not movable:
+    if best is not None and movable:
+        best = _anneal(topo, best, best_s, score, _Budget(t0, time_limit_s, max_evals, target, clock), rng,
+                       movable, stats)
+    else:
         stats.best_score = best_s
-        stats.elapsed_s = clock() - t0
-        return (best or {}), stats
+    stats.elapsed_s = clock() - t0
+    return (best or {}), stats
+
+
+@dataclass(frozen=True)
+class _Budget:
+    """When an annealing run stops: time, evaluations or a target score."""
+
+    t0: float
+    time_limit_s: float
+    max_evals: int | None
+    target: float | None
+    clock: Callable[[], float]
+
+
+def _anneal(topo: Topology, best: PlacementDict, best_s: float, score: Score, budget: _Budget,
+            rng: random.Random, movable: list[int], stats: SearchStats) -> PlacementDict:
+    """The annealing loop of :func:`improve`: temperature falls quadratically with the time used;
+    after ``RESTART_AFTER`` evaluations without improvement it restarts from the best."""
     cur, cur_s = dict(best), best_s
-    scale = max(abs(best_s), 1.0)
-    temp0 = 0.02 * scale
+    temp0 = 0.02 * max(abs(best_s), 1.0)
     since = 0
+    clock, t0, limit = budget.clock, budget.t0, budget.time_limit_s
     while True:
         now = clock() - t0
-        if now >= time_limit_s or (max_evals is not None and stats.evaluations >= max_evals):
+        if now >= limit or (budget.max_evals is not None and stats.evaluations >= budget.max_evals):
             break
-        if target is not None and best_s >= target:
+        if budget.target is not None and best_s >= budget.target:
             break
-        frac = now / time_limit_s if time_limit_s > 0 else 1.0
+        frac = now / limit if limit > 0 else 1.0
         temp = temp0 * (1.0 - frac) ** 2 + 1e-9
         cand = _neighbour(topo, cur, rng, movable)
         if cand is None:
@@ -326,8 +377,7 @@ def improve(
             since = 0
         else:
             since += 1
-        if since > 3000:
+        if since > RESTART_AFTER:
             cur, cur_s, since = dict(best), best_s, 0
     stats.best_score = best_s
-    stats.elapsed_s = clock() - t0
-    return best, stats
+    return best

@@ -1,8 +1,9 @@
 """An immutable snapshot of the swarm the planner works on: nodes, links, source/sink.
 
-The snapshot is generic: plain lists of :class:`NodeSpec` and :class:`LinkSpec`. It is built
-from a Helix cluster file here (:func:`topology_from_helix`) and, by the control plane, from live
-``PeerInfo``/``LinkInfo`` records.
+The snapshot is generic: plain lists of :class:`NodeSpec` and :class:`LinkSpec`. The control
+plane builds it from live ``PeerInfo``/``LinkInfo`` records; ``p2pserve.helix.topology`` builds
+it from a Helix cluster file. Node indices are ``0..n-1``; the source (clients) and the sink are
+``SOURCE_INDEX`` / ``SINK_INDEX`` from :mod:`p2pserve.types`.
 
 Bandwidth conventions (the :class:`BandwidthConvention` parameter):
 
@@ -24,11 +25,13 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Sequence
 
-from p2pserve.helix import format as hf
 from p2pserve.errors import ConfigError
+from p2pserve.placement.profile import LatencyProfile
+from p2pserve.types import SINK_INDEX, SOURCE_INDEX
 
-SOURCE = -1  #: node index used for the source (clients / coordinator) in link tables
-SINK = -2  #: node index used for the sink
+# The coordinator service still imports the two indices from here under their short names;
+# this import goes once it takes them from p2pserve.types.
+from p2pserve.types import SINK_INDEX as SINK, SOURCE_INDEX as SOURCE  # noqa: E402,F401
 
 
 class BandwidthConvention(str, Enum):
@@ -60,7 +63,7 @@ class NodeSpec:
     memory_bytes: float = 0.0
     kv_capacity: tuple[int, ...] = ()
     decode_max_tokens: tuple[int, ...] = ()
-    profile: hf.LatencyProfile | None = None
+    profile: LatencyProfile | None = None
 
     @property
     def max_layers(self) -> int:
@@ -70,7 +73,7 @@ class NodeSpec:
 
 @dataclass(frozen=True)
 class LinkSpec:
-    """A directed link ``src -> dst`` (node indices, or :data:`SOURCE` / :data:`SINK`)."""
+    """A directed link ``src -> dst`` (node indices, or ``SOURCE_INDEX`` / ``SINK_INDEX``)."""
 
     src: int
     dst: int
@@ -82,8 +85,8 @@ class LinkSpec:
 class Topology:
     """Immutable planner input: ``nodes`` (index = position), directed ``links``, model sizes.
 
-    ``links`` must list both directions of an undirected link. Links from :data:`SOURCE` and to
-    :data:`SINK` say which nodes clients can reach. ``missing_links`` names node pairs whose
+    ``links`` must list both directions of an undirected link. Links from ``SOURCE_INDEX`` and to
+    ``SINK_INDEX`` say which nodes clients can reach. ``missing_links`` names node pairs whose
     bandwidth was not measured and got a conservative default (flagged in plans).
     """
 
@@ -104,7 +107,7 @@ class Topology:
         n = len(self.nodes)
         for link in self.links:
             for end in (link.src, link.dst):
-                if not (end in (SOURCE, SINK) or 0 <= end < n):
+                if not (end in (SOURCE_INDEX, SINK_INDEX) or 0 <= end < n):
                     raise ConfigError(f"link {link.src}->{link.dst} names an unknown node")
             index[(link.src, link.dst)] = link
         object.__setattr__(self, "_index", index)
@@ -127,8 +130,13 @@ class Topology:
         link = self._index.get((src, dst))
         if link is None:
             return 0.0
-        size = self.token_bytes if (src == SOURCE or dst == SINK) else self.activation_bytes
+        size = self.token_bytes if (src == SOURCE_INDEX or dst == SINK_INDEX) else self.activation_bytes
         return self.convention.bytes_per_s(link.bandwidth) / size
+
+    def bytes_per_s(self, src: int, dst: int) -> float:
+        """Bytes per second the link ``src -> dst`` carries under the convention (0.0 when absent)."""
+        link = self._index.get((src, dst))
+        return 0.0 if link is None else self.convention.bytes_per_s(link.bandwidth)
 
     def latency(self, src: int, dst: int) -> float:
         """One-way latency in seconds of ``src -> dst`` (inf when absent)."""
@@ -177,8 +185,8 @@ class Topology:
     def subset(self, keep: Sequence[int]) -> "Topology":
         """A topology over nodes ``keep`` (in that order), links remapped."""
         new_index = {old: new for new, old in enumerate(keep)}
-        new_index[SOURCE] = SOURCE
-        new_index[SINK] = SINK
+        new_index[SOURCE_INDEX] = SOURCE_INDEX
+        new_index[SINK_INDEX] = SINK_INDEX
         links = tuple(
             LinkSpec(new_index[l.src], new_index[l.dst], l.bandwidth, l.latency_s)
             for l in self.links
@@ -199,73 +207,3 @@ class Topology:
     def total_memory_layers(self) -> int:
         """How many layers all nodes together can hold."""
         return sum(n.max_layers for n in self.nodes)
-
-
-def helix_node_spec(name: str, gpu_type: str, throughput: Sequence[float], model: str) -> NodeSpec:
-    """A :class:`NodeSpec` for a Helix GPU type, with KV capacity, batch caps and profile."""
-    mp = hf.load_machine_params(model)
-    gp = mp.gpu(gpu_type)
-    kmax = len(throughput) - 1
-    kv = tuple([0] + [mp.kv_capacity(gpu_type, k) for k in range(1, kmax + 1)])
-    dmax = tuple([0] + [gp.decode_max_tokens[k] for k in range(1, kmax + 1)])
-    try:
-        mem = hf.vram_bytes(gpu_type)
-    except ConfigError:
-        mem = kmax * mp.layer_param_bytes
-    return NodeSpec(
-        name=name,
-        gpu_type=gpu_type,
-        throughput=tuple(float(x) for x in throughput),
-        memory_bytes=mem,
-        kv_capacity=kv,
-        decode_max_tokens=dmax,
-        profile=hf.load_profile(model, gpu_type),
-    )
-
-
-def topology_from_helix(
-    cluster: hf.HelixCluster,
-    model: str,
-    convention: BandwidthConvention = BandwidthConvention.HELIX,
-    throughput: list[list[float]] | None = None,
-) -> Topology:
-    """Build a :class:`Topology` from a parsed Helix cluster file.
-
-    ``throughput`` defaults to the authors' formula (:func:`helix.format.node_throughput_tables`);
-    ``convention`` defaults to theirs so that their numbers reproduce.
-    """
-    mp = hf.load_machine_params(model)
-    tables = throughput if throughput is not None else hf.node_throughput_tables(cluster, model)
-    nodes = tuple(
-        helix_node_spec(f"ComputeNode-{i}", cluster.node_types[i], tables[i], model)
-        for i in range(cluster.num_nodes)
-    )
-    links: list[LinkSpec] = []
-    default = hf.HelixLink(bandwidth=1e9, latency_s=1e-3)
-    for i in cluster.source_connected:
-        l = cluster.source_links.get(i, default)
-        links.append(LinkSpec(SOURCE, i, l.bandwidth, l.latency_s))
-    for i in cluster.sink_connected:
-        l = cluster.sink_links.get(i, default)
-        links.append(LinkSpec(i, SINK, l.bandwidth, l.latency_s))
-    for (a, b), l in sorted(cluster.links.items()):
-        links.append(LinkSpec(a, b, l.bandwidth, l.latency_s))
-        links.append(LinkSpec(b, a, l.bandwidth, l.latency_s))
-    return Topology(
-        nodes=nodes,
-        links=tuple(links),
-        num_layers=mp.num_layers,
-        activation_bytes=mp.activation_size_bytes,
-        token_bytes=mp.token_size_bytes,
-        convention=convention,
-        layer_bytes=mp.layer_param_bytes,
-        model=model,
-        name=cluster.name,
-    )
-
-
-def load_helix_topology(
-    path, model: str, convention: BandwidthConvention = BandwidthConvention.HELIX
-) -> Topology:
-    """Parse a Helix cluster ``.ini`` and build its :class:`Topology` in one call."""
-    return topology_from_helix(hf.load_cluster(path), model, convention)

@@ -1,4 +1,4 @@
-"""The simulated cluster: nodes and links wired by a routing topology, driven by a scheduler.
+"""The simulated cluster: nodes and links wired by a routing graph, driven by a scheduler.
 
 This is the composition root of one simulation. The coordinator is the source and the sink:
 it routes a new query (asking the scheduler), sends the prompt job to the first stage, and each
@@ -15,14 +15,15 @@ from typing import Callable, Mapping
 
 from p2pserve.sim.batching import CapsPolicy
 from p2pserve.sim.engine import EventLoop
+from p2pserve.sim.graph import StageGraph
 from p2pserve.sim.kv import KvEstimator
 from p2pserve.sim.link import Link
 from p2pserve.sim.metrics import Distribution, Recorder, SimResult
 from p2pserve.sim.node import Node, entry_overhead_per_token
 from p2pserve.sim.profiles import LayerLatency
-from p2pserve.sim.request import Query
+from p2pserve.sim.request import Query, Stage
 from p2pserve.sim.schedulers.base import Scheduler
-from p2pserve.sim.topology import SINK, SOURCE, Edge, Topology
+from p2pserve.types import SINK_INDEX, SOURCE_INDEX
 
 
 class ClusterSim:
@@ -30,7 +31,7 @@ class ClusterSim:
 
     def __init__(
         self,
-        topology: Topology,
+        graph: StageGraph,
         scheduler: Scheduler,
         kv: KvEstimator,
         latencies: Mapping[int, LayerLatency],
@@ -44,7 +45,7 @@ class ClusterSim:
         kv_model: str = "reserve",
     ) -> None:
         self.loop = loop if loop is not None else EventLoop()
-        self.topology = topology
+        self.graph = graph
         self.scheduler = scheduler
         self.kv = kv
         self.latencies = dict(latencies)
@@ -59,39 +60,35 @@ class ClusterSim:
         self._speed_prior = dict(speed_prior or {})
         policy = batch_policy if batch_policy is not None else CapsPolicy()
         self._policy = policy
-        overhead = entry_overhead_per_token(topology.activation_bytes) if entry_overhead else 0.0
+        overhead = entry_overhead_per_token(graph.activation_bytes) if entry_overhead else 0.0
         self.nodes: dict[int, Node] = {}
-        for idx, spec in topology.nodes.items():
+        for idx, a in graph.assignments.items():
             self.nodes[idx] = Node(
-                self.loop, idx, spec.start, spec.end, self.latencies[idx], spec.caps, overhead,
+                self.loop, idx, a.start, a.end, self.latencies[idx], a.caps, overhead,
                 self._node_exit, policy=policy, kv_free=kv.free_fraction,
-                kv_capacity=spec.kv_capacity, kv_mode=kv_model,
+                kv_capacity=a.kv_capacity, kv_mode=kv_model,
             )
         # One Link object per directed pair the routing graph can use.
         self.links: dict[tuple[int, int], Link] = {}
-        for u, edges in topology.out_edges.items():
+        for u, edges in graph.out_edges.items():
             for e in edges:
-                spec = topology.link(u, e.dst)
-                deliver = self._at_sink if e.dst == SINK else self.nodes[e.dst].receive
+                deliver = self._at_sink if e.dst == SINK_INDEX else self.nodes[e.dst].receive
                 self.links[(u, e.dst)] = Link(
-                    self.loop, u, e.dst, spec.bandwidth, spec.latency, deliver
+                    self.loop, u, e.dst, graph.bytes_per_s(u, e.dst), graph.latency(u, e.dst), deliver
                 )
-        self._token_bytes = topology.token_bytes
-        self._act_bytes = topology.activation_bytes
+        self._token_bytes = graph.token_bytes
+        self._act_bytes = graph.activation_bytes
 
     # ------------------------------------------------------------ SchedulerView
-    def admissible(self, edge: Edge, query: Query) -> bool:
-        """Mask a node when the prompt exceeds its prompt cap or (with ``kv_mask``) its KV
-        estimate is full."""
-        if edge.stage is None:
-            return True
-        node = self.topology.nodes[edge.dst]
-        if query.input_len > node.caps.prompt_max_tokens:
+    def admissible(self, stage: Stage, query: Query) -> bool:
+        """Mask a stage when the prompt exceeds its node's prompt cap or (with ``kv_mask``) the
+        node's KV estimate cannot take the stage's layers."""
+        if query.input_len > self.graph.assignments[stage.node].caps.prompt_max_tokens:
             return False
         if not self.kv_mask:
             return True
-        need = self.kv.tokens_per_layer(query.input_len) * edge.stage.layers
-        return self.kv.fits(edge.dst, need)
+        need = self.kv.tokens_per_layer(query.input_len) * stage.layers
+        return self.kv.fits(stage.node, need)
 
     def queued_tokens(self, node: int) -> int:
         """Tokens of jobs inside ``node``."""
@@ -154,7 +151,7 @@ class ClusterSim:
                 lst.append(j)
         tb = self._token_bytes
         for dst, lst in by_dst.items():
-            self.links[(SOURCE, dst)].send(lst, tb * sum(j.tokens for j in lst))
+            self.links[(SOURCE_INDEX, dst)].send(lst, tb * sum(j.tokens for j in lst))
 
     def _node_exit(self, node: Node, jobs: list[Query]) -> None:
         """Jobs finished their stage on ``node``: forward each to its next hop."""
@@ -162,7 +159,7 @@ class ClusterSim:
         by_dst: dict[int, list[Query]] = {}
         for j in jobs:
             j.hop += 1
-            dst = j.route[j.hop].node if j.hop < len(j.route) else SINK
+            dst = j.route[j.hop].node if j.hop < len(j.route) else SINK_INDEX
             lst = by_dst.get(dst)
             if lst is None:
                 by_dst[dst] = [j]
@@ -170,7 +167,7 @@ class ClusterSim:
                 lst.append(j)
         links = self.links
         for dst, lst in by_dst.items():
-            if dst == SINK:
+            if dst == SINK_INDEX:
                 nbytes = self._token_bytes * len(lst)  # one sampled token id per job
             else:
                 nbytes = self._act_bytes * sum(j.tokens for j in lst)

@@ -1,6 +1,6 @@
 """A compute node: runs its layers one at a time, round-robin over per-layer FIFO queues.
 
-Semantics follow the Helix simulator (see ``shared/data/helix/README.md``):
+Semantics follow the Helix simulator (see ``p2pserve/helix/data/README.md``):
 
 * a job (prompt or decode) entering the node at layer ``s`` waits in layer ``s``'s queue;
 * the node serves one layer at a time, picking the next non-empty layer queue after the one it
@@ -238,69 +238,21 @@ class Node:
 
     # ---------------------------------------------------------------- batching
     def _next(self) -> None:
-        k = self.k
-        pq, dq = self.pq, self.dq
-        li = self.ptr
-        for _ in range(k):
-            li += 1
-            if li == k:
-                li = 0
-            if pq[li] or dq[li]:
-                break
-        else:
+        """Start the next batch, on the next non-empty layer after the one just served."""
+        li = self._next_layer()
+        if li < 0:
             self.busy = False
             return
         self.busy = True
         self.ptr = li
         layer = self.start + li
-        caps = self.caps
-        if self.policy.dynamic:
-            waiting = sum(j.tokens for j in pq[li])
-            free = self.kv_free(self.idx) if self.kv_free is not None else 1.0
-            depth = self.depth_sum / self.running_decodes if self.running_decodes else 1.0
-            max_req, max_tok, max_dec = self.policy.limits(
-                caps, waiting, free, self.running_decodes, depth
-            )
-        else:
-            max_req, max_tok, max_dec = (
-                caps.prompt_max_requests, caps.prompt_max_tokens, caps.decode_max_tokens
-            )
-
-        # Prompts: FIFO while under both caps; the head always goes (a lone prompt larger than
-        # the token cap would otherwise block the queue forever).
-        q = pq[li]
-        bp: list[Query] = []
-        ptok = 0
-        entering = 0
-        if q:
-            n = 0
-            for j in q:
-                if n and (n >= max_req or ptok + j.tokens > max_tok):
-                    break
-                n += 1
-                ptok += j.tokens
-                if j.entry == layer:
-                    entering += j.tokens
-            if n == len(q):
-                bp = q
-                pq[li] = []
-            else:
-                bp = q[:n]
-                del q[:n]
-        # Decodes: FIFO up to the decode cap.
-        q = dq[li]
-        if len(q) <= max_dec:
-            bd = q
-            dq[li] = []
-        else:
-            bd = q[:max_dec]
-            del q[:max_dec]
+        max_req, max_tok, max_dec = self._limits(li)
+        bp, ptok, entering = self._take_prompts(li, layer, max_req, max_tok)
+        bd = self._take_decodes(li, max_dec)
         nd = len(bd)
-        if nd:
-            for j in bd:
-                if j.entry == layer:
-                    entering += 1
-
+        for j in bd:
+            if j.entry == layer:
+                entering += 1
         p = self._p
         dt = p[ptok] if ptok < len(p) else self.latency.prompt(ptok)
         if nd:
@@ -315,6 +267,63 @@ class Node:
         if self.kv_mode == "vllm":
             self._running = bp + bd
         self.loop.after(dt, self._done, (li, bp, bd))
+
+    def _next_layer(self) -> int:
+        """The first non-empty local layer queue after ``ptr`` (round-robin), or -1 if none."""
+        k = self.k
+        pq, dq = self.pq, self.dq
+        li = self.ptr
+        for _ in range(k):
+            li += 1
+            if li == k:
+                li = 0
+            if pq[li] or dq[li]:
+                return li
+        return -1
+
+    def _limits(self, li: int) -> tuple[int, int, int]:
+        """Prompt requests, prompt tokens and decode tokens the batch at local layer ``li`` may take."""
+        caps = self.caps
+        if not self.policy.dynamic:
+            return caps.prompt_max_requests, caps.prompt_max_tokens, caps.decode_max_tokens
+        waiting = sum(j.tokens for j in self.pq[li])
+        free = self.kv_free(self.idx) if self.kv_free is not None else 1.0
+        depth = self.depth_sum / self.running_decodes if self.running_decodes else 1.0
+        return self.policy.limits(caps, waiting, free, self.running_decodes, depth)
+
+    def _take_prompts(self, li: int, layer: int, max_req: int, max_tok: int) -> tuple[list[Query], int, int]:
+        """Prompts FIFO while under both caps: (batch, its tokens, tokens entering the node here).
+
+        The head always goes: a lone prompt larger than the token cap would otherwise block the
+        queue forever.
+        """
+        q = self.pq[li]
+        if not q:
+            return [], 0, 0
+        n = ptok = entering = 0
+        for j in q:
+            if n and (n >= max_req or ptok + j.tokens > max_tok):
+                break
+            n += 1
+            ptok += j.tokens
+            if j.entry == layer:
+                entering += j.tokens
+        if n == len(q):
+            self.pq[li] = []
+            return q, ptok, entering
+        bp = q[:n]
+        del q[:n]
+        return bp, ptok, entering
+
+    def _take_decodes(self, li: int, max_dec: int) -> list[Query]:
+        """Decodes FIFO up to the decode cap."""
+        q = self.dq[li]
+        if len(q) <= max_dec:
+            self.dq[li] = []
+            return q
+        bd = q[:max_dec]
+        del q[:max_dec]
+        return bd
 
     def _done(self, batch: tuple[int, list[Query], list[Query]]) -> None:
         li, bp, bd = batch

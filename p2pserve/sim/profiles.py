@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 
-from p2pserve.helix.format import LatencyProfile, load_profile
+from p2pserve.helix.format import load_profile
+from p2pserve.placement.profile import LatencyProfile
 
 #: Tabulate prompt batches up to this many tokens (A100's cap is 3 x 2048).
 PROMPT_TABLE_TOKENS = 8192
@@ -69,6 +71,9 @@ class LayerLatency:
 
 
 @lru_cache(maxsize=None)
-def layer_latency(model: str, gpu_type: str) -> LayerLatency:
-    """Tabulated latency of ``gpu_type`` for ``model`` from the Helix profiles (cached)."""
-    return LayerLatency.from_profile(load_profile(model, gpu_type))
+def layer_latency(model: str, gpu_type: str, root: Path | None = None) -> LayerLatency:
+    """Tabulated latency of ``gpu_type`` for ``model`` from the Helix profiles (cached).
+
+    ``root``: the Helix data root (None: the default, see ``p2pserve.helix.root``).
+    """
+    return LayerLatency.from_profile(load_profile(model, gpu_type, root))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -77,13 +78,13 @@ def build_sim(scenario: Scenario, cfg: SimConfig) -> ClusterSim:
     if cfg.mode not in ("offline", "online"):
         raise ConfigError(f"mode must be offline or online, not {cfg.mode!r}")
     kv_settings = cfg.kv or (KvSettings.offline() if cfg.mode == "offline" else KvSettings.online())
-    caps = {i: n.kv_capacity for i, n in scenario.topology.nodes.items()}
+    caps = {i: a.kv_capacity for i, a in scenario.graph.assignments.items()}
     kv = KvEstimator(caps, kv_settings, scenario.layer_capacity)
     rng = random.Random(cfg.seed)
-    scheduler = make_scheduler(cfg.scheduler, scenario.flows, rng)
+    scheduler = make_scheduler(cfg.scheduler, scenario.flows, rng, scenario.graph)
     warm = cfg.resolved_warmup()
     return ClusterSim(
-        scenario.topology,
+        scenario.graph,
         scheduler,
         kv,
         scenario.latencies,
@@ -99,7 +100,7 @@ def build_sim(scenario: Scenario, cfg: SimConfig) -> ClusterSim:
 def simulate(scenario: Scenario, cfg: SimConfig) -> SimResult:
     """Run ``cfg`` on ``scenario`` and return the measurements."""
     sim = build_sim(scenario, cfg)
-    inputs, outputs = load_lengths(cfg.lengths)
+    inputs, outputs = load_lengths(cfg.lengths, scenario.root)
     sampler = LengthSampler(inputs, outputs, np.random.default_rng(cfg.seed + 1))
     end = cfg.resolved_warmup() + cfg.duration
     extra: dict = {
@@ -115,7 +116,7 @@ def simulate(scenario: Scenario, cfg: SimConfig) -> SimResult:
     else:
         if cfg.token_rate is None or cfg.token_rate <= 0:
             raise ConfigError("online mode needs a positive token rate (--rate)")
-        n = _attach_online(sim, sampler, cfg, end)
+        n = _attach_online(sim, sampler, cfg, end, scenario.root)
         extra["token_rate"] = cfg.token_rate
         extra["arrivals"] = n
     t, c = time.perf_counter(), time.process_time()
@@ -156,9 +157,10 @@ def _attach_offline(sim: ClusterSim, sampler: LengthSampler, feeding: OfflineFee
     sim.loop.at(0.0, start)
 
 
-def _attach_online(sim: ClusterSim, sampler: LengthSampler, cfg: SimConfig, until: float) -> int:
+def _attach_online(sim: ClusterSim, sampler: LengthSampler, cfg: SimConfig, until: float,
+                   root: Path | None) -> int:
     """Schedule the rescaled Azure arrivals; returns how many there are."""
-    counts = load_arrival_counts(cfg.arrivals)
+    counts = load_arrival_counts(cfg.arrivals, root)
     rng = np.random.default_rng(cfg.seed + 2)
     times = online_arrival_times(counts, cfg.token_rate, sampler.mean_tokens(), until, rng)
     pairs = sampler.draw(len(times))

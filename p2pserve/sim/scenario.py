@@ -1,4 +1,4 @@
-"""Build a simulation's static inputs from Helix files: nodes, links, routing graph, flows.
+"""Build a simulation's static inputs from Helix files: topology, assignments, routing graph, flows.
 
 A scenario is one or more *parts*, each a Helix cluster file plus a placement on it. One part is
 the normal case; the separate-pipelines baseline has one part per GPU type (the authors' layouts
@@ -8,8 +8,8 @@ each other. Node indices of later parts are offset so that they stay distinct.
 Sources of each number:
 
 * node throughput ``T_i(k)`` (max-flow node capacities, and the Swarm-style prior):
-  ``helix.format.node_throughput_tables`` — the authors' formula, per part;
-* max-flow and its edge flows (IWRR weights): ``coordinator.maxflow.max_flow``;
+  ``helix.throughput.node_throughput_tables`` -- the authors' formula, per part;
+* max-flow and its edge flows (IWRR weights): ``placement.maxflow.max_flow``;
 * batch caps and KV capacity: ``machine_params.json``, or the layout's ``simulator_cluster.ini``
   when it has one (needed where a node holds more layers than the json tabulates);
 * link bandwidth: the file's number as bytes/s (``BandwidthConvention.HELIX``) by default.
@@ -19,22 +19,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Mapping
+from typing import Mapping, Sequence
 
-from p2pserve.helix import format as hf
-from p2pserve.placement.maxflow import max_flow
-from p2pserve.placement.topology import (
-    SINK as C_SINK,
-    SOURCE as C_SOURCE,
-    BandwidthConvention,
-    Topology as CoordTopology,
-    topology_from_helix,
-)
 from p2pserve.errors import ConfigError
-from p2pserve.sim._kv_capacity_ini import read_kv_capacities, sibling_simulator_cluster
+from p2pserve.helix import format as hf
+from p2pserve.helix.topology import topology_from_helix
+from p2pserve.placement.maxflow import max_flow
+from p2pserve.placement.planner import plan_for_topology
+from p2pserve.placement.topology import BandwidthConvention, LinkSpec, Topology
 from p2pserve.sim.batching import BatchCaps
+from p2pserve.sim.graph import Assignment, StageGraph
 from p2pserve.sim.profiles import LayerLatency, layer_latency
-from p2pserve.sim.topology import SINK, SOURCE, LinkSpec, NodeSpec, Topology
+from p2pserve.types import SINK_INDEX, SOURCE_INDEX
 
 Placement = Mapping[int, tuple[int, int]]
 
@@ -50,22 +46,28 @@ class Part:
 
 @dataclass
 class Scenario:
-    """Everything static a run needs."""
+    """Everything static a run needs.
+
+    ``part_of`` says which part each serving node came from; ``root`` is the Helix data root the
+    run reads its traces from (None: the default, see ``p2pserve.helix.root``).
+    """
 
     model: str
-    topology: Topology
+    graph: StageGraph
     flows: dict[tuple[int, int], float]
     flow_value: float
     latencies: dict[int, LayerLatency]
     speed_prior: dict[int, float]
     layer_capacity: float
     parts: list[Part] = field(default_factory=list)
+    part_of: dict[int, int] = field(default_factory=dict)
+    root: Path | None = None
 
     def describe(self) -> dict:
         """Small JSON-friendly summary."""
         return {
             "model": self.model,
-            "nodes": len(self.topology.nodes),
+            "nodes": len(self.graph.assignments),
             "max_flow_tokens_per_s": self.flow_value,
             "min_layer_kv_capacity_tokens": self.layer_capacity,
         }
@@ -81,14 +83,15 @@ def extend_throughput(row: list[float], kmax: int) -> list[float]:
     return out
 
 
-def coordinator_topology(
+def part_topology(
     cluster: hf.HelixCluster,
     model: str,
     kmax: int | None = None,
     convention: BandwidthConvention = BandwidthConvention.HELIX,
-) -> CoordTopology:
+    root: Path | None = None,
+) -> Topology:
     """The planner's topology of ``cluster`` with T tables extended to ``kmax`` layers."""
-    topo = topology_from_helix(cluster, model, convention)
+    topo = topology_from_helix(cluster, model, convention, root=root)
     if kmax is None or all(n.max_layers >= kmax for n in topo.nodes):
         return topo
     # Layouts may hold more layers on a node than the tables cover (separate pipelines put 20
@@ -97,6 +100,25 @@ def coordinator_topology(
         replace(n, throughput=tuple(extend_throughput(list(n.throughput), kmax))) for n in topo.nodes
     )
     return replace(topo, nodes=nodes)
+
+
+def join_topologies(parts: Sequence[Topology]) -> Topology:
+    """One topology over the nodes of ``parts`` in order (indices offset), sharing the source
+    and sink, with no links between parts. Model sizes and convention come from the first."""
+    nodes, links, offset = [], [], 0
+    for topo in parts:
+        nodes.extend(topo.nodes)
+        links.extend(
+            LinkSpec(_shift(l.src, offset), _shift(l.dst, offset), l.bandwidth, l.latency_s) for l in topo.links
+        )
+        offset += topo.num_nodes
+    first = parts[0]
+    return replace(first, nodes=tuple(nodes), links=tuple(links), name="+".join(t.name for t in parts),
+                   missing_links=())
+
+
+def _shift(i: int, offset: int) -> int:
+    return i if i in (SOURCE_INDEX, SINK_INDEX) else i + offset
 
 
 def _caps(mp: hf.MachineParams, gpu: str, k: int) -> BatchCaps:
@@ -114,75 +136,57 @@ def _kv(mp: hf.MachineParams, gpu: str, k: int) -> int:
     return mp.kv_capacity(gpu, gp.max_num_layers)
 
 
+def _checked_placement(part: Part, num_layers: int) -> dict[int, tuple[int, int]]:
+    """The part's non-empty ranges; raises :class:`ConfigError` on an impossible one."""
+    cl = part.cluster
+    placement = {i: r for i, r in part.placement.items() if r[1] > r[0]}
+    for i, (s, e) in placement.items():
+        if not (0 <= i < cl.num_nodes and 0 <= s < e <= num_layers):
+            raise ConfigError(f"placement entry {i}: [{s}, {e}) is not valid for {cl.name}")
+    return placement
+
+
 def build_scenario(
     model: str,
     parts: list[Part],
     convention: BandwidthConvention = BandwidthConvention.HELIX,
+    root: Path | None = None,
 ) -> Scenario:
     """Join ``parts`` into one scenario (see module docstring)."""
-    mp = hf.load_machine_params(model)
-    L = mp.num_layers
-    nodes: list[NodeSpec] = []
-    links: dict[tuple[int, int], LinkSpec] = {}
+    mp = hf.load_machine_params(model, root)
     flows: dict[tuple[int, int], float] = {}
-    flow_total = 0.0
+    flow_value = 0.0
+    topos: list[Topology] = []
+    assignments: dict[int, Assignment] = {}
     latencies: dict[int, LayerLatency] = {}
     prior: dict[int, float] = {}
+    part_of: dict[int, int] = {}
     offset = 0
-    for group, part in enumerate(parts):
-        cl = part.cluster
-        placement = {i: r for i, r in part.placement.items() if r[1] > r[0]}
-        for i, (s, e) in placement.items():
-            if not (0 <= i < cl.num_nodes and 0 <= s < e <= L):
-                raise ConfigError(f"placement entry {i}: [{s}, {e}) is not valid for {cl.name}")
+    for index, part in enumerate(parts):
+        placement = _checked_placement(part, mp.num_layers)
         kmax = max((e - s for s, e in placement.values()), default=1)
-        ctopo = coordinator_topology(cl, model, kmax, convention)
-        fr = max_flow(ctopo, placement)
-        flow_total += fr.value
-
-        def gid(i: int) -> int:
-            return i if i in (C_SOURCE, C_SINK) else i + offset
-
+        ptopo = part_topology(part.cluster, model, kmax, convention, root)
+        fr = max_flow(ptopo, placement)
+        flow_value += fr.value
         for (u, v), f in fr.edge_flows.items():
-            flows[(_map(gid(u)), _map(gid(v)))] = f
+            flows[(_shift(u, offset), _shift(v, offset))] = f
         for i, (s, e) in sorted(placement.items()):
-            gpu = cl.node_types[i]
-            k = e - s
+            gpu, k, idx = part.cluster.node_types[i], e - s, i + offset
             kv = part.kv_capacity.get(i) if part.kv_capacity else None
-            nodes.append(
-                NodeSpec(
-                    idx=i + offset,
-                    gpu=gpu,
-                    start=s,
-                    end=e,
-                    kv_capacity=int(kv) if kv is not None else _kv(mp, gpu, k),
-                    caps=_caps(mp, gpu, k),
-                    group=group,
-                )
-            )
-            latencies[i + offset] = layer_latency(model, gpu)
-            prior[i + offset] = ctopo.nodes[i].throughput[k] * k
-        for link in ctopo.links:
-            bw = convention.bytes_per_s(link.bandwidth)
-            links[(_map(gid(link.src)), _map(gid(link.dst)))] = LinkSpec(bw, link.latency_s)
-        offset += cl.num_nodes
-    topo = Topology.build(L, mp.token_size_bytes, mp.activation_size_bytes, nodes, links)
-    if not topo.covers_model():
+            assignments[idx] = Assignment(s, e, int(kv) if kv is not None else _kv(mp, gpu, k), _caps(mp, gpu, k))
+            latencies[idx] = layer_latency(model, gpu, root)
+            prior[idx] = ptopo.nodes[i].throughput[k] * k
+            part_of[idx] = index
+        topos.append(ptopo)
+        offset += part.cluster.num_nodes
+    graph = StageGraph.build(join_topologies(topos), assignments)
+    if not graph.covers_model():
         raise ConfigError("the placement leaves no source-to-sink path through all layers")
-    per_layer = [0.0] * L
-    for n in nodes:
-        for l in range(n.start, n.end):
-            per_layer[l] += n.kv_capacity / n.layers
-    return Scenario(model, topo, flows, flow_total, latencies, prior, min(per_layer), list(parts))
-
-
-def _map(i: int) -> int:
-    """Coordinator SOURCE/SINK ids to the simulator's (they are equal today; keep one place)."""
-    if i == C_SOURCE:
-        return SOURCE
-    if i == C_SINK:
-        return SINK
-    return i
+    per_layer = [0.0] * mp.num_layers
+    for a in assignments.values():
+        for l in range(a.start, a.end):
+            per_layer[l] += a.kv_capacity / a.layers
+    return Scenario(model, graph, flows, flow_value, latencies, prior, min(per_layer), list(parts), part_of, root)
 
 
 def helix_part(cluster_path: str | Path, placement_path: str | Path, kv_from_layout: bool = True) -> Part:
@@ -191,15 +195,17 @@ def helix_part(cluster_path: str | Path, placement_path: str | Path, kv_from_lay
     placement = hf.load_solution(placement_path)
     kv = None
     if kv_from_layout:
-        sim_ini = sibling_simulator_cluster(placement_path)
+        sim_ini = hf.sibling_simulator_cluster(placement_path)
         if sim_ini is not None:
-            kv = read_kv_capacities(sim_ini)
+            kv = hf.read_kv_capacities(sim_ini)
     return Part(cluster, placement, kv)
 
 
-def planner_part(cluster_path: str | Path, model: str, time_limit_s: float = 20.0, seed: int = 0) -> Part:
-    """A part whose placement comes from our planner (``p2pserve.coordinator``)."""
-    from p2pserve.sim.planner_adapter import plan_placement
-
+def planner_part(cluster_path: str | Path, model: str, time_limit_s: float = 20.0, seed: int = 0,
+                 root: Path | None = None) -> Part:
+    """A part whose placement comes from our planner (``placement.planner.plan_for_topology``,
+    default objective), solved on the cluster's Helix topology."""
     cluster = hf.load_cluster(cluster_path)
-    return Part(cluster, plan_placement(cluster, model, time_limit_s=time_limit_s, seed=seed), None)
+    topo = topology_from_helix(cluster, model, root=root)
+    solution = plan_for_topology(topo, time_limit_s=time_limit_s, seed=seed)
+    return Part(cluster, dict(solution.assignments), None)

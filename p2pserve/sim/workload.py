@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from p2pserve.helix.format import helix_data_dir
+from p2pserve.helix.root import data_root
 
 BUCKET_S = 3.0
 
@@ -28,17 +28,20 @@ def _read_pairs(path: str) -> tuple[np.ndarray, np.ndarray]:
     return data[:, 0].copy(), data[:, 1].copy()
 
 
-def load_lengths(name: str = "azure_conv") -> tuple[np.ndarray, np.ndarray]:
-    """Input and output lengths of ``traces/<name>_lengths.csv`` (or a path to such a csv)."""
+def load_lengths(name: str = "azure_conv", root: Path | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Input and output lengths of ``traces/<name>_lengths.csv`` (or a path to such a csv).
+
+    ``root``: the Helix data root (None: the default, see ``p2pserve.helix.root``).
+    """
     path = Path(name)
     if not path.exists():
-        path = helix_data_dir() / "traces" / f"{name}_lengths.csv"
+        path = (root or data_root()) / "traces" / f"{name}_lengths.csv"
     return _read_pairs(str(path))
 
 
-def load_arrival_counts(name: str = "azure_conv") -> np.ndarray:
-    """Arrivals per 3 s bucket from ``traces/<name>_arrivals_per_3s.csv``."""
-    path = helix_data_dir() / "traces" / f"{name}_arrivals_per_3s.csv"
+def load_arrival_counts(name: str = "azure_conv", root: Path | None = None) -> np.ndarray:
+    """Arrivals per 3 s bucket from ``traces/<name>_arrivals_per_3s.csv`` under the data root."""
+    path = (root or data_root()) / "traces" / f"{name}_arrivals_per_3s.csv"
     data = np.loadtxt(path, delimiter=",", skiprows=1, dtype=np.float64, ndmin=2)
     return data[:, 1].copy()
 

@@ -5,11 +5,13 @@ from __future__ import annotations
 import pytest
 
 from p2pserve.helix import format as hf
+from p2pserve.helix.root import data_root
+from p2pserve.helix.throughput import load_reference_throughput, node_throughput_tables
 
 
 @pytest.fixture(scope="module")
 def data():
-    return hf.helix_data_dir()
+    return data_root()
 
 
 @pytest.mark.parametrize(
@@ -23,8 +25,8 @@ def data():
     ],
 )
 def test_throughput_tables_reproduce_authors(data, cluster, model, reference):
-    ours = hf.node_throughput_tables(hf.load_cluster(data / cluster), model)
-    theirs = hf.load_reference_throughput(reference)
+    ours = node_throughput_tables(hf.load_cluster(data / cluster), model)
+    theirs = load_reference_throughput(reference)
     assert len(ours) == len(theirs)
     for row_ours, row_theirs in zip(ours, theirs):
         assert len(row_ours) == len(row_theirs)

@@ -7,34 +7,29 @@ import random
 import pytest
 
 from p2pserve.helix import format as hf
-from p2pserve.placement.churn import (
-    by_index,
-    by_name,
-    default_reload_cost,
-    fewest_moves_within,
-    interchangeable_groups,
-    layers_to_load,
-    on_join,
-    on_leave,
-    periodic,
-    relabel_for_fewest_moves,
-    resolve,
-)
+from p2pserve.placement.churn import ChurnConfig, default_reload_cost, on_join, on_leave, periodic, resolve
+from p2pserve.placement.fewest_moves import fewest_moves_within
+from p2pserve.placement.moves import by_index, by_name, layers_to_load
+from p2pserve.placement.relabel import interchangeable_groups, relabel_for_fewest_moves
 from p2pserve.placement.maxflow import flow_value
-from p2pserve.placement.planner import PlannerConfig, validate_placement
-from p2pserve.placement.topology import SINK, SOURCE, LinkSpec, NodeSpec, Topology, load_helix_topology
+from p2pserve.placement.planner import PlannerConfig
+from p2pserve.placement.solution import validate_placement
+from p2pserve.helix.root import data_root
+from p2pserve.helix.topology import load_helix_topology
+from p2pserve.placement.topology import LinkSpec, NodeSpec, Topology
+from p2pserve.types import SINK_INDEX as SINK, SOURCE_INDEX as SOURCE
 
 CFG = PlannerConfig(objective="max-flow", time_limit_s=0.5, use_milp=False)
 
 
 @pytest.fixture(scope="module")
 def cluster24():
-    return load_helix_topology(hf.helix_data_dir() / "clusters/single_cluster/cluster24.ini", "llama2-70b")
+    return load_helix_topology(data_root() / "clusters/single_cluster/cluster24.ini", "llama2-70b")
 
 
 @pytest.fixture(scope="module")
 def helix_plan(cluster24):
-    sol = hf.load_solution(hf.helix_data_dir() / "layouts/single_cluster/llama70b/ilp/ilp_sol.ini")
+    sol = hf.load_solution(data_root() / "layouts/single_cluster/llama70b/ilp/ilp_sol.ini")
     return by_name(cluster24, sol)
 
 
@@ -245,7 +240,8 @@ def small_cluster24(a100: int, l4: int, t4: int) -> Topology:
 def test_cover_start_finds_the_proven_fewest_moves():
     """A T4 leaves a chain: re-cutting the chain in order loads many layers; the cover MILP
     finds the fewest (an L4 jumps into the hole, the A100s stretch over its old layers)."""
-    from p2pserve.placement.churn import _chain_order, chain_rebalance, cover_start
+    from p2pserve.placement.fewest_moves import cover_start
+    from p2pserve.placement.recut import chain_order, chain_rebalance
     from p2pserve.placement.move_bound import fewest_moves_for_flow
     from p2pserve.placement.search import balanced_chain
 
@@ -253,7 +249,7 @@ def test_cover_start_finds_the_proven_fewest_moves():
     current = by_name(full, balanced_chain(full))
     topo, _ = full.without([8])
     cur = by_index(topo, current)
-    recut = chain_rebalance(topo, _chain_order(topo, cur), cur, 0.0)
+    recut = chain_rebalance(topo, chain_order(cur), cur, 0.0)
     flow = flow_value(topo, recut, True)
     cover = cover_start(topo, current, recut, flow, time_limit_s=20.0)
     assert cover is not None and validate_placement(topo, cover) == []
@@ -276,7 +272,7 @@ def test_resolve_moves_no_more_than_the_proven_fewest_for_its_flow(tolerance):
     # Half of the time for the cover MILP (about 0.5 s on a quiet machine): the test is about
     # what it finds, and must hold on a loaded CI machine too.
     res = resolve(topo, current, CFG, reload_cost=2e-3 * flow_value(full, by_index(full, current), True),
-                  time_limit_s=8.0, tolerance=tolerance, cover_share=0.5)
+                  time_limit_s=8.0, tolerance=tolerance, churn=ChurnConfig(cover_share=0.5))
     assert validate_placement(topo, res.plan.assignments) == []
     proof = fewest_moves_for_flow(topo, by_index(topo, current), res.plan.max_flow * (1 - 1e-9), res.layers_moved)
     assert proof.lower == res.layers_moved > 0

@@ -6,15 +6,10 @@ import pytest
 
 from p2pserve.helix import format as hf
 from p2pserve.placement.maxflow import max_flow, placement_edges
-from p2pserve.placement.topology import (
-    SINK,
-    SOURCE,
-    BandwidthConvention,
-    LinkSpec,
-    NodeSpec,
-    Topology,
-    load_helix_topology,
-)
+from p2pserve.helix.root import data_root
+from p2pserve.helix.topology import load_helix_topology
+from p2pserve.placement.topology import BandwidthConvention, LinkSpec, NodeSpec, Topology
+from p2pserve.types import SINK_INDEX as SINK, SOURCE_INDEX as SOURCE
 
 
 def fig2_topology(a100_t4_2_mbps: float = 60.0) -> Topology:
@@ -93,7 +88,7 @@ def test_fig2_partial_inference_adds_edge():
     ],
 )
 def test_authors_placements_reproduce(layout, partial, expected):
-    data = hf.helix_data_dir()
+    data = data_root()
     topo = load_helix_topology(data / "clusters/single_cluster/cluster24.ini", "llama2-70b")
     sol = hf.load_solution(next((data / "layouts/single_cluster/llama70b" / layout).glob("*_sol.ini")))
     fast = max_flow(topo, sol, partial)
@@ -103,7 +98,7 @@ def test_authors_placements_reproduce(layout, partial, expected):
 
 
 def test_cluster10_optimum_placement():
-    data = hf.helix_data_dir()
+    data = data_root()
     topo = load_helix_topology(data / "clusters/ablation/cluster10.ini", "llama1-30b")
     sol = hf.load_solution(data / "layouts/ablation/quality/ilp_sol.ini")
     assert max_flow(topo, sol).value == pytest.approx(286.587, abs=1e-3)
@@ -111,14 +106,14 @@ def test_cluster10_optimum_placement():
 
 
 def test_upper_bounds_cluster24():
-    data = hf.helix_data_dir()
+    data = data_root()
     topo = load_helix_topology(data / "clusters/single_cluster/cluster24.ini", "llama2-70b")
     assert topo.upper_bound() == pytest.approx(2803.86, abs=0.01)
     assert topo.covering_upper_bound() <= topo.upper_bound()
 
 
 def test_bandwidth_conventions():
-    data = hf.helix_data_dir()
+    data = data_root()
     helix = load_helix_topology(data / "clusters/ablation/cluster10.ini", "llama1-30b")
     bits = load_helix_topology(data / "clusters/ablation/cluster10.ini", "llama1-30b", BandwidthConvention.BITS_PER_S)
     assert helix.capacity(0, 1) == pytest.approx(1e9 / 13312)

@@ -9,8 +9,10 @@ import pytest
 
 from p2pserve.placement.maxflow import max_flow
 from p2pserve.placement.milp import MilpOptions, build_model, identical_groups, solve_milp
-from p2pserve.placement.planner import PlannerConfig, plan_for_topology, validate_placement
-from p2pserve.placement.topology import SINK, SOURCE, LinkSpec, NodeSpec, Topology
+from p2pserve.placement.planner import PlannerConfig, plan_for_topology
+from p2pserve.placement.solution import validate_placement
+from p2pserve.placement.topology import LinkSpec, NodeSpec, Topology
+from p2pserve.types import SINK_INDEX as SINK, SOURCE_INDEX as SOURCE
 
 
 _TOPOS: dict = {}
@@ -146,7 +148,7 @@ def test_model_size_matches_tables_5_6():
 def test_cpsat_matches_brute_force(n, L, kmax, seed):
     """Where the ``ortools`` extra is installed (``backend="auto"`` then prefers it to HiGHS):
     CP-SAT proves the brute-force optimum, up to its 0.01 tokens/s rounding of capacities."""
-    from p2pserve.placement.milp_backends import cpsat_available
+    from p2pserve.placement.milp.backends import cpsat_available
 
     if not cpsat_available():
         pytest.skip("ortools is not installed (the optional 'ortools' extra)")

@@ -9,8 +9,10 @@ import pytest
 
 from p2pserve.placement import move_bound as mb
 from p2pserve.placement.maxflow import flow_value
-from p2pserve.placement.planner import validate_placement
+from p2pserve.placement.moves import new_layer_count
+from p2pserve.placement.solution import validate_placement
 from tests.unit.test_planner_milp import make_topology
+from tools.move_ceiling import cover_of, max_cover_within
 
 
 def all_placements(topo):
@@ -25,7 +27,7 @@ def all_placements(topo):
 
 
 def moves(current, placement) -> int:
-    return sum(mb.new_layer_count(current.get(i), s, e) for i, (s, e) in placement.items())
+    return sum(new_layer_count(current.get(i), s, e) for i, (s, e) in placement.items())
 
 
 _ENUM: dict = {}
@@ -47,7 +49,7 @@ CASES = [(3, 6, 3, 1), (3, 6, 3, 2), (4, 5, 3, 3)]
 def test_cover_is_an_upper_bound_on_max_flow(case):
     topo, rows = enumerated(*case)
     for p, flow in rows:
-        assert flow <= mb.cover_of(topo, p) + 1e-6
+        assert flow <= cover_of(topo, p) + 1e-6
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -70,7 +72,7 @@ def test_fewest_moves_never_exceeds_the_true_minimum(case):
                 else:
                     assert res.lower <= min(reach, default=max_cost + 1)
                     assert res.placement is not None
-                    assert mb.cover_of(topo, res.placement) >= target - 1e-6
+                    assert cover_of(topo, res.placement) >= target - 1e-6
                     assert moves(current, res.placement) <= max_cost
 
 
@@ -82,7 +84,7 @@ def test_max_cover_within_bounds_every_placement_in_budget(case):
     for _ in range(3):
         current = rng.choice(valid)
         for budget in (0, 2, 5):
-            res = mb.max_cover_within(topo, current, budget, time_limit_s=20)
+            res = max_cover_within(topo, current, budget, time_limit_s=20)
             best_in_budget = max(f for p, f in rows if moves(current, p) <= budget)
             assert res.cover_upper >= best_in_budget - 1e-6
             assert res.placement is not None and moves(current, res.placement) <= budget
@@ -93,12 +95,12 @@ def test_candidates_cost_what_a_node_must_load():
     current = {0: (2, 5)}
     for c in mb.candidates(topo, current, 2):
         assert c.cost <= 2
-        assert c.cost == mb.new_layer_count(current.get(c.node), c.start, c.end)
+        assert c.cost == new_layer_count(current.get(c.node), c.start, c.end)
         assert c.throughput == topo.nodes[c.node].throughput[c.end - c.start]
     # sub-ranges of what node 0 holds are free; a newcomer pays for every layer
-    assert mb.new_layer_count((2, 5), 3, 5) == 0
-    assert mb.new_layer_count((2, 5), 1, 6) == 2
-    assert mb.new_layer_count(None, 1, 3) == 2
+    assert new_layer_count((2, 5), 3, 5) == 0
+    assert new_layer_count((2, 5), 1, 6) == 2
+    assert new_layer_count(None, 1, 3) == 2
 
 
 def test_bound_still_solves_after_the_placement_milp_ran_in_this_process():
@@ -116,7 +118,7 @@ def test_max_cover_within_says_at_once_when_the_budget_cannot_cover_every_layer(
     topo, rows = enumerated(*CASES[0])
     current = {0: (0, 2)}  # layers 2-6 held by nobody: no budget under 4 layers can serve them
     for budget in (1, 3):
-        res = mb.max_cover_within(topo, current, budget, time_limit_s=20)
+        res = max_cover_within(topo, current, budget, time_limit_s=20)
         assert res.cover_upper == 0.0 and res.optimal
         assert max(f for p, f in rows if moves(current, p) <= budget) == 0.0
-    assert mb.max_cover_within(topo, current, 4, time_limit_s=20).cover_upper > 0
+    assert max_cover_within(topo, current, 4, time_limit_s=20).cover_upper > 0

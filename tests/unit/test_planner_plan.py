@@ -10,20 +10,22 @@ from p2pserve.helix import format as hf
 from p2pserve.cli import plan as plan_command
 from p2pserve.placement.estimate import estimate
 from p2pserve.placement.heuristics import all_heuristics
-from p2pserve.placement.planner import PlannerConfig, plan_for_topology, validate_placement
+from p2pserve.placement.planner import PlannerConfig, plan_for_topology
+from p2pserve.placement.solution import validate_placement
 from p2pserve.placement.search import balanced_chain
-from p2pserve.placement.topology import load_helix_topology
+from p2pserve.helix.root import data_root
+from p2pserve.helix.topology import load_helix_topology
 from p2pserve.errors import ConfigError, InsufficientMemoryError
 
 
 @pytest.fixture(scope="module")
 def cluster10():
-    return load_helix_topology(hf.helix_data_dir() / "clusters/ablation/cluster10.ini", "llama1-30b")
+    return load_helix_topology(data_root() / "clusters/ablation/cluster10.ini", "llama1-30b")
 
 
 @pytest.fixture(scope="module")
 def cluster24():
-    return load_helix_topology(hf.helix_data_dir() / "clusters/single_cluster/cluster24.ini", "llama2-70b")
+    return load_helix_topology(data_root() / "clusters/single_cluster/cluster24.ini", "llama2-70b")
 
 
 def assert_valid(topo, assignments):
@@ -91,7 +93,7 @@ def test_config_validation():
 
 def test_chain_estimate_is_worse_than_helix(cluster24):
     """The issue's point: the 24-hop chain has a higher max-flow but serves fewer tokens."""
-    helix = hf.load_solution(hf.helix_data_dir() / "layouts/single_cluster/llama70b/ilp/ilp_sol.ini")
+    helix = hf.load_solution(data_root() / "layouts/single_cluster/llama70b/ilp/ilp_sol.ini")
     chain = balanced_chain(cluster24)
     e_helix, e_chain = estimate(cluster24, helix), estimate(cluster24, chain)
     assert e_chain.mean_depth == 24
@@ -106,7 +108,7 @@ def test_cli_json(capsys, tmp_path):
     plan_command.add_arguments(parser)
     sol = tmp_path / "sol.ini"
     args = parser.parse_args([
-        "--cluster", str(hf.helix_data_dir() / "clusters/ablation/cluster10.ini"),
+        "--cluster", str(data_root() / "clusters/ablation/cluster10.ini"),
         "--model", "llama1-30b", "--time-limit", "1", "--objective", "max-flow", "--json",
         "--write-solution", str(sol),
     ])

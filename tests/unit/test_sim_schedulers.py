@@ -3,6 +3,7 @@
 import random
 from collections import Counter
 
+from p2pserve.client.routing import RouteGraph, Router
 from p2pserve.sim.batching import BatchCaps, CapsPolicy, ThrottlePolicy
 from p2pserve.sim.request import Query
 from p2pserve.sim.schedulers import (
@@ -12,23 +13,30 @@ from p2pserve.sim.schedulers import (
     ShortestQueueScheduler,
     SwarmScheduler,
 )
-from p2pserve.sim.topology import SINK, SOURCE
+from p2pserve.sim.schedulers.iwrr import routable_flows
+from p2pserve import types
+from p2pserve.types import SINK_INDEX as SINK, SOURCE_INDEX as SOURCE
 
 from tests.unit.test_sim_support import make_topology
+
+
+def name(i: int) -> str:
+    """A client's name for plan vertex ``i``."""
+    return types.SOURCE if i == SOURCE else types.SINK if i == SINK else f"p{i}"
 
 
 class StubView:
     """A SchedulerView with fixed measurements and an optional set of masked nodes."""
 
-    def __init__(self, topology, masked=(), queued=None, speed=None, layer_s=0.001):
-        self.topology = topology
+    def __init__(self, graph, masked=(), queued=None, speed=None, layer_s=0.001):
+        self.graph = graph
         self.masked = set(masked)
         self.queued = queued or {}
         self.speeds = speed or {}
         self.layer_s = layer_s
 
-    def admissible(self, edge, query):
-        return edge.dst not in self.masked
+    def admissible(self, stage, query):
+        return stage.node not in self.masked
 
     def queued_tokens(self, node):
         return self.queued.get(node, 0)
@@ -45,53 +53,82 @@ def two_parallel():
     return make_topology([(0, 2), (0, 2)], num_layers=2)
 
 
-def test_iwrr_follows_flow_weights_without_bursts():
+def test_iwrr_follows_flow_weights():
+    # The client router quantises 3:1 to weights 100:33; each cycle of 133 routes holds exactly
+    # that many of each.
     topo = two_parallel()
     flows = {(SOURCE, 0): 3.0, (SOURCE, 1): 1.0, (0, SINK): 3.0, (1, SINK): 1.0}
-    sched = IwrrScheduler(flows)
+    sched = IwrrScheduler(flows, topo, seed=0)
     view = StubView(topo)
-    picks = [sched.route(Query(i, 100, 10, 0.0), view)[0].node for i in range(400)]
-    assert Counter(picks) == {0: 300, 1: 100}
-    # interleaved: never more than 4 consecutive picks of the heavy node
-    run = longest = 0
-    for p in picks:
-        run = run + 1 if p == 0 else 0
-        longest = max(longest, run)
-    assert longest <= 4
+    picks = [sched.route(Query(i, 100, 10, 0.0), view)[0].node for i in range(3 * 133)]
+    assert Counter(picks) == {0: 300, 1: 99}
 
 
-def test_iwrr_decode_steps_charge_the_route():
-    topo = two_parallel()
-    flows = {(SOURCE, 0): 1.0, (SOURCE, 1): 1.0, (0, SINK): 1.0, (1, SINK): 1.0}
-    sched = IwrrScheduler(flows)
+def test_iwrr_is_the_client_router():
+    """The simulator's IWRR and a client's Router, same plan and seed: the very same routes."""
+    # Partial inference: node 3 may follow node 0 mid-range, node 4 follows node 1 or 2.
+    ranges = [(0, 3), (0, 2), (0, 2), (2, 6), (2, 6)]
+    topo = make_topology(ranges, num_layers=6)
+    flows = {(SOURCE, 0): 5.0, (SOURCE, 1): 3.0, (SOURCE, 2): 2.0, (0, 3): 5.0, (1, 4): 3.0, (2, 3): 1.0,
+             (2, 4): 1.0, (3, SINK): 6.0, (4, SINK): 4.0}
+    sched = IwrrScheduler(flows, topo, seed=42)
     view = StubView(topo)
-    q = Query(0, 10, 50, 0.0)
-    q.route = sched.route(q, view)
-    first = q.route[0].node
-    for _ in range(50):
-        sched.on_decode(q)  # 50 tokens on the first route
-    # the next 6 prompts of 10 tokens go to the other node until loads even out
-    nxt = [sched.route(Query(i, 10, 1, 0.0), view)[0].node for i in range(1, 7)]
-    assert all(n != first for n in nxt)
+    sim_routes = [tuple(st.node for st in sched.route(Query(i, 100, 10, 0.0), view)) for i in range(1000)]
+    graph = RouteGraph(num_layers=6, spans={f"p{i}": r for i, r in enumerate(ranges)},
+                       flows={(name(u), name(v)): f for (u, v), f in flows.items()})
+    router = Router(graph, seed=42)
+    client_routes = [tuple(int(p[1:]) for p in router.route_ids()) for _ in range(1000)]
+    assert sim_routes == client_routes
+    assert Counter(sim_routes) == Counter(client_routes)  # the distribution, for the record
+    assert set(sim_routes) == {(0, 3), (1, 4), (2, 3), (2, 4)}
+
+
+def test_iwrr_matches_the_client_router_on_the_authors_plan():
+    """Cluster24, LLaMA-2-70B, the authors' Helix placement and its max-flow: identical route
+    counts over 2,000 requests (flows under Helix's 5 % share dropped on both sides)."""
+    from p2pserve.helix.root import data_root
+    from p2pserve.sim.scenario import build_scenario, helix_part
+
+    data = data_root()
+    sc = build_scenario("llama2-70b", [helix_part(data / "clusters/single_cluster/cluster24.ini",
+                                                  data / "layouts/single_cluster/llama70b/ilp/ilp_sol.ini")])
+    sched = IwrrScheduler(sc.flows, sc.graph, seed=7)
+    view = StubView(sc.graph)
+    sim_counts = Counter(tuple(st.node for st in sched.route(Query(i, 500, 10, 0.0), view)) for i in range(2000))
+    flows = routable_flows(sc.flows)
+    graph = RouteGraph(num_layers=sc.graph.num_layers,
+                       spans={f"p{i}": (a.start, a.end) for i, a in sc.graph.assignments.items()},
+                       flows={(name(u), name(v)): f for (u, v), f in flows.items()})
+    router = Router(graph, seed=7)
+    client_counts = Counter(tuple(int(p[1:]) for p in router.route_ids()) for _ in range(2000))
+    assert sim_counts == client_counts
+    assert len(sim_counts) >= 8  # the flows split over several pipelines (8 with this seed)
 
 
 def test_iwrr_masks_small_flows_and_masked_nodes():
     topo = two_parallel()
     flows = {(SOURCE, 0): 100.0, (SOURCE, 1): 4.0, (0, SINK): 100.0, (1, SINK): 4.0}
-    sched = IwrrScheduler(flows)
+    sched = IwrrScheduler(flows, topo)
     assert {sched.route(Query(i, 1, 1, 0.0), StubView(topo))[0].node for i in range(50)} == {0}
     assert sched.route(Query(99, 1, 1, 0.0), StubView(topo, masked={0})) is None
 
 
+def test_iwrr_waits_rather_than_leave_the_flows():
+    # Flows use only node 0; node 1 could serve too, but a Helix coordinator holds the query
+    # until a flow route frees up (the client router alone would fall back to node 1).
+    topo = two_parallel()
+    flows = {(SOURCE, 0): 1.0, (0, SINK): 1.0}
+    sched = IwrrScheduler(flows, topo)
+    assert sched.route(Query(0, 1, 1, 0.0), StubView(topo, masked={0})) is None
+    assert [st.node for st in sched.route(Query(1, 1, 1, 0.0), StubView(topo))] == [0]
+
+
 def test_walk_backs_up_from_dead_ends():
     # source -> {0: [0,1), 1: [0,1)} -> 2: [1,2) reachable only from node 1 (no link 0->2)
-    from p2pserve.sim.topology import LinkSpec
-
-    spec = LinkSpec(1e9, 0.0)
-    links = {(SOURCE, 0): spec, (SOURCE, 1): spec, (1, 2): spec, (2, SINK): spec}
-    topo = make_topology([(0, 1), (0, 1), (1, 2)], num_layers=2, links=links)
+    links = [(SOURCE, 0), (SOURCE, 1), (1, 2), (2, SINK)]
+    topo = make_topology([(0, 1), (0, 1), (1, 2)], num_layers=2, bandwidth=1e9, latency=0.0, links=links)
     flows = {(SOURCE, 0): 10.0, (SOURCE, 1): 1.0, (1, 2): 1.0, (2, SINK): 1.0}
-    route = IwrrScheduler(flows).route(Query(0, 1, 1, 0.0), StubView(topo))
+    route = IwrrScheduler(flows, topo).route(Query(0, 1, 1, 0.0), StubView(topo))
     assert [st.node for st in route] == [1, 2]
 
 

@@ -6,6 +6,7 @@ import random
 from typing import Mapping
 
 from p2pserve.errors import ConfigError
+from p2pserve.sim.graph import StageGraph
 from p2pserve.sim.schedulers.base import HopByHopScheduler, Scheduler, SchedulerView, route_edges
 from p2pserve.sim.schedulers.iwrr import IwrrScheduler
 from p2pserve.sim.schedulers.petals import PetalsScheduler
@@ -17,11 +18,12 @@ SCHEDULERS = ("iwrr", "random", "shortest-queue", "swarm", "swarm-greedy", "peta
 
 
 def make_scheduler(
-    name: str, flows: Mapping[tuple[int, int], float], rng: random.Random
+    name: str, flows: Mapping[tuple[int, int], float], rng: random.Random, graph: StageGraph
 ) -> Scheduler:
-    """Build the scheduler called ``name``; ``flows`` feeds IWRR, ``rng`` the random ones."""
+    """Build the scheduler called ``name`` for ``graph``; ``flows`` feed IWRR, ``rng`` seeds IWRR's
+    router and drives the random ones."""
     if name == "iwrr":
-        return IwrrScheduler(flows)
+        return IwrrScheduler(flows, graph, seed=rng.getrandbits(32))
     if name == "random":
         return RandomScheduler(rng)
     if name == "shortest-queue":

@@ -1,7 +1,7 @@
 """The scheduler interface: pick a per-request pipeline (a route of stages) for a query.
 
-A scheduler is a small policy. The simulator hands it a :class:`SchedulerView` — the routing
-graph, the shared admission masks (KV estimate, prompt size) and a few live measurements — and
+A scheduler is a small policy. The simulator hands it a :class:`SchedulerView` -- the routing
+graph, the shared admission masks (KV estimate, prompt size) and a few live measurements -- and
 the scheduler answers with a route or ``None`` (nothing admissible now; the query waits).
 Most policies decide hop by hop, like Helix's per-vertex IWRR: :class:`HopByHopScheduler`
 walks source -> sink and asks :meth:`HopByHopScheduler.choose` at every vertex, backing up
@@ -13,17 +13,18 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Protocol, Sequence
 
+from p2pserve.sim.graph import Edge, StageGraph
 from p2pserve.sim.request import Query, Stage
-from p2pserve.sim.topology import SINK, SOURCE, Edge, Topology
+from p2pserve.types import SINK_INDEX, SOURCE_INDEX
 
 
 class SchedulerView(Protocol):
     """What a scheduler may look at (implemented by the simulator, or by a test stub)."""
 
-    topology: Topology
+    graph: StageGraph
 
-    def admissible(self, edge: Edge, query: Query) -> bool:
-        """False when the edge's node is masked for this query (KV estimate, prompt cap)."""
+    def admissible(self, stage: Stage, query: Query) -> bool:
+        """False when ``stage`` is masked for this query (its node's KV estimate, prompt cap)."""
 
     def queued_tokens(self, node: int) -> int:
         """Tokens of jobs inside ``node`` now."""
@@ -56,7 +57,7 @@ class HopByHopScheduler(Scheduler):
 
     def candidates(self, u: int, query: Query, view: SchedulerView) -> list[Edge]:
         """Admissible out-edges of ``u`` (subclasses may filter further)."""
-        return [e for e in view.topology.out_edges.get(u, ()) if view.admissible(e, query)]
+        return [e for e in view.graph.out_edges.get(u, ()) if e.stage is None or view.admissible(e.stage, query)]
 
     @abstractmethod
     def choose(self, u: int, candidates: Sequence[Edge], query: Query, view: SchedulerView) -> Edge:
@@ -75,7 +76,7 @@ class HopByHopScheduler(Scheduler):
         """
         dead: set[int] = set()
         edges: list[Edge] = []
-        if not self._walk(SOURCE, query, view, dead, edges):
+        if not self._walk(SOURCE_INDEX, query, view, dead, edges):
             return None
         self.commit(edges, query)
         return tuple(e.stage for e in edges if e.stage is not None)
@@ -85,7 +86,7 @@ class HopByHopScheduler(Scheduler):
         while cands:
             e = self.choose(u, cands, query, view)
             edges.append(e)
-            if e.dst == SINK or self._walk(e.dst, query, view, dead, edges):
+            if e.dst == SINK_INDEX or self._walk(e.dst, query, view, dead, edges):
                 return True
             edges.pop()
             dead.add(e.dst)
@@ -96,9 +97,9 @@ class HopByHopScheduler(Scheduler):
 def route_edges(route: Sequence[Stage]) -> list[tuple[int, int]]:
     """The ``(u, v)`` vertex pairs a route uses, source and sink included."""
     out = []
-    prev = SOURCE
+    prev = SOURCE_INDEX
     for st in route:
         out.append((prev, st.node))
         prev = st.node
-    out.append((prev, SINK))
+    out.append((prev, SINK_INDEX))
     return out

@@ -9,9 +9,10 @@ program over the routing DAG (every edge moves strictly forward in layers).
 
 from __future__ import annotations
 
+from p2pserve.sim.graph import Edge
 from p2pserve.sim.request import Query, Stage
 from p2pserve.sim.schedulers.base import Scheduler, SchedulerView
-from p2pserve.sim.topology import SINK, SOURCE, Edge
+from p2pserve.types import SINK_INDEX, SOURCE_INDEX
 
 
 class PetalsScheduler(Scheduler):
@@ -21,31 +22,31 @@ class PetalsScheduler(Scheduler):
 
     def route(self, query: Query, view: SchedulerView) -> tuple[Stage, ...] | None:
         """Shortest path source -> sink; vertices are settled in order of the layer they end at."""
-        topo = view.topology
+        graph = view.graph
+        nodes = graph.assignments
         # Edge costs use decode-token time: Petals optimises the per-token inference chain.
-        best: dict[int, tuple[float, Edge | None]] = {SOURCE: (0.0, None)}
-        order = [SOURCE] + sorted(topo.nodes, key=lambda i: topo.nodes[i].end)
+        best: dict[int, tuple[float, Edge | None]] = {SOURCE_INDEX: (0.0, None)}
+        order = [SOURCE_INDEX] + sorted(nodes, key=lambda i: nodes[i].end)
         for u in order:
             if u not in best:
                 continue
             base = best[u][0]
-            for e in topo.out_edges.get(u, ()):
-                if not view.admissible(e, query):
+            for e in graph.out_edges.get(u, ()):
+                if e.stage is not None and not view.admissible(e.stage, query):
                     continue
-                cost = base + topo.link(u, e.dst).latency
+                cost = base + graph.latency(u, e.dst)
                 if e.stage is not None:
                     v = e.dst
-                    node = topo.nodes[v]
                     speed = view.speed(v)
-                    wait = view.queued_tokens(v) * node.layers / speed if speed > 0 else 0.0
+                    wait = view.queued_tokens(v) * nodes[v].layers / speed if speed > 0 else 0.0
                     cost += e.stage.layers * view.layer_time(v, 1, False) + wait
                 if e.dst not in best or cost < best[e.dst][0]:
                     best[e.dst] = (cost, e)
-        if SINK not in best:
+        if SINK_INDEX not in best:
             return None
         stages: list[Stage] = []
-        v = SINK
-        while v != SOURCE:
+        v = SINK_INDEX
+        while v != SOURCE_INDEX:
             e = best[v][1]
             assert e is not None
             if e.stage is not None:

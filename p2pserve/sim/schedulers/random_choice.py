@@ -5,9 +5,9 @@ from __future__ import annotations
 import random
 from typing import Sequence
 
+from p2pserve.sim.graph import Edge
 from p2pserve.sim.request import Query
 from p2pserve.sim.schedulers.base import HopByHopScheduler, SchedulerView
-from p2pserve.sim.topology import Edge
 
 
 class RandomScheduler(HopByHopScheduler):

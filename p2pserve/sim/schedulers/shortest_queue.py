@@ -5,9 +5,10 @@ from __future__ import annotations
 import random
 from typing import Sequence
 
+from p2pserve.sim.graph import Edge
 from p2pserve.sim.request import Query
 from p2pserve.sim.schedulers.base import HopByHopScheduler, SchedulerView
-from p2pserve.sim.topology import SINK, Edge
+from p2pserve.types import SINK_INDEX
 
 
 class ShortestQueueScheduler(HopByHopScheduler):
@@ -23,7 +24,7 @@ class ShortestQueueScheduler(HopByHopScheduler):
         best: list[Edge] = []
         best_q = None
         for e in candidates:
-            q = 0 if e.dst == SINK else view.queued_tokens(e.dst)
+            q = 0 if e.dst == SINK_INDEX else view.queued_tokens(e.dst)
             if best_q is None or q < best_q:
                 best, best_q = [e], q
             elif q == best_q:

@@ -11,9 +11,10 @@ from __future__ import annotations
 import random
 from typing import Sequence
 
+from p2pserve.sim.graph import Edge
 from p2pserve.sim.request import Query
 from p2pserve.sim.schedulers.base import HopByHopScheduler, SchedulerView
-from p2pserve.sim.topology import SINK, Edge
+from p2pserve.types import SINK_INDEX
 
 
 class SwarmScheduler(HopByHopScheduler):
@@ -37,7 +38,7 @@ class SwarmScheduler(HopByHopScheduler):
             return candidates[0]
         weights = []
         for e in candidates:
-            if e.dst == SINK or e.stage is None:
+            if e.dst == SINK_INDEX or e.stage is None:
                 weights.append(1.0)
             else:
                 weights.append(max(view.speed(e.dst), 1e-9) / e.stage.layers)

@@ -1,4 +1,5 @@
-"""MILP backends for :class:`milp.LinearModel`: HiGHS (default), Gurobi (full licence), CP-SAT.
+"""MILP backends for a :class:`~p2pserve.placement.milp.linear.LinearModel`: HiGHS (default),
+Gurobi (full licence), CP-SAT.
 
 ``solve(model, ...)`` returns a :class:`BackendResult`. ``backend="auto"`` picks, in order:
 
@@ -19,10 +20,8 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # pragma: no cover
-    from p2pserve.placement.milp import LinearModel, MilpOptions
+from p2pserve.placement.milp.linear import LinearModel
 
 #: Size above which the pip (restricted) Gurobi licence refuses to optimise.
 GUROBI_RESTRICTED_LIMIT = 2000
@@ -40,24 +39,37 @@ class BackendResult:
     trace: list[tuple[float, float]] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class SolveSettings:
+    """What every backend is told besides the model: threads, seed, and an early-stop target.
+
+    HiGHS keeps one thread scheduler per process and refuses, at once and silently ("Not
+    Set"), a model that asks for another thread count: every solve in a process must use the
+    same ``threads``.
+    """
+
+    threads: int = 2
+    seed: int = 0
+    target: float | None = None  # stop once the incumbent reaches it
+
+
 def solve(
-    model: "LinearModel",
+    model: LinearModel,
     time_limit_s: float,
     starts: list[list[float]],
     backend: str,
-    opts: "MilpOptions",
-    target: float | None,
+    settings: SolveSettings = SolveSettings(),
 ) -> BackendResult:
     """Dispatch to a backend (see module docstring)."""
     if backend in ("auto", "gurobi"):
-        res = _try_gurobi(model, time_limit_s, starts, opts, target)
+        res = _try_gurobi(model, time_limit_s, starts, settings)
         if res is not None:
             return res
         if backend == "gurobi":
             backend = "highs"  # fall back cleanly, the caller sees res.backend == "highs"
     if backend == "cpsat" or (backend == "auto" and cpsat_available()):
-        return _solve_cpsat(model, time_limit_s, starts, opts, target)
-    return _solve_highs(model, time_limit_s, starts, opts, target)
+        return _solve_cpsat(model, time_limit_s, starts, settings)
+    return _solve_highs(model, time_limit_s, starts, settings)
 
 
 def cpsat_available() -> bool:
@@ -88,16 +100,16 @@ def gurobi_available(num_vars: int = 0, num_rows: int = 0) -> bool:
         return False
 
 
-def _try_gurobi(model, time_limit_s, starts, opts, target) -> BackendResult | None:
+def _try_gurobi(model, time_limit_s, starts, settings) -> BackendResult | None:
     if not gurobi_available(model.num_vars, model.num_rows):
         return None
     try:
-        return _solve_gurobi(model, time_limit_s, starts, opts, target)
+        return _solve_gurobi(model, time_limit_s, starts, settings)
     except Exception:  # licence or environment problem discovered late: fall back
         return None
 
 
-def _solve_gurobi(model, time_limit_s, starts, opts, target) -> BackendResult:
+def _solve_gurobi(model, time_limit_s, starts, settings) -> BackendResult:
     import gurobipy as gp
     from gurobipy import GRB
 
@@ -119,10 +131,10 @@ def _solve_gurobi(model, time_limit_s, starts, opts, target) -> BackendResult:
                 if hi < float("inf"):
                     m.addConstr(expr <= hi)
         m.Params.TimeLimit = max(0.1, time_limit_s)
-        m.Params.Threads = opts.threads
-        m.Params.Seed = opts.seed
-        if target is not None:
-            m.Params.BestObjStop = target
+        m.Params.Threads = settings.threads
+        m.Params.Seed = settings.seed
+        if settings.target is not None:
+            m.Params.BestObjStop = settings.target
         if starts:
             m.NumStart = len(starts)
             for si, st in enumerate(starts):
@@ -140,16 +152,11 @@ def _solve_gurobi(model, time_limit_s, starts, opts, target) -> BackendResult:
         return BackendResult(x, obj, m.ObjBound, str(m.Status), "gurobi", trace)
 
 
-def _solve_highs(model, time_limit_s, starts, opts, target) -> BackendResult:
+def _highs_lp(model: LinearModel):
+    """The model as a ``highspy.HighsLp`` (row-wise sparse matrix), maximising."""
     import highspy
     import numpy as np
 
-    h = highspy.Highs()
-    h.setOptionValue("output_flag", False)
-    h.setOptionValue("time_limit", float(max(0.1, time_limit_s)))
-    h.setOptionValue("threads", int(opts.threads))
-    h.setOptionValue("random_seed", int(opts.seed))
-    h.setOptionValue("mip_rel_gap", 1e-6)
     inf = highspy.kHighsInf
     lp = highspy.HighsLp()
     lp.num_col_ = model.num_vars
@@ -174,25 +181,20 @@ def _solve_highs(model, time_limit_s, starts, opts, target) -> BackendResult:
     lp.a_matrix_.num_row_ = model.num_rows
     lp.integrality_ = [highspy.HighsVarType.kInteger if b else highspy.HighsVarType.kContinuous for b in model.integer]
     lp.sense_ = highspy.ObjSense.kMaximize
-    h.passModel(lp)
-    t0 = time.monotonic()
-    trace: list[tuple[float, float]] = []
-    best = {"obj": float("-inf")}
+    return lp
 
-    def on_improve(e):
-        v = e.data_out.objective_function_value
-        trace.append((time.monotonic() - t0, v))
-        best["obj"] = max(best["obj"], v)
 
-    def on_interrupt(e):
-        if target is not None and best["obj"] >= target:
-            e.interrupt()
+def _solve_highs(model, time_limit_s, starts, settings) -> BackendResult:
+    import highspy
 
-    try:
-        h.cbMipImprovingSolution.subscribe(on_improve)
-        h.cbMipInterrupt.subscribe(on_interrupt)
-    except Exception:  # older highspy without the event API: no trace, no early stop
-        pass
+    h = highspy.Highs()
+    h.setOptionValue("output_flag", False)
+    h.setOptionValue("time_limit", float(max(0.1, time_limit_s)))
+    h.setOptionValue("threads", int(settings.threads))
+    h.setOptionValue("random_seed", int(settings.seed))
+    h.setOptionValue("mip_rel_gap", 1e-6)
+    h.passModel(_highs_lp(model))
+    trace = _watch_highs(h, settings.target)
     best_start = None
     for st in starts:
         val = sum(c * v for c, v in zip(model.obj, st))
@@ -213,11 +215,36 @@ def _solve_highs(model, time_limit_s, starts, opts, target) -> BackendResult:
         if sol.value_valid:
             x = list(sol.col_value)
             obj = info.objective_function_value
-    bound = info.mip_dual_bound
-    return BackendResult(x, obj, bound, status, "highs", trace)
+    return BackendResult(x, obj, info.mip_dual_bound, status, "highs", trace)
 
 
-def _solve_cpsat(model, time_limit_s, starts, opts, target) -> BackendResult:
+def _watch_highs(h, target: float | None) -> list[tuple[float, float]]:
+    """Record each improving incumbent (seconds, objective) and stop once one reaches ``target``.
+
+    Returns the trace list the callbacks fill while ``h`` runs.
+    """
+    t0 = time.monotonic()
+    trace: list[tuple[float, float]] = []
+    best = {"obj": float("-inf")}
+
+    def on_improve(e):
+        v = e.data_out.objective_function_value
+        trace.append((time.monotonic() - t0, v))
+        best["obj"] = max(best["obj"], v)
+
+    def on_interrupt(e):
+        if target is not None and best["obj"] >= target:
+            e.interrupt()
+
+    try:
+        h.cbMipImprovingSolution.subscribe(on_improve)
+        h.cbMipInterrupt.subscribe(on_interrupt)
+    except Exception:  # older highspy without the event API: no trace, no early stop
+        pass
+    return trace
+
+
+def _solve_cpsat(model, time_limit_s, starts, settings) -> BackendResult:
     """CP-SAT needs integers: continuous columns (flows) are scaled to units of 0.01 tokens/s.
 
     Their coefficients are integers in our models (flow conservation, sums), so each row is
@@ -256,7 +283,7 @@ def _solve_cpsat(model, time_limit_s, starts, opts, target) -> BackendResult:
             m.AddHint(xs[j], int(round(v if model.integer[j] else v * scale)))
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = float(time_limit_s)
-    solver.parameters.num_workers = max(1, opts.threads)
+    solver.parameters.num_workers = max(1, settings.threads)
     status = solver.Solve(m)
     if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         x = [solver.Value(v) if model.integer[j] else solver.Value(v) / scale for j, v in enumerate(xs)]
