@@ -2,7 +2,7 @@
 
 :func:`build_topology` turns a :class:`~p2pserve.coordinator.snapshot.Snapshot` into the
 planner's ``Topology``; :func:`plan_targets` calls the planner's full solve or its churn
-handling (join, leave, periodic) on it, gives idle peers a replica (:func:`fill_idle`) and falls
+handling (join, leave, periodic) on it, gives idle peers a replica (:func:`replicate_idle`) and falls
 back to :func:`greedy_targets` when the planner refuses (swarm too small).
 """
 
@@ -16,7 +16,7 @@ from p2pserve.coordinator.trigger import Trigger
 from p2pserve.coordinator.snapshot import Snapshot
 from p2pserve.errors import ConfigError, PlanningError
 from p2pserve.placement import churn as inc
-from p2pserve.placement.heuristics import petals_greedy
+from p2pserve.placement.heuristics import coverage, fill_weakest_windows, petals_greedy
 from p2pserve.placement.planner import PlannerConfig, plan_for_topology
 from p2pserve.placement.topology import LinkSpec, NodeSpec, Topology
 from p2pserve.types import SINK_INDEX, SOURCE_INDEX, LayerRange
@@ -63,35 +63,6 @@ def build_topology(
     return topo, defaulted
 
 
-def _coverage(L: int, spans) -> list[int]:
-    cover = [0] * L
-    for s, e in spans:
-        for layer in range(s, e):
-            cover[layer] += 1
-    return cover
-
-
-def _fill_weakest_windows(topo: Topology, placed: Mapping[int, LayerRange], todo: Sequence[int]) -> dict[int, LayerRange]:
-    """Keep ``placed``; give each node in ``todo`` the window of its ``max_layers`` layers whose
-    weakest layer has the least throughput so far (ties: least total, then lowest start)."""
-    L = topo.num_layers
-    out = dict(placed)
-    cover = [0.0] * L
-    for i, (s, e) in out.items():
-        t = topo.nodes[i].throughput
-        for layer in range(s, e):
-            cover[layer] += t[e - s] if e - s < len(t) else 0.0
-    for i in todo:
-        k = min(topo.nodes[i].max_layers, L)
-        if k <= 0:
-            continue
-        best = min(range(L - k + 1), key=lambda s: (min(cover[s : s + k]), sum(cover[s : s + k]), s))
-        out[i] = (best, best + k)
-        for layer in range(best, best + k):
-            cover[layer] += topo.nodes[i].throughput[k]
-    return out
-
-
 def greedy_targets(topo: Topology, ids: Sequence[str], current: Mapping[str, LayerRange]) -> dict[str, LayerRange]:
     """Fallback placement for peers ``ids``, moving as few loaded layers as possible.
 
@@ -108,21 +79,21 @@ def greedy_targets(topo: Topology, ids: Sequence[str], current: Mapping[str, Lay
         k = topo.nodes[i].max_layers
         if span is not None and 0 <= span[0] < span[1] <= L and span[1] - span[0] <= k:
             kept[i] = tuple(span)
-    out = _fill_weakest_windows(topo, kept, [i for i in range(len(ids)) if i not in kept])
-    if min(_coverage(L, out.values()), default=0) == 0:
+    out = fill_weakest_windows(topo, kept, [i for i in range(len(ids)) if i not in kept])
+    if min(coverage(L, out.values()), default=0) == 0:
         order = [i for i in range(len(ids)) if ids[i] in current] + [i for i in range(len(ids)) if ids[i] not in current]
         out = petals_greedy(topo, order)
     return {ids[i]: span for i, span in out.items()}
 
 
-def fill_idle(topo: Topology, ids: Sequence[str], targets: Mapping[str, LayerRange]) -> dict[str, LayerRange]:
+def replicate_idle(topo: Topology, ids: Sequence[str], targets: Mapping[str, LayerRange]) -> dict[str, LayerRange]:
     """Give every peer the planner left idle a replica on the weakest window (nobody else moves).
 
     An idle volunteer helps nobody; a replica adds capacity, KV room and a failover target.
     """
     idx = {pid: i for i, pid in enumerate(ids)}
     placed = {idx[pid]: span for pid, span in targets.items()}
-    out = _fill_weakest_windows(topo, placed, [i for i, pid in enumerate(ids) if pid not in targets])
+    out = fill_weakest_windows(topo, placed, [i for i, pid in enumerate(ids) if pid not in targets])
     return {**dict(targets), **{ids[i]: span for i, span in out.items() if ids[i] not in targets}}
 
 
@@ -142,7 +113,7 @@ def plan_targets(
     * anything else (leave, served ranges or links changed): ``churn.on_leave``, which
       keeps the placement and only recomputes flows while every layer stays covered.
 
-    Peers the planner leaves idle get a replica (:func:`fill_idle`). If the planner fails (e.g.
+    Peers the planner leaves idle get a replica (:func:`replicate_idle`). If the planner fails (e.g.
     the swarm is too small for the model) the greedy fallback covers what it can.
     """
     cur = {pid: tuple(span) for pid, span in current.items() if pid in set(ids)}
@@ -170,4 +141,4 @@ def plan_targets(
     except (PlanningError, ConfigError) as e:
         logger.warning(f"planner failed ({e}); using the greedy fallback")
         targets, method = greedy_targets(topo, ids, cur), "greedy-fallback"
-    return fill_idle(topo, ids, targets), method
+    return replicate_idle(topo, ids, targets), method

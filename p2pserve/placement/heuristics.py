@@ -7,7 +7,10 @@ them guarantees full coverage when memory is short; callers validate.
 
 from __future__ import annotations
 
+from typing import Mapping, Sequence
+
 from p2pserve.placement.topology import Topology
+from p2pserve.types import LayerRange
 
 
 def _best_k(thr: tuple[float, ...]) -> int:
@@ -18,25 +21,7 @@ def _best_k(thr: tuple[float, ...]) -> int:
 def petals_greedy(topo: Topology, order: list[int] | None = None) -> dict[int, tuple[int, int]]:
     """Petals: each server (in join order) loads as many layers as fit, on the contiguous span
     whose weakest layer has the least throughput coverage so far (ties: the earliest span)."""
-    L = topo.num_layers
-    cover = [0.0] * L
-    out: dict[int, tuple[int, int]] = {}
-    for i in order if order is not None else range(topo.num_nodes):
-        node = topo.nodes[i]
-        k = min(node.max_layers, L)
-        if k <= 0:
-            continue
-        best_s, best_key = 0, None
-        for s in range(0, L - k + 1):
-            span = cover[s : s + k]
-            key = (min(span), sum(span))
-            if best_key is None or key < best_key:
-                best_s, best_key = s, key
-        out[i] = (best_s, best_s + k)
-        t = node.throughput[k]
-        for l in range(best_s, best_s + k):
-            cover[l] += t
-    return out
+    return fill_weakest_windows(topo, {}, list(order) if order is not None else range(topo.num_nodes))
 
 
 def swarm_even(topo: Topology) -> dict[int, tuple[int, int]]:
@@ -138,3 +123,33 @@ def all_heuristics(topo: Topology) -> dict[str, dict[int, tuple[int, int]]]:
         "separate": separate_pipelines(topo),
         "chain": best_k_chains(topo),
     }
+
+
+def coverage(L: int, spans) -> list[int]:
+    """How many of ``spans`` hold each of the ``L`` layers."""
+    cover = [0] * L
+    for s, e in spans:
+        for layer in range(s, e):
+            cover[layer] += 1
+    return cover
+
+
+def fill_weakest_windows(topo: Topology, placed: Mapping[int, LayerRange], todo: Sequence[int]) -> dict[int, LayerRange]:
+    """Keep ``placed``; give each node in ``todo`` the window of its ``max_layers`` layers whose
+    weakest layer has the least throughput so far (ties: least total, then lowest start)."""
+    L = topo.num_layers
+    out = dict(placed)
+    cover = [0.0] * L
+    for i, (s, e) in out.items():
+        t = topo.nodes[i].throughput
+        for layer in range(s, e):
+            cover[layer] += t[e - s] if e - s < len(t) else 0.0
+    for i in todo:
+        k = min(topo.nodes[i].max_layers, L)
+        if k <= 0:
+            continue
+        best = min(range(L - k + 1), key=lambda s: (min(cover[s : s + k]), sum(cover[s : s + k]), s))
+        out[i] = (best, best + k)
+        for layer in range(best, best + k):
+            cover[layer] += topo.nodes[i].throughput[k]
+    return out

@@ -29,10 +29,6 @@ from p2pserve.errors import ConfigError
 from p2pserve.placement.profile import LatencyProfile
 from p2pserve.types import SINK_INDEX, SOURCE_INDEX
 
-# The coordinator service still imports the two indices from here under their short names;
-# this import goes once it takes them from p2pserve.types.
-from p2pserve.types import SINK_INDEX as SINK, SOURCE_INDEX as SOURCE  # noqa: E402,F401
-
 
 class BandwidthConvention(str, Enum):
     """How a link's ``bandwidth`` number converts to bytes per second (see module docstring)."""

@@ -117,11 +117,11 @@ def test_swarm_too_small_falls_back_and_logs(caplog):
 
 
 def test_idle_peers_get_a_replica():
-    from p2pserve.coordinator.targets import build_topology, fill_idle
+    from p2pserve.coordinator.targets import build_topology, replicate_idle
 
     snap = Snapshot.from_records({p: peer(p) for p in "abc"}, [])
     topo, _ = build_topology(snap, ["a", "b", "c"], CFG)
-    out = fill_idle(topo, ["a", "b", "c"], {"a": (0, 4), "b": (4, 8)})
+    out = replicate_idle(topo, ["a", "b", "c"], {"a": (0, 4), "b": (4, 8)})
     assert out["a"] == (0, 4) and out["b"] == (4, 8) and out["c"][1] - out["c"][0] == 4
 
 
