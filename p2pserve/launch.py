@@ -14,7 +14,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from p2pserve.client.connection import Hop
+from p2pserve.client.hop import Hop
 
 
 @dataclass

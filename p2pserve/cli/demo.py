@@ -131,7 +131,7 @@ async def _chat(model, boot: list[str], swarm_model: str, args) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Entry point of `p2pserve demo`."""
-    from p2pserve.client.chain import LocalModelInfo
+    from p2pserve.client.model_info import LocalModelInfo
     from p2pserve.errors import P2PServeError
 
     logdir = Path(tempfile.mkdtemp(prefix="p2pserve-demo-"))

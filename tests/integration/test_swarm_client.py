@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from p2pserve.client.api import AsyncClient
-from p2pserve.client.chain import LocalModelInfo
+from p2pserve.client.model_info import LocalModelInfo
 from p2pserve.config import ClientConfig
 from p2pserve.cli.common import write_local_swarm_file
 from p2pserve.dht.config import DHTConfig
@@ -135,8 +135,8 @@ def test_swarm_chat_follows_the_plan_and_survives_a_kill(swarm):
             async for _ in stream:
                 n += 1
                 if n == 5:
-                    if victim not in {h.peer_id for h in stream.session.route}:
-                        victim2 = next((h.peer_id for h in stream.session.route if covered(
+                    if victim not in {h.peer_id for h in stream.pipeline.route}:
+                        victim2 = next((h.peer_id for h in stream.pipeline.route if covered(
                             [s for p, s in spans.items() if p != h.peer_id], model.spec.num_layers)), None)
                         assert victim2 is not None
                         target = victim2
