@@ -33,6 +33,7 @@ from p2pserve.errors import (
     AllRoutesOverloadedError,
     BadRequestError,
     GenerationFailedError,
+    NoRouteError,
     OverloadedError,
     RangeMovedError,
     RoutingError,
@@ -136,7 +137,7 @@ def routes_exhausted(exc: RoutingError, failures: Sequence[FailureRecord], attem
     ``GenerationFailedError`` (503); both list every failed hop. (Before any failure the
     swarm simply has no route, and the ``RoutingError`` itself is what the caller gets.)
     """
-    cls = AllRoutesOverloadedError if getattr(exc, "overloaded", False) else GenerationFailedError
+    cls = AllRoutesOverloadedError if isinstance(exc, NoRouteError) and exc.overloaded else GenerationFailedError
     return cls(failure_message(failures, attempts, exc))
 
 

@@ -19,6 +19,7 @@ from p2pserve.errors import (
     ConfigError,
     GenerationFailedError,
     HTTPError,
+    NoRouteError,
     OverloadedError,
     P2PServeError,
     RoutingError,
@@ -39,7 +40,7 @@ def http_error_for(exc: BaseException) -> HTTPError:
         msg = exc.message if isinstance(exc, BadRequestError) else str(exc)
         return HTTPError(400, msg)
     if isinstance(exc, (AllRoutesOverloadedError, OverloadedError)) or (
-        isinstance(exc, RoutingError) and getattr(exc, "overloaded", False)
+        isinstance(exc, NoRouteError) and exc.overloaded
     ):
         return HTTPError(429, f"every route is overloaded, retry later: {exc}", "rate_limit_error", code="overloaded")
     if isinstance(exc, RoutingError):

@@ -18,7 +18,7 @@ from typing import Optional
 from p2pserve.client.hop import Hop
 from p2pserve.client.routing import Masks, RouteGraph, Router
 from p2pserve.clock import Clock, monotonic
-from p2pserve.errors import RoutingError
+from p2pserve.errors import NoRouteError, RoutingError
 from p2pserve.types import SINK, SOURCE
 
 log = logging.getLogger(__name__)
@@ -36,8 +36,8 @@ def graph_from_records(plan, peers: dict, num_layers: Optional[int]) -> Optional
 
     def still_serves(pid: str, span) -> bool:
         info = peers.get(pid)
-        serving = getattr(info, "serving", None)
-        return info is not None and serving is not None and serving[0] <= span[0] and span[1] <= serving[1]
+        serving = info.serving if info is not None else None
+        return serving is not None and serving[0] <= span[0] and span[1] <= serving[1]
 
     if plan is not None:
         g = RouteGraph.from_plan(plan, addrs)
@@ -125,7 +125,7 @@ class SwarmRoutes:
         try:
             return self._router.route(masks)
         except RoutingError as e:
-            if self._served_router is None or getattr(e, "overloaded", False):
+            if self._served_router is None or (isinstance(e, NoRouteError) and e.overloaded):
                 raise
             # The plan's routes need a peer that has since flipped to another range: route over
             # what peers serve now until the coordinator publishes flows over the new ranges.
