@@ -96,9 +96,16 @@ class DirectTransport:
         stream = await self.inner.open_stream(peer_id, maddrs, protocol, timeout_s)
         if protocol != SESSION_PROTOCOL:
             return stream
-        async with asyncio.timeout(timeout_s):
-            await write_frame(stream.writer, OpenDirect())
-            header, _ = await read_frame(stream.reader, self.limits)
+        try:
+            async with asyncio.timeout(timeout_s):
+                await write_frame(stream.writer, OpenDirect())
+                header, _ = await read_frame(stream.reader, self.limits)
+        except asyncio.IncompleteReadError:
+            stream.close()
+            raise ConnectionError(f"{peer_id} closed the stream") from None
+        except BaseException:
+            stream.close()  # a stream that failed its first exchange is of no use to the caller
+            raise
         try:
             offer = decode_reply(header)
         except WIRE_ERRORS as e:  # a peer speaking something else: keep to libp2p
