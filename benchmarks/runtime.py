@@ -51,11 +51,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from p2pserve.client.chain import LocalModelInfo, create_client_p2p, open_chain_session  # noqa: E402
 from p2pserve.client.connection import HopConnection  # noqa: E402
-from p2pserve.client.generation import GenerationParams, generate  # noqa: E402
+from p2pserve.client.generation import generate  # noqa: E402
+from p2pserve.client.model_info import LocalModelInfo  # noqa: E402
+from p2pserve.client.params import GenerationParams  # noqa: E402
+from p2pserve.client.pipeline import open_chain  # noqa: E402
 from p2pserve.config import ClientConfig  # noqa: E402
 from p2pserve.launch import start_peers  # noqa: E402
+from p2pserve.transport.libp2p import Libp2pTransport  # noqa: E402
+from p2pserve.transport.tcp import DirectTransport  # noqa: E402
 
 PROMPT = "Write a short paragraph about why peer-to-peer systems are useful."
 
@@ -66,6 +70,23 @@ def peak_rss_mb(pid: int) -> float:
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 1024
     return float("nan")
+
+
+async def create_client_p2p() -> Libp2pTransport:
+    """The client's libp2p node (``close()`` it); :func:`over` adds the direct path per config."""
+    return await Libp2pTransport.create()
+
+
+def over(p2p: Libp2pTransport, config: ClientConfig = ClientConfig()):
+    """The transport a client with ``config`` dials through: the direct TCP path unless disabled."""
+    return DirectTransport(p2p, config.frame_limits, config.direct_connect_timeout_s) if config.direct else p2p
+
+
+async def open_chain_session(p2p, hops, model, max_length, params, config: ClientConfig = ClientConfig()):
+    """An opened pipeline over the explicit chain ``hops``."""
+    spec = model.spec
+    return await open_chain(over(p2p, config), hops, spec.model_id, spec.num_layers, max_length, params.validate(),
+                            config)
 
 
 def baseline_generate(model: LocalModelInfo, ids: list[int], n: int, threads: int) -> float:
@@ -127,7 +148,7 @@ async def aggregate_rate(p2p, hops, model, ids, n, sessions) -> float:
 
 async def frame_rtt_ms(p2p, hop, rounds=200, direct: bool = True) -> float:
     """Median round trip of a small control frame between the client and a peer."""
-    conn = HopConnection(p2p, hop, ClientConfig().frame_limits, 10, direct=direct)
+    conn = HopConnection(over(p2p, ClientConfig(direct=direct)), hop, ClientConfig().frame_limits, 10)
     await conn.stats()
     samples = []
     for _ in range(rounds):
@@ -142,7 +163,7 @@ async def peer_timing(p2p, hops) -> list[tuple[float, float]]:
     """(service_ms, compute_ms) each hop's peer reports for its recent Forwards."""
     out = []
     for hop in hops:
-        conn = HopConnection(p2p, hop, ClientConfig().frame_limits, 10)
+        conn = HopConnection(over(p2p), hop, ClientConfig().frame_limits, 10)
         try:
             st = await conn.stats()
             out.append((st.service_ms, st.compute_ms))
@@ -158,7 +179,7 @@ async def hop_overhead(tiny_path: str, rounds: int = 5) -> dict:
     alternating rounds so that both see the same machine load; each figure is the median of
     the rounds.
     """
-    from p2pserve.client.connection import Hop
+    from p2pserve.client.hop import Hop
 
     model = LocalModelInfo.load(tiny_path)
     ids = model.chat_ids([{"role": "user", "content": "Hello! How are you today?"}])
@@ -185,7 +206,7 @@ async def hop_overhead(tiny_path: str, rounds: int = 5) -> dict:
                     if name == "direct":
                         timing[1].append(await peer_timing(p2p, one))
         finally:
-            await p2p.shutdown()
+            await p2p.close()
     finally:
         for p in peers:
             p.stop()
@@ -255,7 +276,7 @@ def hot_dispatch_ms(tiny_path: str, rounds: int = 1500) -> dict:
     from p2pserve.peer.sessions import SessionTable
     from p2pserve.peer.worker import ComputeWorker
     from p2pserve.protocol import PROTOCOL_VERSION, Forward, OpenSession, SamplingParams, encode_frame
-    from p2pserve.transport import tensor_to_wire
+    from p2pserve.transport.frames import tensor_to_wire
 
     torch.set_num_threads(1)
     spec = load_spec(tiny_path)
@@ -320,7 +341,7 @@ async def measure(args, model, ids, peers3, full) -> dict:
         sixteen = await aggregate_rate(p2p, hops3, model, ids, args.tokens, 16)
         return dict(rate3=rate3, ms3=ms3, rate1=rate1, ms1=ms1, rtt=rtt, rtt_libp2p=rtt_libp2p, agg1=one, agg16=sixteen)
     finally:
-        await p2p.shutdown()
+        await p2p.close()
 
 
 def tiny_figures(tiny: dict, cold: dict, hot: dict) -> dict:
@@ -495,7 +516,7 @@ async def llama3_measure(args, model, ids, two, one, reps: int = 3) -> dict:
         out["aggN"] = await aggregate_rate(p2p, chains["two_peers"], model, ids, args.tokens, args.sessions)
         return out
     finally:
-        await p2p.shutdown()
+        await p2p.close()
 
 
 def run_llama3(args) -> dict:
@@ -503,7 +524,6 @@ def run_llama3(args) -> dict:
     import gc
     import platform
 
-    from p2pserve.client.chain import LocalModelInfo
     from p2pserve.model.default import cache_dir
     from p2pserve.model.spec import load_spec
 
@@ -613,7 +633,7 @@ def run_hop(args) -> dict:
         try:
             return await frame_rtt_ms(p2p, peer.hop()), await frame_rtt_ms(p2p, peer.hop(), direct=False)
         finally:
-            await p2p.shutdown()
+            await p2p.close()
 
     (peer,) = start_peers(tiny_path, [None])
     try:

@@ -3,7 +3,7 @@
 Every figure is measured in this one run, on loopback:
 
 * aggregate decode tokens/s of 16 concurrent clients (each its own IWRR seed, each with its own
-  FailoverSession) across 4 peers — two replicas of each half of the model — against the same
+  failover Pipeline) across 4 peers — two replicas of each half of the model — against the same
   16 clients on one peer that holds the whole model;
 * time to first token (median over those requests, prompt prefill included);
 * the time a failover adds: one greedy request whose route loses a peer (SIGKILL) mid-way; the
@@ -26,46 +26,44 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from p2pserve.client.chain import LocalModelInfo, create_client_p2p  # noqa: E402
-from p2pserve.client.failover import (  # noqa: E402
-    FailoverSession,
-    FailoverState,
-    PeerListRoutes,
-    chain_session_factory,
-)
-from p2pserve.client.generation import GenerationParams, GenerationResult, stream_generate  # noqa: E402
+from p2pserve.client.failover import FailoverState  # noqa: E402
+from p2pserve.client.generation import Generation  # noqa: E402
+from p2pserve.client.model_info import LocalModelInfo  # noqa: E402
+from p2pserve.client.node import client_transport  # noqa: E402
+from p2pserve.client.params import GenerationParams  # noqa: E402
+from p2pserve.client.pipeline import Pipeline  # noqa: E402
+from p2pserve.client.route_providers import PeerListRoutes  # noqa: E402
 from p2pserve.config import ClientConfig  # noqa: E402
 from p2pserve.launch import start_peers  # noqa: E402
-from p2pserve.protocol import SamplingParams  # noqa: E402
 
 PROMPTS = [f"Request {i}: explain in a few sentences why sharing GPUs between volunteers helps." for i in range(64)]
 
 
 async def run_clients(model: LocalModelInfo, peers, n_clients: int, tokens: int, config: ClientConfig) -> dict:
     """16 clients at once, each with its own routing seed; returns throughput and TTFTs."""
-    p2p = await create_client_p2p()
+    transport = await client_transport(config)
     spec = model.spec
     params = GenerationParams(max_new_tokens=tokens, ignore_eos=True)
-    known = [(p.peer_id, *p.layers, p.maddrs) for p in peers]
+    known = [p.hop() for p in peers]
     routes_used: dict[tuple, int] = {}
 
     async def one(i: int):
         ids = model.chat_ids([{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}])
         routes = PeerListRoutes(spec.num_layers, known, seed=1000 + i)  # a distinct client
-        factory = chain_session_factory(p2p, spec.model_id, spec.num_layers, len(ids) + tokens, SamplingParams(), config)
-        session = FailoverSession(routes, factory, len(ids) + tokens, config, FailoverState(config))
+        pipeline = Pipeline(transport, routes, spec.model_id, spec.num_layers, len(ids) + tokens, params.validate(),
+                            config, FailoverState(config))
         t0 = time.perf_counter()
         first = None
-        result = GenerationResult()
+        gen = Generation(pipeline, ids, params, model.eos_ids)
         try:
-            async for _ in stream_generate(session, ids, params, model.eos_ids, None, result):
+            async for _ in gen:
                 if first is None:
                     first = time.perf_counter() - t0
         finally:
-            await session.close()
-        key = tuple(h.peer_id[-6:] + f"[{h.start}:{h.end})" for h in session.route)
+            await pipeline.close()
+        key = tuple(h.peer_id[-6:] + f"[{h.start}:{h.end})" for h in pipeline.route)
         routes_used[key] = routes_used.get(key, 0) + 1
-        return first, len(result.tokens), time.perf_counter() - t0
+        return first, len(gen.result.tokens), time.perf_counter() - t0
 
     try:
         # one warm-up request so that first-connection costs are not in the figures
@@ -75,7 +73,7 @@ async def run_clients(model: LocalModelInfo, peers, n_clients: int, tokens: int,
         outs = await asyncio.gather(*(one(i) for i in range(n_clients)))
         wall = time.perf_counter() - t0
     finally:
-        await p2p.shutdown()
+        await transport.close()
     ttfts = [o[0] for o in outs]
     return {
         "clients": n_clients,
@@ -90,28 +88,29 @@ async def run_clients(model: LocalModelInfo, peers, n_clients: int, tokens: int,
 
 async def failover_run(model: LocalModelInfo, peers, tokens: int, kill_after: int | None, config: ClientConfig) -> dict:
     """One greedy request; optionally SIGKILL the last hop's peer after ``kill_after`` tokens."""
-    p2p = await create_client_p2p()
+    transport = await client_transport(config)
     spec = model.spec
     by_id = {p.peer_id: p for p in peers}
     ids = model.chat_ids([{"role": "user", "content": PROMPTS[0]}])
     params = GenerationParams(max_new_tokens=tokens, ignore_eos=True)
-    routes = PeerListRoutes(spec.num_layers, [(p.peer_id, *p.layers, p.maddrs) for p in peers], seed=7)
-    factory = chain_session_factory(p2p, spec.model_id, spec.num_layers, len(ids) + tokens, SamplingParams(), config)
-    session = FailoverSession(routes, factory, len(ids) + tokens, config, FailoverState(config))
+    routes = PeerListRoutes(spec.num_layers, [p.hop() for p in peers], seed=7)
+    pipeline = Pipeline(transport, routes, spec.model_id, spec.num_layers, len(ids) + tokens, params.validate(),
+                        config, FailoverState(config))
     stamps = [time.perf_counter()]
-    result = GenerationResult()
+    gen = Generation(pipeline, ids, params, model.eos_ids)
+    result = gen.result
     try:
-        async for _ in stream_generate(session, ids, params, model.eos_ids, None, result):
+        async for _ in gen:
             stamps.append(time.perf_counter())
             if kill_after is not None and len(result.tokens) == kill_after:
-                victim = by_id[session.route[-1].peer_id]
+                victim = by_id[pipeline.route[-1].peer_id]
                 await asyncio.to_thread(victim.kill)
                 stamps[-1] = time.perf_counter()  # do not count the kill itself
     finally:
-        await session.close()
-        await p2p.shutdown()
+        await pipeline.close()
+        await transport.close()
     gaps = [b - a for a, b in zip(stamps[1:], stamps[2:])]
-    out = {"tokens": result.tokens, "failures": [str(f) for f in session.failures],
+    out = {"tokens": result.tokens, "failures": [str(f) for f in pipeline.failures],
            "median_gap_s": statistics.median(gaps)}
     if kill_after is not None:
         gap = gaps[kill_after - 1]  # from token kill_after to the next one

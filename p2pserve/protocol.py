@@ -11,7 +11,7 @@ Peer -> client: ``SessionOpened``, ``ForwardResult``, ``SessionClosed``, ``PeerS
 ``DirectOffer``, ``DirectAttached``, ``ErrorReply``.
 
 The same frames travel on a libp2p stream or, after ``OpenDirect``/``AttachDirect``, on a plain
-TCP connection to the peer (the direct path; see ``p2pserve/peer/direct.py``).
+TCP connection to the peer (the direct path; see ``p2pserve/transport/tcp.py``).
 """
 
 from __future__ import annotations

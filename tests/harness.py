@@ -1,25 +1,46 @@
-"""Test helpers: real peer processes (from ``p2pserve.launch``) and the single-process oracle."""
+"""Test helpers: real peer processes (from ``p2pserve.launch``), a client transport per test, and
+the single-process oracle."""
 
 from __future__ import annotations
+
+from contextlib import asynccontextmanager
 
 from p2pserve.launch import PeerProcess, start_peers  # noqa: F401 - re-exported for tests
 
 
-async def run_chain(model, hops, prompt_ids, params, max_length: int = 256, config=None) -> list[int]:
-    """Generate through an explicit chain of hops with a fresh client node; returns the tokens."""
-    from p2pserve.client.chain import create_client_p2p, open_chain_session
-    from p2pserve.client.generation import generate
+@asynccontextmanager
+async def client_node(config=None):
+    """A client transport (its own libp2p node, the direct path per ``config``), closed on exit."""
+    from p2pserve.client.node import client_transport
     from p2pserve.config import ClientConfig
 
-    p2p = await create_client_p2p()
+    transport = await client_transport(config or ClientConfig())
     try:
-        session = await open_chain_session(p2p, hops, model, max_length, params, config or ClientConfig())
-        try:
-            return (await generate(session, prompt_ids, params, model.eos_ids)).tokens
-        finally:
-            await session.close()
+        yield transport
     finally:
-        await p2p.shutdown()
+        await transport.close()
+
+
+async def open_chain_pipeline(transport, hops, model, max_length, params, config=None):
+    """An opened pipeline over the explicit chain ``hops`` with sampling taken from ``params``."""
+    from p2pserve.client.pipeline import open_chain
+    from p2pserve.config import ClientConfig
+
+    spec = model.spec
+    return await open_chain(transport, hops, spec.model_id, spec.num_layers, max_length, params.validate(),
+                            config or ClientConfig())
+
+
+async def run_chain(model, hops, prompt_ids, params, max_length: int = 256, config=None) -> list[int]:
+    """Generate through an explicit chain of hops with a fresh client node; returns the tokens."""
+    from p2pserve.client.generation import generate
+
+    async with client_node(config) as transport:
+        pipeline = await open_chain_pipeline(transport, hops, model, max_length, params, config)
+        try:
+            return (await generate(pipeline, prompt_ids, params, model.eos_ids)).tokens
+        finally:
+            await pipeline.close()
 
 
 def reference_generate(model_path: str, prompt_ids: list[int], max_new_tokens: int) -> list[int]:

@@ -54,7 +54,7 @@ def apply_swarm_file(args: argparse.Namespace) -> None:
 
 
 def client_from_args(args: argparse.Namespace):
-    """An (unstarted) ``AsyncClient`` from the flags of :func:`add_client_arguments`."""
+    """An (unstarted) ``AsyncClient`` from the flags of :func:`add_client_arguments` and ``--config``."""
     from p2pserve.client.api import AsyncClient
     from p2pserve.errors import ConfigError
 
@@ -63,22 +63,14 @@ def client_from_args(args: argparse.Namespace):
         raise ConfigError("give --initial-peers or --config (a swarm), or --peers (fixed peers)")
     config = ClientConfig(hop_timeout_s=args.hop_timeout, max_retries=args.max_retries)
     return AsyncClient(initial_peers=tuple(args.initial_peers or ()), model=args.model, peers=args.peers or None,
-                       config=config, swarm_model=args.swarm_model, seed=args.seed, max_length=args.max_length)
+                       config=config, swarm_model=args.swarm_model, swarm_id=args.swarm_id,
+                       trusted_coordinators=tuple(args.trusted_coordinator or ()), seed=args.seed,
+                       max_length=args.max_length)
 
 
 async def start_client(args: argparse.Namespace):
-    """Build and start the client (joining the swarm with the swarm flags when not fixed peers)."""
-    client = client_from_args(args)
-    if client.peers is None:
-        from p2pserve.client.chain import LocalModelInfo
-        from p2pserve.dht.config import DHTConfig
-
-        client.info = await asyncio.to_thread(LocalModelInfo.load, args.model)
-        client.dht_config = DHTConfig(
-            model=args.swarm_model or client.info.spec.model_id, initial_peers=tuple(args.initial_peers),
-            client_mode=True, swarm_id=args.swarm_id, trusted_coordinators=tuple(args.trusted_coordinator or ()),
-        )
-    return await client.start()
+    """Build and start the client (it loads the model and joins the swarm or dials the peers)."""
+    return await client_from_args(args).start()
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

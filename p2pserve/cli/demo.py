@@ -13,13 +13,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
-import os
-import signal
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from p2pserve.launch import Children
+from p2pserve.types import SINK, SOURCE
 
 DEFAULT_PROMPT = "What is the capital of France? Answer in one sentence."
 TIMING = dict(peer_refresh=1.0, candidate_refresh=1.0, plan_refresh=3.0, link_refresh=10.0, max_clock_skew=2.0)
@@ -36,48 +36,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--threads", type=int, default=1, help="torch threads per peer")
     p.add_argument("--timeout", type=float, default=300.0, help="give up if the swarm is not ready by then (s)")
-
-
-class Children:
-    """Subprocesses in their own process groups, all killed by ``stop_all``."""
-
-    def __init__(self, logdir: Path):
-        self.logdir = logdir
-        self.procs: dict[str, subprocess.Popen] = {}
-
-    def start(self, name: str, *args: str, threads: int = 1) -> None:
-        env = dict(os.environ, OMP_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false")
-        with open(self.logdir / f"{name}.log", "wb") as log:
-            self.procs[name] = subprocess.Popen(
-                [sys.executable, "-m", "p2pserve.cli", *args], stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True, env=env,
-            )
-
-    def check(self) -> None:
-        """Raise if a child died, showing the end of its log."""
-        for name, p in self.procs.items():
-            if p.poll() is not None:
-                tail = (self.logdir / f"{name}.log").read_text(errors="replace")[-2000:]
-                raise RuntimeError(f"{name} exited with code {p.returncode}:\n{tail}")
-
-    def stop_all(self) -> None:
-        for p in self.procs.values():
-            if p.poll() is None:
-                try:
-                    os.killpg(p.pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
-        deadline = time.monotonic() + 10
-        for p in self.procs.values():
-            try:
-                p.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-            try:
-                os.killpg(p.pid, signal.SIGKILL)  # the group: DHT child and libp2p daemon too
-            except ProcessLookupError:
-                pass
-            p.wait()
 
 
 def _wait(check, children: Children, what: str, timeout: float):
@@ -109,7 +67,7 @@ def _print_plan(plan, short) -> None:
 
 async def _chat(model, boot: list[str], swarm_model: str, args) -> None:
     from p2pserve.client.api import AsyncClient
-    from p2pserve.dht.config import DHTConfig
+    from p2pserve.config import DHTConfig
 
     cfg = DHTConfig(model=swarm_model, swarm_id=SWARM_ID, initial_peers=tuple(boot), host_maddrs=(LOOPBACK,),
                     client_mode=True, **TIMING)
@@ -129,47 +87,44 @@ async def _chat(model, boot: list[str], swarm_model: str, args) -> None:
         await client.close()
 
 
-def run(args: argparse.Namespace) -> int:
-    """Entry point of `p2pserve demo`."""
-    from p2pserve.client.chain import LocalModelInfo
-    from p2pserve.errors import P2PServeError
+def _start_bootstrap(children: Children) -> list[str]:
+    """Start the bootstrap node; its multiaddrs once it listens."""
+    print("[2/5] starting the bootstrap node...", end="", flush=True)
+    maddrs_file = children.logdir / "bootstrap.maddrs"
+    children.start("bootstrap", "bootstrap", "--host-maddrs", LOOPBACK, "--maddrs-file", str(maddrs_file),
+                   "--log-level", "WARNING")
+    _wait(maddrs_file.exists, children, "bootstrap node", 60)
+    return maddrs_file.read_text().split()
 
-    logdir = Path(tempfile.mkdtemp(prefix="p2pserve-demo-"))
-    children = Children(logdir)
-    observer = None
+
+def _start_swarm(children: Children, model, boot: list[str], args) -> int:
+    """Write the swarm file, start a coordinator and the peers; returns the number of peers."""
+    from p2pserve.cli.common import write_local_swarm_file
+
+    spec = model.spec
+    n = max(1, args.peers)
+    # Each peer may hold a bit more than its share, so the plan must chain every peer.
+    max_layers = min(spec.num_layers, math.ceil(spec.num_layers / n) + (1 if n > 1 else 0))
+    cfg_path = children.logdir / "swarm.json"
+    write_local_swarm_file(cfg_path, spec, boot, SWARM_ID, LOOPBACK, TIMING, solve_time_limit=2.0)
+    print(f"[3/5] starting a coordinator and {n} peers (at most {max_layers} of {spec.num_layers} layers each);"
+          f" they profile themselves and wait for the plan", end="", flush=True)
+    children.start("coordinator", "coordinator", "--config", str(cfg_path), "--log-level", "WARNING")
+    for i in range(n):
+        children.start(f"peer{i + 1}", "peer", "--model", model.path, "--config", str(cfg_path),
+                       "--max-layers", str(max_layers), "--num-threads", str(args.threads),
+                       "--log-level", "WARNING", threads=args.threads)
+    return n
+
+
+def _await_plan(children: Children, spec, boot: list[str], n: int, timeout: float):
+    """Watch the swarm until the plan's loaded ranges cover every layer; returns that plan."""
+    from p2pserve.config import DHTConfig
+    from p2pserve.dht.swarm import Swarm
+
+    observer = Swarm.create(DHTConfig(model=spec.model_id, swarm_id=SWARM_ID, initial_peers=tuple(boot),
+                                      host_maddrs=(LOOPBACK,), client_mode=True, **TIMING))
     try:
-        print(f"logs: {logdir}", flush=True)
-        print("[1/5] preparing the model (the first run converts the embedded SmolLM2 GGUF, ~30 s)...", flush=True)
-        model = LocalModelInfo.load(args.model)
-        spec = model.spec
-        n = max(1, args.peers)
-        # Each peer may hold a bit more than its share, so the plan must chain every peer.
-        max_layers = min(spec.num_layers, math.ceil(spec.num_layers / n) + (1 if n > 1 else 0))
-
-        print("[2/5] starting the bootstrap node...", end="", flush=True)
-        maddrs_file = logdir / "bootstrap.maddrs"
-        children.start("bootstrap", "bootstrap", "--host-maddrs", LOOPBACK, "--maddrs-file", str(maddrs_file),
-                       "--log-level", "WARNING")
-        _wait(maddrs_file.exists, children, "bootstrap node", 60)
-        boot = maddrs_file.read_text().split()
-        from p2pserve.cli.common import write_local_swarm_file
-
-        cfg_path = logdir / "swarm.json"
-        write_local_swarm_file(cfg_path, spec, boot, SWARM_ID, LOOPBACK, TIMING, solve_time_limit=2.0)
-
-        print(f"[3/5] starting a coordinator and {n} peers (at most {max_layers} of {spec.num_layers} layers each);"
-              f" they profile themselves and wait for the plan", end="", flush=True)
-        children.start("coordinator", "coordinator", "--config", str(cfg_path), "--log-level", "WARNING")
-        for i in range(n):
-            children.start(f"peer{i + 1}", "peer", "--model", model.path, "--config", str(cfg_path),
-                           "--max-layers", str(max_layers), "--num-threads", str(args.threads),
-                           "--log-level", "WARNING", threads=args.threads)
-        from p2pserve.dht.config import DHTConfig
-        from p2pserve.dht.swarm import Swarm
-
-        observer = Swarm.create(DHTConfig(model=spec.model_id, swarm_id=SWARM_ID, initial_peers=tuple(boot),
-                                          host_maddrs=(LOOPBACK,), client_mode=True, **TIMING))
-
         def ready_plan():
             plan = asyncio.run(observer.get_plan())
             if plan is None:
@@ -178,13 +133,27 @@ def run(args: argparse.Namespace) -> int:
             return plan if cover and min(cover) > 0 and len(plan.plan.spans) >= min(n, 2) else None
 
         print("\n[4/5] waiting for a plan whose ranges are loaded and cover every layer", end="", flush=True)
-        plan = _wait(ready_plan, children, "the plan", args.timeout)
-        _print_plan(plan, lambda pid: pid if pid in ("source", "sink") else pid[-6:])
+        return _wait(ready_plan, children, "the plan", timeout)
+    finally:
         observer.shutdown()
-        observer = None
 
+
+def run(args: argparse.Namespace) -> int:
+    """Entry point of `p2pserve demo`."""
+    from p2pserve.client.model_info import LocalModelInfo
+    from p2pserve.errors import P2PServeError
+
+    children = Children(Path(tempfile.mkdtemp(prefix="p2pserve-demo-")))
+    try:
+        print(f"logs: {children.logdir}", flush=True)
+        print("[1/5] preparing the model (the first run converts the embedded SmolLM2 GGUF, ~30 s)...", flush=True)
+        model = LocalModelInfo.load(args.model)
+        boot = _start_bootstrap(children)
+        n = _start_swarm(children, model, boot, args)
+        plan = _await_plan(children, model.spec, boot, n, args.timeout)
+        _print_plan(plan, lambda pid: pid if pid in (SOURCE, SINK) else pid[-6:])
         print("[5/5] chatting through the swarm", flush=True)
-        asyncio.run(_chat(model, boot, spec.model_id, args))
+        asyncio.run(_chat(model, boot, model.spec.model_id, args))
         return 0
     except KeyboardInterrupt:
         print("\ninterrupted; stopping the swarm", file=sys.stderr)
@@ -193,7 +162,5 @@ def run(args: argparse.Namespace) -> int:
         print(f"\np2pserve demo: error: {e}", file=sys.stderr)
         return 2
     finally:
-        if observer is not None:
-            observer.shutdown()
         children.stop_all()
         print("all demo processes stopped", flush=True)

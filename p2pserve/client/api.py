@@ -13,13 +13,15 @@
     # a fixed set of peers, no control plane: (multiaddr with /p2p/<id>, start, end) each
     client = p2pserve.Client(peers=[("/ip4/127.0.0.1/tcp/4001/p2p/Qm...", 0, 30)])
 
-Every request gets its own pipeline (IWRR over the plan's flows, or over the known peers) and
-survives peer failures (``FailoverSession``): bans, re-routes and replays as needed. Bans are
-shared by all requests of one client, so a dead peer is avoided once, not once per request.
+Every request gets its own :class:`~p2pserve.client.pipeline.Pipeline` (IWRR over the plan's
+flows, or over the known peers) that survives peer failures: it bans, re-routes and replays as
+needed. Bans are shared by all requests of one client, so a dead peer is avoided once, not once
+per request.
 
-``chat``/``generate`` return a :class:`Reply`: the reply text (a ``str``) that also carries the
-tokens, the finish reason, the route(s) taken and timings. The streaming variants yield text
-pieces as they become final (incomplete UTF-8 and possible stop-string prefixes held back).
+``chat``/``generate`` return a :class:`~p2pserve.client.reply.Reply`: the reply text (a ``str``)
+that also carries the tokens, the finish reason, the route(s) taken and timings. The streaming
+variants yield text pieces as they become final (incomplete UTF-8 and possible stop-string
+prefixes held back).
 """
 
 from __future__ import annotations
@@ -27,80 +29,22 @@ from __future__ import annotations
 import asyncio
 import random
 import threading
-import time
-from dataclasses import dataclass
-from typing import AsyncIterator, Iterator, Optional, Sequence, Union
+from typing import Iterator, Optional, Sequence
 
-from p2pserve.client.connection import Hop
-from p2pserve.client.failover import FailoverSession, FailoverState, PeerListRoutes, chain_session_factory
-from p2pserve.client.generation import GenerationParams, GenerationResult, stream_generate
+from p2pserve.client.failover import FailoverState
+from p2pserve.client.generation import Generation
+from p2pserve.client.hop import PeerEntry, parse_peer
+from p2pserve.client.model_info import LocalModelInfo
+from p2pserve.client.node import client_transport
+from p2pserve.client.params import GenerationParams
+from p2pserve.client.pipeline import Pipeline
+from p2pserve.client.reply import Reply, ReplyStream
+from p2pserve.client.route_providers import PeerListRoutes, RouteProvider
 from p2pserve.config import ClientConfig
 from p2pserve.errors import BadRequestError, ConfigError
-from p2pserve.protocol import SamplingParams
+from p2pserve.transport import Transport
 
-PeerEntry = Union[str, tuple[str, int, int]]
-
-
-class Reply(str):
-    """The reply text, with what produced it.
-
-    Attributes: ``tokens`` (generated ids), ``finish_reason`` ("stop" or "length"),
-    ``prompt_tokens``, ``route`` (the hops of the last route used), ``routes`` (every route, more
-    than one after a failover), ``failures`` (failed hops, as text), ``elapsed_s`` and
-    ``first_token_s`` (seconds from the request to the first token).
-    """
-
-    tokens: list[int]
-    finish_reason: str
-    prompt_tokens: int
-    route: list[Hop]
-    routes: list[list[Hop]]
-    failures: list[str]
-    elapsed_s: float
-    first_token_s: Optional[float]
-
-    @property
-    def text(self) -> str:
-        """The reply as a plain ``str``."""
-        return str.__str__(self)
-
-    @property
-    def tokens_per_s(self) -> float:
-        """Generated tokens per second over the whole request."""
-        return len(self.tokens) / self.elapsed_s if self.elapsed_s > 0 else 0.0
-
-    def route_text(self) -> str:
-        """The route as 'peer[a:b) -> peer[b:c)' (last route; earlier ones after ' | ')."""
-        return " | ".join(" -> ".join(str(h) for h in r) for r in self.routes) or "(none)"
-
-
-def parse_peer(entry: PeerEntry) -> tuple[str, int, int, tuple[str, ...]]:
-    """``(peer_id, start, end, maddrs)`` from ``(maddr, start, end)`` or ``'MADDR@START:END'``."""
-    if isinstance(entry, str):
-        maddr, sep, span = entry.rpartition("@")
-        if not sep or ":" not in span:
-            raise ConfigError(f"peer {entry!r}: expected MULTIADDR@START:END")
-        start, end = span.split(":", 1)
-    else:
-        maddr, start, end = entry
-    if "/p2p/" not in maddr:
-        raise ConfigError(f"peer address {maddr!r} must end with /p2p/<peer id>")
-    try:
-        start, end = int(start), int(end)
-    except ValueError:
-        raise ConfigError(f"peer {entry!r}: layer range must be integers") from None
-    if not 0 <= start < end:
-        raise ConfigError(f"peer {entry!r}: invalid layer range [{start}, {end})")
-    return maddr.rsplit("/p2p/", 1)[1], start, end, (maddr,)
-
-
-@dataclass
-class _Request:
-    """One request's inputs, validated."""
-
-    prompt_ids: list[int]
-    params: GenerationParams
-    max_length: int
+__all__ = ["AsyncClient", "Client", "Reply", "ReplyStream", "SyncReplyStream"]
 
 
 class AsyncClient:
@@ -108,9 +52,12 @@ class AsyncClient:
 
     Give ``initial_peers`` (DHT multiaddrs) to discover peers and the plan through the control
     plane, or ``peers`` for a fixed set. ``model`` is the local checkpoint (tokenizer + shapes;
-    ``None`` = the embedded default). ``swarm_model`` is the model name used for DHT keys
-    (defaults to the checkpoint's ``model_id``). ``seed`` decorrelates this client's IWRR cycles
-    from other clients' (random by default; pass one for reproducible routes).
+    ``None`` = the embedded default), loaded by :meth:`start` unless ``model_info`` is given.
+    ``swarm_model`` is the model name used for DHT keys (defaults to the checkpoint's
+    ``model_id``); ``swarm_id`` and ``trusted_coordinators`` complete the swarm membership, or
+    ``dht_config`` gives all of it. ``seed`` decorrelates this client's IWRR cycles from other
+    clients' (random by default; pass one for reproducible routes). ``transport`` is used as
+    given instead of a libp2p node of the client's own (tests pass an in-memory one).
     """
 
     def __init__(
@@ -121,10 +68,13 @@ class AsyncClient:
         peers: Optional[Sequence[PeerEntry]] = None,
         config: ClientConfig = ClientConfig(),
         swarm_model: Optional[str] = None,
+        swarm_id: Optional[str] = None,
+        trusted_coordinators: Sequence[str] = (),
         dht_config=None,
         seed: Optional[int] = None,
         max_length: int = 4096,
-        model_info=None,
+        model_info: Optional[LocalModelInfo] = None,
+        transport: Optional[Transport] = None,
     ):
         if not initial_peers and not peers and dht_config is None:
             raise ConfigError("give initial_peers (a swarm) or peers (a fixed set of peers)")
@@ -133,15 +83,18 @@ class AsyncClient:
         self.peers = [parse_peer(p) for p in peers] if peers else None
         self.config = config
         self.swarm_model = swarm_model
+        self.swarm_id = swarm_id
+        self.trusted_coordinators = tuple(trusted_coordinators)
         self.dht_config = dht_config
         self.seed = seed if seed is not None else random.SystemRandom().getrandbits(63)
         self.max_length = max_length
         self.info = model_info
         self.failover = FailoverState(config)
-        self._p2p = None
+        self.swarm_routes = None  # a SwarmRoutes in swarm mode, once started
+        self._given_transport = transport
+        self._transport: Optional[Transport] = None
         self._swarm = None
         self._peer_routes: Optional[PeerListRoutes] = None
-        self.swarm_routes = None
         self._started = False
 
     # ----------------------------------------------------------------------------- lifecycle
@@ -151,37 +104,43 @@ class AsyncClient:
         if self._started:
             return self
         if self.info is None:
-            from p2pserve.client.chain import LocalModelInfo
-
             self.info = await asyncio.to_thread(LocalModelInfo.load, self.model)
         spec = self.info.spec
         self.max_length = min(self.max_length, spec.max_position_embeddings or self.max_length)
         if self.peers is not None:
-            from p2pserve.client.chain import create_client_p2p
-
-            self._p2p = await create_client_p2p()
             self._peer_routes = PeerListRoutes(spec.num_layers, self.peers, seed=self.seed)
+            self._transport = self._given_transport or await client_transport(self.config)
         else:
-            from p2pserve.client.swarm_routes import SwarmRoutes
-            from p2pserve.dht.config import DHTConfig
-            from p2pserve.dht.swarm import Swarm
-
-            cfg = self.dht_config or DHTConfig(
-                model=self.swarm_model or spec.model_id, initial_peers=self.initial_peers, client_mode=True
-            )
-            self._swarm = await asyncio.to_thread(Swarm.create, cfg)
-            self._p2p = await self._swarm.dht.replicate_p2p()
-            self.swarm_routes = SwarmRoutes(self._swarm, seed=self.seed, num_layers=spec.num_layers)
+            await self._join_swarm()
         self._started = True
         return self
 
+    async def _join_swarm(self) -> None:
+        """Start a client DHT node, read routes through it and dial peers through its libp2p node."""
+        from p2pserve.client.swarm_routes import SwarmRoutes
+        from p2pserve.config import DHTConfig
+        from p2pserve.dht.swarm import Swarm
+
+        spec = self.info.spec
+        cfg = self.dht_config
+        if cfg is None:
+            membership = {"swarm_id": self.swarm_id} if self.swarm_id else {}
+            cfg = DHTConfig(model=self.swarm_model or spec.model_id, initial_peers=self.initial_peers,
+                            client_mode=True, trusted_coordinators=self.trusted_coordinators, **membership)
+        self._swarm = await asyncio.to_thread(Swarm.create, cfg)
+        if self._given_transport is not None:
+            self._transport = self._given_transport
+        else:
+            self._transport = await client_transport(self.config, await self._swarm.dht.replicate_p2p())
+        self.swarm_routes = SwarmRoutes(self._swarm, seed=self.seed, num_layers=spec.num_layers)
+
     async def close(self) -> None:
-        """Leave the network."""
-        if self._p2p is not None and self._swarm is None:
-            await self._p2p.shutdown()
+        """Leave the network (a transport given to the constructor stays open: it is the caller's)."""
+        if self._transport is not None and self._transport is not self._given_transport:
+            await self._transport.close()
         if self._swarm is not None:
             await asyncio.to_thread(self._swarm.shutdown)
-        self._p2p = self._swarm = None
+        self._transport = self._swarm = None
         self._started = False
 
     async def __aenter__(self) -> "AsyncClient":
@@ -224,142 +183,76 @@ class AsyncClient:
             return list(prompt)
         raise BadRequestError("prompt must be a non-empty string or a non-empty list of token ids")
 
-    def _request(self, prompt_ids, max_new_tokens, temperature, top_p, top_k, seed, stop, ignore_eos) -> _Request:
-        if stop is None:
-            stop = ()
-        elif isinstance(stop, str):
-            stop = (stop,)
-        if not all(isinstance(s, str) and s for s in stop):
-            raise BadRequestError("stop must be a string or a list of non-empty strings")
-        if seed is None:
-            # unseeded sampling still needs a fixed seed per request, so that replay is exact
-            seed = random.SystemRandom().getrandbits(62) if temperature > 0 else 0
-        if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool):
-            raise BadRequestError("max_new_tokens must be an integer")
-        params = GenerationParams(max_new_tokens=max_new_tokens, temperature=float(temperature), top_p=float(top_p),
-                                  top_k=int(top_k), seed=int(seed), stop=tuple(stop), ignore_eos=ignore_eos)
-        params.validate()
+    def generation(self, prompt_ids: list[int], params: GenerationParams) -> Generation:
+        """A generation after ``prompt_ids`` on a new pipeline (validated: bad input raises here).
+
+        The caller closes ``generation.pipeline`` when done (a :class:`ReplyStream` does).
+        """
+        sampling = params.validate()
         if len(prompt_ids) >= self.max_length:
             raise BadRequestError(
                 f"the prompt has {len(prompt_ids)} tokens; this client allows at most {self.max_length - 1} "
                 f"(max context {self.max_length})"
             )
-        # the session holds the prompt and every generated token but the last
-        max_length = min(self.max_length, len(prompt_ids) + max_new_tokens)
-        return _Request(prompt_ids, params, max_length)
-
-    def _session(self, req: _Request) -> FailoverSession:
         if not self._started:
             raise ConfigError("the client is not started: use 'async with AsyncClient(...)' or await start()")
+        # the pipeline holds the prompt and every generated token but the last
+        max_length = min(self.max_length, len(prompt_ids) + params.max_new_tokens)
         spec = self.info.spec
-        p = req.params
-        sampling = SamplingParams(temperature=p.temperature, top_k=p.top_k, top_p=p.top_p, seed=p.seed)
-        factory = chain_session_factory(self._p2p, spec.model_id, spec.num_layers, req.max_length, sampling, self.config)
-        routes = self._peer_routes if self._peer_routes is not None else self.swarm_routes.for_request(req.max_length)
-        return FailoverSession(routes, factory, req.max_length, self.config, self.failover)
+        pipeline = Pipeline(self._transport, self._routes_for(max_length), spec.model_id, spec.num_layers,
+                            max_length, sampling, self.config, self.failover)
+        return Generation(pipeline, prompt_ids, params, self.info.eos_ids, self.info.tokenizer)
 
-    async def _stream(self, req: _Request, sink: list, session: Optional[FailoverSession] = None,
-                      t0: Optional[float] = None) -> AsyncIterator[str]:
-        """Run one request, yielding text pieces; appends the finished Reply to ``sink``."""
-        t0 = time.perf_counter() if t0 is None else t0
-        first = None
-        result = GenerationResult()
-        session = session if session is not None else self._session(req)
-        try:
-            async for event in stream_generate(session, req.prompt_ids, req.params, self.info.eos_ids,
-                                               self.info.tokenizer, result):
-                if first is None:
-                    first = time.perf_counter() - t0
-                if event.text:
-                    yield event.text
-        finally:
-            await session.close()
-        if first is None and result.tokens:
-            first = time.perf_counter() - t0  # the only token was EOS
-        sink.append(self._reply(result, session, time.perf_counter() - t0, first))
-
-    @staticmethod
-    def _reply(result: GenerationResult, session: FailoverSession, elapsed: float, first) -> Reply:
-        reply = Reply(result.text)
-        reply.tokens = list(result.tokens)
-        reply.finish_reason = result.finish_reason
-        reply.prompt_tokens = result.prompt_tokens
-        reply.route = list(session.route)
-        reply.routes = [list(r) for r in session.route_log]
-        reply.failures = [str(f) for f in session.failures]
-        reply.elapsed_s = elapsed
-        reply.first_token_s = first
-        return reply
-
-    async def _complete(self, req: _Request) -> Reply:
-        sink: list[Reply] = []
-        async for _ in self._stream(req, sink):
-            pass
-        return sink[0]
+    def _routes_for(self, max_length: int) -> RouteProvider:
+        if self._peer_routes is not None:
+            return self._peer_routes
+        return self.swarm_routes.for_request(max_length)
 
     async def chat(self, messages, max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
-                   top_k: int = 0, seed: Optional[int] = None, stop=None, ignore_eos: bool = False) -> Reply:
-        """Answer a conversation (list of {'role', 'content'}); returns the reply text as a Reply."""
-        return await self._complete(self._request(self.chat_prompt(messages), max_new_tokens, temperature, top_p,
-                                                  top_k, seed, stop, ignore_eos))
+                   top_k: int = 0, seed: Optional[int] = None, stop=None, ignore_eos: bool = False, *,
+                   params: Optional[GenerationParams] = None) -> Reply:
+        """Answer a conversation (list of {'role', 'content'}); returns the reply text as a Reply.
+
+        ``params`` replaces the keyword parameters when given.
+        """
+        params = params or GenerationParams.of(max_new_tokens, temperature, top_p, top_k, seed, stop, ignore_eos)
+        gen = self.generation(self.chat_prompt(messages), params)
+        try:
+            async for _ in gen:
+                pass
+        finally:
+            await gen.pipeline.close()
+        return Reply.of(gen)
 
     def chat_stream(self, messages, max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
-                    top_k: int = 0, seed: Optional[int] = None, stop=None, ignore_eos: bool = False) -> "ReplyStream":
+                    top_k: int = 0, seed: Optional[int] = None, stop=None, ignore_eos: bool = False, *,
+                    params: Optional[GenerationParams] = None) -> ReplyStream:
         """Like ``chat``, yielding text pieces; the stream's ``reply`` is set when it ends.
 
         Bad input raises here, before anything is yielded.
         """
-        req = self._request(self.chat_prompt(messages), max_new_tokens, temperature, top_p, top_k, seed, stop, ignore_eos)
-        return ReplyStream(self, req)
+        params = params or GenerationParams.of(max_new_tokens, temperature, top_p, top_k, seed, stop, ignore_eos)
+        return ReplyStream(self.generation(self.chat_prompt(messages), params))
 
     async def generate(self, prompt, max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
-                       top_k: int = 0, seed: Optional[int] = None, stop=None, ignore_eos: bool = False) -> Reply:
+                       top_k: int = 0, seed: Optional[int] = None, stop=None, ignore_eos: bool = False, *,
+                       params: Optional[GenerationParams] = None) -> Reply:
         """Continue a raw prompt (a string, tokenized without chat template, or token ids)."""
-        return await self._complete(self._request(self.text_prompt(prompt), max_new_tokens, temperature, top_p,
-                                                  top_k, seed, stop, ignore_eos))
+        params = params or GenerationParams.of(max_new_tokens, temperature, top_p, top_k, seed, stop, ignore_eos)
+        gen = self.generation(self.text_prompt(prompt), params)
+        try:  # drained here, not through a helper: keeps a decode token's call path short
+            async for _ in gen:
+                pass
+        finally:
+            await gen.pipeline.close()
+        return Reply.of(gen)
 
     def generate_stream(self, prompt, max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
-                        top_k: int = 0, seed: Optional[int] = None, stop=None, ignore_eos: bool = False) -> "ReplyStream":
+                        top_k: int = 0, seed: Optional[int] = None, stop=None, ignore_eos: bool = False, *,
+                        params: Optional[GenerationParams] = None) -> ReplyStream:
         """Like ``generate``, yielding text pieces."""
-        req = self._request(self.text_prompt(prompt), max_new_tokens, temperature, top_p, top_k, seed, stop, ignore_eos)
-        return ReplyStream(self, req)
-
-
-class ReplyStream:
-    """An async iterator of text pieces; ``reply`` holds the finished :class:`Reply` afterwards."""
-
-    def __init__(self, client: AsyncClient, req: _Request):
-        self._sink: list[Reply] = []
-        self.session = client._session(req)
-        self._gen = client._stream(req, self._sink, self.session, time.perf_counter())
-        self.request = req
-
-    async def open(self) -> None:
-        """Open the route now, so that "no route" / "overloaded" surface before any text.
-
-        (The HTTP server calls this before it commits to a 200 streaming response.)
-        """
-        try:
-            await self.session.open()
-        except BaseException:
-            await self._gen.aclose()
-            await self.session.close()
-            raise
-
-    def __aiter__(self) -> "ReplyStream":
-        return self
-
-    async def __anext__(self) -> str:
-        return await self._gen.__anext__()
-
-    async def aclose(self) -> None:
-        """Stop early (closes the sessions on the peers)."""
-        await self._gen.aclose()
-
-    @property
-    def reply(self) -> Optional[Reply]:
-        """The finished reply (None until the stream is exhausted)."""
-        return self._sink[0] if self._sink else None
+        params = params or GenerationParams.of(max_new_tokens, temperature, top_p, top_k, seed, stop, ignore_eos)
+        return ReplyStream(self.generation(self.text_prompt(prompt), params))
 
 
 class Client:

@@ -1,47 +1,27 @@
 """The generation loop: token ids in, streamed text out, with EOS / stop strings / max tokens.
 
-Works on anything with the ``InferenceSession`` interface (``position``, ``history``,
-``rewind()``, ``step()``), so the failover wrapper plugs in unchanged. When a new prompt shares
-a prefix with what the session already holds (the next chat turn), only the new tokens are sent
-and the peers' caches are reused.
+:class:`Generation` drives a :class:`~p2pserve.client.pipeline.Pipeline` (or anything with its
+``history``, ``position``, ``max_length``, ``rewind()`` and ``step()``) one token per iteration.
+When a new prompt shares a prefix with what the pipeline already holds (the next chat turn),
+only the new tokens are sent and the peers' caches are reused. Whoever made the pipeline closes
+it: a generation never does, so a pipeline can carry several turns.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
-from typing import AsyncIterator
+from typing import Optional
 
+from p2pserve.client.params import GenerationParams
 from p2pserve.client.textstream import IncrementalDetokenizer, StopStringMatcher
+from p2pserve.clock import Clock
 from p2pserve.errors import BadRequestError
-
-
-@dataclass(frozen=True)
-class GenerationParams:
-    """What the caller asks for one reply."""
-
-    max_new_tokens: int = 128
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int = 0
-    stop: tuple[str, ...] = ()
-    ignore_eos: bool = False
-
-    def validate(self) -> None:
-        """Raise BadRequestError for values no request may carry."""
-        if self.max_new_tokens < 1:
-            raise BadRequestError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if not 0 <= self.temperature <= 100:
-            raise BadRequestError(f"temperature must be in [0, 100], got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise BadRequestError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise BadRequestError(f"top_k must be >= 0, got {self.top_k}")
 
 
 @dataclass
 class GenerationEvent:
-    """One generated token and the text it completed (possibly empty)."""
+    """One generated token and the text it completed (possibly empty); token -1 is the final flush."""
 
     token: int
     text: str
@@ -49,7 +29,7 @@ class GenerationEvent:
 
 @dataclass
 class GenerationResult:
-    """A finished generation."""
+    """A finished (or running) generation."""
 
     tokens: list[int] = field(default_factory=list)
     text: str = ""
@@ -66,61 +46,90 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     return i
 
 
-async def stream_generate(
-    session,
-    prompt_ids: list[int],
-    params: GenerationParams,
-    eos_token_ids: set[int],
-    tokenizer=None,
-    result: GenerationResult | None = None,
-) -> AsyncIterator[GenerationEvent]:
-    """Generate after ``prompt_ids``, yielding each token with its newly final text.
+class Generation:
+    """One reply being generated after ``prompt_ids``: an async iterator of :class:`GenerationEvent`.
 
-    ``result`` (if given) is filled in as generation proceeds, including ``finish_reason``.
+    ``result`` fills in as it goes (``finish_reason`` once it ends); ``first_token_s`` and
+    ``elapsed_s`` are seconds from construction to the first token and to the end.
     """
-    params.validate()
-    if not prompt_ids:
-        raise BadRequestError("the prompt is empty")
-    result = result if result is not None else GenerationResult()
-    result.prompt_tokens = len(prompt_ids)
-    # Reuse the cache for the shared prefix; at least one token must be sent to get logits.
-    keep = min(common_prefix(session.history, prompt_ids), len(prompt_ids) - 1)
-    if keep < session.position:
-        session.rewind(keep)
-    pending = prompt_ids[keep:]
-    detok = IncrementalDetokenizer(tokenizer) if tokenizer is not None else None
-    stops = StopStringMatcher(tuple(params.stop))
-    for _ in range(params.max_new_tokens):
-        if session.position + len(pending) > session.max_length:
-            result.finish_reason = "length"
-            break
-        token = await session.step(pending)
-        pending = [token]
-        result.tokens.append(token)
-        if token in eos_token_ids and not params.ignore_eos:
-            result.finish_reason = "stop"
-            break
-        text = stops.feed(detok.push(token)) if detok else ""
-        result.text += text
-        yield GenerationEvent(token, text)
-        if stops.stopped:
-            result.finish_reason = "stop"
-            break
-    else:
-        result.finish_reason = "length"
-    if detok is not None and not stops.stopped:
-        tail = stops.feed(detok.flush()) + stops.flush()
-        if tail:
-            result.text += tail
-            yield GenerationEvent(-1, tail)
+
+    def __init__(self, pipeline, prompt_ids: list[int], params: GenerationParams, eos_token_ids: set[int],
+                 tokenizer=None, clock: Clock = time.perf_counter):
+        params.validate()
+        if not prompt_ids:
+            raise BadRequestError("the prompt is empty")
+        self.pipeline = pipeline
+        self.params = params
+        self.eos_token_ids = eos_token_ids
+        self.result = GenerationResult(prompt_tokens=len(prompt_ids))
+        self.first_token_s: Optional[float] = None
+        self.elapsed_s = 0.0
+        self._clock = clock
+        self._t0 = clock()
+        self._prompt = list(prompt_ids)
+        self._pending: Optional[list[int]] = None  # tokens the next step sends; None before the first
+        self._detok = IncrementalDetokenizer(tokenizer) if tokenizer is not None else None
+        self._stops = StopStringMatcher(tuple(params.stop))
+        self._done = False
+
+    def __aiter__(self) -> "Generation":
+        return self
+
+    async def __anext__(self) -> GenerationEvent:
+        """The next token and its newly final text (the last event may flush held-back text)."""
+        if self._done:
+            raise StopAsyncIteration
+        if self._pending is None:
+            self._pending = self._resume()
+        if (len(self.result.tokens) >= self.params.max_new_tokens
+                or self.pipeline.position + len(self._pending) > self.pipeline.max_length):
+            return self._finish("length")
+        token = await self.pipeline.step(self._pending)
+        self._pending = [token]
+        self.result.tokens.append(token)
+        if self.first_token_s is None:
+            self.first_token_s = self._clock() - self._t0
+        if token in self.eos_token_ids and not self.params.ignore_eos:
+            return self._finish("stop")
+        text = self._stops.feed(self._detok.push(token)) if self._detok else ""
+        self.result.text += text
+        if self._stops.stopped:
+            self.result.finish_reason = "stop"
+            self._done = True
+            self.elapsed_s = self._clock() - self._t0
+        return GenerationEvent(token, text)
+
+    def _resume(self) -> list[int]:
+        """Reuse the pipeline's cache for the shared prefix; the tokens the first step must send.
+
+        At least one token is sent, to get logits back.
+        """
+        keep = min(common_prefix(self.pipeline.history, self._prompt), len(self._prompt) - 1)
+        if keep < self.pipeline.position:
+            self.pipeline.rewind(keep)
+        return self._prompt[keep:]
+
+    def _finish(self, reason: str) -> GenerationEvent:
+        """End with ``reason``: returns the held-back text as a last event, or stops."""
+        self.result.finish_reason = reason
+        self._done = True
+        self.elapsed_s = self._clock() - self._t0
+        tail = ""
+        if self._detok is not None:
+            tail = self._stops.feed(self._detok.flush()) + self._stops.flush()
+        if not tail:
+            raise StopAsyncIteration
+        self.result.text += tail
+        return GenerationEvent(-1, tail)
 
 
-async def generate(session, prompt_ids, params, eos_token_ids, tokenizer=None) -> GenerationResult:
-    """Non-streaming convenience: run ``stream_generate`` to completion."""
-    result = GenerationResult()
-    async for _ in stream_generate(session, prompt_ids, params, eos_token_ids, tokenizer, result):
+async def generate(pipeline, prompt_ids: list[int], params: GenerationParams, eos_token_ids: set[int],
+                   tokenizer=None) -> GenerationResult:
+    """Non-streaming convenience: run a :class:`Generation` to completion."""
+    gen = Generation(pipeline, prompt_ids, params, eos_token_ids, tokenizer)
+    async for _ in gen:
         pass
-    return result
+    return gen.result
 
 
 def eos_ids_of(tokenizer, generation_config=None) -> set[int]:

@@ -15,7 +15,8 @@ Errors use OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``:
 
 The HTTP layer is deliberately small: HTTP/1.1 with keep-alive for ordinary responses and
 ``Connection: close`` after a stream (so no chunked encoding is needed). The request → reply
-translation (:func:`parse_chat_request`, :func:`completion_body`, ...) is pure and unit-testable.
+translation (:func:`~p2pserve.client.openai_schema.parse_chat_request`, ``completion_body``,
+...) is pure and lives in :mod:`p2pserve.client.openai_schema`.
 """
 
 from __future__ import annotations
@@ -25,203 +26,25 @@ import json
 import logging
 import time
 import uuid
-from dataclasses import dataclass, field
-from typing import Any, Optional
+from dataclasses import dataclass
+from typing import Optional
 
-from p2pserve.errors import (
-    AllRoutesOverloadedError,
-    HTTPError,
-    BadRequestError,
-    ConfigError,
-    GenerationFailedError,
-    OverloadedError,
-    P2PServeError,
-    RoutingError,
+from p2pserve.client.openai_schema import (
+    GenRequest,
+    chunk_body,
+    completion_body,
+    http_error_for,
+    parse_chat_request,
+    parse_completion_request,
+    route_info,
+    usage,
 )
+from p2pserve.errors import HTTPError
 
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 8 << 20
 MAX_HEADER_BYTES = 64 << 10
-DEFAULT_MAX_TOKENS = 256
-
-
-
-
-def http_error_for(exc: BaseException) -> HTTPError:
-    """Map a p2pserve exception to the HTTP status a client can act on."""
-    if isinstance(exc, HTTPError):
-        return exc
-    if isinstance(exc, (BadRequestError, ConfigError)):
-        msg = exc.message if isinstance(exc, BadRequestError) else str(exc)
-        return HTTPError(400, msg)
-    if isinstance(exc, (AllRoutesOverloadedError, OverloadedError)) or (
-        isinstance(exc, RoutingError) and getattr(exc, "overloaded", False)
-    ):
-        return HTTPError(429, f"every route is overloaded, retry later: {exc}", "rate_limit_error", code="overloaded")
-    if isinstance(exc, RoutingError):
-        return HTTPError(503, f"no route through the swarm: {exc}", "service_unavailable", code="no_route")
-    if isinstance(exc, GenerationFailedError):
-        return HTTPError(503, str(exc), "service_unavailable", code="generation_failed")
-    if isinstance(exc, P2PServeError):
-        return HTTPError(500, str(exc), "server_error")
-    return HTTPError(500, f"internal error: {type(exc).__name__}: {exc}", "server_error")
-
-
-# ----------------------------------------------------------------------------- request parsing (pure)
-
-
-@dataclass
-class GenRequest:
-    """What a chat or completion request asks for, validated."""
-
-    kind: str  # "chat" or "completion"
-    model: str
-    messages: Optional[list] = None
-    prompt: Any = None
-    stream: bool = False
-    include_usage: bool = False
-    kwargs: dict = field(default_factory=dict)  # max_new_tokens, temperature, top_p, top_k, seed, stop
-
-
-def _number(body: dict, name: str, default, lo: float, hi: float, integer: bool = False):
-    value = body.get(name, default)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and not isinstance(value, int)):
-        raise HTTPError(400, f"'{name}' must be {'an integer' if integer else 'a number'}, got {value!r}", param=name)
-    if not lo <= value <= hi:
-        raise HTTPError(400, f"'{name}' must be in [{lo:g}, {hi:g}], got {value!r}", param=name)
-    return value
-
-
-def parse_common(body: dict, models: set[str], kind: str) -> GenRequest:
-    """Fields shared by /v1/chat/completions and /v1/completions."""
-    if not isinstance(body, dict):
-        raise HTTPError(400, "the request body must be a JSON object")
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise HTTPError(400, "'model' is required (see GET /v1/models)", param="model")
-    if model not in models:
-        raise HTTPError(400, f"unknown model {model!r}; this server serves {sorted(models)}", param="model",
-                        code="model_not_found")
-    limit_name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
-    max_tokens = _number(body, limit_name, DEFAULT_MAX_TOKENS, 1, 1 << 20, integer=True)
-    n = _number(body, "n", 1, 1, 1, integer=True)
-    del n  # one choice per request (n > 1 is rejected above with a clear message)
-    temperature = _number(body, "temperature", 1.0, 0, 2)
-    top_p = _number(body, "top_p", 1.0, 1e-9, 1)
-    top_k = _number(body, "top_k", 0, 0, 1 << 20, integer=True)
-    seed = _number(body, "seed", None, -(1 << 62), 1 << 62, integer=True)
-    if seed is not None and seed < 0:
-        seed = seed & ((1 << 62) - 1)
-    stop = body.get("stop")
-    if stop is not None:
-        if isinstance(stop, str):
-            stop = [stop]
-        if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop) or len(stop) > 16:
-            raise HTTPError(400, "'stop' must be a string or a list of up to 16 non-empty strings", param="stop")
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
-        raise HTTPError(400, "'stream' must be a boolean", param="stream")
-    opts = body.get("stream_options") or {}
-    include_usage = bool(isinstance(opts, dict) and opts.get("include_usage"))
-    kwargs = dict(max_new_tokens=max_tokens, temperature=float(temperature), top_p=float(top_p), top_k=int(top_k),
-                  seed=seed, stop=stop)
-    return GenRequest(kind=kind, model=model, stream=stream, include_usage=include_usage, kwargs=kwargs)
-
-
-def parse_chat_request(body: dict, models: set[str]) -> GenRequest:
-    """Validate a /v1/chat/completions body."""
-    req = parse_common(body, models, "chat")
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise HTTPError(400, "'messages' is required: a non-empty list of {role, content}", param="messages")
-    clean = []
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict):
-            raise HTTPError(400, f"messages[{i}] must be an object", param="messages")
-        content = m.get("content")
-        if isinstance(content, list):  # the content-parts form: keep the text parts
-            parts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
-            if len(parts) != len(content) or not all(isinstance(p, str) for p in parts):
-                raise HTTPError(400, f"messages[{i}].content: only text parts are supported", param="messages")
-            content = "".join(parts)
-        if not isinstance(content, str):
-            raise HTTPError(400, f"messages[{i}].content must be a string", param="messages")
-        role = m.get("role")
-        if role == "developer":
-            role = "system"
-        if role not in ("system", "user", "assistant"):
-            raise HTTPError(400, f"messages[{i}].role must be system, user or assistant, got {role!r}", param="messages")
-        clean.append({"role": role, "content": content})
-    req.messages = clean
-    return req
-
-
-def parse_completion_request(body: dict, models: set[str]) -> GenRequest:
-    """Validate a /v1/completions body (prompt: a string, token ids, or a one-element list of either)."""
-    req = parse_common(body, models, "completion")
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]
-    ok = (isinstance(prompt, str) and prompt) or (
-        isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
-    )
-    if not ok:
-        raise HTTPError(400, "'prompt' is required: a non-empty string or list of token ids (one prompt per request)",
-                        param="prompt")
-    if body.get("echo"):
-        raise HTTPError(400, "'echo' is not supported", param="echo")
-    req.prompt = prompt
-    return req
-
-
-def usage(reply) -> dict:
-    """OpenAI usage object of a finished Reply."""
-    return {"prompt_tokens": reply.prompt_tokens, "completion_tokens": len(reply.tokens),
-            "total_tokens": reply.prompt_tokens + len(reply.tokens)}
-
-
-def route_info(reply) -> dict:
-    """A p2pserve extension field: the route(s) taken and timings."""
-    return {
-        "route": [{"peer_id": h.peer_id, "start": h.start, "end": h.end} for h in reply.route],
-        "routes": len(reply.routes),
-        "failures": reply.failures,
-        "tokens_per_s": round(reply.tokens_per_s, 3),
-        "time_to_first_token_s": None if reply.first_token_s is None else round(reply.first_token_s, 4),
-    }
-
-
-def completion_body(req: GenRequest, reply, rid: str, created: int) -> dict:
-    """The non-streaming response body."""
-    if req.kind == "chat":
-        choice = {"index": 0, "message": {"role": "assistant", "content": reply.text}, "logprobs": None,
-                  "finish_reason": reply.finish_reason}
-        obj = "chat.completion"
-    else:
-        choice = {"index": 0, "text": reply.text, "logprobs": None, "finish_reason": reply.finish_reason}
-        obj = "text_completion"
-    return {"id": rid, "object": obj, "created": created, "model": req.model, "choices": [choice],
-            "usage": usage(reply), "p2pserve": route_info(reply)}
-
-
-def chunk_body(req: GenRequest, rid: str, created: int, text: Optional[str] = None, role: bool = False,
-               finish_reason: Optional[str] = None) -> dict:
-    """One streamed chunk."""
-    if req.kind == "chat":
-        delta: dict = {}
-        if role:
-            delta["role"] = "assistant"
-        if text is not None:
-            delta["content"] = text
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-        obj = "chat.completion.chunk"
-    else:
-        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
-        obj = "text_completion"
-    return {"id": rid, "object": obj, "created": created, "model": req.model, "choices": [choice]}
 
 
 # ----------------------------------------------------------------------------- HTTP shell
@@ -395,11 +218,12 @@ class OpenAIServer:
         rid = ("chatcmpl-" if g.kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
         created = int(self.clock())
         if not g.stream:
-            reply = await (c.chat(g.messages, **g.kwargs) if g.kind == "chat" else c.generate(g.prompt, **g.kwargs))
+            reply = await (c.chat(g.messages, params=g.params) if g.kind == "chat" else c.generate(g.prompt, params=g.params))
             await self._send_json(writer, 200, completion_body(g, reply, rid, created))
             return True
         # Streaming: validate and open the route first, so that 400/429/503 are still possible.
-        stream = c.chat_stream(g.messages, **g.kwargs) if g.kind == "chat" else c.generate_stream(g.prompt, **g.kwargs)
+        stream = (c.chat_stream(g.messages, params=g.params) if g.kind == "chat"
+                  else c.generate_stream(g.prompt, params=g.params))
         await stream.open()
         headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "Connection": "close"}
         writer.write(response_head(200, headers))

@@ -29,15 +29,9 @@ import random
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Optional, Sequence
 
-from p2pserve.client.connection import Hop
+from p2pserve.client.hop import Hop
 from p2pserve.errors import NoRouteError
-
-SOURCE = "source"  # the same pseudo-node names as p2pserve.dht.records (no import: stays light)
-SINK = "sink"
-
-LayerSpan = tuple[int, int]
-
-
+from p2pserve.types import SINK, SOURCE, LayerRange
 
 
 # ----------------------------------------------------------------------------- masks
@@ -158,7 +152,7 @@ class RouteGraph:
     """
 
     num_layers: int
-    spans: Mapping[str, LayerSpan]
+    spans: Mapping[str, LayerRange]
     flows: Mapping[tuple[str, str], float] = field(default_factory=dict)
     maddrs: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 

@@ -12,12 +12,14 @@ published (the coordinator's next plan will carry flows over them again).
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import replace
-from typing import Callable, Optional
+from typing import Optional
 
-from p2pserve.client.connection import Hop
+from p2pserve.client.hop import Hop
 from p2pserve.client.routing import Masks, RouteGraph, Router
+from p2pserve.clock import Clock, monotonic
+from p2pserve.errors import NoRouteError, RoutingError
+from p2pserve.types import SINK, SOURCE
 
 log = logging.getLogger(__name__)
 
@@ -34,14 +36,14 @@ def graph_from_records(plan, peers: dict, num_layers: Optional[int]) -> Optional
 
     def still_serves(pid: str, span) -> bool:
         info = peers.get(pid)
-        serving = getattr(info, "serving", None)
-        return info is not None and serving is not None and serving[0] <= span[0] and span[1] <= serving[1]
+        serving = info.serving if info is not None else None
+        return serving is not None and serving[0] <= span[0] and span[1] <= serving[1]
 
     if plan is not None:
         g = RouteGraph.from_plan(plan, addrs)
         live = {p: s for p, s in g.spans.items() if still_serves(p, s)}
         def keep(x: str) -> bool:
-            return x in live or x in ("source", "sink")
+            return x in live or x in (SOURCE, SINK)
 
         flows = {(u, v): r for (u, v), r in g.flows.items() if keep(u) and keep(v)}
         return RouteGraph(g.num_layers, live, flows, g.maddrs)
@@ -53,14 +55,15 @@ def graph_from_records(plan, peers: dict, num_layers: Optional[int]) -> Optional
 
 
 class SwarmRoutes:
-    """``RouteProvider`` over a ``p2pserve.dht.swarm.Swarm``.
+    """Routes over a ``p2pserve.dht.swarm.Swarm`` (read through ``get_plan()`` / ``get_peers()``).
 
     ``kv_need_tokens`` is the request's KV estimate (prompt + max new tokens): a peer announcing
-    less free KV than that is masked (Helix §5.2's high-water mark, per request).
+    less free KV than that is masked (Helix §5.2's high-water mark, per request). A pipeline
+    gets the ``RouteProvider`` of one request from :meth:`for_request`.
     """
 
     def __init__(self, swarm, seed: int, num_layers: Optional[int] = None, refresh_s: float = 2.0,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Clock = monotonic):
         self.swarm = swarm
         self.seed = seed
         self.num_layers = num_layers
@@ -115,8 +118,6 @@ class SwarmRoutes:
 
     async def route(self, masks: Masks, kv_need_tokens: int = 0) -> list[Hop]:
         """The next route (raises ``RoutingError`` if there is none)."""
-        from p2pserve.errors import RoutingError
-
         await self.refresh()
         if self._router is None:
             raise RoutingError("no plan published yet and no peer announces a serving range")
@@ -124,18 +125,29 @@ class SwarmRoutes:
         try:
             return self._router.route(masks)
         except RoutingError as e:
-            if self._served_router is None or getattr(e, "overloaded", False):
+            if self._served_router is None or (isinstance(e, NoRouteError) and e.overloaded):
                 raise
             # The plan's routes need a peer that has since flipped to another range: route over
             # what peers serve now until the coordinator publishes flows over the new ranges.
             log.info("plan epoch %s has no route left (%s); routing over announced ranges", self.epoch, e)
             return self._served_router.route(masks)
 
-    def for_request(self, kv_need_tokens: int):
-        """A ``RouteProvider`` (callable on masks) for one request."""
+    def for_request(self, kv_need_tokens: int) -> "RequestRoutes":
+        """The ``RouteProvider`` of one request needing ``kv_need_tokens`` of KV cache."""
+        return RequestRoutes(self, kv_need_tokens)
 
-        async def provider(masks: Masks) -> list[Hop]:
-            return await self.route(masks, kv_need_tokens)
 
-        provider.invalidate = self.invalidate  # FailoverSession calls it after "range moved"
-        return provider
+class RequestRoutes:
+    """One request's ``RouteProvider`` over a shared :class:`SwarmRoutes` (its KV need applied)."""
+
+    def __init__(self, swarm_routes: SwarmRoutes, kv_need_tokens: int):
+        self.swarm_routes = swarm_routes
+        self.kv_need_tokens = kv_need_tokens
+
+    async def route(self, masks: Masks) -> list[Hop]:
+        """The next route for this request."""
+        return await self.swarm_routes.route(masks, self.kv_need_tokens)
+
+    def invalidate(self) -> None:
+        """Make the shared view re-read the swarm."""
+        self.swarm_routes.invalidate()

@@ -42,13 +42,13 @@ from p2pserve.protocol import (
     decode_request,
     error_reply,
 )
-from p2pserve.transport import read_frame, tensor_from_wire, tensor_to_wire, write_frame
+from p2pserve.transport.frames import read_frame, tensor_from_wire, tensor_to_wire, write_frame
 
 log = logging.getLogger(__name__)
 
 
 class SessionHandler:
-    """Serves the session protocol on hivemind binary streams."""
+    """Serves the session protocol on any transport's streams (libp2p, the direct path)."""
 
     def __init__(
         self,
@@ -70,8 +70,8 @@ class SessionHandler:
         self._alone_since = 0.0  # when that session became the only one sending
         self._service = RecentTimes()  # recent Forwards, frame read to reply written
 
-    async def handle_stream(self, stream_info, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """hivemind stream-handler callback: serve frames until the client hangs up."""
+    async def handle_stream(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """A transport's stream handler (``StreamHandler``): serve frames until the client hangs up."""
         owner = object()
         self.streams_open += 1
         try:

@@ -1,4 +1,4 @@
-"""Composition root of a peer: model shard, compute worker, session table, libp2p handlers.
+"""Composition root of a peer: model shard, compute worker, session table, transports.
 
 ``Peer.create(config, dht)`` does the I/O (weight loading, handler registration); ``run()``
 serves until ``shutdown()``. The caller starts the DHT node first (``p2pserve peer`` does it via
@@ -20,13 +20,13 @@ from p2pserve.model.default import resolve_model
 from p2pserve.model.shard import TORCH_DTYPES, Shard
 from p2pserve.model.spec import ModelSpec, load_spec
 from p2pserve.peer.batcher import TokenThrottle
-from p2pserve.peer.direct import DirectListener
 from p2pserve.peer.handlers import SessionHandler
 from p2pserve.peer.kv_cache import KVBudget
 from p2pserve.peer.sessions import SessionTable
 from p2pserve.peer.worker import ComputeWorker
 from p2pserve.protocol import SESSION_PROTOCOL
-from p2pserve.transport import maddr_hosts
+from p2pserve.transport.libp2p import Libp2pTransport
+from p2pserve.transport.tcp import DirectListener, maddr_hosts
 
 log = logging.getLogger(__name__)
 
@@ -43,12 +43,13 @@ class Peer:
     worker: ComputeWorker
     table: SessionTable
     handler: SessionHandler
+    transport: Libp2pTransport
     _reaper: asyncio.Task | None = None
     _stopped: asyncio.Event | None = None
 
     @classmethod
     async def create(cls, config: PeerConfig, dht) -> "Peer":
-        """Load the fixed range (if any) and register the session handler on ``dht``'s libp2p node."""
+        """Load the fixed range (if any) and serve the session protocol on ``dht``'s libp2p node."""
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         model_path = str(resolve_model(config.model))
@@ -69,7 +70,7 @@ class Peer:
         )
         worker = ComputeWorker(None, TokenThrottle(config.batching), budget)
         handler = SessionHandler(spec, table, worker, config.frame_limits, config.request_timeout_s)
-        peer = cls(config, spec, model_path, dht, p2p, worker, table, handler)
+        peer = cls(config, spec, model_path, dht, p2p, worker, table, handler, Libp2pTransport(p2p))
         fixed = config.start is not None or not config.announce
         if fixed:
             start = 0 if config.start is None else config.start
@@ -81,9 +82,9 @@ class Peer:
         if config.direct_port is not None:
             hosts = maddr_hosts([str(m) for m in dht.get_visible_maddrs()])
             if hosts:
-                handler.direct = DirectListener(handler, str(p2p.peer_id), hosts, config.direct_port)
+                handler.direct = DirectListener(handler.handle_stream, str(p2p.peer_id), hosts, config.direct_port)
                 await handler.direct.start()
-        await p2p.add_binary_stream_handler(SESSION_PROTOCOL, handler.handle_stream)
+        await peer.transport.serve(SESSION_PROTOCOL, handler.handle_stream)
         peer._stopped = asyncio.Event()
         peer._reaper = asyncio.create_task(peer._reap_idle())
         log.info("KV budget %d token-layers", capacity)
@@ -141,7 +142,7 @@ class Peer:
         if self._reaper:
             self._reaper.cancel()
         try:
-            await self.p2p.remove_binary_stream_handler(SESSION_PROTOCOL)
+            await self.transport.stop_serving(SESSION_PROTOCOL)
         except Exception:  # daemon may be gone already
             pass
         if self.handler.direct is not None:

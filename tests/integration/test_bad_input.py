@@ -10,8 +10,9 @@ import msgspec
 import pytest
 import torch
 
-from p2pserve.client.chain import LocalModelInfo, create_client_p2p
 from p2pserve.client.connection import HopConnection
+from p2pserve.client.model_info import LocalModelInfo
+from p2pserve.client.node import client_transport
 from p2pserve.config import ClientConfig
 from p2pserve.errors import (
     BadRequestError,
@@ -20,9 +21,8 @@ from p2pserve.errors import (
     ModelMismatchError,
     SessionNotFoundError,
 )
-from p2pserve.protocol import FRAME_PREFIX, Forward, SamplingParams, TensorMeta
-from p2pserve.transport import read_frame, write_frame
-from p2pserve.protocol import decode_reply, ErrorReply
+from p2pserve.protocol import FRAME_PREFIX, ErrorReply, Forward, SamplingParams, TensorMeta, decode_reply
+from p2pserve.transport.frames import read_frame, write_frame
 from tests.harness import start_peers
 
 pytestmark = pytest.mark.integration
@@ -44,32 +44,32 @@ def run(coro):
     return asyncio.run(coro)
 
 
-async def with_p2p(fn):
-    p2p = await create_client_p2p()
+async def with_transport(fn, direct: bool = True):
+    transport = await client_transport(ClientConfig(direct=direct))
     try:
-        return await fn(p2p)
+        return await fn(transport)
     finally:
-        await p2p.shutdown()
+        await transport.close()
 
 
-async def open_conn(p2p, peer, model, start=0, end=8, max_length=128, sid="s"):
-    conn = HopConnection(p2p, peer.hop(start, end), LIMITS, 30)
+async def open_conn(transport, peer, model, start=0, end=8, max_length=128, sid="s"):
+    conn = HopConnection(transport, peer.hop(start, end), LIMITS, 30)
     await conn.open(model.spec.model_id, sid, max_length, SamplingParams())
     return conn
 
 
-async def healthy(p2p, peer, model) -> bool:
+async def healthy(transport, peer, model) -> bool:
     """A fresh session on the peer still produces a token."""
-    conn = await open_conn(p2p, peer, model, sid="healthy")
+    conn = await open_conn(transport, peer, model, sid="healthy")
     reply, _ = await conn.forward(0, 0, torch.tensor([5, 6, 7]))
     await conn.close()
     return reply.token is not None
 
 
 async def raw_error(conn: HopConnection, raw: bytes) -> ErrorReply:
-    conn._writer.write(raw)
-    await conn._writer.drain()
-    header, _ = await read_frame(conn._reader, LIMITS)
+    conn.stream.writer.write(raw)
+    await conn.stream.writer.drain()
+    header, _ = await read_frame(conn.stream.reader, LIMITS)
     reply = decode_reply(header)
     assert isinstance(reply, ErrorReply)
     return reply
@@ -79,8 +79,8 @@ def test_malformed_frame_gets_typed_error_and_stream_survives(peer):
     path, p = peer
     model = LocalModelInfo.load(path)
 
-    async def main(p2p):
-        conn = await open_conn(p2p, p, model)
+    async def main(transport):
+        conn = await open_conn(transport, p, model)
         garbage = b"\xc1\xff not msgpack"
         reply = await raw_error(conn, FRAME_PREFIX.pack(len(garbage), 0) + garbage)
         assert reply.code == ErrorCode.MALFORMED.value
@@ -92,9 +92,9 @@ def test_malformed_frame_gets_typed_error_and_stream_survives(peer):
         result, _ = await conn.forward(0, 0, torch.tensor([1, 2, 3]))
         assert result.token is not None
         await conn.close()
-        assert await healthy(p2p, p, model)
+        assert await healthy(transport, p, model)
 
-    run(with_p2p(main))
+    run(with_transport(main))
 
 
 def test_wrong_hidden_size_or_dtype(peer):
@@ -102,19 +102,19 @@ def test_wrong_hidden_size_or_dtype(peer):
     model = LocalModelInfo.load(path)
     H = model.spec.hidden_size
 
-    async def main(p2p):
-        conn = await open_conn(p2p, p, model, start=4, end=8)
+    async def main(transport):
+        conn = await open_conn(transport, p, model, start=4, end=8)
         with pytest.raises(BadRequestError, match="hidden states must be"):
             await conn.forward(0, 0, torch.zeros(3, H + 1))
         with pytest.raises(BadRequestError, match="float32"):
             await conn.forward(0, 0, torch.zeros(3, H, dtype=torch.float16))
         with pytest.raises(BadRequestError, match="token ids"):
-            first = await open_conn(p2p, p, model, sid="ids")
+            first = await open_conn(transport, p, model, sid="ids")
             await first.forward(0, 0, torch.zeros(3, H))
         # A header whose byte count disagrees with its shape is rejected as malformed.
         meta = TensorMeta(dtype="float32", shape=[3, H], nbytes=12)
-        await write_frame(conn._writer, Forward(session_id="s", step=1, position=0, tensor=meta), b"x" * 12)
-        header, _ = await read_frame(conn._reader, LIMITS)
+        await write_frame(conn.stream.writer, Forward(session_id="s", step=1, position=0, tensor=meta), b"x" * 12)
+        header, _ = await read_frame(conn.stream.reader, LIMITS)
         reply = decode_reply(header)
         assert isinstance(reply, ErrorReply) and reply.code == ErrorCode.MALFORMED.value
         assert "needs 768 bytes" in reply.message
@@ -122,32 +122,32 @@ def test_wrong_hidden_size_or_dtype(peer):
         assert ok.token is not None
         await conn.close()
 
-    run(with_p2p(main))
+    run(with_transport(main))
 
 
 def test_oversized_payload_is_refused_before_allocation(peer):
     path, p = peer
     model = LocalModelInfo.load(path)
 
-    async def main(p2p):
-        conn = await open_conn(p2p, p, model)
+    async def main(transport):
+        conn = await open_conn(transport, p, model)
         header = msgspec.msgpack.encode(
             Forward(session_id="s", step=0, position=0, tensor=TensorMeta("float32", [10**6, 64], 256 * 10**6))
         )
         # Claims a 256 MB payload against a 1 MB limit; no payload bytes are ever sent.
         reply = await raw_error(conn, FRAME_PREFIX.pack(len(header), 256 * 10**6) + header)
         assert reply.code == ErrorCode.TOO_LARGE.value
-        assert await healthy(p2p, p, model)
+        assert await healthy(transport, p, model)
 
-    run(with_p2p(main))
+    run(with_transport(main))
 
 
 def test_unknown_and_expired_sessions(peer):
     path, p = peer
     model = LocalModelInfo.load(path)
 
-    async def main(p2p):
-        conn = await open_conn(p2p, p, model, sid="will-expire")
+    async def main(transport):
+        conn = await open_conn(transport, p, model, sid="will-expire")
         await conn.forward(0, 0, torch.tensor([1, 2]))
         await asyncio.sleep(4.0)  # idle timeout is 1.5 s; the reaper runs every ~0.4 s
         with pytest.raises(SessionNotFoundError, match="expired"):
@@ -156,28 +156,28 @@ def test_unknown_and_expired_sessions(peer):
         with pytest.raises(SessionNotFoundError, match="unknown session"):
             await conn.forward(0, 0, torch.tensor([3]))
         await conn.close()
-        assert await healthy(p2p, p, model)
+        assert await healthy(transport, p, model)
 
-    run(with_p2p(main))
+    run(with_transport(main))
 
 
 def test_layers_outside_range_and_unknown_model(peer):
     path, p = peer
     model = LocalModelInfo.load(path)
 
-    async def main(p2p):
-        conn = HopConnection(p2p, p.hop(0, 9), LIMITS, 30)
+    async def main(transport):
+        conn = HopConnection(transport, p.hop(0, 9), LIMITS, 30)
         with pytest.raises(BadRequestError, match="outside this peer's range"):
             await conn.open(model.spec.model_id, "x", 64, SamplingParams())
         await conn.close()
-        conn = HopConnection(p2p, p.hop(0, 8), LIMITS, 30)
+        conn = HopConnection(transport, p.hop(0, 8), LIMITS, 30)
         with pytest.raises(ModelMismatchError) as info:
             await conn.open("no-such-model-123", "y", 64, SamplingParams())
         assert info.value.code == ErrorCode.UNKNOWN_MODEL
         await conn.close()
-        assert await healthy(p2p, p, model)
+        assert await healthy(transport, p, model)
 
-    run(with_p2p(main))
+    run(with_transport(main))
 
 
 def test_peer_with_missing_model_exits_with_clear_error(tmp_path):
@@ -193,21 +193,21 @@ def test_exhausted_kv_budget_is_overloaded_and_others_continue(peer):
     path, p = peer
     model = LocalModelInfo.load(path)
 
-    async def main(p2p):
-        a = await open_conn(p2p, p, model, sid="a")
-        b = await open_conn(p2p, p, model, sid="b")
+    async def main(transport):
+        a = await open_conn(transport, p, model, sid="a")
+        b = await open_conn(transport, p, model, sid="b")
         with pytest.raises(OverloadedError, match="KV cache full"):
-            await open_conn(p2p, p, model, sid="c")
+            await open_conn(transport, p, model, sid="c")
         r, _ = await a.forward(0, 0, torch.tensor([1, 2, 3]))
         assert r.token is not None
         await b.close()  # frees a reservation: a new session now fits
-        c = await open_conn(p2p, p, model, sid="c2")
+        c = await open_conn(transport, p, model, sid="c2")
         r, _ = await c.forward(0, 0, torch.tensor([4]))
         assert r.token is not None
         await a.close()
         await c.close()
 
-    run(with_p2p(main))
+    run(with_transport(main))
 
 
 def test_direct_path_refuses_bad_attach_and_keeps_serving(peer):
@@ -233,11 +233,11 @@ def test_direct_path_refuses_bad_attach_and_keeps_serving(peer):
         body = msgspec.msgpack.encode(msg)
         return FRAME_PREFIX.pack(len(body), 0) + body
 
-    async def main(p2p):
-        conn = HopConnection(p2p, p.hop(), LIMITS, 30, direct=False)
+    async def main(transport):
+        conn = HopConnection(transport, p.hop(), LIMITS, 30)
         await conn.connect()
-        assert conn.transport == "libp2p"
-        offer, _ = await conn._call(OpenDirect())
+        assert conn.stream.kind == "libp2p"
+        offer, _ = await conn.call(OpenDirect())
         assert isinstance(offer, DirectOffer) and offer.port > 0 and offer.token
         garbage = b"\xc1 not msgpack"
         assert await attach(offer.port, FRAME_PREFIX.pack(len(garbage), 0) + garbage) is None
@@ -247,6 +247,6 @@ def test_direct_path_refuses_bad_attach_and_keeps_serving(peer):
         assert isinstance(ok, DirectAttached) and ok.peer_id == p.peer_id
         assert await attach(offer.port, frame(AttachDirect(token=offer.token))) is None  # single use
         await conn.close()
-        assert await healthy(p2p, p, model)
+        assert await healthy(transport, p, model)
 
-    run(with_p2p(main))
+    run(with_transport(main, direct=False))  # the client keeps to libp2p: the test attaches by hand

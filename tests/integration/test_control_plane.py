@@ -118,7 +118,7 @@ def swarm(tmp_path_factory):
 
 
 def start_peer(procs: Procs, name: str, cfg_path: Path, *extra: str) -> None:
-    procs.start(name, ["-m", "p2pserve.testing_peer", "--config", str(cfg_path), "--max-layers", "4",
+    procs.start(name, ["-m", "p2pserve.testing.synthetic_peer", "--config", str(cfg_path), "--max-layers", "4",
                        "--tps", "400", "--load-delay", "0.5", "--device", name, *extra])
 
 

@@ -3,7 +3,7 @@
 Peers on the tiny Llama hold one half each ([0:4) or [4:8)), with two or three replicas. Routes come from
 ``PeerListRoutes`` over the known peers (no control plane needed). A peer is SIGKILLed from inside
 the generation loop, right after a given number of tokens arrived, so the next step finds it
-dead and the client must ban it, re-route and replay.
+dead and the pipeline must ban it, re-route and replay.
 """
 
 from __future__ import annotations
@@ -12,13 +12,15 @@ import asyncio
 
 import pytest
 
-from p2pserve.client.chain import LocalModelInfo, create_client_p2p
-from p2pserve.client.failover import FailoverSession, FailoverState, PeerListRoutes, chain_session_factory
-from p2pserve.client.generation import GenerationParams, GenerationResult, stream_generate
+from p2pserve.client.failover import FailoverState
+from p2pserve.client.generation import Generation
+from p2pserve.client.model_info import LocalModelInfo
+from p2pserve.client.params import GenerationParams
+from p2pserve.client.pipeline import Pipeline
+from p2pserve.client.route_providers import PeerListRoutes
 from p2pserve.config import ClientConfig
 from p2pserve.errors import GenerationFailedError
-from p2pserve.protocol import SamplingParams
-from tests.harness import PeerProcess, reference_generate, start_peers
+from tests.harness import PeerProcess, client_node, reference_generate, start_peers
 
 pytestmark = pytest.mark.integration
 
@@ -62,33 +64,35 @@ def ensure(cluster, first: int, second: int):
     return path, live(peers)
 
 
+def pipeline_over(transport, model, peers: list[PeerProcess], params: GenerationParams, seed=0) -> Pipeline:
+    """A failover pipeline over the known ``peers`` (IWRR over every valid edge)."""
+    spec = model.spec
+    routes = PeerListRoutes(spec.num_layers, [p.hop() for p in peers], seed=seed)
+    return Pipeline(transport, routes, spec.model_id, spec.num_layers, 256, params.validate(), CONFIG,
+                    FailoverState(CONFIG))
+
+
 async def generate_with_kills(path, peers: list[PeerProcess], prompt_ids, params, kills: dict[int, str], seed=0):
-    """Generate through a FailoverSession; after ``n`` tokens kill the route's hop ``kills[n]``.
+    """Generate through a Pipeline; after ``n`` tokens kill the route's hop ``kills[n]``.
 
     ``kills[n]`` is "first" or "last": which hop of the *current* route to kill.
-    Returns (tokens, session).
+    Returns (tokens, pipeline).
     """
     model = LocalModelInfo.load(path)
-    p2p = await create_client_p2p()
     by_id = {p.peer_id: p for p in peers}
-    try:
-        routes = PeerListRoutes(model.spec.num_layers, [(p.peer_id, *p.layers, p.maddrs) for p in peers], seed=seed)
-        sampling = SamplingParams(temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, seed=params.seed)
-        factory = chain_session_factory(p2p, model.spec.model_id, model.spec.num_layers, 256, sampling, CONFIG)
-        session = FailoverSession(routes, factory, 256, CONFIG, FailoverState(CONFIG))
-        result = GenerationResult()
+    async with client_node(CONFIG) as transport:
+        pipeline = pipeline_over(transport, model, peers, params, seed)
+        gen = Generation(pipeline, prompt_ids, params, model.eos_ids)
         try:
             n = 0
-            async for event in stream_generate(session, prompt_ids, params, model.eos_ids, None, result):
+            async for _ in gen:
                 n += 1
                 if n in kills:
-                    hop = session.route[0 if kills[n] == "first" else -1]
+                    hop = pipeline.route[0 if kills[n] == "first" else -1]
                     await asyncio.to_thread(by_id[hop.peer_id].kill)
-            return result.tokens, session
+            return gen.result.tokens, pipeline
         finally:
-            await session.close()
-    finally:
-        await p2p.shutdown()
+            await pipeline.close()
 
 
 def prompt(path, text="Tell me about peer-to-peer networks."):
@@ -101,21 +105,21 @@ def test_kill_two_of_four_peers_one_after_another(cluster):
     procs = [p for p in procs if p.layers == (0, 4)][:2] + [p for p in procs if p.layers == (4, 8)][:2]
     ids = prompt(path, "Two failures in a row should not change a single token.")
     ref = reference_generate(path, ids, GREEDY.max_new_tokens)
-    tokens, session = asyncio.run(generate_with_kills(path, procs, ids, GREEDY, {5: "first", 12: "last"}))
+    tokens, pipeline = asyncio.run(generate_with_kills(path, procs, ids, GREEDY, {5: "first", 12: "last"}))
     assert tokens == ref
-    assert len(session.failures) == 2 and len(session.route_log) == 3
-    survivors = {h.peer_id for h in session.route}
-    assert not survivors & {f.hop.peer_id for f in session.failures}
+    assert len(pipeline.failures) == 2 and len(pipeline.route_log) == 3
+    survivors = {h.peer_id for h in pipeline.route}
+    assert not survivors & {f.hop.peer_id for f in pipeline.failures}
 
 
 def test_kill_a_peer_mid_generation_greedy_identical(cluster):
     path, procs = ensure(cluster, 1, 2)
     ids = prompt(path)
     ref = reference_generate(path, ids, GREEDY.max_new_tokens)
-    tokens, session = asyncio.run(generate_with_kills(path, procs, ids, GREEDY, {8: "last"}))
+    tokens, pipeline = asyncio.run(generate_with_kills(path, procs, ids, GREEDY, {8: "last"}))
     assert tokens == ref
-    assert len(session.failures) == 1
-    assert len(session.route_log) == 2 and session.route_log[0][-1].peer_id != session.route_log[1][-1].peer_id
+    assert len(pipeline.failures) == 1
+    assert len(pipeline.route_log) == 2 and pipeline.route_log[0][-1].peer_id != pipeline.route_log[1][-1].peer_id
 
 
 def test_sampled_output_with_failure_equals_run_without(cluster):
@@ -147,19 +151,14 @@ def test_kill_every_replica_of_a_layer_fails_clearly(cluster):
 async def generate_with_kills_all(path, procs, ids, victims):
     """Generate greedily and kill every peer in ``victims`` after 3 tokens."""
     model = LocalModelInfo.load(path)
-    p2p = await create_client_p2p()
-    try:
-        routes = PeerListRoutes(model.spec.num_layers, [(p.peer_id, *p.layers, p.maddrs) for p in procs], seed=0)
-        factory = chain_session_factory(p2p, model.spec.model_id, model.spec.num_layers, 256, SamplingParams(), CONFIG)
-        session = FailoverSession(routes, factory, 256, CONFIG, FailoverState(CONFIG))
+    async with client_node(CONFIG) as transport:
+        pipeline = pipeline_over(transport, model, procs, GREEDY)
         try:
             n = 0
-            async for _ in stream_generate(session, ids, GREEDY, model.eos_ids):
+            async for _ in Generation(pipeline, ids, GREEDY, model.eos_ids):
                 n += 1
                 if n == 3:
                     for p in victims:
                         await asyncio.to_thread(p.kill)
         finally:
-            await session.close()
-    finally:
-        await p2p.shutdown()
+            await pipeline.close()

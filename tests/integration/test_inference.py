@@ -6,11 +6,12 @@ import asyncio
 
 import pytest
 
-from p2pserve.client.chain import LocalModelInfo, create_client_p2p, open_chain_session
 from p2pserve.client.connection import HopConnection
-from p2pserve.client.generation import GenerationParams, generate
+from p2pserve.client.generation import generate
+from p2pserve.client.model_info import LocalModelInfo
+from p2pserve.client.params import GenerationParams
 from p2pserve.config import ClientConfig
-from tests.harness import reference_generate, run_chain, start_peers
+from tests.harness import client_node, open_chain_pipeline, reference_generate, run_chain, start_peers
 
 pytestmark = pytest.mark.integration
 
@@ -55,13 +56,12 @@ def test_chains_of_1_2_and_4_peers_match_generate(llama_peers):
         assert_same(ours, ref), name
 
     async def stats():
-        p2p = await create_client_p2p()
-        conn = HopConnection(p2p, full.hop(), ClientConfig().frame_limits, 10)
-        try:
-            return await conn.stats(), conn.transport
-        finally:
-            await conn.close()
-            await p2p.shutdown()
+        async with client_node() as transport:
+            conn = HopConnection(transport, full.hop(), ClientConfig().frame_limits, 10)
+            try:
+                return await conn.stats(), conn.stream.kind
+            finally:
+                await conn.close()
 
     # Whether a decode ran inline depends on the machine's speed (a session must first send
     # alone for 50 ms), so tests/unit/test_peer_inline.py checks that path directly.
@@ -83,17 +83,16 @@ def test_libp2p_only_and_mixed_transports_match_generate(llama_peers):
         hops = [a.hop(0, 2), plain.hop(2, 6), c.hop(6, 8)]
         assert_same(asyncio.run(run_chain(model, hops, ids, GREEDY)), ref)
 
-        async def transport():
-            p2p = await create_client_p2p()
-            conn = HopConnection(p2p, plain.hop(), ClientConfig().frame_limits, 10)
-            try:
-                await conn.stats()
-                return conn.transport
-            finally:
-                await conn.close()
-                await p2p.shutdown()
+        async def stream_kind():
+            async with client_node() as transport:
+                conn = HopConnection(transport, plain.hop(), ClientConfig().frame_limits, 10)
+                try:
+                    await conn.stats()
+                    return conn.stream.kind
+                finally:
+                    await conn.close()
 
-        assert asyncio.run(transport()) == "libp2p"
+        assert asyncio.run(stream_kind()) == "libp2p"
     finally:
         plain.stop()
 
@@ -106,28 +105,31 @@ def test_eight_concurrent_sessions_are_batched_and_exact(llama_peers):
     refs = [reference_generate(path, p, GREEDY.max_new_tokens) for p in prompts]
 
     async def main():
-        p2p = await create_client_p2p()
-        try:
-            before = await HopConnection(p2p, c.hop(), ClientConfig().frame_limits, 10).stats()
-            sessions = [await open_chain_session(p2p, [a.hop(), c.hop()], model, 256, GREEDY) for _ in prompts]
+        async with client_node() as transport:
+            conn = HopConnection(transport, c.hop(), ClientConfig().frame_limits, 10)
+            before = await conn.stats()
+            await conn.close()
+            pipelines = [await open_chain_pipeline(transport, [a.hop(), c.hop()], model, 256, GREEDY) for _ in prompts]
             results = await asyncio.gather(
-                *(generate(s, p, GREEDY, model.eos_ids) for s, p in zip(sessions, prompts))
+                *(generate(s, p, GREEDY, model.eos_ids) for s, p in zip(pipelines, prompts))
             )
-            conn = HopConnection(p2p, c.hop(), ClientConfig().frame_limits, 10)
+            conn = HopConnection(transport, c.hop(), ClientConfig().frame_limits, 10)
             after = await conn.stats()
             await conn.close()
-            for s in sessions:
+            for s in pipelines:
                 await s.close()
             return [r.tokens for r in results], before, after
-        finally:
-            await p2p.shutdown()
 
     outs, before, after = asyncio.run(main())
     for ours, ref in zip(outs, refs):
         assert_same(ours, ref)
     # The peer ran several sessions in one compute step at least once.
     assert after.max_batch_sessions >= 2
-    assert after.steps - before.steps < after.tokens - before.tokens
+    # Unbatched, every Forward is at least one compute step of its own: one prefill and
+    # len(tokens) - 1 decode Forwards per session. Batched, the decodes of the eight sessions
+    # share steps, so the steps taken stay below the decode Forwards alone.
+    decode_forwards = sum(len(tokens) - 1 for tokens in outs)
+    assert after.steps - before.steps < decode_forwards
 
 
 def test_second_chat_turn_reuses_the_cache(llama_peers):
@@ -136,27 +138,25 @@ def test_second_chat_turn_reuses_the_cache(llama_peers):
     params = GenerationParams(max_new_tokens=12, ignore_eos=True)
 
     async def main():
-        p2p = await create_client_p2p()
-        try:
-            session = await open_chain_session(p2p, [a.hop(), c.hop()], model, 512, params)
+        async with client_node() as transport:
+            pipeline = await open_chain_pipeline(transport, [a.hop(), c.hop()], model, 512, params)
             turn1 = model.chat_ids([{"role": "user", "content": "Hello!"}])
-            r1 = await generate(session, turn1, params, model.eos_ids)
+            r1 = await generate(pipeline, turn1, params, model.eos_ids)
             reply = model.tokenizer.decode(r1.tokens, skip_special_tokens=True)
             turn2 = model.chat_ids([
                 {"role": "user", "content": "Hello!"},
                 {"role": "assistant", "content": reply},
                 {"role": "user", "content": "And the capital of France?"},
             ])
-            cached_before = session.position
-            r2 = await generate(session, turn2, params, model.eos_ids)
-            sent = list(session.history)
-            await session.close()
-            return r2.tokens, cached_before, sent, turn2
-        finally:
-            await p2p.shutdown()
+            cached_before = pipeline.position
+            r2 = await generate(pipeline, turn2, params, model.eos_ids)
+            sent = list(pipeline.history)
+            routes = len(pipeline.route_log)
+            await pipeline.close()
+            return r2.tokens, cached_before, sent, turn2, routes
 
-    tokens, cached_before, sent, turn2 = asyncio.run(main())
-    assert cached_before > 0
+    tokens, cached_before, sent, turn2, routes = asyncio.run(main())
+    assert cached_before > 0 and routes == 1  # both turns on one route: its peers kept the cache
     # The second turn only re-sent what differs from the cached prefix.
     assert sent[: len(turn2)] == turn2
     ref = reference_generate(path, turn2, params.max_new_tokens)

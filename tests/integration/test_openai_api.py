@@ -19,7 +19,7 @@ import urllib.request
 
 import pytest
 
-from p2pserve.client.chain import LocalModelInfo
+from p2pserve.client.model_info import LocalModelInfo
 from tests.harness import reference_generate, start_peers
 
 openai = pytest.importorskip("openai")

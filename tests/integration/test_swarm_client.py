@@ -1,28 +1,26 @@
 """The Python client in swarm mode: routes from the published plan, failover over the swarm.
 
-A bootstrap node, one coordinator and four plan-driven peers (``--max-layers 4``) on the tiny
+A bootstrap node, one coordinator and six plan-driven peers (``--max-layers 4``) on the tiny
 Llama, all real processes on loopback. ``AsyncClient`` finds them through the DHT, routes by
 IWRR over the plan's flows, and must reproduce single-process ``generate`` — also when a peer
-of its route is killed mid-generation (the other replica of its layers takes over).
+of its route is killed mid-generation (another replica of its layers takes over). Six peers of
+at most half the model each give the plan room to serve every layer twice; the test waits for
+such a plan, so there is always a replica to fail over to.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
-from p2pserve.client.api import AsyncClient
-from p2pserve.client.chain import LocalModelInfo
-from p2pserve.config import ClientConfig
 from p2pserve.cli.common import write_local_swarm_file
-from p2pserve.dht.config import DHTConfig
+from p2pserve.client.api import AsyncClient
+from p2pserve.client.model_info import LocalModelInfo
+from p2pserve.config import ClientConfig
+from p2pserve.config import DHTConfig
+from p2pserve.launch import Children
 from tests.harness import reference_generate
 from tests.integration.test_swarm_peers import settled_spans, uncovered
 
@@ -32,20 +30,7 @@ SWARM_ID = "client-swarm"
 TIMING = dict(peer_refresh=0.5, candidate_refresh=0.5, plan_refresh=2.0, link_refresh=2.0, max_clock_skew=2.0)
 DEADLINE = 150.0  # a generous bound for a loaded two-core machine, not a performance claim
 CONFIG = ClientConfig(hop_timeout_s=30.0, max_retries=3)
-
-
-def spawn(args, log: Path) -> subprocess.Popen:
-    with open(log, "wb") as f:
-        return subprocess.Popen([sys.executable, "-m", "p2pserve.cli", *args], stdout=f, stderr=subprocess.STDOUT,
-                                start_new_session=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
-
-
-def killpg(p: subprocess.Popen) -> None:
-    try:
-        os.killpg(p.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    p.wait(15)
+PEERS = 6
 
 
 def wait_for(fn, what: str, deadline: float = DEADLINE):
@@ -62,50 +47,54 @@ def covered(spans, num_layers) -> bool:
     return not uncovered(spans, num_layers)
 
 
+def served_twice(spans, num_layers) -> bool:
+    """Whether every layer survives the loss of any one span."""
+    spans = list(spans)
+    return all(covered(spans[:i] + spans[i + 1:], num_layers) for i in range(len(spans)))
+
+
 @pytest.fixture(scope="module")
 def swarm(model_dir, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("client_swarm")
+    children = Children(tmp_path_factory.mktemp("client_swarm"))
     path = model_dir("llama")
     model = LocalModelInfo.load(path)
-    procs: dict[str, subprocess.Popen] = {}
     try:
-        maddrs_file = tmp / "boot.maddrs"
-        procs["boot"] = spawn(["bootstrap", "--host-maddrs", "/ip4/127.0.0.1/tcp/0", "--maddrs-file", str(maddrs_file)],
-                              tmp / "boot.log")
+        maddrs_file = children.logdir / "boot.maddrs"
+        children.start("boot", "bootstrap", "--host-maddrs", "/ip4/127.0.0.1/tcp/0", "--maddrs-file", str(maddrs_file))
         wait_for(maddrs_file.exists, "bootstrap")
         boot = maddrs_file.read_text().split()
-        cfg_path = tmp / "swarm.json"
+        cfg_path = children.logdir / "swarm.json"
         write_local_swarm_file(cfg_path, model.spec, boot, SWARM_ID, "/ip4/127.0.0.1/tcp/0", TIMING, 0.5)
-        procs["coord"] = spawn(["coordinator", "--config", str(cfg_path)], tmp / "coord.log")
-        for i in range(4):
-            procs[f"peer{i}"] = spawn(["peer", "--model", path, "--config", str(cfg_path), "--num-threads", "1",
-                                       "--max-layers", "4"], tmp / f"peer{i}.log")
+        children.start("coord", "coordinator", "--config", str(cfg_path))
+        for i in range(PEERS):
+            children.start(f"peer{i}", "peer", "--model", path, "--config", str(cfg_path), "--num-threads", "1",
+                           "--max-layers", "4")
         dht = DHTConfig(model=model.spec.model_id, swarm_id=SWARM_ID, initial_peers=tuple(boot),
                         host_maddrs=("/ip4/127.0.0.1/tcp/0",), client_mode=True, **TIMING)
-        yield dict(procs=procs, model=model, path=path, tmp=tmp, dht=dht)
+        yield dict(children=children, model=model, path=path, dht=dht)
     finally:
-        for p in procs.values():
-            killpg(p)
+        children.stop_all(timeout=0)
 
 
-async def wait_for_plan(client: AsyncClient, min_peers: int):
-    """Until the plan has settled (``settled_spans``) with flows and at least ``min_peers`` peers."""
+async def wait_for_plan(client: AsyncClient):
+    """Until the plan has settled (``settled_spans``) with flows and serves every layer twice."""
     routes = client.swarm_routes
     L = client.info.spec.num_layers
     end = time.monotonic() + DEADLINE
     while time.monotonic() < end:
         await routes.refresh(force=True)
         plan, peers = routes.plan, routes._peers
-        if plan is not None and plan.flows and len(plan.spans) >= min_peers and settled_spans(plan, peers, L):
+        spans = settled_spans(plan, peers, L) if plan is not None and plan.flows else None
+        if spans and served_twice(spans.values(), L):
             return plan
         await asyncio.sleep(0.5)
-    raise TimeoutError("no plan covering every layer with loaded ranges")
+    raise TimeoutError("no settled plan serving every layer twice")
 
 
-def peer_process(swarm, peer_id: str) -> subprocess.Popen:
-    for name, proc in swarm["procs"].items():
-        if name.startswith("peer") and f"peer_id={peer_id}" in (swarm["tmp"] / f"{name}.log").read_text(errors="replace"):
-            return proc
+def peer_process(swarm, peer_id: str):
+    for name, child in swarm["children"].procs.items():
+        if name.startswith("peer") and f"peer_id={peer_id}" in child.output(1 << 20):
+            return child
     raise AssertionError(f"no process for peer {peer_id}")
 
 
@@ -117,32 +106,23 @@ def test_swarm_chat_follows_the_plan_and_survives_a_kill(swarm):
 
     async def main():
         async with AsyncClient(model=path, dht_config=swarm["dht"], config=CONFIG, seed=0, model_info=model) as client:
-            plan = await wait_for_plan(client, min_peers=3)
+            plan = await wait_for_plan(client)
             reply = await client.chat(messages, max_new_tokens=16, ignore_eos=True)
             flow_edges = {(f.src, f.dst) for f in plan.flows if f.rate > 0}
             path_ids = ["source"] + [h.peer_id for h in reply.route] + ["sink"]
             # the route uses only edges that carry flow in the plan
             assert set(zip(path_ids, path_ids[1:])) <= flow_edges, (path_ids, flow_edges)
 
-            # a victim on the route whose layers someone else still serves
             spans = dict(plan.spans)
-            victim = next((h.peer_id for h in reply.route
-                           if covered([s for p, s in spans.items() if p != h.peer_id], model.spec.num_layers)), None)
-            if victim is None:
-                pytest.skip(f"the plan has no redundancy to fail over to: {spans}")
             stream = client.chat_stream(messages, max_new_tokens=16, ignore_eos=True, seed=None)
             n = 0
             async for _ in stream:
                 n += 1
                 if n == 5:
-                    if victim not in {h.peer_id for h in stream.session.route}:
-                        victim2 = next((h.peer_id for h in stream.session.route if covered(
-                            [s for p, s in spans.items() if p != h.peer_id], model.spec.num_layers)), None)
-                        assert victim2 is not None
-                        target = victim2
-                    else:
-                        target = victim
-                    await asyncio.to_thread(killpg, peer_process(swarm, target))
+                    # the plan serves every layer twice: the last hop of the route has a replica
+                    victim = stream.pipeline.route[-1].peer_id
+                    assert covered([s for p, s in spans.items() if p != victim], model.spec.num_layers), spans
+                    await asyncio.to_thread(peer_process(swarm, victim).kill)
             return reply, stream.reply
 
     first, second = asyncio.run(main())

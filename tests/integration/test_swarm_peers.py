@@ -24,9 +24,9 @@ from pathlib import Path
 import pytest
 
 from p2pserve.client.api import AsyncClient
-from p2pserve.client.chain import LocalModelInfo
-from p2pserve.client.connection import Hop
-from p2pserve.client.generation import GenerationParams
+from p2pserve.client.model_info import LocalModelInfo
+from p2pserve.client.hop import Hop
+from p2pserve.client.params import GenerationParams
 from p2pserve.cli.common import write_local_swarm_file
 from p2pserve.config import DHTConfig
 from p2pserve.dht.swarm import Swarm

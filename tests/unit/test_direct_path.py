@@ -2,34 +2,26 @@
 
 from __future__ import annotations
 
-from p2pserve.peer.direct import TokenBook
-from p2pserve.transport import maddr_hosts
-
-
-class Clock:
-    def __init__(self):
-        self.t = 100.0
-
-    def __call__(self):
-        return self.t
+from p2pserve.testing import FakeClock
+from p2pserve.transport.tcp import TokenBook, maddr_hosts
 
 
 def test_tokens_are_single_use_and_expire():
-    clock = Clock()
+    clock = FakeClock()
     book = TokenBook(ttl_s=30.0, clock=clock)
     a, b = book.issue(), book.issue()
     assert a != b and len(a) == 32
     assert book.redeem(a) and not book.redeem(a)  # one use
     assert not book.redeem("0" * 32)  # never issued
-    clock.t += 31
+    clock.advance(31)
     assert not book.redeem(b)  # expired
 
 
 def test_token_book_is_bounded():
-    clock = Clock()
+    clock = FakeClock()
     book = TokenBook(ttl_s=30.0, clock=clock, max_outstanding=8)
     tokens = [book.issue() for _ in range(50)]
-    assert len(book._expiry) <= 8
+    assert len(book) <= 8
     assert book.redeem(tokens[-1])  # the newest survive
 
 
@@ -42,3 +34,58 @@ def test_maddr_hosts_skips_relays_and_repeats():
         "/dns4/example.org/tcp/4001",
     ]
     assert maddr_hosts(maddrs) == ["127.0.0.1", "::1"]
+
+
+def test_session_streams_move_to_the_direct_path_when_offered():
+    """DirectTransport over an in-memory 'libp2p': OpenDirect, attach on loopback TCP, peer id checked."""
+    import asyncio
+
+    from p2pserve.protocol import (
+        SESSION_PROTOCOL,
+        DirectOffer,
+        ErrorReply,
+        FrameLimits,
+        GetStats,
+        OpenDirect,
+        decode_reply,
+        decode_request,
+    )
+    from p2pserve.transport.frames import read_frame, write_frame
+    from p2pserve.transport.memory import MemoryNetwork
+    from p2pserve.transport.tcp import DirectListener, DirectTransport
+
+    async def answer(reader, writer, listener=None) -> None:
+        """The peer's session handler: offers the direct path; answers anything else with the
+        name of the writer it answers on (which stream carried the frame)."""
+        while True:
+            try:
+                header, _ = await read_frame(reader, FrameLimits())
+            except (asyncio.IncompleteReadError, ConnectionError):
+                return
+            if isinstance(decode_request(header), OpenDirect):
+                await write_frame(writer, listener.offer() if listener else DirectOffer(port=0))
+            else:
+                await write_frame(writer, ErrorReply(code="bad_request", message=type(writer).__name__))
+
+    async def carried_by(listener_peer_id):
+        net = MemoryNetwork()
+        listener = None
+        if listener_peer_id is not None:
+            listener = DirectListener(answer, listener_peer_id, ["127.0.0.1"])
+            await listener.start()
+        net.serve("peerX", SESSION_PROTOCOL, lambda r, w: answer(r, w, listener))
+        transport = DirectTransport(net.transport("client"))
+        try:
+            stream = await transport.open_stream("peerX", ["/ip4/127.0.0.1/tcp/1/p2p/peerX"], SESSION_PROTOCOL, 5.0)
+            await write_frame(stream.writer, GetStats())
+            header, _ = await read_frame(stream.reader, FrameLimits())
+            stream.close()
+            return stream.kind, decode_reply(header).message
+        finally:
+            if listener is not None:
+                await listener.stop()
+            await transport.close()
+
+    assert asyncio.run(carried_by("peerX")) == ("direct", "StreamWriter")
+    assert asyncio.run(carried_by(None)) == ("memory", "PipeWriter")  # no port offered: the inner stream
+    assert asyncio.run(carried_by("impostor")) == ("memory", "PipeWriter")  # the TCP side is not peerX

@@ -21,7 +21,8 @@ from p2pserve.protocol import (
     decode_request,
     encode_frame,
 )
-from p2pserve.transport import tensor_from_wire, tensor_to_wire
+from p2pserve.testing import ByteTokenizer
+from p2pserve.transport.frames import tensor_from_wire, tensor_to_wire
 
 
 def test_frame_roundtrip_and_limits():
@@ -103,15 +104,8 @@ def test_sampling_is_reproducible_per_position():
     assert set(draws) <= allowed
 
 
-class _ByteTokenizer:
-    """Each token is one byte of UTF-8."""
-
-    def decode(self, ids, skip_special_tokens=True):
-        return bytes(ids).decode("utf-8", errors="replace")
-
-
 def test_detokenizer_buffers_incomplete_utf8():
-    det = IncrementalDetokenizer(_ByteTokenizer())
+    det = IncrementalDetokenizer(ByteTokenizer())
     pieces = [det.push(b) for b in "né€".encode()]
     assert "".join(pieces) == "né€"
     assert "\ufffd" not in "".join(pieces)
@@ -151,32 +145,47 @@ def test_open_outside_the_range_is_stale_route_or_bad_request():
 
 
 def test_hidden_states_of_the_wrong_shape_are_blamed_on_the_hop_that_sent_them():
-    """The chain passes hidden bytes on undecoded, so the client checks them per hop (retriable)."""
-    import asyncio
-
-    from p2pserve.client.connection import Hop, HopConnection
+    """The pipeline passes hidden bytes on undecoded, so the client checks them per hop (retriable)."""
+    from p2pserve.client.connection import HopConnection
+    from p2pserve.client.hop import Hop
     from p2pserve.protocol import ForwardResult, FrameLimits, SessionOpened, TensorMeta
 
     conn = HopConnection(None, Hop("peerA", 0, 4, ()), FrameLimits(), 5.0)
     conn.session_id = "s"
     conn.opened = SessionOpened(session_id="s", start=0, end=4, served_start=0, served_end=8, hidden_size=8,
                                 dtype="float32", peer_version="x")
-    replies = []
-
-    async def fake_call(msg, payload=b""):  # stands in for the stream round trip
-        return replies.pop(0)
-
-    conn._call = fake_call
-    ids, ids_data = tensor_to_wire(torch.tensor([1, 2, 3]))
     good = TensorMeta(dtype="float32", shape=[3, 8], nbytes=96)
-    replies.append((ForwardResult(session_id="s", step=0, position=3, tensor=good), b"\0" * 96))
-    reply, payload = asyncio.run(conn.forward_wire(0, 0, ids, ids_data))
-    assert reply.tensor == good and len(payload) == 96
+    reply = ForwardResult(session_id="s", step=0, position=3, tensor=good)
+    assert conn.hidden_of(reply, b"\0" * 96, 3) == good
     wrong = TensorMeta(dtype="float32", shape=[3, 9], nbytes=108)
-    replies.append((ForwardResult(session_id="s", step=1, position=6, tensor=wrong), b"\0" * 108))
     with pytest.raises(MalformedFrameError, match=r"expected float32 \[3, 8\]"):
-        asyncio.run(conn.forward_wire(1, 3, ids, ids_data))
+        conn.hidden_of(ForwardResult(session_id="s", step=1, position=6, tensor=wrong), b"\0" * 108, 3)
     lying = TensorMeta(dtype="float32", shape=[3, 8], nbytes=96)
-    replies.append((ForwardResult(session_id="s", step=1, position=6, tensor=lying), b"\0" * 10))
     with pytest.raises(MalformedFrameError):
-        asyncio.run(conn.forward_wire(1, 3, ids, ids_data))
+        conn.hidden_of(ForwardResult(session_id="s", step=1, position=6, tensor=lying), b"\0" * 10, 3)
+    token = ForwardResult(session_id="s", step=2, position=9, token=5)
+    assert conn.hidden_of(token, b"", 1) is None
+
+
+def test_generation_params_are_validated_once_and_name_the_bad_field():
+    from p2pserve.client.params import GenerationParams
+    from p2pserve.errors import BadRequestError
+
+    sampled = GenerationParams.of(max_new_tokens=5, temperature=0.7, stop="END")
+    assert sampled.stop == ("END",) and 0 <= sampled.seed < 2**62  # a fixed seed per request: replay is exact
+    assert GenerationParams.of().seed == 0
+    wire = sampled.validate()
+    assert (wire.temperature, wire.top_k, wire.top_p, wire.seed) == (0.7, 0, 1.0, sampled.seed)
+    for bad, field in [
+        (dict(max_new_tokens=0), "max_new_tokens"),
+        (dict(max_new_tokens=1.5), "max_new_tokens"),
+        (dict(temperature=-1.0), "temperature"),
+        (dict(temperature="hot"), "temperature"),
+        (dict(top_p=0.0), "top_p"),
+        (dict(top_k=-1), "top_k"),
+        (dict(stop=["ok", ""]), "stop"),
+    ]:
+        params = GenerationParams.of(**bad)
+        assert params.problem().field == field, bad
+        with pytest.raises(BadRequestError, match=f": {field} "):
+            params.validate()

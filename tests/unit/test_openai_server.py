@@ -7,61 +7,17 @@ import json
 
 import pytest
 
-from p2pserve.client.connection import Hop
-from p2pserve.client.failover import AllRoutesOverloadedError
-from p2pserve.client.openai_server import HTTPError, OpenAIServer, http_error_for, parse_chat_request
-from p2pserve.client.routing import NoRouteError
-from p2pserve.errors import BadRequestError, GenerationFailedError, OverloadedError
-
-
-class FakeReply(str):
-    pass
-
-
-def make_reply(text="Hello world") -> FakeReply:
-    r = FakeReply(text)
-    r.text, r.tokens, r.finish_reason, r.prompt_tokens = text, [1, 2], "stop", 3
-    r.route, r.routes, r.failures = [Hop("peerA", 0, 8)], [[Hop("peerA", 0, 8)]], []
-    r.tokens_per_s, r.first_token_s = 10.0, 0.01
-    return r
-
-
-class FakeStream:
-    def __init__(self, error=None, open_error=None):
-        self.pieces, self.error, self.open_error, self.reply = ["Hello", " world"], error, open_error, None
-
-    async def open(self):
-        if self.open_error:
-            raise self.open_error
-
-    def __aiter__(self):
-        return self
-
-    async def __anext__(self):
-        if self.pieces:
-            return self.pieces.pop(0)
-        if self.error:
-            raise self.error
-        self.reply = make_reply()
-        raise StopAsyncIteration
-
-    async def aclose(self):
-        pass
-
-
-class FakeClient:
-    model_id = "fake-model"
-
-    def __init__(self, error=None, stream_error=None):
-        self.error, self.stream_error = error, stream_error
-
-    async def chat(self, messages, **kw):
-        if self.error:
-            raise self.error
-        return make_reply()
-
-    def chat_stream(self, messages, **kw):
-        return FakeStream(error=self.stream_error, open_error=self.error)
+from p2pserve.client.openai_schema import http_error_for, parse_chat_request, parse_completion_request
+from p2pserve.client.openai_server import OpenAIServer
+from p2pserve.errors import (
+    AllRoutesOverloadedError,
+    BadRequestError,
+    GenerationFailedError,
+    HTTPError,
+    NoRouteError,
+    OverloadedError,
+)
+from p2pserve.testing import FakeClient
 
 
 async def request(server_client, method, path, body=None):
@@ -140,7 +96,7 @@ def test_parse_chat_request_validation():
     ok = parse_chat_request({"model": "m", "messages": [{"role": "developer", "content": [{"type": "text", "text": "x"}]}],
                              "max_completion_tokens": 5, "stop": "END", "seed": 3}, models)
     assert ok.messages == [{"role": "system", "content": "x"}]
-    assert ok.kwargs["max_new_tokens"] == 5 and ok.kwargs["stop"] == ["END"] and ok.kwargs["seed"] == 3
+    assert ok.params.max_new_tokens == 5 and ok.params.stop == ("END",) and ok.params.seed == 3
     for bad, needle in [
         ({"messages": [{"role": "user", "content": "x"}]}, "'model' is required"),
         ({"model": "m"}, "'messages' is required"),
@@ -149,6 +105,12 @@ def test_parse_chat_request_validation():
         ({"model": "m", "messages": [{"role": "user", "content": "x"}], "n": 2}, "'n'"),
         ({"model": "m", "messages": [{"role": "user", "content": 5}]}, "content"),
         ({"model": "m", "messages": [{"role": "user", "content": "x"}], "stop": [""]}, "stop"),
+        ({"model": "m", "messages": [{"role": "user", "content": "x"}], "temperature": 7}, "temperature"),
+        ({"model": "m", "messages": [{"role": "user", "content": "x"}], "temperature": -1}, "temperature"),
+        ({"model": "m", "messages": [{"role": "user", "content": "x"}], "top_p": 0}, "top_p"),
+        ({"model": "m", "messages": [{"role": "user", "content": "x"}], "top_k": -2}, "top_k"),
+        ({"model": "m", "messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 0},
+         "'max_completion_tokens' must be >= 1"),
     ]:
         with pytest.raises(HTTPError) as e:
             parse_chat_request(bad, models)
@@ -157,3 +119,15 @@ def test_parse_chat_request_validation():
 
 def test_overloaded_remote_error_is_429():
     assert http_error_for(OverloadedError("full", peer="p")).status == 429
+
+
+def test_the_request_reaches_the_client_as_generation_params():
+    """The server hands the client the GenerationParams it validated (one owner of parameters)."""
+    client = FakeClient()
+    body = dict(CHAT, max_tokens=7, top_k=3, seed=-1, stop=["x"])
+    assert run(request(client, "POST", "/v1/chat/completions", body))[0] == 200
+    (kind, params), = client.requests
+    assert kind == "chat" and (params.max_new_tokens, params.top_k, params.stop) == (7, 3, ("x",))
+    assert params.seed == (1 << 62) - 1  # negative seeds are folded into ours
+    completion = parse_completion_request({"model": "m", "prompt": [[1, 2, 3]]}, {"m"})
+    assert completion.prompt == [1, 2, 3] and completion.params.temperature == 1.0

@@ -95,8 +95,8 @@ def test_stale_plan_falls_back_to_announced_ranges_and_invalidate_rereads():
     hops = asyncio.run(routes.route(Masks()))
     assert [(h.peer_id, h.start, h.end) for h in hops] == [("B", 0, 5), ("C", 5, 8)]
     provider = routes.for_request(16)
-    asyncio.run(provider(Masks()))
+    asyncio.run(provider.route(Masks()))
     assert reads(swarm) == 1  # cached
     provider.invalidate()
-    asyncio.run(provider(Masks()))
+    asyncio.run(provider.route(Masks()))
     assert reads(swarm) == 2

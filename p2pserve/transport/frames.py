@@ -1,13 +1,13 @@
-"""Frames over a byte stream, and tensors to and from raw bytes.
+"""The frame codec: frames over a byte stream, and tensors to and from raw bytes.
 
-Shared by the peer's handlers and the client's connections: it knows asyncio streams and
+Shared by the peer's handlers and the client's connections, whatever transport carries the
+stream (libp2p, the direct TCP path, in-memory pipes): it knows stream readers and writers and
 torch, and nothing about sessions. Layout and limits are defined in ``protocol.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import socket
 
 import msgspec
 import torch
@@ -69,25 +69,3 @@ async def read_frame(reader: asyncio.StreamReader, limits: FrameLimits) -> tuple
     header = await reader.readexactly(header_len)
     payload = await reader.readexactly(payload_len) if payload_len else b""
     return header, payload
-
-
-def maddr_hosts(maddrs) -> list[str]:
-    """The IP addresses in libp2p multiaddrs, in order, without repeats (for the direct path).
-
-    Relayed addresses are skipped: a peer reachable only through a relay has no direct path.
-    """
-    hosts: list[str] = []
-    for m in maddrs:
-        parts = str(m).split("/")
-        if "p2p-circuit" in parts or len(parts) < 3 or parts[1] not in ("ip4", "ip6"):
-            continue
-        if parts[2] not in hosts:
-            hosts.append(parts[2])
-    return hosts
-
-
-def set_nodelay(writer: asyncio.StreamWriter) -> None:
-    """Disable Nagle on a TCP stream: frames are latency-bound and already written whole."""
-    sock = writer.get_extra_info("socket")
-    if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

@@ -5,7 +5,7 @@ It stands in for the peer runtime in control-plane tests and demos: it announces
 shaped like a small GPU peer, probes links over ``p2pserve.probe`` and follows the plan
 (joining -> loading the target range for ``--load-delay`` seconds -> serving it).
 
-    python -m p2pserve.testing_peer --initial-peers ... --model M --max-layers 4
+    python -m p2pserve.testing.synthetic_peer --initial-peers ... --model M --max-layers 4
 
 ``--absurd`` announces 10^12 tokens/s (bypassing local validation) so that tests can check
 that readers drop such records with a logged reason.
@@ -30,7 +30,7 @@ from p2pserve.dht.records import PeerInfo, encode_record
 from p2pserve.dht.swarm import Swarm
 from p2pserve.types import LayerRange
 
-logger = logging.getLogger("p2pserve.testing_peer")
+logger = logging.getLogger("p2pserve.testing.synthetic_peer")
 
 
 class SyntheticState:
@@ -149,8 +149,8 @@ async def amain(args: argparse.Namespace) -> int:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    """``python -m p2pserve.testing_peer``."""
-    parser = argparse.ArgumentParser(prog="python -m p2pserve.testing_peer", description=__doc__.splitlines()[0])
+    """``python -m p2pserve.testing.synthetic_peer``."""
+    parser = argparse.ArgumentParser(prog="python -m p2pserve.testing.synthetic_peer", description=__doc__.splitlines()[0])
     add_arguments(parser)
     args = parser.parse_args(argv)
     setup_logging(args.log_level)

@@ -1,8 +1,4 @@
-"""Fakes for unit tests of pure logic, shipped once here instead of copied into each test.
-
-Integration tests use real hivemind nodes, real peer processes and real models; these fakes
-are only for the decision logic around them.
-"""
+"""An in-memory swarm: the DHT records of several fake nodes, behind the real swarm protocol."""
 
 from __future__ import annotations
 
@@ -15,24 +11,6 @@ from p2pserve.dht.election import SignedPlan, choose_plan
 from p2pserve.dht.keys import RecordKind
 from p2pserve.dht.records import CoordinatorCandidate, LinkInfo, PeerInfo, Plan
 from p2pserve.dht.view import Signed
-
-
-class FakeClock:
-    """A clock tests move by hand: ``clock()`` returns ``clock.t``; ``advance(dt)`` moves it."""
-
-    def __init__(self, t: float = 1000.0):
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
-
-    def advance(self, dt: float) -> float:
-        """Move the clock forward by ``dt`` seconds and return the new time."""
-        self.t += dt
-        return self.t
-
-
-# ============================================================================== control plane
 
 #: One entry of a :class:`FakeSwarmStore`: a record and its expiration time.
 StoredRecord = tuple[object, float]

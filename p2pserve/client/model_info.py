@@ -1,0 +1,43 @@
+"""What a client needs of the model locally: tokenizer, shapes (the spec), end-of-reply ids.
+
+No weights: a client tokenizes, applies the chat template and checks shapes; the peers compute.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from p2pserve.client.generation import eos_ids_of
+from p2pserve.model.default import resolve_model
+from p2pserve.model.spec import load_spec
+
+
+@dataclass
+class LocalModelInfo:
+    """The local checkpoint's tokenizer, spec and generation EOS ids (``tokenizer`` may be None:
+    a caller driving the swarm with token ids only)."""
+
+    path: str
+    spec: object
+    tokenizer: object
+    eos_ids: set[int] = field(default_factory=set)
+
+    @classmethod
+    def load(cls, model: str | None, dtype: str = "float32") -> "LocalModelInfo":
+        """Load from a checkpoint directory or model name (None: the embedded default)."""
+        from transformers import AutoTokenizer, GenerationConfig
+
+        path = str(resolve_model(model))
+        tok = AutoTokenizer.from_pretrained(path)
+        try:
+            gen_cfg = GenerationConfig.from_pretrained(path)
+        except OSError:
+            gen_cfg = None
+        return cls(path, load_spec(path, dtype=dtype), tok, eos_ids_of(tok, gen_cfg))
+
+    def chat_ids(self, messages: list[dict]) -> list[int]:
+        """Token ids of a conversation with the generation prompt appended."""
+        out = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        if isinstance(out, dict) or hasattr(out, "input_ids"):
+            out = out["input_ids"]
+        return list(out)

@@ -1,0 +1,226 @@
+"""The OpenAI API's bodies, pure: requests in (validated), responses and errors out.
+
+Every request parameter is validated once, by :class:`~p2pserve.client.params.GenerationParams`
+(the same rules as the Python API); this module checks only what is the HTTP API's own: JSON
+types, the OpenAI names (``max_tokens`` for ``max_new_tokens``), and limits of the OpenAI API
+itself (``n`` = 1, ``temperature`` <= 2, up to 16 stop strings, sizes that fit the wire).
+Failures become :class:`~p2pserve.errors.HTTPError` with status 400 and the OpenAI field name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from p2pserve.client.params import GenerationParams
+from p2pserve.errors import (
+    AllRoutesOverloadedError,
+    BadRequestError,
+    ConfigError,
+    GenerationFailedError,
+    HTTPError,
+    NoRouteError,
+    OverloadedError,
+    P2PServeError,
+    RoutingError,
+)
+
+DEFAULT_MAX_TOKENS = 256
+SIZE_LIMIT = 1 << 20  # max_tokens and top_k: far beyond any model, small enough for the wire
+OPENAI_MAX_TEMPERATURE = 2.0  # the OpenAI API's range; the Python API allows more
+MAX_STOP_STRINGS = 16
+SEED_LIMIT = 1 << 62
+
+
+def http_error_for(exc: BaseException) -> HTTPError:
+    """Map a p2pserve exception to the HTTP status a client can act on."""
+    if isinstance(exc, HTTPError):
+        return exc
+    if isinstance(exc, (BadRequestError, ConfigError)):
+        msg = exc.message if isinstance(exc, BadRequestError) else str(exc)
+        return HTTPError(400, msg)
+    if isinstance(exc, (AllRoutesOverloadedError, OverloadedError)) or (
+        isinstance(exc, NoRouteError) and exc.overloaded
+    ):
+        return HTTPError(429, f"every route is overloaded, retry later: {exc}", "rate_limit_error", code="overloaded")
+    if isinstance(exc, RoutingError):
+        return HTTPError(503, f"no route through the swarm: {exc}", "service_unavailable", code="no_route")
+    if isinstance(exc, GenerationFailedError):
+        return HTTPError(503, str(exc), "service_unavailable", code="generation_failed")
+    if isinstance(exc, P2PServeError):
+        return HTTPError(500, str(exc), "server_error")
+    return HTTPError(500, f"internal error: {type(exc).__name__}: {exc}", "server_error")
+
+
+# ----------------------------------------------------------------------------- request parsing (pure)
+
+
+@dataclass
+class GenRequest:
+    """What a chat or completion request asks for, validated."""
+
+    kind: str  # "chat" or "completion"
+    model: str
+    params: GenerationParams
+    messages: Optional[list] = None
+    prompt: Any = None
+    stream: bool = False
+    include_usage: bool = False
+
+
+def _number(body: dict, name: str, default, integer: bool = False, at_most: Optional[float] = None):
+    """``body[name]`` type-checked (and bounded by an API limit), or ``default`` when absent."""
+    value = body.get(name, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and not isinstance(value, int)):
+        raise HTTPError(400, f"'{name}' must be {'an integer' if integer else 'a number'}, got {value!r}", param=name)
+    if at_most is not None and value > at_most:
+        raise HTTPError(400, f"'{name}' must be at most {at_most:g}, got {value!r}", param=name)
+    return value
+
+
+def _stop(body: dict) -> Optional[list]:
+    stop = body.get("stop")
+    if isinstance(stop, str):
+        stop = [stop]
+    if stop is not None and (not isinstance(stop, list) or len(stop) > MAX_STOP_STRINGS):
+        raise HTTPError(400, f"'stop' must be a string or a list of up to {MAX_STOP_STRINGS} non-empty strings",
+                        param="stop")
+    return stop
+
+
+def _params(body: dict) -> GenerationParams:
+    """The request's GenerationParams, validated by its own rules (OpenAI names in the errors)."""
+    limit_name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    if _number(body, "n", 1, integer=True) != 1:
+        raise HTTPError(400, f"'n' must be 1 (one choice per request), got {body['n']!r}", param="n")
+    seed = _number(body, "seed", None, integer=True)
+    if seed is not None and abs(seed) > SEED_LIMIT:
+        raise HTTPError(400, f"'seed' must be in [-2^62, 2^62], got {seed!r}", param="seed")
+    if seed is not None and seed < 0:
+        seed &= SEED_LIMIT - 1  # negative seeds are valid in the OpenAI API; ours are not
+    params = GenerationParams.of(
+        max_new_tokens=_number(body, limit_name, DEFAULT_MAX_TOKENS, integer=True, at_most=SIZE_LIMIT),
+        temperature=float(_number(body, "temperature", 1.0, at_most=OPENAI_MAX_TEMPERATURE)),
+        top_p=float(_number(body, "top_p", 1.0)),
+        top_k=_number(body, "top_k", 0, integer=True, at_most=SIZE_LIMIT),
+        seed=seed, stop=_stop(body),
+    )
+    problem = params.problem()
+    if problem is not None:
+        name = limit_name if problem.field == "max_new_tokens" else problem.field
+        raise HTTPError(400, f"'{name}' {problem.message}", param=name)
+    return params
+
+
+def parse_common(body: dict, models: set[str], kind: str) -> GenRequest:
+    """Fields shared by /v1/chat/completions and /v1/completions."""
+    if not isinstance(body, dict):
+        raise HTTPError(400, "the request body must be a JSON object")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise HTTPError(400, "'model' is required (see GET /v1/models)", param="model")
+    if model not in models:
+        raise HTTPError(400, f"unknown model {model!r}; this server serves {sorted(models)}", param="model",
+                        code="model_not_found")
+    params = _params(body)
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise HTTPError(400, "'stream' must be a boolean", param="stream")
+    opts = body.get("stream_options") or {}
+    include_usage = bool(isinstance(opts, dict) and opts.get("include_usage"))
+    return GenRequest(kind=kind, model=model, params=params, stream=stream, include_usage=include_usage)
+
+
+def parse_chat_request(body: dict, models: set[str]) -> GenRequest:
+    """Validate a /v1/chat/completions body."""
+    req = parse_common(body, models, "chat")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise HTTPError(400, "'messages' is required: a non-empty list of {role, content}", param="messages")
+    clean = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise HTTPError(400, f"messages[{i}] must be an object", param="messages")
+        content = m.get("content")
+        if isinstance(content, list):  # the content-parts form: keep the text parts
+            parts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
+            if len(parts) != len(content) or not all(isinstance(p, str) for p in parts):
+                raise HTTPError(400, f"messages[{i}].content: only text parts are supported", param="messages")
+            content = "".join(parts)
+        if not isinstance(content, str):
+            raise HTTPError(400, f"messages[{i}].content must be a string", param="messages")
+        role = m.get("role")
+        if role == "developer":
+            role = "system"
+        if role not in ("system", "user", "assistant"):
+            raise HTTPError(400, f"messages[{i}].role must be system, user or assistant, got {role!r}", param="messages")
+        clean.append({"role": role, "content": content})
+    req.messages = clean
+    return req
+
+
+def parse_completion_request(body: dict, models: set[str]) -> GenRequest:
+    """Validate a /v1/completions body (prompt: a string, token ids, or a one-element list of either)."""
+    req = parse_common(body, models, "completion")
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]
+    ok = (isinstance(prompt, str) and prompt) or (
+        isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+    )
+    if not ok:
+        raise HTTPError(400, "'prompt' is required: a non-empty string or list of token ids (one prompt per request)",
+                        param="prompt")
+    if body.get("echo"):
+        raise HTTPError(400, "'echo' is not supported", param="echo")
+    req.prompt = prompt
+    return req
+
+
+def usage(reply) -> dict:
+    """OpenAI usage object of a finished Reply."""
+    return {"prompt_tokens": reply.prompt_tokens, "completion_tokens": len(reply.tokens),
+            "total_tokens": reply.prompt_tokens + len(reply.tokens)}
+
+
+def route_info(reply) -> dict:
+    """A p2pserve extension field: the route(s) taken and timings."""
+    return {
+        "route": [{"peer_id": h.peer_id, "start": h.start, "end": h.end} for h in reply.route],
+        "routes": len(reply.routes),
+        "failures": reply.failures,
+        "tokens_per_s": round(reply.tokens_per_s, 3),
+        "time_to_first_token_s": None if reply.first_token_s is None else round(reply.first_token_s, 4),
+    }
+
+
+def completion_body(req: GenRequest, reply, rid: str, created: int) -> dict:
+    """The non-streaming response body."""
+    if req.kind == "chat":
+        choice = {"index": 0, "message": {"role": "assistant", "content": reply.text}, "logprobs": None,
+                  "finish_reason": reply.finish_reason}
+        obj = "chat.completion"
+    else:
+        choice = {"index": 0, "text": reply.text, "logprobs": None, "finish_reason": reply.finish_reason}
+        obj = "text_completion"
+    return {"id": rid, "object": obj, "created": created, "model": req.model, "choices": [choice],
+            "usage": usage(reply), "p2pserve": route_info(reply)}
+
+
+def chunk_body(req: GenRequest, rid: str, created: int, text: Optional[str] = None, role: bool = False,
+               finish_reason: Optional[str] = None) -> dict:
+    """One streamed chunk."""
+    if req.kind == "chat":
+        delta: dict = {}
+        if role:
+            delta["role"] = "assistant"
+        if text is not None:
+            delta["content"] = text
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        obj = "chat.completion.chunk"
+    else:
+        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+        obj = "text_completion"
+    return {"id": rid, "object": obj, "created": created, "model": req.model, "choices": [choice]}

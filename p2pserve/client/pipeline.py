@@ -1,0 +1,213 @@
+"""One request's pipeline through the swarm: the route's connections, the token history, failover.
+
+:meth:`Pipeline.step` sends token ids to the first hop of the current route, hands each hop's
+hidden states to the next as the bytes it received, and returns the token the last hop sampled.
+Why client-driven and not peer-to-peer forwarding is measured and argued in ARCHITECTURE.md
+("Hop topology").
+
+The pipeline keeps the one token history of the request (prompt and generated tokens it sent)
+and how much of it the current route's peers hold. When a hop fails it applies the pure
+decisions of :mod:`p2pserve.client.failover`: ban (or mask) the peer, ask the
+:class:`~p2pserve.client.route_providers.RouteProvider` for a new route, and send the new route
+the whole history with the pending tokens as one prefill (the replay). Peers sample with a seed
+per absolute position, so the replayed route returns the token the failed one would have.
+
+Every route opens with a fresh session id: a peer that survived the failure may still hold the
+old session, and the replay must not collide with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from typing import Optional, Sequence
+
+import torch
+
+from p2pserve.client.connection import HopConnection
+from p2pserve.client.failover import (
+    FailoverState,
+    FailureRecord,
+    HopFailure,
+    failure_message,
+    next_move,
+    routes_exhausted,
+)
+from p2pserve.client.hop import Hop, check_chain
+from p2pserve.client.route_providers import ChainListRoutes, RouteProvider
+from p2pserve.config import ClientConfig
+from p2pserve.errors import BadRequestError, GenerationFailedError, RoutingError
+from p2pserve.protocol import Forward, SamplingParams
+from p2pserve.transport import Transport
+from p2pserve.transport.frames import tensor_to_wire
+
+log = logging.getLogger(__name__)
+
+
+class Pipeline:
+    """One generation session of ``model_id`` through whatever route ``routes`` provides.
+
+    ``state`` holds the bans, shared by every pipeline of one client; ``max_length`` bounds the
+    positions the session will hold (the peers reserve KV cache for it).
+    """
+
+    def __init__(self, transport: Transport, routes: RouteProvider, model_id: str, num_layers: int, max_length: int,
+                 sampling: SamplingParams = SamplingParams(), config: ClientConfig = ClientConfig(),
+                 state: Optional[FailoverState] = None):
+        self.transport = transport
+        self.routes = routes
+        self.model_id = model_id
+        self.num_layers = num_layers
+        self.max_length = max_length
+        self.sampling = sampling
+        self.config = config
+        self.state = state if state is not None else FailoverState(config)
+        self.history: list[int] = []  # every token id the peers were sent, in order (the replay)
+        self.failures: list[FailureRecord] = []  # every failed hop of this pipeline, in order
+        self.route_log: list[list[Hop]] = []  # every route opened, in order
+        self._links: Optional[list[HopConnection]] = None  # the current route's connections
+        self._held = 0  # how many history tokens the current route's peers hold
+        self._steps = 0  # Forward counter of the current route
+
+    @property
+    def position(self) -> int:
+        """Tokens of the history (what the next step follows)."""
+        return len(self.history)
+
+    @property
+    def route(self) -> list[Hop]:
+        """The route in use (the last one opened)."""
+        return self.route_log[-1] if self.route_log else []
+
+    async def __aenter__(self) -> "Pipeline":
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    async def open(self) -> None:
+        """Open a route now, so that "no route" or "overloaded" surface before any token."""
+        attempts = 0
+        while self._links is None:
+            attempts += 1
+            try:
+                await self._open_route()
+            except HopFailure as f:
+                await self._recover(f, attempts)
+            except RoutingError as e:
+                if not self.failures:
+                    raise  # nothing failed yet: the swarm simply has no route (503 / 429)
+                raise routes_exhausted(e, self.failures, attempts) from e
+
+    async def step(self, token_ids: Sequence[int]) -> int:
+        """Feed ``token_ids`` after the history; returns the next token, whatever fails below.
+
+        The route first gets the history it does not hold: after a re-route that is all of it,
+        sent with ``token_ids`` as one prefill. This is the one hot path of a decode token, so it
+        drives the hops itself (no per-hop helper call between it and the connection).
+        """
+        if not token_ids:
+            raise BadRequestError("step needs at least one token")
+        if self.position + len(token_ids) > self.max_length:
+            raise BadRequestError(f"session would exceed max_length {self.max_length}")
+        attempts = 0
+        while True:
+            attempts += 1
+            try:
+                if self._links is None:
+                    await self._open_route()
+                sent = self.history[self._held:] + list(token_ids)
+                meta, data = tensor_to_wire(torch.tensor(sent, dtype=torch.int64))
+                for link in self._links:
+                    try:
+                        msg = Forward(session_id=link.session_id, step=self._steps, position=self._held, tensor=meta)
+                        reply, data = await link.call(msg, data)
+                        meta = link.hidden_of(reply, data, len(sent))  # handed on undecoded
+                    except Exception as e:  # whatever broke on this hop is this hop's failure
+                        raise HopFailure(link.hop, e) from e
+            except HopFailure as f:
+                await self._recover(f, attempts)
+                continue
+            except RoutingError as e:
+                await self._drop_route()
+                if not self.failures:
+                    raise  # nothing failed yet: the swarm simply has no route (503 / 429)
+                raise routes_exhausted(e, self.failures, attempts) from e
+            break
+        self._steps += 1
+        self.history.extend(token_ids)
+        self._held = len(self.history)
+        if reply.token is None:
+            raise RoutingError("the last hop returned hidden states instead of a token")
+        return int(reply.token)
+
+    def rewind(self, position: int) -> None:
+        """Make the next step start at ``position`` (peers drop their later cache entries)."""
+        if not 0 <= position <= self.position:
+            raise BadRequestError(f"cannot rewind to {position}; session holds {self.position} tokens")
+        del self.history[position:]
+        self._held = min(self._held, position)
+
+    async def close(self) -> None:
+        """Close the current route's sessions and streams."""
+        await self._drop_route()
+
+    async def _open_route(self) -> None:
+        """Open a session on every hop of a new route (in parallel); the route holds nothing yet.
+
+        Raises ``HopFailure`` naming the first hop, in route order, that could not open.
+        """
+        hops = await self.routes.route(self.state.masks())
+        check_chain(hops, self.num_layers)
+        self.route_log.append(list(hops))
+        cfg, session_id = self.config, uuid.uuid4().hex
+        links = [HopConnection(self.transport, h, cfg.frame_limits, cfg.hop_timeout_s, cfg.connect_timeout_s)
+                 for h in hops]
+        opened = await asyncio.gather(*(c.open(self.model_id, session_id, self.max_length, self.sampling)
+                                        for c in links), return_exceptions=True)
+        failed = [(c, r) for c, r in zip(links, opened) if isinstance(r, BaseException)]
+        if failed:
+            await asyncio.gather(*(c.close() for c in links), return_exceptions=True)
+            link, exc = failed[0]
+            if not isinstance(exc, Exception):  # cancelled, interrupted: not the hop's failure
+                raise exc
+            raise HopFailure(link.hop, exc) from exc
+        self._links, self._held, self._steps = links, 0, 0
+
+    async def _recover(self, failure: HopFailure, attempts: int) -> None:
+        """Record a failed hop and drop the route; raises when re-routing cannot help."""
+        record = self.state.record(failure.hop, failure.cause)
+        self.failures.append(record)
+        log.warning("hop failed: %s", record)
+        await self._drop_route()
+        move = next_move(failure.cause, attempts, self.config.max_retries)
+        if move == "raise":
+            raise failure.cause
+        if move == "give up":
+            raise GenerationFailedError(failure_message(self.failures, attempts)) from failure
+        if move == "re-read":
+            self.routes.invalidate()
+            await asyncio.sleep(self.config.stale_route_pause_s)
+
+    async def _drop_route(self) -> None:
+        links, self._links = self._links, None
+        if links:  # best effort: the route is being abandoned
+            await asyncio.gather(*(c.close() for c in links), return_exceptions=True)
+
+
+async def open_chain(transport: Transport, hops: Sequence[Hop], model_id: str, num_layers: int, max_length: int,
+                     sampling: SamplingParams = SamplingParams(), config: ClientConfig = ClientConfig()) -> Pipeline:
+    """An opened pipeline over one explicit chain (no control plane: the caller names the hops).
+
+    There is no other route to fail over to: a hop that fails is banned and the next step
+    reports that no route is left.
+    """
+    pipeline = Pipeline(transport, ChainListRoutes([list(hops)]), model_id, num_layers, max_length, sampling, config)
+    try:
+        await pipeline.open()
+    except BaseException:
+        await pipeline.close()
+        raise
+    return pipeline

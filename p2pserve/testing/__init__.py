@@ -1,0 +1,33 @@
+"""Fakes for unit tests of pure logic, shipped once here instead of copied into each test.
+
+Integration tests use real hivemind nodes, real peer processes and real models; these fakes
+stand in only around the decision logic:
+
+* :class:`FakeClock` — a clock moved by hand (``p2pserve.clock``'s seam);
+* :class:`FakeSwarm` on a :class:`FakeSwarmStore` — the swarm protocol (``dht.view.SwarmView``)
+  in memory, several nodes sharing one store; :class:`FakeDHT` — hivemind's store/get in memory,
+  under the real ``Swarm``;
+* :class:`MemoryTransport` on a :class:`MemoryNetwork` — the transport protocol in memory;
+  :class:`FakePeerNetwork` — fake peers on it, for the real client pipeline;
+* :class:`FakeClient` — a finished-reply client for the OpenAI server;
+* ``python -m p2pserve.testing.synthetic_peer`` — a peer process that announces without a model.
+"""
+
+from p2pserve.testing.clock import FakeClock
+from p2pserve.testing.openai import FakeClient, FakeReplyStream, fake_reply
+from p2pserve.testing.peers import (
+    FAKE_MODEL_ID,
+    ByteTokenizer,
+    FakePeerNetwork,
+    FixedRoutes,
+    MemoryNetwork,
+    MemoryTransport,
+    fake_next_token,
+)
+from p2pserve.testing.swarm import FakeDHT, FakeSwarm, FakeSwarmStore, StoredRecord
+
+__all__ = [
+    "FAKE_MODEL_ID", "ByteTokenizer", "FakeClient", "FakeClock", "FakeDHT", "FakePeerNetwork", "FakeReplyStream",
+    "FakeSwarm", "FakeSwarmStore", "FixedRoutes", "MemoryNetwork", "MemoryTransport", "StoredRecord",
+    "fake_next_token", "fake_reply",
+]

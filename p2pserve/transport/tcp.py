@@ -1,0 +1,240 @@
+"""The direct path: the session protocol on a plain TCP socket, next to the libp2p stream.
+
+Why: on loopback a frame round trip through libp2p costs ~0.29 ms (client -> its go-libp2p
+daemon -> the peer's daemon -> the peer, and back: six process wake-ups), against ~0.11 ms on a
+TCP socket between the two Python processes. A hop pays that on every token, so a client that
+can reach a peer's address talks to it directly (ARCHITECTURE.md, "Hop topology").
+
+How a connection is bound to the peer: the client first opens the libp2p stream, which
+authenticates the peer's id, and sends ``OpenDirect``; the peer answers with its TCP port and a
+random one-time token. The client connects to that port on the address it dialled, sends
+``AttachDirect(token)`` as the first frame, and the peer answers ``DirectAttached`` with its peer
+id. Only then do session frames flow, served by the same handler as libp2p streams. A
+connection that sends anything else first, or a wrong or expired token, is closed.
+
+Client side: :class:`DirectTransport` wraps the libp2p transport and performs that upgrade on
+every session stream it opens (falling back to the libp2p stream when the peer offers no port or
+none of its addresses answers). Peer side: :class:`DirectListener` accepts the connections.
+
+What it does not give: encryption. Activations cross the direct path in the clear, as they do
+inside any datacentre; peers started with ``--no-direct`` and clients with ``direct=False`` keep
+everything on libp2p's encrypted streams.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import socket
+import time
+from typing import Optional, Sequence
+
+from p2pserve.errors import WIRE_ERRORS, P2PServeError
+from p2pserve.protocol import (
+    SESSION_PROTOCOL,
+    AttachDirect,
+    DirectAttached,
+    DirectOffer,
+    FrameLimits,
+    OpenDirect,
+    decode_reply,
+    decode_request,
+)
+from p2pserve.transport import Stream, StreamHandler, Transport
+from p2pserve.transport.frames import read_frame, write_frame
+
+log = logging.getLogger(__name__)
+
+_ATTACH_LIMITS = FrameLimits(max_header_bytes=1024, max_payload_bytes=0)
+
+
+def maddr_hosts(maddrs) -> list[str]:
+    """The IP addresses in libp2p multiaddrs, in order, without repeats (for the direct path).
+
+    Relayed addresses are skipped: a peer reachable only through a relay has no direct path.
+    """
+    hosts: list[str] = []
+    for m in maddrs:
+        parts = str(m).split("/")
+        if "p2p-circuit" in parts or len(parts) < 3 or parts[1] not in ("ip4", "ip6"):
+            continue
+        if parts[2] not in hosts:
+            hosts.append(parts[2])
+    return hosts
+
+
+def set_nodelay(writer: asyncio.StreamWriter) -> None:
+    """Disable Nagle on a TCP stream: frames are latency-bound and already written whole."""
+    sock = writer.get_extra_info("socket")
+    if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+# ----------------------------------------------------------------------------- client side
+
+
+class DirectTransport:
+    """A transport whose session streams move to the peer's direct TCP path when it offers one.
+
+    Dials and serves through ``inner`` (libp2p); only streams of the session protocol are
+    upgraded, since that is the one protocol a peer's direct port answers.
+    """
+
+    def __init__(self, inner: Transport, limits: FrameLimits = FrameLimits(), attach_timeout_s: float = 2.0):
+        self.inner = inner
+        self.limits = limits
+        self.attach_timeout_s = attach_timeout_s
+
+    @property
+    def peer_id(self) -> str:
+        """The inner transport's peer id."""
+        return self.inner.peer_id
+
+    async def open_stream(self, peer_id: str, maddrs: Sequence[str], protocol: str, timeout_s: float) -> Stream:
+        """Open the libp2p stream, then try to move it to the direct path."""
+        stream = await self.inner.open_stream(peer_id, maddrs, protocol, timeout_s)
+        if protocol != SESSION_PROTOCOL:
+            return stream
+        try:
+            async with asyncio.timeout(timeout_s):
+                await write_frame(stream.writer, OpenDirect())
+                header, _ = await read_frame(stream.reader, self.limits)
+        except asyncio.IncompleteReadError:
+            stream.close()
+            raise ConnectionError(f"{peer_id} closed the stream") from None
+        except BaseException:
+            stream.close()  # a stream that failed its first exchange is of no use to the caller
+            raise
+        try:
+            offer = decode_reply(header)
+        except WIRE_ERRORS as e:  # a peer speaking something else: keep to libp2p
+            log.debug("no direct path to %s: %s", peer_id, e)
+            return stream
+        if not isinstance(offer, DirectOffer) or not offer.port:  # an error reply: a peer without the path
+            return stream
+        for host in maddr_hosts(maddrs):
+            direct = await self._attach(host, offer, peer_id)
+            if direct is not None:
+                stream.close()  # the libp2p stream carried no session yet
+                return direct
+        return stream
+
+    async def _attach(self, host: str, offer: DirectOffer, peer_id: str) -> Optional[Stream]:
+        """A direct stream to ``host`` bound to ``peer_id`` by the offer's token, or None."""
+        writer = None
+        try:
+            async with asyncio.timeout(self.attach_timeout_s):
+                reader, writer = await asyncio.open_connection(host, offer.port)
+                set_nodelay(writer)
+                await write_frame(writer, AttachDirect(token=offer.token))
+                header, _ = await read_frame(reader, self.limits)
+            ack = decode_reply(header)
+            if not isinstance(ack, DirectAttached) or ack.peer_id != peer_id:
+                raise ConnectionError(f"{host}:{offer.port} is not {peer_id}")
+        except (OSError, TimeoutError, asyncio.IncompleteReadError, P2PServeError) as e:
+            log.debug("direct path to %s via %s failed: %s", peer_id, host, e)
+            if writer is not None:
+                writer.close()
+            return None
+        return Stream(reader, writer, "direct")
+
+    async def serve(self, protocol: str, handler: StreamHandler) -> None:
+        """Serve through the inner transport."""
+        await self.inner.serve(protocol, handler)
+
+    async def stop_serving(self, protocol: str) -> None:
+        """Stop serving through the inner transport."""
+        await self.inner.stop_serving(protocol)
+
+    async def close(self) -> None:
+        """Close the inner transport."""
+        await self.inner.close()
+
+
+# ----------------------------------------------------------------------------- peer side
+
+
+class TokenBook:
+    """One-time tokens with an expiry (pure logic, injected clock)."""
+
+    def __init__(self, ttl_s: float, clock=time.monotonic, max_outstanding: int = 4096):
+        self.ttl_s = ttl_s
+        self._clock = clock
+        self._max = max_outstanding
+        self._expiry: dict[str, float] = {}
+
+    def issue(self) -> str:
+        """A fresh random token, valid for ``ttl_s``."""
+        now = self._clock()
+        if len(self._expiry) >= self._max:  # never grow without bound, whatever clients do
+            self._expiry = {t: e for t, e in self._expiry.items() if e > now}
+            while len(self._expiry) >= self._max:
+                self._expiry.pop(next(iter(self._expiry)))
+        token = secrets.token_hex(16)
+        self._expiry[token] = now + self.ttl_s
+        return token
+
+    def redeem(self, token: str) -> bool:
+        """Consume ``token``; True if it was issued, unused and unexpired."""
+        expiry = self._expiry.pop(token, None)
+        return expiry is not None and expiry > self._clock()
+
+    def __len__(self) -> int:
+        return len(self._expiry)
+
+
+class DirectListener:
+    """Accepts direct TCP connections and hands attached ones to ``handler(reader, writer)``."""
+
+    def __init__(self, handler: StreamHandler, peer_id: str, hosts: list[str], port: int = 0,
+                 token_ttl_s: float = 30.0, attach_timeout_s: float = 10.0):
+        self.handler = handler
+        self.peer_id = peer_id
+        self.hosts = hosts
+        self.port = port
+        self.tokens = TokenBook(token_ttl_s)
+        self.attach_timeout_s = attach_timeout_s
+        self._servers: list[asyncio.base_events.Server] = []
+
+    async def start(self) -> int:
+        """Listen on every host at one port (the first bind picks it when ``port`` is 0)."""
+        for host in self.hosts:
+            try:
+                server = await asyncio.start_server(self._serve, host, self.port)
+            except OSError as e:
+                if not self._servers:
+                    raise
+                log.warning("direct path not available on %s:%d (%s)", host, self.port, e)
+                continue
+            self.port = server.sockets[0].getsockname()[1]
+            self._servers.append(server)
+        log.info("direct path on %s port %d", ",".join(self.hosts), self.port)
+        return self.port
+
+    def offer(self) -> DirectOffer:
+        """Answer to ``OpenDirect``: the port and a fresh one-time token."""
+        return DirectOffer(port=self.port, token=self.tokens.issue())
+
+    async def stop(self) -> None:
+        """Stop accepting (attached connections end with their clients)."""
+        for server in self._servers:
+            server.close()
+        self._servers.clear()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            set_nodelay(writer)
+            async with asyncio.timeout(self.attach_timeout_s):
+                header, _ = await read_frame(reader, _ATTACH_LIMITS)
+            msg = decode_request(header)
+            if not isinstance(msg, AttachDirect) or not self.tokens.redeem(msg.token):
+                log.info("refused a direct connection from %s: no valid token", writer.get_extra_info("peername"))
+                writer.close()
+                return
+            await write_frame(writer, DirectAttached(peer_id=self.peer_id))
+        except (P2PServeError, asyncio.IncompleteReadError, ConnectionError, TimeoutError) as e:
+            log.info("direct connection dropped before attaching: %s", e)
+            writer.close()
+            return
+        await self.handler(reader, writer)
