@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import struct
 from dataclasses import dataclass
-from typing import Union
+from typing import Annotated, Union
 
 import msgspec
 
@@ -44,6 +44,10 @@ class FrameLimits:
 
     max_header_bytes: int = 64 * 1024
     max_payload_bytes: int = 256 * 1024 * 1024
+
+
+#: A counter or bound that is never negative, enforced by the decoder itself.
+NonNegative = Annotated[int, msgspec.Meta(ge=0)]
 
 
 class TensorMeta(msgspec.Struct, frozen=True):
@@ -101,9 +105,9 @@ class OpenSession(msgspec.Struct, frozen=True, tag_field="t", tag="open"):
     version: int
     model_id: str
     session_id: str
-    start: int
-    end: int
-    max_length: int
+    start: NonNegative
+    end: NonNegative
+    max_length: NonNegative
     sampling: SamplingParams = SamplingParams()
 
 
@@ -115,8 +119,8 @@ class Forward(msgspec.Struct, frozen=True, tag_field="t", tag="forward"):
     """
 
     session_id: str
-    step: int
-    position: int
+    step: NonNegative
+    position: NonNegative
     tensor: TensorMeta
 
 
