@@ -41,16 +41,18 @@ def add_client_arguments(parser: argparse.ArgumentParser) -> None:
 
 def apply_swarm_file(args: argparse.Namespace) -> None:
     """Fill the swarm flags a user left out from ``--config``, the file every member of a swarm
-    shares (so a client joins with the same file as peers and coordinators); flags win."""
-    from p2pserve.cli.common import load_swarm_file, swarm_membership
+    shares (so a client joins with the same file as peers and coordinators); flags given win,
+    even empty ones (``config.merge``)."""
+    from p2pserve.cli.common import dht_flags
+    from p2pserve.config import DHTConfig, SwarmFile, merge
 
-    f = load_swarm_file(args.config)
-    m = swarm_membership(args, f)
-    args.swarm_id = m["swarm_id"]
-    args.initial_peers = list(m["initial_peers"])
-    args.trusted_coordinator = list(m["trusted_coordinators"])
+    file = SwarmFile.load(args.config)
+    m = merge(file.dht_values(), dht_flags(args))
+    args.swarm_id = m.get("swarm_id") or DHTConfig.swarm_id
+    args.initial_peers = list(m.get("initial_peers") or ())
+    args.trusted_coordinator = list(m.get("trusted_coordinators") or ())
     if args.swarm_model is None:
-        args.swarm_model = f.get("model")
+        args.swarm_model = file.model
 
 
 def client_from_args(args: argparse.Namespace):

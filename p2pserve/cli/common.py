@@ -9,10 +9,9 @@ here defaults to ``None`` ("not given").
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
-from typing import Any, Mapping, Optional
+from typing import Any, Optional
 
 import msgspec
 
@@ -108,29 +107,6 @@ def dht_config_from_args(args: argparse.Namespace) -> tuple[DHTConfig, SwarmFile
     loaded swarm file."""
     file = SwarmFile.load(getattr(args, "config", None))
     return dht_config(args, file), file
-
-
-# ------------------------------------------------------------------ compat: untyped swarm file
-
-
-def load_swarm_file(path: Optional[str]) -> dict[str, Any]:
-    """The validated swarm file as a plain dict (``{}``-like for None).
-
-    Kept for the client commands; new code uses :meth:`SwarmFile.load` and :func:`dht_config`.
-    """
-    return json.loads(SwarmFile.load(path).to_json())
-
-
-def swarm_membership(args: argparse.Namespace, f: SwarmFile | Mapping[str, Any]) -> dict[str, Any]:
-    """Which swarm a member joins: its id, bootstrap addresses and trusted coordinator keys,
-    each from its flag if given (even empty), else from the swarm file ``f``.
-
-    Kept for the client commands; the same merge is :func:`dht_config`'s.
-    """
-    file = f if isinstance(f, SwarmFile) else msgspec.convert(dict(f), SwarmFile)
-    m = merge(file.dht_values(), dht_flags(args))
-    return {"swarm_id": m.get("swarm_id", DHTConfig.swarm_id), "initial_peers": tuple(m.get("initial_peers", ())),
-            "trusted_coordinators": tuple(m.get("trusted_coordinators", ()))}
 
 
 def write_local_swarm_file(path, spec, boot: list[str], swarm_id: str, host_maddr: str,
