@@ -155,6 +155,8 @@ class CoordinatorService:
                 await self._refresh_candidacy(self._clock())
             except (asyncio.TimeoutError, OSError) as e:
                 logger.warning(f"candidacy refresh failed: {e!r}")
+            except Exception:  # keep the candidacy loop alive whatever one refresh hit
+                logger.exception("candidacy refresh failed; trying again")
             try:
                 await asyncio.wait_for(stop.wait(), self.swarm.config.candidate_refresh / 2)
             except asyncio.TimeoutError:
@@ -174,6 +176,8 @@ class CoordinatorService:
                     await self.step()
                 except (asyncio.TimeoutError, OSError) as e:  # DHT hiccup: try again next tick
                     logger.warning(f"coordinator round failed: {e!r}")
+                except Exception:  # one bad round (a hostile record, a bug) must not end the service
+                    logger.exception("coordinator round failed; trying again next tick")
                 try:
                     await asyncio.wait_for(stop.wait(), self.tick)
                 except asyncio.TimeoutError:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from functools import total_ordering
 from typing import Iterable, Optional, Sequence
 
-from p2pserve.dht.records import CoordinatorCandidate, Plan
+from p2pserve.dht.records import MAX_EPOCH, CoordinatorCandidate, Plan
 
 
 def candidate_order_key(c: CoordinatorCandidate) -> tuple:
@@ -26,8 +26,12 @@ def elect_leader(candidates: Iterable[CoordinatorCandidate]) -> Optional[Coordin
 
 
 def next_epoch(seen_epochs: Iterable[int]) -> int:
-    """Epoch for a new plan: one more than the highest epoch seen from any trusted coordinator."""
-    return max(seen_epochs, default=0) + 1
+    """Epoch for a new plan: one more than the highest epoch seen from any trusted coordinator.
+
+    Saturates at ``MAX_EPOCH``, the highest a valid plan may carry: a record already there (any
+    member of an open swarm can publish one) must not make every honest plan invalid.
+    """
+    return min(max(seen_epochs, default=0) + 1, MAX_EPOCH)
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ MAX_TOKENS_PER_S = 1e8  # per peer, for one layer: ~1000x a fast GPU today
 MAX_BANDWIDTH_BYTES_S = 1e12  # 8 Tbit/s
 MAX_RTT_S = 60.0
 MAX_TOKENS = 1 << 40
+MAX_EPOCH = 1 << 62  # plan epochs; a coordinator's next epoch saturates here (dht.election.next_epoch)
 MAX_ADDRS = 32
 MAX_STR = 512
 MAX_LINKS = 4096
@@ -233,7 +234,7 @@ class Plan(msgspec.Struct, kw_only=True, frozen=True):
         _check_schema(self.schema)
         _str("model", self.model)
         _str("leader_id", self.leader_id)
-        _int("epoch", self.epoch, 0, 1 << 62)
+        _int("epoch", self.epoch, 0, MAX_EPOCH)
         _int("num_layers", self.num_layers, 1, MAX_LAYERS)
         if len(self.targets) > MAX_PEERS_IN_PLAN or len(self.spans) > MAX_PEERS_IN_PLAN:
             raise RecordRejected("too many peers in plan")
