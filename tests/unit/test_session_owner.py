@@ -7,15 +7,19 @@ every hop of a route.
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 import torch
 
+from p2pserve.client.route_providers import PeerListRoutes
 from p2pserve.errors import BadRequestError, SessionNotFoundError
 from p2pserve.model.spec import load_spec
 from p2pserve.model.tiny import build_tiny_model
 from p2pserve.peer.kv_cache import KVBudget
 from p2pserve.peer.sessions import SessionTable
 from p2pserve.protocol import PROTOCOL_VERSION, OpenSession, SamplingParams
+from tests.unit.test_failover_logic import generate, make_pipeline, network
 
 
 @pytest.fixture
@@ -60,3 +64,28 @@ def test_reopening_a_taken_id_leaves_the_owner_session_intact(table):
         table.get("s1", mallory)
     assert table.close_owned_by(mallory) == 0 and table.get("s1", alice) is session
 
+
+def test_every_hop_of_a_route_and_every_reopened_route_has_its_own_session_id():
+    net, peers = network()
+    pipeline = make_pipeline(net, PeerListRoutes(8, peers, seed=0))
+    seen: list[set[tuple[str, str]]] = []
+
+    def snapshot(_i):
+        seen.append(set(net.sessions))
+
+    async def main():
+        await pipeline.open()
+        snapshot(0)
+        net.kill_after[pipeline.route[-1].peer_id] = 3  # forces a failover onto a new route
+        return await generate(pipeline, [1, 2, 3], 6, after_token=snapshot)
+
+    asyncio.run(main())
+    assert len(pipeline.failures) == 1
+    first, last = seen[0], seen[-1]
+    dead = pipeline.failures[0].hop.peer_id
+    assert {pid for pid, _ in first & last} == {dead}  # only the dead peer never heard CloseSession
+    second = last - first  # the route opened after the failover
+    assert len(first) == 2 and len({sid for _, sid in first}) == 2  # two hops, two ids
+    assert len(second) == 2 and len({sid for _, sid in second}) == 2
+    assert not {sid for _, sid in first} & {sid for _, sid in second}  # the new route's ids are fresh
+    assert all(len(sid) >= 32 for _, sid in first | second)
