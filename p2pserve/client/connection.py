@@ -9,6 +9,7 @@ typed ``ErrorReply`` is raised as the matching class of ``errors.ERROR_CLASSES``
 from __future__ import annotations
 
 import asyncio
+import secrets
 from typing import Optional
 
 import torch
@@ -58,9 +59,15 @@ class HopConnection:
         self.stream = await self.transport.open_stream(self.hop.peer_id, self.hop.maddrs, SESSION_PROTOCOL,
                                                        self.connect_timeout_s)
 
-    async def open(self, model_id: str, session_id: str, max_length: int, sampling: SamplingParams) -> SessionOpened:
-        """Open the stream and the session on the peer."""
+    async def open(self, model_id: str, session_id: Optional[str], max_length: int,
+                   sampling: SamplingParams) -> SessionOpened:
+        """Open the stream and the session on the peer.
+
+        ``session_id`` None draws a fresh random one: each hop gets its own, so one hop's id
+        tells nothing about another's (the peer also binds a session to the stream that opened it).
+        """
         await self.connect()
+        session_id = session_id or secrets.token_hex(16)
         msg = OpenSession(version=PROTOCOL_VERSION, model_id=model_id, session_id=session_id, start=self.hop.start,
                           end=self.hop.end, max_length=max_length, sampling=sampling)
         reply, _ = await self.call(msg)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import uuid
 from typing import Optional, Sequence
 
 import torch
@@ -162,10 +161,11 @@ class Pipeline:
         hops = await self.routes.route(self.state.masks())
         check_chain(hops, self.num_layers)
         self.route_log.append(list(hops))
-        cfg, session_id = self.config, uuid.uuid4().hex
+        cfg = self.config
         links = [HopConnection(self.transport, h, cfg.frame_limits, cfg.hop_timeout_s, cfg.connect_timeout_s)
                  for h in hops]
-        opened = await asyncio.gather(*(c.open(self.model_id, session_id, self.max_length, self.sampling)
+        # None: each hop draws its own random session id (never one id shared along the route).
+        opened = await asyncio.gather(*(c.open(self.model_id, None, self.max_length, self.sampling)
                                         for c in links), return_exceptions=True)
         failed = [(c, r) for c, r in zip(links, opened) if isinstance(r, BaseException)]
         if failed:

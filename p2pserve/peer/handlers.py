@@ -115,13 +115,13 @@ class SessionHandler:
             if isinstance(msg, OpenSession):
                 return self._open(msg, owner), b""
             if isinstance(msg, Forward):
-                return await self._forward(msg, payload)
+                return await self._forward(msg, payload, owner)
             if isinstance(msg, GetStats):
                 return self.stats(), b""
             if isinstance(msg, OpenDirect):
                 return (self.direct.offer() if self.direct else DirectOffer(port=0)), b""
             if isinstance(msg, CloseSession):
-                self.table.close(msg.session_id)
+                self.table.close(msg.session_id, owner)
                 return SessionClosed(session_id=msg.session_id), b""
             raise BadRequestError(f"unexpected message {type(msg).__name__}")
         except WIRE_ERRORS as e:
@@ -168,8 +168,8 @@ class SessionHandler:
             peer_version=__version__,
         )
 
-    async def _forward(self, msg: Forward, payload: bytes) -> tuple[ForwardResult, bytes]:
-        session = self.table.get(msg.session_id)
+    async def _forward(self, msg: Forward, payload: bytes, owner) -> tuple[ForwardResult, bytes]:
+        session = self.table.get(msg.session_id, owner)
         if session.busy:
             raise BadRequestError(f"session {msg.session_id!r} already has a request in flight")
         inputs = tensor_from_wire(msg.tensor, payload)

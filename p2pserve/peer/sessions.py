@@ -42,7 +42,7 @@ class Session:
 
 @dataclass
 class SessionTable:
-    """Open sessions of one peer, keyed by session id."""
+    """Open sessions of one peer, keyed by session id; each usable only by the stream that opened it."""
 
     spec: ModelSpec
     served: tuple[int, int] | None  # None while the peer serves no layers yet
@@ -53,8 +53,10 @@ class SessionTable:
     torch_dtype: object = None
     device: str = "cpu"
     _sessions: dict[str, Session] = field(default_factory=dict)
-    _expired: OrderedDict = field(default_factory=OrderedDict)  # recently expired ids, for messages
-    _moved: set = field(default_factory=set)  # sessions closed because the range changed
+    # Closed sessions remembered for their owner's error messages only, keyed by id, holding the
+    # owner's id() (not the stream itself, which may be gone by then).
+    _expired: OrderedDict = field(default_factory=OrderedDict)  # recently expired: id -> (time, owner id)
+    _moved: dict = field(default_factory=dict)  # closed because the range changed: id -> owner id
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -104,15 +106,20 @@ class SessionTable:
         self._sessions[msg.session_id] = session
         return session
 
-    def get(self, session_id: str) -> Session:
-        """The open session with this id, or SessionNotFoundError saying whether it expired."""
+    def get(self, session_id: str, owner: object) -> Session:
+        """The open session with this id opened by ``owner``, or SessionNotFoundError.
+
+        A session is bound to the stream that opened it: for any other owner it does not exist,
+        and the error says no more than for an id never opened (whether it expired or moved is
+        told to its owner only).
+        """
         session = self._sessions.get(session_id)
-        if session is None:
-            if session_id in self._moved:
+        if session is None or session.owner is not owner:
+            if session is None and self._moved.get(session_id) == id(owner):
                 raise RangeMovedError(
                     f"session {session_id!r} was closed: this peer moved to layers {self.served}; replay elsewhere"
                 )
-            if session_id in self._expired:
+            if session is None and session_id in self._expired and self._expired[session_id][1] == id(owner):
                 raise SessionNotFoundError(
                     f"session {session_id!r} expired after {self.idle_timeout_s:.0f} s idle; open a new one"
                 )
@@ -120,19 +127,28 @@ class SessionTable:
         session.last_used = self.clock()
         return session
 
-    def close(self, session_id: str) -> bool:
-        """Close a session and free its KV reservation; False if it was not open."""
+    def close(self, session_id: str, owner: object) -> None:
+        """Close ``owner``'s session and free its KV reservation; SessionNotFoundError as :meth:`get`."""
+        self.get(session_id, owner)
+        self._drop(session_id)
+
+    def _drop(self, session_id: str) -> Session | None:
+        """Remove a session whoever owns it and release its reservation; the session, if it was open."""
         session = self._sessions.pop(session_id, None)
-        if session is None:
-            return False
-        self.budget.release(session.reserved)
-        return True
+        if session is not None:
+            self.budget.release(session.reserved)
+        return session
 
     def close_owned_by(self, owner: object) -> int:
         """Close every session opened on a stream that went away; returns how many."""
         ids = [s.id for s in self._sessions.values() if s.owner is owner]
         for sid in ids:
-            self.close(sid)
+            self._drop(sid)
+        # Forget its closed sessions too: a later stream may reuse the id() they are keyed by.
+        for sid in [k for k, v in self._moved.items() if v == id(owner)]:
+            del self._moved[sid]
+        for sid in [k for k, (_, who) in self._expired.items() if who == id(owner)]:
+            del self._expired[sid]
         return len(ids)
 
     def retarget(self, served: tuple[int, int] | None) -> list[str]:
@@ -143,8 +159,7 @@ class SessionTable:
             if served is None or not (served[0] <= s.start and s.end <= served[1])
         ]
         for sid in gone:
-            self.close(sid)
-            self._moved.add(sid)
+            self._moved[sid] = id(self._drop(sid).owner)
         return gone
 
     def expire_idle(self) -> list[str]:
@@ -154,8 +169,7 @@ class SessionTable:
             s.id for s in self._sessions.values() if not s.busy and now - s.last_used > self.idle_timeout_s
         ]
         for sid in stale:
-            self.close(sid)
-            self._expired[sid] = now
+            self._expired[sid] = (now, id(self._drop(sid).owner))
             while len(self._expired) > 4096:
                 self._expired.popitem(last=False)
         return stale

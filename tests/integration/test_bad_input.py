@@ -250,3 +250,45 @@ def test_direct_path_refuses_bad_attach_and_keeps_serving(peer):
         assert await healthy(transport, p, model)
 
     run(with_transport(main, direct=False))  # the client keeps to libp2p: the test attaches by hand
+
+
+def test_another_client_cannot_drive_or_close_a_session(peer):
+    """Issue 14, finding 2: knowing a session id is not enough to use it; only its own stream can."""
+    from p2pserve.protocol import CloseSession
+
+    path, p = peer
+    model = LocalModelInfo.load(path)
+    prompt = torch.tensor([11, 12, 13, 14])
+
+    async def undisturbed(transport) -> list[int]:
+        conn = await open_conn(transport, p, model, sid="reference")
+        first, _ = await conn.forward(0, 0, prompt)
+        second, _ = await conn.forward(1, 4, torch.tensor([first.token]))
+        await conn.close()
+        return [first.token, second.token]
+
+    async def attack(sid: str) -> None:
+        async def mallory(transport):  # a second, independent client node
+            conn = HopConnection(transport, p.hop(0, 8), LIMITS, 30)
+            await conn.connect()
+            conn.session_id = sid
+            with pytest.raises(SessionNotFoundError, match="unknown session"):
+                await conn.forward(0, 4, torch.tensor([99]))
+            with pytest.raises(SessionNotFoundError, match="unknown session"):
+                await conn.call(CloseSession(session_id=sid))
+            await conn.close()
+        await with_transport(mallory)
+
+    async def main(transport):
+        want = await undisturbed(transport)
+        victim = await open_conn(transport, p, model, sid="victim")
+        first, _ = await victim.forward(0, 0, prompt)
+        await attack("victim")
+        second, _ = await victim.forward(1, 4, torch.tensor([first.token]))
+        assert [first.token, second.token] == want
+        closed, _ = await victim.call(CloseSession(session_id="victim"))
+        assert closed.session_id == "victim"
+        victim.session_id = None
+        await victim.close()
+
+    run(with_transport(main))
