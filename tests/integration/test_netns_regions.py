@@ -151,7 +151,9 @@ def snapshot(observer):
     return asyncio.run(read())
 
 
-QUIET_S = 6.0  # three link refreshes: a plan unchanged this long is what the coordinator settled on
+# A plan unchanged for a little over one plan refresh has outlived a re-plan round. Longer quiet
+# periods (6 s) never came on a loaded 2-core CI run, where link readings keep jittering.
+QUIET_S = 2.5
 
 
 def settled_over_measured_links(observer):
