@@ -13,6 +13,17 @@ from p2pserve.placement.topology import Topology
 from p2pserve.types import LayerRange
 
 
+def stack_spans(nodes, ks, start: int = 0) -> dict[int, LayerRange]:
+    """Consecutive ranges from ``start``: node ``nodes[j]`` takes the next ``ks[j]`` layers
+    (nodes with 0 take nothing)."""
+    out, s = {}, start
+    for i, k in zip(nodes, ks):
+        if k > 0:
+            out[i] = (s, s + k)
+            s += k
+    return out
+
+
 def _best_k(thr: tuple[float, ...]) -> int:
     """Layer count maximising layer-passes per second k*T(k)."""
     return max(range(1, len(thr)), key=lambda k: k * thr[k])
@@ -62,12 +73,7 @@ def even_chain(topo: Topology, nodes: list[int]) -> dict[int, tuple[int, int]]:
     while sum(ks) > L:
         j = max(range(len(ks)), key=lambda x: ks[x] - shares[x])
         ks[j] -= 1
-    out, s = {}, 0
-    for i, k in zip(nodes, ks):
-        if k > 0:
-            out[i] = (s, s + k)
-            s += k
-    return out
+    return stack_spans(nodes, ks)
 
 
 def separate_pipelines(topo: Topology) -> dict[int, tuple[int, int]]:

@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
+from p2pserve.placement.heuristics import stack_spans
 from p2pserve.placement.maxflow import flow_value
 from p2pserve.placement.topology import Topology
 
@@ -88,12 +89,7 @@ def balanced_chain(topo: Topology, nodes: list[int] | None = None) -> PlacementD
         j = max(range(len(ks)), key=lambda x: ks[x])
         ks[j] -= 1
         surplus -= 1
-    out, s = {}, 0
-    for i, k in zip(nodes, ks):
-        if k > 0:
-            out[i] = (s, s + k)
-            s += k
-    return out
+    return stack_spans(nodes, ks)
 
 
 def chain_over(topo: Topology, nodes: list[int], start: int, end: int) -> PlacementDict:
@@ -129,12 +125,7 @@ def chain_over(topo: Topology, nodes: list[int], start: int, end: int) -> Placem
         j = max(range(len(ks)), key=lambda x: ks[x])
         ks[j] -= 1
         surplus -= 1
-    out, s = {}, start
-    for i, k in zip(nodes, ks):
-        if k > 0:
-            out[i] = (s, s + k)
-            s += k
-    return out
+    return stack_spans(nodes, ks, start)
 
 
 def tiered_candidates(topo: Topology, max_groups: int = 3) -> list[PlacementDict]:
