@@ -66,3 +66,31 @@ def _reference_model(path: str):
     if path not in _MODELS:
         _MODELS[path] = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     return _MODELS[path]
+
+
+def tiny_session_table(directory, num_layers: int = 2):
+    """A real tiny Llama checkpoint under ``directory`` and a ``SessionTable`` serving all of it:
+    ``(path, spec, budget, table)`` (KV budget of 1M token-layers, fp32)."""
+    import torch
+
+    from p2pserve.model.spec import load_spec
+    from p2pserve.model.tiny import build_tiny_model
+    from p2pserve.peer.kv_cache import KVBudget
+    from p2pserve.peer.sessions import SessionTable
+
+    path = str(build_tiny_model("llama", directory, num_layers=num_layers))
+    spec = load_spec(path)
+    budget = KVBudget(1_000_000)
+    table = SessionTable(spec=spec, served=(0, spec.num_layers), budget=budget, idle_timeout_s=60.0,
+                         torch_dtype=torch.float32)
+    return path, spec, budget, table
+
+
+def open_session(table, name: str, owner=None, start: int = 0, sampling=None, max_length: int = 16):
+    """Open session ``name`` on ``table`` over layers [start, last) for ``owner``."""
+    from p2pserve.protocol import PROTOCOL_VERSION, OpenSession, SamplingParams
+
+    spec = table.spec
+    return table.open(OpenSession(version=PROTOCOL_VERSION, model_id=spec.model_id, session_id=name, start=start,
+                                  end=spec.num_layers, max_length=max_length,
+                                  sampling=sampling if sampling is not None else SamplingParams()), owner=owner)

@@ -10,28 +10,20 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-import torch
 
 from p2pserve.client.route_providers import PeerListRoutes
 from p2pserve.errors import BadRequestError, SessionNotFoundError
-from p2pserve.model.spec import load_spec
-from p2pserve.model.tiny import build_tiny_model
-from p2pserve.peer.kv_cache import KVBudget
-from p2pserve.peer.sessions import SessionTable
-from p2pserve.protocol import PROTOCOL_VERSION, OpenSession, SamplingParams
+from tests.harness import open_session, tiny_session_table
 from tests.unit.test_failover_logic import generate, make_pipeline, network
 
 
 @pytest.fixture
 def table(tmp_path):
-    spec = load_spec(str(build_tiny_model("llama", tmp_path / "tiny", num_layers=2)))
-    return SessionTable(spec=spec, served=(0, spec.num_layers), budget=KVBudget(1_000_000), idle_timeout_s=60.0,
-                        torch_dtype=torch.float32)
+    return tiny_session_table(tmp_path / "tiny")[3]
 
 
 def _open(table, name, owner):
-    return table.open(OpenSession(version=PROTOCOL_VERSION, model_id=table.spec.model_id, session_id=name, start=0,
-                                  end=table.spec.num_layers, max_length=16, sampling=SamplingParams()), owner=owner)
+    return open_session(table, name, owner)
 
 
 def test_another_owner_can_neither_get_nor_close_a_session(table):

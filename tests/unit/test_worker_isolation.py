@@ -15,25 +15,18 @@ import torch
 from p2pserve.config import BatchingConfig
 from p2pserve.errors import BadRequestError
 from p2pserve.model.shard import Shard
-from p2pserve.model.spec import load_spec
-from p2pserve.model.tiny import build_tiny_model
 from p2pserve.peer.batcher import TokenThrottle
-from p2pserve.peer.kv_cache import KVBudget
-from p2pserve.peer.sessions import SessionTable
 from p2pserve.peer.worker import ComputeWorker, Job
-from p2pserve.protocol import PROTOCOL_VERSION, OpenSession, SamplingParams
+from p2pserve.protocol import SamplingParams
+from tests.harness import open_session, tiny_session_table
 
 PROMPT = [5, 17, 42, 7]
 
 
 @pytest.fixture(scope="module")
 def peer(tmp_path_factory):
-    path = str(build_tiny_model("llama", tmp_path_factory.mktemp("tiny") / "m", num_layers=2))
-    spec = load_spec(path)
+    path, spec, budget, table = tiny_session_table(tmp_path_factory.mktemp("tiny") / "m")
     shard = Shard.load(path, spec, 0, spec.num_layers)
-    budget = KVBudget(1_000_000)
-    table = SessionTable(spec=spec, served=(0, spec.num_layers), budget=budget, idle_timeout_s=60.0,
-                         torch_dtype=torch.float32)
     worker = ComputeWorker(shard, TokenThrottle(BatchingConfig()), budget)
     worker.start()
     yield spec, table, worker
@@ -41,8 +34,7 @@ def peer(tmp_path_factory):
 
 
 def _open(spec, table, name, start=0, sampling=SamplingParams()):
-    return table.open(OpenSession(version=PROTOCOL_VERSION, model_id=spec.model_id, session_id=name, start=start,
-                                  end=spec.num_layers, max_length=16, sampling=sampling), owner=None)
+    return open_session(table, name, start=start, sampling=sampling)
 
 
 def _job(session, inputs, position=0):
