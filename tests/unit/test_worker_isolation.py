@@ -102,3 +102,31 @@ def test_a_job_whose_forward_raises_is_isolated_from_its_batch(peer):
     assert isinstance(bad, Exception)
     assert isinstance(honest, int)
     assert worker._thread.is_alive()
+
+
+def test_sessions_waiting_together_run_in_one_step_with_their_solo_tokens(peer):
+    """Batching, without timing: eight prefills queued before the thread starts share one step,
+    and each gets the token it gets alone."""
+    spec, table, worker = peer
+    batched = ComputeWorker(worker.shard, TokenThrottle(BatchingConfig()), worker.budget)
+    prompts = [[5 + i, 17, 42, 7] for i in range(8)]
+
+    async def main():
+        alone = []
+        for i, p in enumerate(prompts):
+            job = _job(_open(spec, table, f"solo-{i}"), torch.tensor(p))
+            worker.submit(job)
+            alone.append(await asyncio.wait_for(job.future, 10))
+        jobs = [_job(_open(spec, table, f"batched-{i}"), torch.tensor(p)) for i, p in enumerate(prompts)]
+        for job in jobs:
+            batched.submit(job)
+        batched.start()
+        together = await _settle(*jobs)
+        return alone, together
+
+    try:
+        alone, together = asyncio.run(main())
+    finally:
+        batched.stop()
+    assert together == alone
+    assert batched.stats.max_batch_sessions == 8 and batched.stats.steps == 1
