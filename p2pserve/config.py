@@ -73,6 +73,18 @@ class PeerConfig:
     swarm_model: str | None = None  # model name in DHT keys; None = the checkpoint's model_id
     direct_port: int | None = 0  # TCP port of the direct path (0: any free one; None: libp2p only)
     probe_max_bytes: int = 64 * 1024**2  # largest link-probe transfer (caps the CPU a fast link's probe costs)
+    # Hardening (docs/hardening.md): a step running longer than this withdraws the peer (it is
+    # announced as draining) until the step ends; a dead compute thread is restarted at once.
+    stuck_step_s: float = 60.0
+    # Per-owner quotas. An owner is the remote peer id of the stream (libp2p) or of the
+    # direct-path token's holder: one participant cannot take every session or all the KV.
+    max_sessions_per_owner: int = 64
+    max_kv_fraction_per_owner: float = 0.5
+    max_streams: int = 512  # open session streams, all owners together
+    max_streams_per_owner: int = 32
+    stream_idle_timeout_s: float = 600.0  # a stream with no frame this long is closed
+    frame_read_timeout_s: float = 30.0  # the rest of a frame, once its prefix arrived
+    max_inflight_payload_bytes: int = 1024**3  # payload bytes being read, all streams together
 
 
 @dataclass(frozen=True)

@@ -207,6 +207,11 @@ class PeerStats(msgspec.Struct, frozen=True, tag_field="t", tag="stats"):
     # client's round trip minus ``service_ms`` is what the wire and the client cost.
     service_ms: float = 0.0
     compute_ms: float = 0.0
+    # The watchdog's view (peer/worker.py): whether the compute thread runs, how often it was
+    # restarted, and how long the running step has taken so far.
+    compute_alive: bool = True
+    compute_restarts: int = 0
+    stuck_s: float = 0.0
 
 
 class ErrorReply(msgspec.Struct, frozen=True, tag_field="t", tag="error"):

@@ -84,7 +84,7 @@ class SwarmAgent:
             serving=served,
             loading=self.loading,
             loaded=self.loaded,
-            state=self.state,
+            state="draining" if self.peer.stuck else self.state,
             kv_free_tokens=budget.free // layers_held,
             queued_tokens=self.peer.worker.queued_tokens,
             version=__version__,

@@ -150,6 +150,9 @@ class SessionHandler:
             inline_steps=st.inline_steps,
             service_ms=self._service.median_ms,
             compute_ms=st.compute.median_ms,
+            compute_alive=self.worker.alive,
+            compute_restarts=self.worker.restarts,
+            stuck_s=self.worker.stuck_for(),
         )
 
     def _open(self, msg: OpenSession, owner) -> SessionOpened:

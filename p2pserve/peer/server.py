@@ -45,6 +45,7 @@ class Peer:
     handler: SessionHandler
     transport: Libp2pTransport
     _reaper: asyncio.Task | None = None
+    _watchdog: asyncio.Task | None = None
     _stopped: asyncio.Event | None = None
 
     @classmethod
@@ -87,6 +88,7 @@ class Peer:
         await peer.transport.serve(SESSION_PROTOCOL, handler.handle_stream)
         peer._stopped = asyncio.Event()
         peer._reaper = asyncio.create_task(peer._reap_idle())
+        peer._watchdog = asyncio.create_task(peer._watch_compute())
         log.info("KV budget %d token-layers", capacity)
         return peer
 
@@ -129,9 +131,28 @@ class Peer:
         period = max(0.05, min(5.0, self.config.session_idle_timeout_s / 4))
         while True:
             await asyncio.sleep(period)
-            expired = self.table.expire_idle()
+            try:
+                expired = self.table.expire_idle()
+            except Exception:  # one bad tick must not end the reaper
+                log.exception("idle-session reaper tick failed")
+                continue
             if expired:
                 log.info("expired %d idle session(s)", len(expired))
+
+    @property
+    def stuck(self) -> bool:
+        """Whether the running compute step has taken longer than ``stuck_step_s`` (the agent
+        then announces this peer as draining, so that planners and clients route around it)."""
+        return self.worker.stuck_for() > self.config.stuck_step_s
+
+    async def _watch_compute(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            try:
+                if self.worker.revive():
+                    log.error("the compute thread had ended; started a new one (%d so far)", self.worker.restarts)
+            except Exception:  # the watchdog itself must not end
+                log.exception("compute watchdog tick failed")
 
     async def run(self) -> None:
         """Serve until shutdown() is called."""
@@ -139,8 +160,9 @@ class Peer:
 
     async def shutdown(self) -> None:
         """Stop serving and stop the compute thread (the DHT node belongs to the caller)."""
-        if self._reaper:
-            self._reaper.cancel()
+        for task in (self._reaper, self._watchdog):
+            if task:
+                task.cancel()
         try:
             await self.transport.stop_serving(SESSION_PROTOCOL)
         except Exception:  # daemon may be gone already

@@ -74,10 +74,48 @@ class ComputeWorker:
         self._tickets = itertools.count()
         self._stop = False
         self._busy = False  # a step is running (on this thread or inline on the caller's)
-        self._thread = threading.Thread(target=self._run, name="p2pserve-compute", daemon=True)
+        self._step_since: float | None = None  # time.monotonic() when the running step began
+        self.restarts = 0  # compute threads started again by ``revive``
+        self._thread = self._new_thread()
+
+    def _new_thread(self) -> threading.Thread:
+        return threading.Thread(target=self._run, name="p2pserve-compute", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
+
+    # ------------------------------------------------------------------ watchdog
+    @property
+    def alive(self) -> bool:
+        """Whether the compute thread is running (it is started by ``start``)."""
+        return self._thread.is_alive()
+
+    def stuck_for(self, now: float | None = None) -> float:
+        """Seconds the running step has taken so far (0 when no step runs)."""
+        since = self._step_since
+        return 0.0 if since is None else (time.monotonic() if now is None else now) - since
+
+    def revive(self) -> bool:
+        """Start a new compute thread if the current one ended without ``stop``; True if it did.
+
+        The thread catches every ``Exception`` of a step, so this is the last line: something
+        that still ends it (a ``BaseException`` from a library, a bug in the loop itself) must not
+        leave a peer that answers stats and announces but never computes. Jobs that waited on
+        the dead thread fail with a retriable error; their clients replay elsewhere.
+        """
+        with self._cv:
+            if self._stop or self._thread.is_alive() or self._thread.ident is None:
+                return False
+            done = self._fail_waiting(RequestError("the peer's compute thread was restarted; retry"))
+            for job in self._incoming:
+                done.append((job, None, RequestError("the peer's compute thread was restarted; retry")))
+            self._incoming.clear()
+            self._busy, self._step_since = False, None
+            self._thread = self._new_thread()
+            self._thread.start()
+            self.restarts += 1
+        _deliver_all(done)
+        return True
 
     def stop(self) -> None:
         with self._cv:
@@ -110,7 +148,7 @@ class ComputeWorker:
         with self._cv:
             if self._busy or self._stop or self._incoming or self._waiting or self.shard is None:
                 return False
-            self._busy = True
+            self._busy, self._step_since = True, time.monotonic()
             pending = Pending(job, job.inputs.shape[0], next(self._tickets))
             self._waiting.append(pending)
         done: list[Delivery] = []
@@ -120,7 +158,7 @@ class ComputeWorker:
                 self.stats.inline_steps += 1
         finally:
             with self._cv:
-                self._busy = False
+                self._busy, self._step_since = False, None
                 self._cv.notify()  # jobs submitted meanwhile wait for the thread
             _deliver_all(done)
         return True
@@ -136,7 +174,7 @@ class ComputeWorker:
                 for job in self._incoming:
                     self._waiting.append(Pending(job, job.inputs.shape[0], next(self._tickets)))
                 self._incoming.clear()
-                self._busy = True
+                self._busy, self._step_since = True, time.monotonic()
             done: list[Delivery] = []
             try:
                 done = self._step()
@@ -149,7 +187,7 @@ class ComputeWorker:
                 # session's next decode would take the thread handoff again
                 # (tests/unit/test_peer_inline.py).
                 with self._cv:
-                    self._busy = False
+                    self._busy, self._step_since = False, None
                 _deliver_all(done)
         for p in self._waiting:
             _resolve(p.key, exc=RequestError("peer is shutting down"))

@@ -8,12 +8,13 @@ to a last-layer span, each used to kill ``ComputeWorker``'s thread for good.
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 import torch
 
 from p2pserve.config import BatchingConfig
-from p2pserve.errors import BadRequestError
+from p2pserve.errors import BadRequestError, RequestError
 from p2pserve.model.shard import Shard
 from p2pserve.peer.batcher import TokenThrottle
 from p2pserve.peer.worker import ComputeWorker, Job
@@ -130,3 +131,74 @@ def test_sessions_waiting_together_run_in_one_step_with_their_solo_tokens(peer):
         batched.stop()
     assert together == alone
     assert batched.stats.max_batch_sessions == 8 and batched.stats.steps == 1
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_the_watchdog_restarts_a_compute_thread_that_ended(tmp_path):
+    """Something the step's ``except Exception`` cannot catch ends the thread: ``revive`` starts a
+    new one, fails the job that waited on the dead one (retriable) and serves the next."""
+    path, spec, budget, table = tiny_session_table(tmp_path / "m")
+    shard = Shard.load(path, spec, 0, spec.num_layers)
+    throttle = TokenThrottle(BatchingConfig())
+    worker = ComputeWorker(shard, throttle, budget)
+    worker.start()
+    schedule = throttle.schedule
+
+    def ends_the_thread(*args):
+        throttle.schedule = schedule  # only once
+        raise SystemExit("a library called sys.exit() on the compute thread")
+
+    throttle.schedule = ends_the_thread
+
+    async def main():
+        doomed = _job(_open(spec, table, "doomed"), torch.tensor(PROMPT))
+        worker.submit(doomed)
+        for _ in range(200):
+            if not worker.alive:
+                break
+            await asyncio.sleep(0.01)
+        assert not worker.alive
+        assert worker.revive() and worker.alive and worker.restarts == 1
+        assert not worker.revive()  # alive: nothing to do
+        later = _job(_open(spec, table, "after-restart"), torch.tensor(PROMPT))
+        worker.submit(later)
+        return await _settle(doomed), await _settle(later)
+
+    try:
+        (doomed,), (later,) = asyncio.run(main())
+    finally:
+        worker.stop()
+    assert isinstance(doomed, RequestError) and "restarted" in str(doomed)
+    assert isinstance(later, int)
+
+
+def test_a_step_that_hangs_is_reported_as_stuck(tmp_path):
+    """A step that never returns (a hung kernel) cannot be killed, but the worker reports how long
+    it has run; the peer announces itself draining past ``stuck_step_s`` (peer/server.py)."""
+    path, spec, budget, table = tiny_session_table(tmp_path / "m")
+    shard = Shard.load(path, spec, 0, spec.num_layers)
+    release = threading.Event()
+    forward = shard.forward_batch
+
+    def hangs(segments):
+        release.wait(10)
+        return forward(segments)
+
+    shard.forward_batch = hangs
+    worker = ComputeWorker(shard, TokenThrottle(BatchingConfig()), budget)
+    worker.start()
+
+    async def main():
+        job = _job(_open(spec, table, "hung"), torch.tensor(PROMPT))
+        worker.submit(job)
+        await asyncio.sleep(0.3)
+        stuck = worker.stuck_for()
+        release.set()
+        await _settle(job)
+        return stuck, worker.stuck_for()
+
+    try:
+        stuck, after = asyncio.run(main())
+    finally:
+        worker.stop()
+    assert stuck >= 0.2 and after == 0.0
