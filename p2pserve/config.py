@@ -27,6 +27,24 @@ from p2pserve.protocol import FrameLimits
 
 
 @dataclass(frozen=True)
+class AdmissionConfig:
+    """What remote participants may make a peer hold (``peer/admission.py``).
+
+    An owner is the authenticated peer id behind a stream; the per-owner bounds keep one
+    participant from taking every stream, session or KV slot of a volunteer's peer.
+    """
+
+    max_streams: int = 1024  # open session streams, all owners together
+    max_streams_per_owner: int = 256  # a client node opens one stream per hop per request
+    max_sessions_per_owner: int = 256
+    max_kv_fraction_per_owner: float = 0.5  # of the KV budget; 1.0 turns the KV quota off
+    max_inflight_payload_bytes: int = 1024**3  # frame payloads being read or served, all streams
+    stream_idle_timeout_s: float = 120.0  # a stream holding no session, silent this long, is closed
+    frame_read_timeout_s: float = 30.0  # the rest of a frame once its first byte arrived ...
+    min_read_rate_bytes_s: float = 1024**2  # ... plus its payload at this rate
+
+
+@dataclass(frozen=True)
 class BatchingConfig:
     """Per-step token budget after gLLM's token throttling (seed 002, §3).
 
@@ -76,15 +94,7 @@ class PeerConfig:
     # Hardening (docs/hardening.md): a step running longer than this withdraws the peer (it is
     # announced as draining) until the step ends; a dead compute thread is restarted at once.
     stuck_step_s: float = 60.0
-    # Per-owner quotas. An owner is the remote peer id of the stream (libp2p) or of the
-    # direct-path token's holder: one participant cannot take every session or all the KV.
-    max_sessions_per_owner: int = 64
-    max_kv_fraction_per_owner: float = 0.5
-    max_streams: int = 512  # open session streams, all owners together
-    max_streams_per_owner: int = 32
-    stream_idle_timeout_s: float = 600.0  # a stream with no frame this long is closed
-    frame_read_timeout_s: float = 30.0  # the rest of a frame, once its prefix arrived
-    max_inflight_payload_bytes: int = 1024**3  # payload bytes being read, all streams together
+    admission: AdmissionConfig = field(default_factory=AdmissionConfig)
 
 
 @dataclass(frozen=True)
@@ -125,6 +135,10 @@ class DHTConfig:
 
     model: str
     swarm_id: str = "p2pserve"
+    # The model's layer count, when this node knows it: records are then checked against it
+    # when read (a PeerInfo serving or able to hold more layers than the model has, a plan
+    # for another depth, are rejected). None checks only the generic bounds.
+    num_layers: Optional[int] = None
     initial_peers: tuple[str, ...] = ()
     # where the libp2p daemon listens / what it tells others; 0.0.0.0 for a real swarm
     host_maddrs: tuple[str, ...] = ("/ip4/0.0.0.0/tcp/0",)
@@ -191,6 +205,9 @@ class ProberConfig:
     min_interval_s: float = 60.0  # per target
     server_bytes_per_s: float = 200e6  # average probe bytes accepted per second
     server_burst_bytes: int = 160 << 20
+    # One prober's share of the budget above: a single remote peer cannot spend all of it, so
+    # the others' probes still get through.
+    per_prober_share: float = 0.25
     max_concurrent: int = 1
     timeout_s: float = 10.0
     keep_rounds: int = 3  # a link reads as the best of its last rounds (a busy host only under-reads)

@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import signal
 import sys
 
-from p2pserve.config import BatchingConfig, PeerConfig
+from p2pserve.config import AdmissionConfig, BatchingConfig, PeerConfig
 from p2pserve.errors import ConfigError, P2PServeError
 from p2pserve.protocol import FrameLimits
 
@@ -62,6 +63,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="TCP port of the direct path, which clients that reach this host use instead of "
                         "libp2p (lower latency, unencrypted); 0 picks a free port")
     p.add_argument("--no-direct", action="store_true", help="serve sessions over libp2p only")
+    a = d.admission
+    p.add_argument("--max-sessions-per-owner", type=int, default=a.max_sessions_per_owner,
+                   help="sessions one remote peer id may hold here")
+    p.add_argument("--max-kv-fraction-per-owner", type=float, default=a.max_kv_fraction_per_owner,
+                   help="share of the KV budget one remote peer id may hold (1 turns the quota off)")
+    p.add_argument("--max-streams-per-owner", type=int, default=a.max_streams_per_owner,
+                   help="session streams one remote peer id may keep open")
+    p.add_argument("--stream-idle-timeout", type=float, default=a.stream_idle_timeout_s,
+                   help="seconds a stream that holds no session may stay silent")
+    p.add_argument("--frame-read-timeout", type=float, default=a.frame_read_timeout_s,
+                   help="seconds the rest of a frame may take once it started (plus its payload at 1 MiB/s)")
+    p.add_argument("--request-timeout", type=float, default=d.request_timeout_s,
+                   help="seconds a Forward may wait for compute before the client is told to go elsewhere")
+    p.add_argument("--stuck-step", type=float, default=d.stuck_step_s,
+                   help="a compute step running longer announces this peer draining until it ends")
     p.add_argument("--probe-max-mb", type=float, default=d.probe_max_bytes / 1024**2,
                    help="largest link-probe transfer; fast links stop here (less CPU, coarser reading)")
     add_dht_arguments(p, need_model=False)
@@ -96,6 +112,15 @@ def config_from_args(args: argparse.Namespace) -> PeerConfig:
         swarm_model=args.swarm_model,
         probe_max_bytes=int(args.probe_max_mb * 1024**2),
         direct_port=None if args.no_direct else args.direct_port,
+        request_timeout_s=args.request_timeout,
+        stuck_step_s=args.stuck_step,
+        admission=AdmissionConfig(
+            max_sessions_per_owner=args.max_sessions_per_owner,
+            max_kv_fraction_per_owner=args.max_kv_fraction_per_owner,
+            max_streams_per_owner=args.max_streams_per_owner,
+            stream_idle_timeout_s=args.stream_idle_timeout,
+            frame_read_timeout_s=args.frame_read_timeout,
+        ),
     )
 
 
@@ -112,6 +137,7 @@ async def serve(config: PeerConfig, args: argparse.Namespace) -> None:
     # The model's name in DHT keys: --swarm-model, else the swarm file's model, else the
     # checkpoint's own id. (Sessions still check the checkpoint id itself when they open.)
     dcfg = dht_config(args, SwarmFile.load(args.config), model_flag="swarm_model", default_model=spec.model_id)
+    dcfg = dataclasses.replace(dcfg, num_layers=spec.num_layers)
     swarm = Swarm.create(dcfg)  # forks the DHT process before weights are loaded
     agent = None
     try:
@@ -140,7 +166,8 @@ async def _start_agent(peer, swarm, config: PeerConfig):
     from p2pserve.peer.profiler import load_or_measure
 
     spec = peer.spec
-    max_layers = config.max_layers or max(1, min(spec.num_layers, config.weights_memory_bytes // spec.layer_bytes))
+    # Never more than the model has: readers reject a record claiming more (dht/records.py).
+    max_layers = min(spec.num_layers, config.max_layers or max(1, config.weights_memory_bytes // spec.layer_bytes))
     profile = await asyncio.to_thread(load_or_measure, peer.model_path, spec, config.device, max_layers,
                                       config.profile_batch)
     # Probe transfers of ~0.25 s: long enough that TCP ramp-up and a shaper's burst allowance

@@ -1,8 +1,15 @@
 """RPC edge of the peer: reads frames from a session stream, answers each with a reply.
 
 This is one of the few places that catch broad exceptions: whatever a client sends, the peer
-answers with a typed ``ErrorReply`` and keeps serving every other session. A frame whose size
-limit is exceeded leaves the stream out of sync, so that stream alone is closed after the reply.
+answers with a typed ``ErrorReply`` and keeps serving every other session.
+
+Every resource a stream can make the peer hold is bounded before it is held
+(``peer/admission.py``): streams per owner, the silence a stream may keep, the time the rest of a
+frame may take once its first byte arrived, and a frame's payload, which is admitted only after
+its header was decoded and checked against what the session may still legally send (and
+against the peer's in-flight byte budget). A payload that is refused unread leaves the stream
+out of sync, so that stream alone is closed after the error reply (a small one is read and
+dropped instead, so that an honest client whose session expired keeps its stream).
 """
 
 from __future__ import annotations
@@ -14,19 +21,23 @@ import time
 import torch
 
 from p2pserve import __version__
+from p2pserve.config import AdmissionConfig
 from p2pserve.errors import (
     BadRequestError,
     ErrorCode,
+    OverloadedError,
     P2PServeError,
     PayloadTooLargeError,
     WIRE_ERRORS,
     ModelMismatchError,
 )
 from p2pserve.model.spec import ModelSpec
+from p2pserve.peer.admission import PayloadBudget, StreamQuota, payload_allowance
 from p2pserve.peer.sessions import SessionTable
 from p2pserve.peer.timing import RecentTimes
 from p2pserve.peer.worker import ComputeWorker, Job
 from p2pserve.protocol import (
+    FRAME_PREFIX,
     CloseSession,
     DirectOffer,
     ErrorReply,
@@ -39,12 +50,27 @@ from p2pserve.protocol import (
     OpenSession,
     SessionClosed,
     SessionOpened,
+    check_prefix,
     decode_request,
     error_reply,
 )
-from p2pserve.transport.frames import read_frame, tensor_from_wire, tensor_to_wire, write_frame
+from p2pserve.transport.frames import tensor_from_wire, tensor_to_wire, write_frame
 
 log = logging.getLogger(__name__)
+
+
+#: A refused payload up to this size is read and dropped, keeping its stream in sync.
+DISCARD_BYTES = 64 * 1024
+
+
+class _StreamState:
+    """One inbound stream: the object sessions are bound to, and who is behind it."""
+
+    __slots__ = ("remote", "opened")
+
+    def __init__(self, remote: str):
+        self.remote = remote  # the authenticated peer id (``StreamHandler``'s ``remote``)
+        self.opened = False  # whether a session was ever opened on it (it may then idle longer)
 
 
 class SessionHandler:
@@ -57,12 +83,16 @@ class SessionHandler:
         worker: ComputeWorker,
         limits: FrameLimits,
         request_timeout_s: float,
+        admission: AdmissionConfig = AdmissionConfig(),
     ):
         self.spec = spec
         self.table = table
         self.worker = worker
         self.limits = limits
         self.request_timeout_s = request_timeout_s
+        self.admission = admission
+        self.quota = StreamQuota(admission)
+        self.payloads = PayloadBudget(admission.max_inflight_payload_bytes)
         self.streams_open = 0
         self.direct = None  # a DirectListener when this peer offers the direct TCP path
         self.inline_window_s = worker.throttle.config.inline_lone_decode_s
@@ -70,66 +100,120 @@ class SessionHandler:
         self._alone_since = 0.0  # when that session became the only one sending
         self._service = RecentTimes()  # recent Forwards, frame read to reply written
 
-    async def handle_stream(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """A transport's stream handler (``StreamHandler``): serve frames until the client hangs up."""
-        owner = object()
+    async def handle_stream(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, remote: str = "") -> None:
+        """A transport's stream handler (``StreamHandler``): serve frames until the client hangs
+        up, goes silent too long, or breaks the framing."""
+        try:
+            self.quota.enter(remote)
+        except OverloadedError as e:
+            await self._reply_error(writer, e)
+            _close(writer)
+            return
+        stream = _StreamState(remote)
         self.streams_open += 1
         try:
-            while True:
-                try:
-                    header, payload = await read_frame(reader, self.limits)
-                except (asyncio.IncompleteReadError, ConnectionError):
-                    return
-                except PayloadTooLargeError as e:
-                    await self._reply_error(writer, e)
-                    return  # the body was not read, so the stream is out of sync
-                t0 = time.perf_counter()
-                reply, out_payload = await self._dispatch(header, payload, owner)
-                await write_frame(writer, reply, out_payload)
-                if isinstance(reply, ForwardResult):
-                    self._service.add(time.perf_counter() - t0)
-        except (ConnectionError, asyncio.IncompleteReadError):
+            while await self._serve_frame(reader, writer, stream):
+                pass
+        except (ConnectionError, asyncio.IncompleteReadError, TimeoutError):
             return
         finally:
             self.streams_open -= 1
-            closed = self.table.close_owned_by(owner)
+            self.quota.leave(remote)
+            closed = self.table.close_owned_by(stream)
             if closed:
                 log.debug("stream closed; freed %d session(s)", closed)
-            try:
-                writer.close()
-            except Exception:  # the transport may already be gone
-                pass
+            _close(writer)
+
+    def _read_deadline(self, nbytes: int) -> float:
+        """Seconds the rest of a frame of ``nbytes`` may take once its first byte arrived."""
+        return self.admission.frame_read_timeout_s + nbytes / self.admission.min_read_rate_bytes_s
+
+    async def _serve_frame(self, reader, writer, stream: _StreamState) -> bool:
+        """Read one frame, answer it; False when the stream must end (it is out of sync)."""
+        idle = self.admission.stream_idle_timeout_s
+        if stream.opened:  # its sessions expire first; then the stream may go too
+            idle = max(idle, self.table.idle_timeout_s + 10)
+        async with asyncio.timeout(idle):
+            prefix = await reader.readexactly(FRAME_PREFIX.size)
+        try:
+            header_len, payload_len = check_prefix(prefix, self.limits)
+        except PayloadTooLargeError as e:
+            await self._reply_error(writer, e)
+            return False  # the header was not read: the stream is out of sync
+        t0 = time.perf_counter()
+        async with asyncio.timeout(self._read_deadline(header_len + payload_len)):
+            header = await reader.readexactly(header_len)
+            msg, refusal = self._admit(header, payload_len, stream)
+            if refusal is not None:
+                if payload_len > DISCARD_BYTES:
+                    await self._reply_error(writer, refusal)
+                    return False
+                if payload_len:
+                    await reader.readexactly(payload_len)
+                await write_frame(writer, _error_for(refusal, msg))
+                return True
+            await self.payloads.acquire(payload_len)
+        try:
+            async with asyncio.timeout(self._read_deadline(payload_len)):
+                payload = await reader.readexactly(payload_len) if payload_len else b""
+            reply, out_payload = await self._dispatch(msg, payload, stream)
+            async with asyncio.timeout(self._read_deadline(len(out_payload))):
+                await write_frame(writer, reply, out_payload)  # a client that never reads is dropped
+        finally:
+            await self.payloads.release(payload_len)
+        if isinstance(reply, SessionOpened):
+            stream.opened = True
+        elif isinstance(reply, ForwardResult):
+            self._service.add(time.perf_counter() - t0)
+        return True
+
+    def _admit(self, header: bytes, payload_len: int, stream: _StreamState):
+        """Decode a header and bound its payload before any of it is read: ``(msg, None)`` when
+        the frame may be read on, ``(msg or None, error)`` when it is refused."""
+        msg = None
+        try:
+            msg = decode_request(header)
+            allowed = 0
+            if isinstance(msg, Forward):
+                session = self.table.get(msg.session_id, stream)
+                tokens_left = session.max_length - min(msg.position, session.position)
+                allowed = payload_allowance(tokens_left, session.start == 0, self.spec.hidden_size, self.spec.dtype)
+            if payload_len > allowed:
+                raise PayloadTooLargeError(
+                    f"a payload of {payload_len} bytes exceeds the {allowed} this request may carry"
+                )
+        except WIRE_ERRORS as e:
+            log.info("refused a frame (%s): %s", e.code.value, e.message)
+            return msg, e
+        return msg, None
 
     async def _reply_error(self, writer, exc: P2PServeError) -> None:
         try:
-            await write_frame(writer, error_reply(exc.code, exc.message))
-        except (ConnectionError, RuntimeError):
+            async with asyncio.timeout(self.admission.frame_read_timeout_s):
+                await write_frame(writer, error_reply(exc.code, exc.message))
+        except (ConnectionError, RuntimeError, TimeoutError):
             pass
 
-    async def _dispatch(self, header: bytes, payload: bytes, owner) -> tuple[object, bytes]:
-        session_id = step = None
+    async def _dispatch(self, msg, payload: bytes, stream: _StreamState) -> tuple[object, bytes]:
         try:
-            msg = decode_request(header)
-            session_id = getattr(msg, "session_id", None)
-            step = getattr(msg, "step", None)
             if isinstance(msg, OpenSession):
-                return self._open(msg, owner), b""
+                return self._open(msg, stream), b""
             if isinstance(msg, Forward):
-                return await self._forward(msg, payload, owner)
+                return await self._forward(msg, payload, stream)
             if isinstance(msg, GetStats):
                 return self.stats(), b""
             if isinstance(msg, OpenDirect):
-                return (self.direct.offer() if self.direct else DirectOffer(port=0)), b""
+                return (self.direct.offer(stream.remote) if self.direct else DirectOffer(port=0)), b""
             if isinstance(msg, CloseSession):
-                self.table.close(msg.session_id, owner)
+                self.table.close(msg.session_id, stream)
                 return SessionClosed(session_id=msg.session_id), b""
             raise BadRequestError(f"unexpected message {type(msg).__name__}")
         except WIRE_ERRORS as e:
             log.info("rejected request (%s): %s", e.code.value, e.message)
-            return ErrorReply(code=e.code.value, message=e.message, session_id=session_id, step=step), b""
+            return _error_for(e, msg), b""
         except Exception as e:  # never crash on input: report and keep serving
             log.exception("internal error while handling a request")
-            return error_reply(ErrorCode.INTERNAL, f"{type(e).__name__}: {e}", session_id, step), b""
+            return _error_for(P2PServeError(f"{type(e).__name__}: {e}"), msg), b""
 
     def stats(self) -> PeerStats:
         """Current load and batching counters."""
@@ -155,10 +239,10 @@ class SessionHandler:
             stuck_s=self.worker.stuck_for(),
         )
 
-    def _open(self, msg: OpenSession, owner) -> SessionOpened:
+    def _open(self, msg: OpenSession, stream: _StreamState) -> SessionOpened:
         if msg.model_id != self.spec.model_id:
             raise ModelMismatchError(f"this peer serves model {self.spec.model_id!r}, not {msg.model_id!r}")
-        session = self.table.open(msg, owner)
+        session = self.table.open(msg, stream, stream.remote)
         lo, hi = self.table.served
         return SessionOpened(
             session_id=session.id,
@@ -171,8 +255,8 @@ class SessionHandler:
             peer_version=__version__,
         )
 
-    async def _forward(self, msg: Forward, payload: bytes, owner) -> tuple[ForwardResult, bytes]:
-        session = self.table.get(msg.session_id, owner)
+    async def _forward(self, msg: Forward, payload: bytes, stream: _StreamState) -> tuple[ForwardResult, bytes]:
+        session = self.table.get(msg.session_id, stream)
         if session.busy:
             raise BadRequestError(f"session {msg.session_id!r} already has a request in flight")
         inputs = tensor_from_wire(msg.tensor, payload)
@@ -197,17 +281,23 @@ class SessionHandler:
             future=loop.create_future(),
             loop=loop,
         )
-        session.busy = True
+        # The session is busy until the worker is done with this job (``SessionTable.settle``),
+        # not merely until this handler stops waiting: a retry after a timeout must not put a
+        # second job on the same cache, nor a Close release KV the worker still writes into.
+        job.on_settled = self.table.settle
+        session.job = job
+        if not (n == 1 and self._alone(session.id) and self.worker.run_inline(job)):
+            self.worker.submit(job)
         try:
-            if not (n == 1 and self._alone(session.id) and self.worker.run_inline(job)):
-                self.worker.submit(job)
             # asyncio.timeout wraps no extra task around the future (wait_for would): this is
             # on every hop of every token.
             async with asyncio.timeout(self.request_timeout_s):
                 result = await job.future
-        finally:
-            session.busy = False
-            session.last_used = self.table.clock()
+        except TimeoutError:
+            job.abandoned = True  # the worker drops it if it has not run yet
+            raise OverloadedError(
+                f"the request waited over {self.request_timeout_s:.0f} s in this peer; take another route"
+            ) from None
         position = msg.position + n
         if isinstance(result, int):
             return ForwardResult(session_id=session.id, step=msg.step, position=position, token=result), b""
@@ -239,3 +329,16 @@ class SessionHandler:
                 raise BadRequestError(f"hidden states must be {self.spec.dtype}, got {expected}")
         if inputs.shape[0] == 0:
             raise BadRequestError("a Forward must carry at least one token")
+
+
+def _error_for(exc: P2PServeError, msg) -> ErrorReply:
+    """The ErrorReply for ``exc``, naming the session and step of ``msg`` when it has them."""
+    code = getattr(exc, "code", ErrorCode.INTERNAL)
+    return error_reply(code, getattr(exc, "message", str(exc)), getattr(msg, "session_id", None), getattr(msg, "step", None))
+
+
+def _close(writer) -> None:
+    try:
+        writer.close()
+    except Exception:  # the transport may already be gone
+        pass

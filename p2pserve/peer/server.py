@@ -68,9 +68,10 @@ class Peer:
             max_sessions=config.max_sessions,
             torch_dtype=TORCH_DTYPES[spec.dtype],
             device=config.device,
+            admission=config.admission,
         )
         worker = ComputeWorker(None, TokenThrottle(config.batching), budget)
-        handler = SessionHandler(spec, table, worker, config.frame_limits, config.request_timeout_s)
+        handler = SessionHandler(spec, table, worker, config.frame_limits, config.request_timeout_s, config.admission)
         peer = cls(config, spec, model_path, dht, p2p, worker, table, handler, Libp2pTransport(p2p))
         fixed = config.start is not None or not config.announce
         if fixed:

@@ -11,8 +11,10 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Callable
 
+from p2pserve.config import AdmissionConfig
 from p2pserve.errors import BadRequestError, OverloadedError, RangeMovedError, SessionNotFoundError
 from p2pserve.model.spec import ModelSpec
+from p2pserve.peer.admission import check_session_quota
 from p2pserve.peer.kv_cache import KVBudget, SequenceCache
 from p2pserve.protocol import OpenSession, SamplingParams
 
@@ -33,11 +35,18 @@ class Session:
     reserved: int
     owner: object  # the stream that opened it; closed together with it
     last_used: float
-    busy: bool = False
+    principal: str = ""  # the remote peer id behind that stream: per-owner quotas count by it
+    job: object = None  # the Forward the compute worker holds for it (one at a time), or None
+    closed: bool = False  # closed while a job ran: the reservation is released when it settles
 
     @property
     def position(self) -> int:
         return self.cache.length
+
+    @property
+    def busy(self) -> bool:
+        """Whether the compute worker holds a job of this session (queued or running)."""
+        return self.job is not None
 
 
 @dataclass
@@ -52,17 +61,22 @@ class SessionTable:
     clock: Callable[[], float] = time.monotonic
     torch_dtype: object = None
     device: str = "cpu"
+    admission: AdmissionConfig = field(default_factory=AdmissionConfig)
     _sessions: dict[str, Session] = field(default_factory=dict)
     # Closed sessions remembered for their owner's error messages only, keyed by id, holding the
     # owner's id() (not the stream itself, which may be gone by then).
     _expired: OrderedDict = field(default_factory=OrderedDict)  # recently expired: id -> (time, owner id)
-    _moved: dict = field(default_factory=dict)  # closed because the range changed: id -> owner id
+    _moved: OrderedDict = field(default_factory=OrderedDict)  # closed because the range moved: id -> owner id
 
     def __len__(self) -> int:
         return len(self._sessions)
 
-    def open(self, msg: OpenSession, owner: object) -> Session:
-        """Validate an OpenSession and reserve its KV; raises a typed error when it cannot."""
+    def open(self, msg: OpenSession, owner: object, principal: str = "") -> Session:
+        """Validate an OpenSession and reserve its KV; raises a typed error when it cannot.
+
+        ``owner`` is the stream (the session is bound to it), ``principal`` the peer id behind
+        it, whose sessions and KV together are held to ``admission``'s per-owner quota.
+        """
         if self.served is None:
             raise RangeMovedError("this peer serves no layers yet (waiting for the plan / loading)")
         lo, hi = self.served
@@ -88,6 +102,8 @@ class SessionTable:
         if len(self._sessions) >= self.max_sessions:
             raise OverloadedError(f"this peer already holds {self.max_sessions} sessions")
         need = msg.max_length * (msg.end - msg.start)
+        held = [s for s in self._sessions.values() if s.principal == principal]
+        check_session_quota(self.admission, self.budget.capacity, len(held), sum(s.reserved for s in held), need)
         self.budget.reserve(need)
         cache = SequenceCache(
             msg.start, msg.end, self.spec.num_kv_heads, self.spec.head_dim, msg.max_length, self.torch_dtype, self.device
@@ -102,6 +118,7 @@ class SessionTable:
             reserved=need,
             owner=owner,
             last_used=self.clock(),
+            principal=principal,
         )
         self._sessions[msg.session_id] = session
         return session
@@ -133,11 +150,32 @@ class SessionTable:
         self._drop(session_id)
 
     def _drop(self, session_id: str) -> Session | None:
-        """Remove a session whoever owns it and release its reservation; the session, if it was open."""
+        """Remove a session whoever owns it and release its reservation; the session, if it was open.
+
+        While the worker holds a job of the session, its cache may still be written: the
+        reservation is released when that job settles (:meth:`settle`), never before.
+        """
         session = self._sessions.pop(session_id, None)
         if session is not None:
-            self.budget.release(session.reserved)
+            session.closed = True
+            if session.job is None:
+                self.budget.release(session.reserved)
         return session
+
+    def settle(self, job) -> None:
+        """The compute worker is done with ``job`` (ran, failed or dropped): its session may take
+        the next Forward, and a session closed meanwhile gives its reservation back now.
+
+        Called on the event loop's thread when the job's result is delivered, whether or not
+        anybody still awaits it (a handler that timed out does not).
+        """
+        session: Session = job.session
+        if session.job is not job:
+            return
+        session.job = None
+        session.last_used = self.clock()
+        if session.closed:
+            self.budget.release(session.reserved)
 
     def close_owned_by(self, owner: object) -> int:
         """Close every session opened on a stream that went away; returns how many."""
@@ -160,6 +198,7 @@ class SessionTable:
         ]
         for sid in gone:
             self._moved[sid] = id(self._drop(sid).owner)
+        _bound(self._moved)
         return gone
 
     def expire_idle(self) -> list[str]:
@@ -170,6 +209,14 @@ class SessionTable:
         ]
         for sid in stale:
             self._expired[sid] = (now, id(self._drop(sid).owner))
-            while len(self._expired) > 4096:
-                self._expired.popitem(last=False)
+        _bound(self._expired)
         return stale
+
+
+#: Closed sessions remembered for their owners' error messages; the oldest are forgotten first.
+REMEMBERED = 4096
+
+
+def _bound(memory: OrderedDict) -> None:
+    while len(memory) > REMEMBERED:
+        memory.popitem(last=False)

@@ -20,10 +20,11 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
-from p2pserve.errors import P2PServeError, RangeMovedError, RequestError
+from p2pserve.errors import OverloadedError, P2PServeError, RangeMovedError, RequestError, SessionNotFoundError
 from p2pserve.model.shard import Segment, Shard
 from p2pserve.peer.batcher import Pending, TokenThrottle
 from p2pserve.peer.kv_cache import KVBudget
@@ -46,6 +47,10 @@ class Job:
     loop: asyncio.AbstractEventLoop
     outputs: list = field(default_factory=list)
     loop_thread: int = field(default_factory=threading.get_ident)  # the thread running ``loop``
+    # Called on the loop's thread once the worker is done with this job, whether or not the
+    # future is still awaited (``SessionTable.settle``: the session may take its next Forward).
+    on_settled: Callable[["Job"], None] | None = None
+    abandoned: bool = False  # nobody awaits the result any more (the handler timed out): skip it
 
 
 @dataclass
@@ -212,6 +217,7 @@ class ComputeWorker:
         for p in moved:  # the peer flipped to another range while these waited
             self._waiting.remove(p)
             done.append((p.key, None, RangeMovedError("this peer moved to another layer range; replay elsewhere")))
+        done += self._drop_unwanted()
         if not self._waiting:
             return done
         chunks = self.throttle.schedule(self._waiting, self.budget.free_fraction)
@@ -254,6 +260,21 @@ class ComputeWorker:
                 done.append(_finish(job, out, job.position + ch.pending.total))
         return done
 
+    def _drop_unwanted(self) -> list[Delivery]:
+        """Drop waiting jobs whose session was closed or whose handler gave up on them: running
+        them would only write into a cache nobody reads (a closed session's reservation is
+        already promised back, see ``SessionTable.settle``)."""
+        done: list[Delivery] = []
+        for p in [p for p in self._waiting if p.key.session.closed or p.key.abandoned]:
+            self._waiting.remove(p)
+            job: Job = p.key
+            if job.session.closed:
+                done.append((job, None, SessionNotFoundError(f"session {job.session.id!r} was closed")))
+            else:  # a chunked prefill may have written part of its positions
+                job.session.cache.truncate(job.position)
+                done.append((job, None, OverloadedError("the request timed out in this peer's queue")))
+        return done
+
     def _forward_each(self, shard: Shard, chunks: list, segments: list[Segment]) -> list:
         """Run each chunk alone after its batch failed: an output per chunk, or the error that
         chunk's job fails with (its half-written positions dropped first)."""
@@ -294,7 +315,9 @@ def _deliver_all(done: list[Delivery]) -> None:
 
 def _resolve(job: Job, value=None, exc: BaseException | None = None) -> None:
     def deliver() -> None:
-        if job.future.done():
+        if job.on_settled is not None:
+            job.on_settled(job)
+        if job.future.done():  # cancelled: its handler timed out or went away
             return
         if exc is not None:
             job.future.set_exception(exc)

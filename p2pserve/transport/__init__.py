@@ -21,8 +21,11 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Protocol, Sequence, runtime_checkable
 
-#: Serves one inbound stream until the other side hangs up: ``handler(reader, writer)``.
-StreamHandler = Callable[[asyncio.StreamReader, Any], Awaitable[None]]
+#: Serves one inbound stream until the other side hangs up: ``handler(reader, writer, remote)``.
+#: ``remote`` is the authenticated peer id of whoever opened the stream (libp2p authenticates it;
+#: the direct path inherits it from the libp2p stream that issued its token). Peers key per-owner
+#: quotas by it.
+StreamHandler = Callable[[asyncio.StreamReader, Any, str], Awaitable[None]]
 
 
 @dataclass

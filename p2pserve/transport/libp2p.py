@@ -63,8 +63,8 @@ class Libp2pTransport:
     async def serve(self, protocol: str, handler: StreamHandler) -> None:
         """Register ``handler`` for inbound streams of ``protocol``."""
 
-        async def on_stream(_info, reader, writer) -> None:  # hivemind passes the stream info first
-            await handler(reader, writer)
+        async def on_stream(info, reader, writer) -> None:  # hivemind passes the stream info first
+            await handler(reader, writer, str(info.peer_id))
 
         await self.p2p.add_binary_stream_handler(protocol, on_stream)
 

@@ -79,7 +79,7 @@ class MemoryNetwork:
         caller_w, callee_w = PipeWriter(to_callee), PipeWriter(to_caller)
         for peer in (caller, callee):
             self._pipes.setdefault(peer, []).append((caller_w, callee_w))
-        task = asyncio.get_running_loop().create_task(handler(to_callee, callee_w))
+        task = asyncio.get_running_loop().create_task(handler(to_callee, callee_w, caller))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return Stream(to_caller, caller_w, "memory")

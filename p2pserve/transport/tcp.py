@@ -156,29 +156,32 @@ class DirectTransport:
 
 
 class TokenBook:
-    """One-time tokens with an expiry (pure logic, injected clock)."""
+    """One-time tokens with an expiry, each bound to the peer id it was issued to (pure logic,
+    injected clock)."""
 
     def __init__(self, ttl_s: float, clock=time.monotonic, max_outstanding: int = 4096):
         self.ttl_s = ttl_s
         self._clock = clock
         self._max = max_outstanding
-        self._expiry: dict[str, float] = {}
+        self._expiry: dict[str, tuple[float, str]] = {}  # token -> (expiry, holder's peer id)
 
-    def issue(self) -> str:
-        """A fresh random token, valid for ``ttl_s``."""
+    def issue(self, holder: str = "") -> str:
+        """A fresh random token for ``holder``, valid for ``ttl_s``."""
         now = self._clock()
         if len(self._expiry) >= self._max:  # never grow without bound, whatever clients do
-            self._expiry = {t: e for t, e in self._expiry.items() if e > now}
+            self._expiry = {t: v for t, v in self._expiry.items() if v[0] > now}
             while len(self._expiry) >= self._max:
                 self._expiry.pop(next(iter(self._expiry)))
         token = secrets.token_hex(16)
-        self._expiry[token] = now + self.ttl_s
+        self._expiry[token] = (now + self.ttl_s, holder)
         return token
 
-    def redeem(self, token: str) -> bool:
-        """Consume ``token``; True if it was issued, unused and unexpired."""
-        expiry = self._expiry.pop(token, None)
-        return expiry is not None and expiry > self._clock()
+    def redeem(self, token: str) -> str | None:
+        """Consume ``token``: the holder it was issued to if it was unused and unexpired, else None."""
+        entry = self._expiry.pop(token, None)
+        if entry is None or entry[0] <= self._clock():
+            return None
+        return entry[1]
 
     def __len__(self) -> int:
         return len(self._expiry)
@@ -212,9 +215,10 @@ class DirectListener:
         log.info("direct path on %s port %d", ",".join(self.hosts), self.port)
         return self.port
 
-    def offer(self) -> DirectOffer:
-        """Answer to ``OpenDirect``: the port and a fresh one-time token."""
-        return DirectOffer(port=self.port, token=self.tokens.issue())
+    def offer(self, holder: str = "") -> DirectOffer:
+        """Answer to ``OpenDirect`` from ``holder`` (its peer id): the port and a fresh one-time
+        token; the connection that redeems it is served as ``holder``'s."""
+        return DirectOffer(port=self.port, token=self.tokens.issue(holder))
 
     async def stop(self) -> None:
         """Stop accepting (attached connections end with their clients)."""
@@ -228,7 +232,8 @@ class DirectListener:
             async with asyncio.timeout(self.attach_timeout_s):
                 header, _ = await read_frame(reader, _ATTACH_LIMITS)
             msg = decode_request(header)
-            if not isinstance(msg, AttachDirect) or not self.tokens.redeem(msg.token):
+            holder = self.tokens.redeem(msg.token) if isinstance(msg, AttachDirect) else None
+            if holder is None:
                 log.info("refused a direct connection from %s: no valid token", writer.get_extra_info("peername"))
                 writer.close()
                 return
@@ -237,4 +242,4 @@ class DirectListener:
             log.info("direct connection dropped before attaching: %s", e)
             writer.close()
             return
-        await self.handler(reader, writer)
+        await self.handler(reader, writer, holder)

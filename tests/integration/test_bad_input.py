@@ -34,7 +34,7 @@ LIMITS = ClientConfig().frame_limits
 @pytest.fixture(scope="module")
 def peer(model_dir):
     path = model_dir("llama")
-    (p,) = start_peers(path, [(0, 8)], "--kv-token-layers", str(KV_SLOTS), "--session-idle-timeout", "1.5",
+    (p,) = start_peers(path, [(0, 8)], "--kv-token-layers", str(KV_SLOTS), "--session-idle-timeout", "1.5", "--max-kv-fraction-per-owner", "1",
                        "--max-payload-mb", "1")
     yield path, p
     p.stop()

@@ -9,20 +9,20 @@ from p2pserve.transport.tcp import TokenBook, maddr_hosts
 def test_tokens_are_single_use_and_expire():
     clock = FakeClock()
     book = TokenBook(ttl_s=30.0, clock=clock)
-    a, b = book.issue(), book.issue()
+    a, b = book.issue("alice"), book.issue("bob")
     assert a != b and len(a) == 32
-    assert book.redeem(a) and not book.redeem(a)  # one use
-    assert not book.redeem("0" * 32)  # never issued
+    assert book.redeem(a) == "alice" and book.redeem(a) is None  # one use, bound to its holder
+    assert book.redeem("0" * 32) is None  # never issued
     clock.advance(31)
-    assert not book.redeem(b)  # expired
+    assert book.redeem(b) is None  # expired
 
 
 def test_token_book_is_bounded():
     clock = FakeClock()
     book = TokenBook(ttl_s=30.0, clock=clock, max_outstanding=8)
-    tokens = [book.issue() for _ in range(50)]
+    tokens = [book.issue("c") for _ in range(50)]
     assert len(book) <= 8
-    assert book.redeem(tokens[-1])  # the newest survive
+    assert book.redeem(tokens[-1]) == "c"  # the newest survive
 
 
 def test_maddr_hosts_skips_relays_and_repeats():
@@ -54,7 +54,7 @@ def test_session_streams_move_to_the_direct_path_when_offered():
     from p2pserve.transport.memory import MemoryNetwork
     from p2pserve.transport.tcp import DirectListener, DirectTransport
 
-    async def answer(reader, writer, listener=None) -> None:
+    async def answer(reader, writer, listener=None, remote="") -> None:
         """The peer's session handler: offers the direct path; answers anything else with the
         name of the writer it answers on (which stream carried the frame)."""
         while True:
@@ -63,7 +63,7 @@ def test_session_streams_move_to_the_direct_path_when_offered():
             except (asyncio.IncompleteReadError, ConnectionError):
                 return
             if isinstance(decode_request(header), OpenDirect):
-                await write_frame(writer, listener.offer() if listener else DirectOffer(port=0))
+                await write_frame(writer, listener.offer(remote) if listener else DirectOffer(port=0))
             else:
                 await write_frame(writer, ErrorReply(code="bad_request", message=type(writer).__name__))
 
@@ -71,9 +71,9 @@ def test_session_streams_move_to_the_direct_path_when_offered():
         net = MemoryNetwork()
         listener = None
         if listener_peer_id is not None:
-            listener = DirectListener(answer, listener_peer_id, ["127.0.0.1"])
+            listener = DirectListener(lambda r, w, remote: answer(r, w, None, remote), listener_peer_id, ["127.0.0.1"])
             await listener.start()
-        net.serve("peerX", SESSION_PROTOCOL, lambda r, w: answer(r, w, listener))
+        net.serve("peerX", SESSION_PROTOCOL, lambda r, w, remote: answer(r, w, listener, remote))
         transport = DirectTransport(net.transport("client"))
         try:
             stream = await transport.open_stream("peerX", ["/ip4/127.0.0.1/tcp/1/p2p/peerX"], SESSION_PROTOCOL, 5.0)
