@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import signal
 
@@ -67,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
         file = SwarmFile.load(args.config)
         dcfg = dht_config(args, file)
         ccfg = coordinator_config(args, file, dcfg.model)
+        dcfg = dataclasses.replace(dcfg, num_layers=ccfg.num_layers)
     except ConfigError as e:
         print(f"error: {e}")
         return 2

@@ -27,6 +27,7 @@ prefixes held back).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 import threading
 from typing import Iterator, Optional, Sequence
@@ -127,6 +128,7 @@ class AsyncClient:
             membership = {"swarm_id": self.swarm_id} if self.swarm_id else {}
             cfg = DHTConfig(model=self.swarm_model or spec.model_id, initial_peers=self.initial_peers,
                             client_mode=True, trusted_coordinators=self.trusted_coordinators, **membership)
+        cfg = dataclasses.replace(cfg, num_layers=spec.num_layers)
         self._swarm = await asyncio.to_thread(Swarm.create, cfg)
         if self._given_transport is not None:
             self._transport = self._given_transport

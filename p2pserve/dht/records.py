@@ -280,8 +280,9 @@ def encode_record(record: Record) -> bytes:
     return _ENCODER.encode(record)
 
 
-def decode_record(data: bytes, cls: type[R]) -> R:
-    """Decode and validate untrusted bytes into ``cls``.
+def decode_record(data: bytes, cls: type[R], num_layers: Optional[int] = None) -> R:
+    """Decode and validate untrusted bytes into ``cls`` (against the model's ``num_layers``
+    when the reader knows it).
 
     Raises :class:`MalformedFrameError` (bad MessagePack / wrong field types) or
     :class:`RecordRejected` (decoded, but figures out of bounds), each with a reason.
@@ -297,5 +298,16 @@ def decode_record(data: bytes, cls: type[R]) -> R:
         record = dec.decode(data)
     except (msgspec.DecodeError, msgspec.ValidationError) as e:
         raise MalformedFrameError(f"not a valid {cls.__name__}: {e}") from e
-    record.validate()
+    validate_for_model(record, num_layers)
     return record
+
+
+def validate_for_model(record: Record, num_layers: Optional[int]) -> None:
+    """``record.validate()``, and where ``num_layers`` is known, its consistency with the model:
+    no PeerInfo span or capacity beyond the model's layers, no plan for another depth."""
+    if isinstance(record, PeerInfo):
+        record.validate(num_layers)
+        return
+    record.validate()
+    if isinstance(record, Plan) and num_layers is not None and record.num_layers != num_layers:
+        raise RecordRejected(f"plan for {record.num_layers} layers; this model has {num_layers}")

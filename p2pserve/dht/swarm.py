@@ -212,7 +212,7 @@ class Swarm:
                 withdrawn.add(signer)  # tombstone: withdrawn
                 continue
             try:
-                record = decode_record(item.value, cls)
+                record = decode_record(item.value, cls, self.config.num_layers)
             except (RecordRejected, MalformedFrameError) as e:
                 self.rejects.reject(kind.value, signer, str(e))
                 continue
@@ -269,12 +269,14 @@ class Swarm:
     async def get_plans(self) -> list[SignedPlan]:
         """All live plans signed by trusted coordinators."""
         out = []
+        expiration: dict[str, float] = {}  # only the live plans': signers come and go
         for s in await self._entries(keys.RecordKind.PLAN, Plan):
             if not is_trusted(s.signer, self._trusted):
                 self.rejects.reject("plan", s.signer, "plan signed by a key not in trusted_coordinators")
                 continue
-            self._plan_expiration[s.signer] = s.expiration
+            expiration[s.signer] = s.expiration
             out.append(SignedPlan(s.record, s.signer))
+        self._plan_expiration = expiration
         return out
 
     async def get_plan(self) -> Optional[SignedPlan]:

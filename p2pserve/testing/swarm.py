@@ -9,7 +9,8 @@ from typing import Callable, NamedTuple, Optional
 from p2pserve.config import DHTConfig
 from p2pserve.dht.election import SignedPlan, choose_plan
 from p2pserve.dht.keys import RecordKind
-from p2pserve.dht.records import CoordinatorCandidate, LinkInfo, PeerInfo, Plan
+from p2pserve.dht.records import CoordinatorCandidate, LinkInfo, PeerInfo, Plan, validate_for_model
+from p2pserve.errors import RecordRejected
 from p2pserve.dht.view import Signed
 
 #: One entry of a :class:`FakeSwarmStore`: a record and its expiration time.
@@ -113,7 +114,16 @@ class FakeSwarm:
 
     def _read(self, kind: RecordKind) -> list[Signed]:
         self.calls[f"get_{kind.value}"] += 1
-        return [Signed(rec, signer, exp) for signer, (rec, exp) in self.store.live(kind).items()]
+        return [Signed(rec, signer, exp) for signer, (rec, exp) in self.store.live(kind).items()
+                if self._fits_model(rec)]
+
+    def _fits_model(self, record) -> bool:
+        """Whether ``record`` passes the read-side check against the model, as ``Swarm`` reads."""
+        try:
+            validate_for_model(record, self.config.num_layers)
+        except RecordRejected:
+            return False
+        return True
 
     async def get_peers(self) -> dict[str, Signed[PeerInfo]]:
         """Live PeerInfo records by peer id."""

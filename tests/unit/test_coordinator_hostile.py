@@ -77,3 +77,58 @@ def test_a_tick_that_raises_is_logged_and_the_loop_goes_on(caplog):
     assert calls["n"] >= 2, "the loop stopped after the failing tick"
     assert store.get(RecordKind.PLAN, sa.public_key) is not None
     assert "a bug in one tick" in caplog.text
+
+
+def _flooded(n_liars: int, num_layers: int = 30):
+    """Two honest peers and ``n_liars`` peers claiming the most throughput records allow."""
+    from p2pserve.dht.records import MAX_TOKENS_PER_S
+
+    store, clock = FakeSwarmStore(), FakeClock()
+    sa = FakeSwarm(store, "a", CFG)
+    for i in range(2):
+        h = FakeSwarm(store, f"honest{i}", DHTConfig(model="m"))
+        asyncio.run(h.announce_peer(PeerInfo(model="m", peer_id=f"honest{i}", max_layers=num_layers,
+                                             throughput_decode=[50.0 / j for j in range(1, num_layers + 1)])))
+    for i in range(n_liars):
+        liar = FakeSwarm(store, f"liar{i}", DHTConfig(model="m"))
+        asyncio.run(liar.announce_peer(PeerInfo(model="m", peer_id=f"liar{i}", max_layers=num_layers,
+                                                throughput_decode=[MAX_TOKENS_PER_S] * num_layers)))
+    coord = CoordinatorService(sa, CoordinatorConfig(num_layers=num_layers, priority=1, solve_time_limit=1.0,
+                                                     tick=0.01), clock=clock)
+    return store, clock, sa, coord
+
+
+def test_a_flood_of_maximal_claims_still_yields_a_valid_plan():
+    """20 records claiming 1e8 tok/s pushed the plan's upper bound past its own validity limit,
+    so the honest coordinator built a plan it then refused to publish, on every tick."""
+    store, clock, sa, coord = _flooded(20)
+
+    async def go():
+        clock.advance(2.5)
+        return await coord.step()
+
+    assert asyncio.run(go()).startswith("published")
+    plan = store.get(RecordKind.PLAN, sa.public_key)
+    plan.validate()
+    assert set(plan.targets) >= {"honest0", "honest1"}
+
+
+def test_a_peer_record_is_checked_against_the_model_when_read(caplog):
+    """A reader that knows the model's layer count rejects records beyond it (``max_layers=4096``
+    and a 4000-layer span passed for a 4-layer model)."""
+    from p2pserve.dht.keys import record_key
+    from p2pserve.dht.records import encode_record
+    from p2pserve.dht.signing import load_or_create_key, owner_subkey
+    from p2pserve.dht.swarm import Swarm
+    from p2pserve.testing import FakeDHT
+
+    dht, clock = FakeDHT(), FakeClock()
+    cfg = DHTConfig(model="m", swarm_id="s", num_layers=4, reject_log_interval=0.0)
+    reader = Swarm(cfg, dht, load_or_create_key(None), clock=clock)
+    key = record_key("s", "m", RecordKind.PEERS)
+    for name, info in (("liar", PeerInfo(model="m", peer_id="liar", max_layers=4096, serving=(0, 4000))),
+                       ("ok", PeerInfo(model="m", peer_id="ok", max_layers=4, serving=(0, 4)))):
+        dht.data.setdefault(key, {})[owner_subkey(load_or_create_key(None))] = FakeDHT.Entry(encode_record(info), 2000.0)
+    peers = asyncio.run(reader.get_peers())
+    assert set(peers) == {"ok"}
+    assert "max_layers=4096" in caplog.text
