@@ -73,6 +73,7 @@ class BanList:
 
     def ban(self, peer: str) -> float:
         """Ban ``peer`` now; returns the ban's duration in seconds."""
+        self._forget_old(self.clock())
         n = self.strikes.get(peer, 0) + 1
         self.strikes[peer] = n
         duration = min(self.base_s * (2 ** (n - 1) if self.escalate else 1), self.max_s)
@@ -82,7 +83,16 @@ class BanList:
     def active(self) -> frozenset[str]:
         """Peers banned at this moment."""
         now = self.clock()
+        self._forget_old(now)
         return frozenset(p for p, t in self.until.items() if t > now)
+
+    def _forget_old(self, now: float) -> None:
+        """Forget peers whose last ban ended over ``max_s`` ago, strikes included: a peer that
+        behaved that long starts afresh, and a long-lived client does not keep every peer id
+        it ever banned."""
+        for peer in [p for p, t in self.until.items() if t + self.max_s <= now]:
+            del self.until[peer]
+            self.strikes.pop(peer, None)
 
 
 @dataclass(frozen=True)

@@ -165,13 +165,21 @@ class Pipeline:
         links = [HopConnection(self.transport, h, cfg.frame_limits, cfg.hop_timeout_s, cfg.connect_timeout_s)
                  for h in hops]
         # None: each hop draws its own random session id (never one id shared along the route).
-        opened = await asyncio.gather(*(c.open(self.model_id, None, self.max_length, self.sampling)
-                                        for c in links), return_exceptions=True)
-        failed = [(c, r) for c, r in zip(links, opened) if isinstance(r, BaseException)]
+        tasks = [asyncio.create_task(c.open(self.model_id, None, self.max_length, self.sampling)) for c in links]
+        try:
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        finally:
+            # The first failure cancels the opens still under way (they would hold KV on their
+            # peers until their own timeouts), and whatever opened is closed again.
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            failed = [(c, t.exception()) for c, t in zip(links, tasks) if not t.cancelled() and t.exception()]
+            if failed or any(t.cancelled() for t in tasks):
+                await asyncio.gather(*(c.close() for c in links), return_exceptions=True)
         if failed:
-            await asyncio.gather(*(c.close() for c in links), return_exceptions=True)
             link, exc = failed[0]
-            if not isinstance(exc, Exception):  # cancelled, interrupted: not the hop's failure
+            if not isinstance(exc, Exception):  # interrupted: not the hop's failure
                 raise exc
             raise HopFailure(link.hop, exc) from exc
         self._links, self._held, self._steps = links, 0, 0

@@ -72,16 +72,20 @@ class Announcer:
             self._last_peer = now
             try:
                 await self.swarm.announce_peer(self._peer_info())
-            except (asyncio.TimeoutError, OSError) as e:
+            except Exception as e:  # a refused record or a DHT error: retry next period, never die
                 self.failures += 1
                 logger.warning(f"PeerInfo refresh failed ({e!r}); retrying in {self.peer_period:.1f}s")
         if self._link_info is not None and now >= next_due(self._last_link, self.link_period, now):
-            info = self._link_info()
+            try:
+                info = self._link_info()
+            except Exception:
+                logger.exception("building LinkInfo failed")
+                info = None
             if info is not None:  # nothing measured yet: try again at the next peer refresh
                 self._last_link = now
                 try:
                     await self.swarm.announce_links(info)
-                except (asyncio.TimeoutError, OSError) as e:
+                except Exception as e:  # as above
                     self.failures += 1
                     logger.warning(f"LinkInfo refresh failed ({e!r})")
         now = self._clock()

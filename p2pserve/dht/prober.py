@@ -29,7 +29,9 @@ transfer (64 KiB in ~52 ms, then ~190 KiB in ~160 ms), a 10 Gbit/s one at the 64
 
 Rate limiting, so probing never starves serving: the server accepts at most
 ``max_concurrent`` bulk transfers and ``server_bytes_per_s`` on average (token bucket), and
-answers "busy" otherwise; the client probes one peer at a time and each peer at most once per
+answers "busy" otherwise; one remote prober may take only ``per_prober_share`` of that budget;
+every read of a probe stream has a deadline (``timeout_s``), so a prober that stalls mid-transfer
+frees its slot; the client probes one peer at a time and each peer at most once per
 ``min_interval_s``.
 """
 
@@ -104,6 +106,10 @@ class TokenBucket:
             return True
         return False
 
+    def give_back(self, amount: float) -> None:
+        """Return ``amount`` taken by a transfer that did not happen after all."""
+        self._level = min(self.burst, self._level + amount)
+
 
 _enc = msgspec.msgpack.Encoder()
 _dec = msgspec.msgpack.Decoder(dict)
@@ -136,6 +142,7 @@ class LinkProber:
         self.config = config
         self._clock = clock
         self._bucket = TokenBucket(config.server_bytes_per_s, config.server_burst_bytes, clock)
+        self._per_prober: dict[str, TokenBucket] = {}  # remote peer id -> its share of the budget
         self._active = 0
         self._history: dict[str, list[LinkStat]] = {}  # the last keep_rounds readings per peer
         self._last_probe: dict[str, float] = {}
@@ -151,11 +158,30 @@ class LinkProber:
         """Unregister the handler."""
         await self.p2p.remove_binary_stream_handler(PROTOCOL)
 
-    async def _handle(self, _info, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def _take(self, prober: str, n: int) -> bool:
+        """Take ``n`` bytes from ``prober``'s share and from the whole budget, or neither."""
+        cfg = self.config
+        bucket = self._per_prober.get(prober)
+        if bucket is None:
+            if len(self._per_prober) >= 1024:  # forget probers that came and went
+                self._per_prober.pop(next(iter(self._per_prober)))
+            bucket = self._per_prober[prober] = TokenBucket(
+                cfg.server_bytes_per_s * cfg.per_prober_share, cfg.server_burst_bytes * cfg.per_prober_share, self._clock)
+        if not bucket.take(n):
+            return False
+        if self._bucket.take(n):
+            return True
+        bucket.give_back(n)
+        return False
+
+    async def _handle(self, info, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        prober = str(getattr(info, "peer_id", ""))
+        deadline = self.config.timeout_s
         try:
             while True:
                 try:
-                    req = await _read_frame(reader)
+                    async with asyncio.timeout(deadline):
+                        req = await _read_frame(reader)
                 except asyncio.IncompleteReadError:
                     return  # client closed the stream: normal end of a probe round
                 if req.get("v") != PROBE_VERSION:
@@ -169,25 +195,26 @@ class LinkProber:
                     if not isinstance(n, int) or not 0 < n <= self.config.max_probe_bytes:
                         await _write_frame(writer, {"ok": False, "error": f"bulk size {n!r} not in (0, {self.config.max_probe_bytes}]"})
                         return
-                    if self._active >= self.config.max_concurrent or not self._bucket.take(n):
+                    if self._active >= self.config.max_concurrent or not self._take(prober, n):
                         await _write_frame(writer, {"ok": False, "error": "busy"})
                         continue
                     await _write_frame(writer, {"ok": True, "go": True})
                     self._active += 1
                     try:
-                        left = n
-                        while left > 0:  # read and discard: never hold the payload
-                            chunk = await reader.read(min(left, 1 << 20))
-                            if not chunk:
-                                raise asyncio.IncompleteReadError(b"", left)
-                            left -= len(chunk)
+                        async with asyncio.timeout(deadline):  # a stalled transfer frees the slot
+                            left = n
+                            while left > 0:  # read and discard: never hold the payload
+                                chunk = await reader.read(min(left, 1 << 20))
+                                if not chunk:
+                                    raise asyncio.IncompleteReadError(b"", left)
+                                left -= len(chunk)
                     finally:
                         self._active -= 1
                     await _write_frame(writer, {"ok": True, "n": n})
                 else:
                     await _write_frame(writer, {"ok": False, "error": f"unknown op {op!r}"})
                     return
-        except (ProtocolError, asyncio.IncompleteReadError, ConnectionError) as e:
+        except (ProtocolError, asyncio.IncompleteReadError, ConnectionError, TimeoutError) as e:
             logger.info(f"probe stream ended: {e!r}")
         finally:
             writer.close()

@@ -18,7 +18,7 @@ from p2pserve import __version__
 from p2pserve import clock as clocks
 from p2pserve.clock import Clock
 from p2pserve.dht.announcer import Announcer
-from p2pserve.dht.records import LinkInfo, PeerInfo, Plan
+from p2pserve.dht.records import MAX_ADDRS, MAX_STR, LinkInfo, PeerInfo, Plan
 from p2pserve.dht.view import LinkProbes, SwarmView
 from p2pserve.peer.handover import OtherPeer, flip_decision
 from p2pserve.peer.profiler import Profile
@@ -41,6 +41,12 @@ def next_target(plan: Plan | None, peer_id: str, serving: Span | None, loading: 
     if target == serving or target == loading:
         return None
     return target
+
+
+def announceable(maddrs: list[str]) -> list[str]:
+    """The addresses a PeerInfo can carry: the first ``MAX_ADDRS`` within ``MAX_STR`` characters
+    (a host with many interfaces must not make its record refused, which would withdraw it)."""
+    return [m for m in maddrs if len(m) <= MAX_STR][:MAX_ADDRS]
 
 
 class SwarmAgent:
@@ -73,7 +79,7 @@ class SwarmAgent:
         return PeerInfo(
             model=self.swarm.config.model,
             peer_id=self.swarm.peer_id,
-            addrs=self.peer.visible_maddrs(),
+            addrs=announceable(self.peer.visible_maddrs()),
             device=self.profile.device,
             weights_memory_bytes=self.profile.max_layers * spec.layer_bytes,
             kv_memory_bytes=budget.capacity * spec.kv_bytes_per_token_layer,

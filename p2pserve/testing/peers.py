@@ -24,8 +24,10 @@ class FakePeerNetwork:
 
     Switches: :meth:`kill` (streams cut, dials refused); ``kill_after[peer] = n`` (the peer dies
     right after the n-th token sampled network-wide); ``refuse[peer] = code`` (answer every
-    OpenSession with that error code) and ``refuse_once`` (only the next one). Records:
-    ``sampled`` holds, for every token sampled, how many tokens its Forward carried.
+    OpenSession with that error code) and ``refuse_once`` (only the next one); ``stall`` (peers
+    that never answer an OpenSession; ``stall_released`` lists each such stream its client
+    closed). Records: ``sampled`` holds, for every token sampled, how many tokens its Forward
+    carried.
     """
 
     def __init__(self, num_layers: int = 8, hidden_size: int = 4):
@@ -38,6 +40,8 @@ class FakePeerNetwork:
         self.refuse: dict[str, str] = {}
         self.refuse_once: dict[str, str] = {}
         self.sampled: list[int] = []
+        self.stall: set[str] = set()
+        self.stall_released: list[str] = []
 
     def add(self, peer_id: str, start: int, end: int):
         """Start a peer serving layers [start, end); returns the Hop of its whole span."""
@@ -46,7 +50,7 @@ class FakePeerNetwork:
 
         self.spans[peer_id] = (start, end)
 
-        async def handler(reader, writer) -> None:
+        async def handler(reader, writer, remote) -> None:
             await self._serve(peer_id, reader, writer)
 
         self.network.serve(peer_id, SESSION_PROTOCOL, handler)
@@ -71,7 +75,12 @@ class FakePeerNetwork:
                 header, payload = await read_frame(reader, FrameLimits())
             except (asyncio.IncompleteReadError, ConnectionError):
                 return
-            reply, out = self._answer(peer_id, decode_request(header), payload)
+            msg = decode_request(header)
+            if peer_id in self.stall and type(msg).__name__ == "OpenSession":
+                await reader.read()  # no answer; wait until the client gives up on the stream
+                self.stall_released.append(peer_id)
+                return
+            reply, out = self._answer(peer_id, msg, payload)
             try:
                 await write_frame(writer, reply, out)
             except ConnectionError:

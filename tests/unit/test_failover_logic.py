@@ -215,3 +215,23 @@ def test_masks_are_what_the_state_banned():
     state.record(Hop("p", 0, 4), ConnectionError("x"))
     state.record(Hop("q", 0, 4), OverloadedError("full"))
     assert state.masks() == Masks(banned=frozenset({"p"}), overloaded=frozenset({"q"}))
+
+
+def test_a_failed_parallel_open_cancels_and_closes_its_siblings():
+    """Issue 14, finding 7: when one hop refuses, the opens still under way are cancelled and
+    their streams closed at once (the peer frees what it reserved), not left to their timeouts."""
+    net, hops = network({"a1": (0, 4), "b1": (4, 8)})
+    net.refuse["a1"] = "bad_request"
+    net.stall.add("b1")
+    config = ClientConfig(max_retries=0, hop_timeout_s=60.0, stale_route_pause_s=0.0)
+    pipeline = make_pipeline(net, FixedRoutes(hops), config=config)
+
+    async def main():
+        async with asyncio.timeout(5):  # not the 60 s hop timeout of the stalled sibling
+            with pytest.raises(BadRequestError):
+                await pipeline.step([1, 2, 3])
+        await asyncio.sleep(0)
+        await pipeline.close()
+
+    run(main())
+    assert net.stall_released == ["b1"]
