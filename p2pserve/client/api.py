@@ -202,7 +202,7 @@ class AsyncClient:
         max_length = min(self.max_length, len(prompt_ids) + params.max_new_tokens)
         spec = self.info.spec
         pipeline = Pipeline(self._transport, self._routes_for(max_length), spec.model_id, spec.num_layers,
-                            max_length, sampling, self.config, self.failover)
+                            max_length, sampling, self.config, self.failover, vocab_size=spec.vocab_size)
         return Generation(pipeline, prompt_ids, params, self.info.eos_ids, self.info.tokenizer)
 
     def _routes_for(self, max_length: int) -> RouteProvider:

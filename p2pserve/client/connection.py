@@ -12,6 +12,7 @@ import asyncio
 import secrets
 from typing import Optional
 
+import numpy as np
 import torch
 
 from p2pserve.client.hop import Hop
@@ -114,6 +115,34 @@ class HopConnection:
                 )
         return reply.tensor
 
+    def check_forward(self, reply, payload: bytes, n: int, step: int, position: int, last: bool,
+                      vocab_size: Optional[int] = None) -> Optional[TensorMeta]:
+        """Check a reply to ``Forward(step, position)`` of ``n`` positions in full; returns its
+        hidden states' header (None from the ``last`` hop, which returns a token).
+
+        Whatever a peer returns is hostile until checked: the step and position it answers, a
+        tensor from a hop before the last (without it the client would pass the previous hop's
+        activations on and skip this hop's layers), a token in ``[0, vocab_size)`` from the last,
+        and finite hidden states. Each failure is a ``MalformedFrameError`` blamed on this hop.
+        """
+        meta = self.hidden_of(reply, payload, n)
+        if reply.step != step or reply.position != position + n:
+            raise MalformedFrameError(
+                f"{self.hop} answered step {reply.step} at position {reply.position}, "
+                f"expected step {step} at position {position + n}"
+            )
+        if last:
+            if reply.token is None or meta is not None:
+                raise MalformedFrameError(f"{self.hop} holds the last layer but returned no token")
+            if reply.token < 0 or (vocab_size is not None and reply.token >= vocab_size):
+                raise MalformedFrameError(f"{self.hop} returned token {reply.token}, outside the vocabulary")
+            return None
+        if meta is None:
+            raise MalformedFrameError(f"{self.hop} returned no hidden states for layers [{self.hop.start}, {self.hop.end})")
+        if not all_finite(meta.dtype, payload):
+            raise MalformedFrameError(f"{self.hop} returned hidden states that are not finite")
+        return meta
+
     async def forward(self, step: int, position: int, inputs: torch.Tensor) -> tuple[ForwardResult, Optional[torch.Tensor]]:
         """Send inputs for [position, position + n); returns (result, hidden states or None)."""
         meta, data = tensor_to_wire(inputs)
@@ -140,3 +169,18 @@ class HopConnection:
             pass
         self.stream.close()
         self.stream = None
+
+
+# The exponent bits of each float dtype, read as an unsigned integer of its width: a value is
+# inf or NaN exactly when they are all set. Checked on the received bytes, with no copy and for
+# bfloat16 too (numpy has no bfloat16).
+_EXPONENT = {"float32": (np.uint32, 0x7F800000), "float16": (np.uint16, 0x7C00), "bfloat16": (np.uint16, 0x7F80)}
+
+
+def all_finite(dtype: str, payload) -> bool:
+    """Whether every value of a float tensor's raw bytes is finite (other dtypes: True)."""
+    if dtype not in _EXPONENT or not len(payload):
+        return True
+    int_type, mask = _EXPONENT[dtype]
+    bits = np.frombuffer(payload, dtype=int_type)
+    return not bool(np.any((bits & int_type(mask)) == int_type(mask)))

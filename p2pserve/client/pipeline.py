@@ -53,8 +53,9 @@ class Pipeline:
 
     def __init__(self, transport: Transport, routes: RouteProvider, model_id: str, num_layers: int, max_length: int,
                  sampling: SamplingParams = SamplingParams(), config: ClientConfig = ClientConfig(),
-                 state: Optional[FailoverState] = None):
+                 state: Optional[FailoverState] = None, vocab_size: Optional[int] = None):
         self.transport = transport
+        self.vocab_size = vocab_size  # when known, a last hop's token outside it is malformed
         self.routes = routes
         self.model_id = model_id
         self.num_layers = num_layers
@@ -123,7 +124,8 @@ class Pipeline:
                     try:
                         msg = Forward(session_id=link.session_id, step=self._steps, position=self._held, tensor=meta)
                         reply, data = await link.call(msg, data)
-                        meta = link.hidden_of(reply, data, len(sent))  # handed on undecoded
+                        meta = link.check_forward(reply, data, len(sent), self._steps, self._held,  # handed on undecoded
+                                                  link.hop.end == self.num_layers, self.vocab_size)
                     except Exception as e:  # whatever broke on this hop is this hop's failure
                         raise HopFailure(link.hop, e) from e
             except HopFailure as f:
@@ -138,9 +140,7 @@ class Pipeline:
         self._steps += 1
         self.history.extend(token_ids)
         self._held = len(self.history)
-        if reply.token is None:
-            raise RoutingError("the last hop returned hidden states instead of a token")
-        return int(reply.token)
+        return int(reply.token)  # check_forward made sure the last hop sent one
 
     def rewind(self, position: int) -> None:
         """Make the next step start at ``position`` (peers drop their later cache entries)."""

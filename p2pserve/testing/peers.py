@@ -26,7 +26,9 @@ class FakePeerNetwork:
     right after the n-th token sampled network-wide); ``refuse[peer] = code`` (answer every
     OpenSession with that error code) and ``refuse_once`` (only the next one); ``stall`` (peers
     that never answer an OpenSession; ``stall_released`` lists each such stream its client
-    closed). Records: ``sampled`` holds, for every token sampled, how many tokens its Forward
+    closed); ``corrupt[peer] = how`` (its Forward replies lie: ``"token"`` a token and no hidden
+    states from a hop before the last, ``"vocab"`` a token outside the vocabulary, ``"nan"``
+    hidden states holding NaN, ``"position"`` a wrong position). Records: ``sampled`` holds, for every token sampled, how many tokens its Forward
     carried.
     """
 
@@ -42,6 +44,7 @@ class FakePeerNetwork:
         self.sampled: list[int] = []
         self.stall: set[str] = set()
         self.stall_released: list[str] = []
+        self.corrupt: dict[str, str] = {}
 
     def add(self, peer_id: str, start: int, end: int):
         """Start a peer serving layers [start, end); returns the Hop of its whole span."""
@@ -133,12 +136,20 @@ class FakePeerNetwork:
         del session["tokens"][msg.position:]
         session["tokens"].extend(ids)
         position = msg.position + len(ids)
+        how = self.corrupt.get(peer_id)
+        if how == "token" or (how == "vocab" and session["end"] == self.num_layers):
+            token = 10**6 if how == "vocab" else 1
+            return ForwardResult(session_id=msg.session_id, step=msg.step, position=position, token=token), b""
+        if how == "position":
+            position += 1
         if session["end"] == self.num_layers:
             self.sampled.append(len(ids))
             token = fake_next_token(session["tokens"])
             return ForwardResult(session_id=msg.session_id, step=msg.step, position=position, token=token), b""
         hidden = torch.zeros(len(ids), self.hidden_size)
         hidden[:, 0] = torch.tensor(ids, dtype=torch.float32)
+        if how == "nan":
+            hidden[:, 1] = float("nan")
         meta, data = tensor_to_wire(hidden)
         return ForwardResult(session_id=msg.session_id, step=msg.step, position=position, tensor=meta), data
 

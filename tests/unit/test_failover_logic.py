@@ -235,3 +235,21 @@ def test_a_failed_parallel_open_cancels_and_closes_its_siblings():
 
     run(main())
     assert net.stall_released == ["b1"]
+
+
+@pytest.mark.parametrize("how,index", [("token", 0), ("vocab", 1), ("nan", 0), ("position", 1)])
+def test_a_malformed_reply_is_blamed_on_the_hop_that_sent_it(how, index):
+    """A middle hop answering a token and no tensor made the client pass the previous hop's
+    activations on (layers silently skipped); a last hop's token 10**6 was blamed on the first
+    hop. Each lie now bans the liar, the route is rebuilt, and the output is unchanged."""
+    net, hops = network()
+    first_route = run(PeerListRoutes(8, hops, seed=0).route(Masks()))  # the pipeline's, same seed
+    liar = first_route[index].peer_id
+    net.corrupt[liar] = how
+    pipeline = Pipeline(net.client(), PeerListRoutes(8, hops, seed=0), "fake-model", 8, max_length=256,
+                        config=ClientConfig(max_retries=3, stale_route_pause_s=0.0),
+                        state=FailoverState(ClientConfig(), FakeClock()), vocab_size=1000)
+    out = run(generate(pipeline, [1, 2, 3], 6))
+    assert out == reference([1, 2, 3], 6)
+    blamed = {f.hop.peer_id for f in pipeline.failures}
+    assert blamed == {liar} and all("banned" in f.action for f in pipeline.failures)
