@@ -9,6 +9,7 @@ import pytest
 
 from p2pserve.client.openai_schema import http_error_for, parse_chat_request, parse_completion_request
 from p2pserve.client.openai_server import OpenAIServer
+from p2pserve.config import ApiConfig
 from p2pserve.errors import (
     AllRoutesOverloadedError,
     BadRequestError,
@@ -21,8 +22,8 @@ from p2pserve.testing import FakeClient
 
 
 async def request(server_client, method, path, body=None):
-    server = OpenAIServer(server_client)
-    port = await server.start("127.0.0.1", 0)
+    server = OpenAIServer(server_client, ApiConfig(host="127.0.0.1", port=0))
+    port = await server.start()
     try:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         data = json.dumps(body).encode() if body is not None else b""
@@ -34,7 +35,20 @@ async def request(server_client, method, path, body=None):
     finally:
         await server.close()
     head, _, payload = raw.partition(b"\r\n\r\n")
+    if b"transfer-encoding: chunked" in head.lower():
+        payload = dechunk(payload)
     return int(head.split()[1]), head.decode(), payload.decode()
+
+
+def dechunk(data: bytes) -> bytes:
+    """The body of a chunked HTTP/1.1 response (streamed responses are sent that way)."""
+    out = b""
+    while True:
+        size, _, rest = data.partition(b"\r\n")
+        n = int(size, 16)
+        if n == 0:
+            return out
+        out, data = out + rest[:n], rest[n + 2:]
 
 
 CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}], "temperature": 0}
@@ -126,8 +140,9 @@ def test_the_request_reaches_the_client_as_generation_params():
     client = FakeClient()
     body = dict(CHAT, max_tokens=7, top_k=3, seed=-1, stop=["x"])
     assert run(request(client, "POST", "/v1/chat/completions", body))[0] == 200
-    (kind, params), = client.requests
-    assert kind == "chat" and (params.max_new_tokens, params.top_k, params.stop) == (7, 3, ("x",))
+    (ids, params), = client.requests
+    assert client.tokenized == [[{"role": "user", "content": "hi"}]] and ids == [1, 2, 3]
+    assert (params.max_new_tokens, params.top_k, params.stop) == (7, 3, ("x",))
     assert params.seed == (1 << 62) - 1  # negative seeds are folded into ours
     completion = parse_completion_request({"model": "m", "prompt": [[1, 2, 3]]}, {"m"})
     assert completion.prompt == [1, 2, 3] and completion.params.temperature == 1.0
