@@ -116,6 +116,7 @@ class ApiConfig:
     keep_alive_s: float = 5.0  # an idle kept-alive connection is closed after this
     max_header_bytes: int = 16 * 1024  # request line + headers
     max_body_bytes: int = 4 * 1024**2  # 413, from Content-Length before reading and while reading
+    max_inflight_body_bytes: int = 64 * 1024**2  # bodies being read, all together; past it 503
     max_connections: int = 256  # open connections; the next one gets 503 and is closed
     max_generations: int = 64  # generations in flight; the next request gets 429 with Retry-After
     max_prompt_chars: int = 200_000  # characters of prompt (or token ids), checked before tokenising
@@ -125,7 +126,7 @@ class ApiConfig:
         if self.api_key is not None and not self.api_key.strip():
             raise ConfigError("the API key is empty; give a non-empty key, or none for an open API")
         for name in ("header_timeout_s", "body_timeout_s", "keep_alive_s", "max_header_bytes", "max_body_bytes",
-                     "max_connections", "max_generations", "max_prompt_chars"):
+                     "max_inflight_body_bytes", "max_connections", "max_generations", "max_prompt_chars"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"ApiConfig.{name} must be > 0, got {getattr(self, name)!r}")
 

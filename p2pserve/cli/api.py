@@ -83,8 +83,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of ``p2pserve api``."""
     d = ApiConfig()
     parser.epilog = ("Status codes: 400 bad input, 401 missing/wrong key, 408 body too slow, 413 body too large, "
-                     "429 (Retry-After) every route overloaded or --max-generations running, 503 no route or "
-                     "--max-connections open.")
+                     "429 (Retry-After) every route overloaded or --max-generations running, 503 no route, "
+                     "--max-connections open or --max-inflight-body-mb being read.")
     parser.add_argument("--host", default=d.host, help="address to listen on (0.0.0.0 for every interface)")
     parser.add_argument("--port", type=int, default=d.port, help="TCP port (0 = pick a free one)")
     parser.add_argument("--served-model-name", action="append", default=[],
@@ -101,6 +101,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     h.add_argument("--keep-alive", type=float, default=d.keep_alive_s, help="seconds an idle connection is kept (default %(default)s)")
     h.add_argument("--max-body-mb", type=float, default=d.max_body_bytes / 2**20,
                    help="largest request body in MiB (413; default %(default)s)")
+    h.add_argument("--max-inflight-body-mb", type=float, default=d.max_inflight_body_bytes / 2**20,
+                   help="request bodies being read, all together, in MiB; past it 503 (default %(default)s)")
     h.add_argument("--max-connections", type=int, default=d.max_connections,
                    help="open connections; the next one gets 503 and is closed (default %(default)s)")
     h.add_argument("--max-generations", type=int, default=d.max_generations,
@@ -116,7 +118,8 @@ def api_config_from_args(args: argparse.Namespace) -> ApiConfig:
         host=args.host, port=args.port, served_model_names=tuple(args.served_model_name),
         api_key=args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None,
         header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout, keep_alive_s=args.keep_alive,
-        max_body_bytes=int(args.max_body_mb * 2**20), max_connections=args.max_connections,
+        max_body_bytes=int(args.max_body_mb * 2**20), max_inflight_body_bytes=int(args.max_inflight_body_mb * 2**20),
+        max_connections=args.max_connections,
         max_generations=args.max_generations, max_prompt_chars=args.max_prompt_chars,
     )
 

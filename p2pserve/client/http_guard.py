@@ -7,7 +7,9 @@
   once, and malformed HTTP (a ``Content-Length: 1_0``) gets a 400 in the OpenAI shape.
 * :class:`ApiGuard` — ASGI middleware: the API key (401) and the Content-Length cap (413), both
   before a byte of the body is read.
-* :func:`read_body` — the body under the size cap (413 while streaming chunks) and the deadline (408).
+* :func:`read_body` — the body under the size cap (413 while streaming chunks), the deadline
+  (408) and a :class:`BodyBudget` that every body being read shares (503 past it), so that
+  stalled bodies cannot pile up in memory.
 
 Errors answered before the body was read in full carry ``Connection: close``: the rest of that
 body is never read, so the connection cannot carry another request.
@@ -38,14 +40,15 @@ class ClientGone(Exception):
     """The HTTP client disconnected; nobody is left to answer."""
 
 
-def error_response(err: HTTPError) -> JSONResponse:
-    """The OpenAI-shaped JSON response of ``err`` with the headers its status calls for."""
+def error_response(err: HTTPError, close: bool = False) -> JSONResponse:
+    """The OpenAI-shaped JSON response of ``err`` with the headers its status calls for;
+    ``close`` when the request's body was not read in full."""
     headers = {}
-    if err.status == 429:
+    if err.status == 429 or err.code == "server_busy":
         headers["Retry-After"] = "1"  # overload passes quickly: a generation ends, a peer frees KV
     if err.status == 401:
         headers["WWW-Authenticate"] = "Bearer"
-    if err.status in CLOSING_STATUSES:
+    if close or err.status in CLOSING_STATUSES:
         headers["Connection"] = "close"
     return JSONResponse(err.body(), status_code=err.status, headers=headers)
 
@@ -101,7 +104,9 @@ class GuardedH11Protocol(H11Protocol):
     def send_400_response(self, msg: str) -> None:
         """Malformed HTTP (h11 refused it): a 400 in the OpenAI shape, then close."""
         err = HTTPError(400, f"malformed HTTP request: {msg}", code="bad_http")
-        if not self.transport.is_closing():
+        # a response already under way (garbage in a body being streamed) cannot get a second one
+        answering = self.cycle is None or not self.cycle.response_started
+        if answering and not self.transport.is_closing():
             self.transport.write(_raw_error(400, "Bad Request", err))
         self.transport.close()
 
@@ -171,24 +176,49 @@ class ApiGuard:
         return None
 
 
-async def read_body(receive, limits: ApiConfig) -> bytes:
+class BodyBudget:
+    """Bytes of request bodies being read, all requests together, up to ``limit``."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.used = 0
+
+    def take(self, n: int) -> None:
+        """Count ``n`` more bytes, or raise a 503 (nothing taken) when they do not fit."""
+        if self.used + n > self.limit:
+            raise HTTPError(503, "this server is reading too many request bodies at once; retry later",
+                            "service_unavailable", code="server_busy")
+        self.used += n
+
+    def give_back(self, n: int) -> None:
+        """Return bytes counted by :meth:`take`."""
+        self.used -= n
+
+
+async def read_body(receive, limits: ApiConfig, budget: BodyBudget) -> bytes:
     """The whole request body: 413 past ``max_body_bytes`` (chunked bodies have no length to check
-    up front), 408 when it is not complete within ``body_timeout_s``; ClientGone on a disconnect."""
+    up front), 408 when it is not complete within ``body_timeout_s``, 503 when ``budget`` has no
+    room for it; ClientGone on a disconnect. Its bytes count in ``budget`` only while it is read."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + limits.body_timeout_s
-    chunks, size = [], 0
-    while True:
-        try:
-            message = await asyncio.wait_for(receive(), max(deadline - loop.time(), 0))
-        except asyncio.TimeoutError:
-            raise HTTPError(408, f"the request body did not arrive within {limits.body_timeout_s:g} s",
-                            code="request_timeout") from None
-        if message["type"] == "http.disconnect":
-            raise ClientGone()
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limits.max_body_bytes:
-            raise HTTPError(413, f"the request body is over {limits.max_body_bytes} bytes", code="body_too_large")
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            return b"".join(chunks)
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        while True:
+            try:
+                message = await asyncio.wait_for(receive(), max(deadline - loop.time(), 0))
+            except asyncio.TimeoutError:
+                raise HTTPError(408, f"the request body did not arrive within {limits.body_timeout_s:g} s",
+                                code="request_timeout") from None
+            if message["type"] == "http.disconnect":
+                raise ClientGone()
+            chunk = message.get("body", b"")
+            if size + len(chunk) > limits.max_body_bytes:
+                raise HTTPError(413, f"the request body is over {limits.max_body_bytes} bytes", code="body_too_large")
+            budget.take(len(chunk))
+            size += len(chunk)
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks)
+    finally:
+        budget.give_back(size)

@@ -12,7 +12,8 @@ Errors use OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``:
 * 404 unknown path, 405 wrong method, 408 body too slow, 413 body too large;
 * 429 (with ``Retry-After``) — every route goes through an overloaded peer, or this server
   already runs ``max_generations`` generations;
-* 503 — no route exists (a layer is not served), failover gave up, or ``max_connections`` are open;
+* 503 — no route exists (a layer is not served), failover gave up, ``max_connections`` are open,
+  or the bodies being read fill ``max_inflight_body_bytes`` (with ``Retry-After``);
 * 500 — anything else (a bug: the message says what).
 
 Each generation runs in a task of its own (:class:`GenerationJob`) that always closes its swarm
@@ -34,7 +35,7 @@ from fastapi import FastAPI, Request
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from p2pserve.client.http_guard import ApiGuard, ClientGone, error_response, read_body
+from p2pserve.client.http_guard import ApiGuard, BodyBudget, ClientGone, error_response, read_body
 from p2pserve.client.openai_schema import (
     GenRequest,
     chunk_body,
@@ -57,7 +58,7 @@ class GenerationJob:
     then exactly one of ``("end", reply)``, ``("error", exception)``, ``("cancelled", None)``.
 
     The stream is closed (its swarm sessions with it) before the last event, however the job
-    ends; ``on_done`` runs then too. Cancelling the job is how a disconnect stops a generation.
+    ends; ``on_done(job)`` runs then too. Cancelling the job is how a disconnect stops a generation.
     """
 
     def __init__(self, stream, on_done):
@@ -81,7 +82,7 @@ class GenerationJob:
                 await self.stream.aclose()  # a no-op after a normal end; closes the sessions otherwise
             except Exception as e:
                 log.warning(f"closing a generation's route failed: {e!r}")
-            self._on_done()
+            self._on_done(self)
             self.events.put_nowait(outcome)
 
     async def outcome(self) -> tuple:
@@ -138,13 +139,20 @@ class OpenAIApi:
         names = limits.served_model_names
         self.models = {client.model_id, *names}
         self.primary_model = names[0] if names else client.model_id
-        self.generations = 0  # in flight, bounded by limits.max_generations
+        self.jobs: set[GenerationJob] = set()  # in flight, at most limits.max_generations
+        self._starting = 0  # requests past the generation cap check, still tokenising
+        self.bodies = BodyBudget(limits.max_inflight_body_bytes)
         # One thread: the tokenizer is not meant for concurrent calls, and one worker bounds
         # the CPU that tokenising takes from the peers sharing this machine.
         self._tokenizer = ThreadPoolExecutor(1, thread_name_prefix="p2pserve-tokenize")
 
-    def close(self) -> None:
-        """Stop the tokenising thread (a prompt being tokenised finishes first)."""
+    async def aclose(self, timeout_s: float = 10.0) -> None:
+        """Cancel the generations still running and wait (up to ``timeout_s``) until their swarm
+        sessions are closed, so that the client can be closed after; stop the tokenising thread."""
+        for job in list(self.jobs):
+            job.cancel()
+        if self.jobs:
+            await asyncio.wait([job.task for job in self.jobs], timeout=timeout_s)
         self._tokenizer.shutdown(wait=False, cancel_futures=True)
 
     async def list_models(self, request: Request) -> JSONResponse:
@@ -167,11 +175,14 @@ class OpenAIApi:
 
     async def _serve(self, request: Request, kind: str) -> Response:
         try:
-            raw = await read_body(request.receive, self.limits)
-            g = parse_request_body(raw, kind, self.models, self.limits.max_prompt_chars)
-            job = await self._start(g)
+            raw = await read_body(request.receive, self.limits, self.bodies)
         except ClientGone:
             return Response(status_code=204)  # nobody reads it: uvicorn drops it
+        except HTTPError as e:
+            return error_response(e, close=True)  # the rest of the body stays unread
+        try:
+            g = parse_request_body(raw, kind, self.models, self.limits.max_prompt_chars)
+            job = await self._start(g)
         except Exception as e:  # the HTTP edge: every failure becomes a typed error response
             return self._failure(request, e)
         watcher = asyncio.create_task(_cancel_on_disconnect(request.receive, job))
@@ -190,22 +201,20 @@ class OpenAIApi:
 
     async def _start(self, g: GenRequest) -> GenerationJob:
         """Take a generation slot (429 when none is free), tokenise off the loop, start the job."""
-        if self.generations >= self.limits.max_generations:
+        if self._starting + len(self.jobs) >= self.limits.max_generations:
             raise HTTPError(429, f"this server already runs {self.limits.max_generations} generations; retry later",
                             "rate_limit_error", code="too_many_generations")
-        self.generations += 1
+        self._starting += 1  # holds the slot while tokenising
         try:
             c = self.client
             tokenize, arg = (c.chat_prompt, g.messages) if g.kind == "chat" else (c.text_prompt, g.prompt)
             ids = await asyncio.get_running_loop().run_in_executor(self._tokenizer, tokenize, arg)
             # token ids in: generate_stream only checks them, no tokenising on the loop
-            return GenerationJob(c.generate_stream(ids, params=g.params), self._release)
-        except BaseException:
-            self._release()
-            raise
-
-    def _release(self) -> None:
-        self.generations -= 1
+            job = GenerationJob(c.generate_stream(ids, params=g.params), self.jobs.discard)
+            self.jobs.add(job)
+            return job
+        finally:
+            self._starting -= 1
 
     async def _stream(self, request, g: GenRequest, job: GenerationJob, watcher, rid: str, created: int) -> Response:
         """Open the route first, so that 400/429/503 are still possible; then stream events."""

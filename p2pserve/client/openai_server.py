@@ -98,10 +98,11 @@ class OpenAIServer:
         return self.port
 
     async def close(self) -> None:
-        """Stop listening; running requests get ``shutdown_grace_s`` to finish, then are cancelled."""
+        """Stop listening; running requests get ``shutdown_grace_s`` to finish, then are cancelled,
+        and so are their generations (whose swarm sessions are closed before this returns)."""
         if self._server is not None and self._serving is not None:
             self._server.should_exit = True
             with contextlib.suppress(asyncio.CancelledError):
                 await self._serving
-        self.app.state.api.close()
+        await self.app.state.api.aclose()
         self._server = self._serving = None

@@ -225,6 +225,27 @@ def test_malformed_input_gets_400_not_500(name):
     assert json_of(got)["error"]["message"], name
 
 
+def test_bodies_being_read_share_one_byte_budget():
+    """Stalled bodies cannot pile up: past max_inflight_body_bytes, the next body gets 503."""
+    async def main():
+        async with serving(max_body_bytes=1500, max_inflight_body_bytes=2048) as port:
+            first = await asyncio.open_connection("127.0.0.1", port)
+            first[1].write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1500\r\n\r\n"
+                           + b" " * 1400)  # and stalls
+            await asyncio.sleep(0.3)
+            second = await exchange(port, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1500\r\n\r\n"
+                                    + b" " * 1400, 10)
+            first[1].close()
+            await asyncio.sleep(0.3)  # the first body's bytes are given back when its request ends
+            third = await exchange(port, post("/v1/completions", json.dumps({"model": "fake-model", "prompt": "p"}).encode()))
+            return second, third
+
+    second, third = run(main())
+    assert status_of(second) == 503 and json_of(second)["error"]["code"] == "server_busy"
+    assert b"retry-after" in second.lower()
+    assert status_of(third) == 200
+
+
 def test_an_over_long_prompt_is_refused_before_tokenising():
     client = FakeClient()
 
@@ -328,6 +349,23 @@ def test_a_client_that_goes_away_cancels_its_generation(stream):
             s = client.streams[0]
             assert await wait_until(lambda: s.closed), "the generation was not closed after the disconnect"
             return s
+
+    s = run(main())
+    assert s.cancelled and s.closed
+
+
+def test_closing_the_server_cancels_running_generations():
+    client = FakeClient(hold=True)
+
+    async def main():
+        server = OpenAIServer(client, ApiConfig(host="127.0.0.1", port=0, shutdown_grace_s=0.5))
+        port = await server.start()
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(post("/v1/chat/completions", json.dumps(dict(CHAT, stream=True)).encode()))
+        await reader.readuntil(b"Hello")
+        await server.close()  # returns once the generation's sessions are closed
+        writer.close()
+        return client.streams[0]
 
     s = run(main())
     assert s.cancelled and s.closed
