@@ -40,7 +40,8 @@ field_values = {
     "stop": st.text(max_size=5) | st.lists(st.text(max_size=5), max_size=20) | json_values,
     "stream_options": st.fixed_dictionaries({"include_usage": json_values}) | json_values,
 }
-requests = st.fixed_dictionaries({}, optional={f: field_values.get(f, json_values) for f in FIELDS})
+shallow = scalars | st.lists(scalars, max_size=3) | st.dictionaries(st.text(max_size=5), scalars, max_size=3)
+requests = st.fixed_dictionaries({}, optional={f: field_values.get(f, shallow) for f in FIELDS})
 
 
 def check(raw: bytes, kind: str) -> None:

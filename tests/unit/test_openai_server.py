@@ -99,8 +99,10 @@ def test_error_after_streaming_started_is_reported_in_band():
 
 
 def test_unknown_path_and_method():
-    assert run(request(FakeClient(), "GET", "/v2/nothing"))[0] == 404
-    assert run(request(FakeClient(), "GET", "/v1/chat/completions"))[0] == 405
+    status, _, payload = run(request(FakeClient(), "GET", "/v2/nothing"))
+    assert status == 404 and json.loads(payload)["error"]["code"] == "not_found"
+    status, _, payload = run(request(FakeClient(), "GET", "/v1/chat/completions"))
+    assert status == 405 and "Method Not Allowed" in json.loads(payload)["error"]["message"]
     status, _, payload = run(request(FakeClient(), "GET", "/v1/models"))
     assert status == 200 and json.loads(payload)["data"][0]["id"] == "fake-model"
 
