@@ -129,6 +129,8 @@ class ApiConfig:
                      "max_inflight_body_bytes", "max_connections", "max_generations", "max_prompt_chars"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"ApiConfig.{name} must be > 0, got {getattr(self, name)!r}")
+        if self.max_inflight_body_bytes < self.max_body_bytes:
+            raise ConfigError("ApiConfig.max_inflight_body_bytes must be >= max_body_bytes (one body must fit)")
 
 
 
