@@ -5,7 +5,8 @@
     p2pserve api --port 8000 --peers /ip4/127.0.0.1/tcp/4001/p2p/Qm...@0:30
 
 Prints ``P2PSERVE_API_READY url=http://HOST:PORT model=NAME`` once it listens (``--port 0`` picks
-a free port). Also defines the client flags shared with ``p2pserve chat``.
+a free port). The HTTP flags build one :class:`~p2pserve.config.ApiConfig`. Also defines the
+client flags shared with ``p2pserve chat``.
 """
 
 from __future__ import annotations
@@ -13,9 +14,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 
-from p2pserve.config import ClientConfig
+from p2pserve.config import ApiConfig, ClientConfig
+
+API_KEY_ENV = "P2PSERVE_API_KEY"
 
 
 def add_client_arguments(parser: argparse.ArgumentParser) -> None:
@@ -77,11 +81,47 @@ async def start_client(args: argparse.Namespace):
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of ``p2pserve api``."""
-    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 for every interface)")
-    parser.add_argument("--port", type=int, default=8000, help="TCP port (0 = pick a free one)")
+    d = ApiConfig()
+    parser.epilog = ("Status codes: 400 bad input, 401 missing/wrong key, 408 body too slow, 413 body too large, "
+                     "429 (Retry-After) every route overloaded or --max-generations running, 503 no route, "
+                     "--max-connections open or --max-inflight-body-mb being read.")
+    parser.add_argument("--host", default=d.host, help="address to listen on (0.0.0.0 for every interface)")
+    parser.add_argument("--port", type=int, default=d.port, help="TCP port (0 = pick a free one)")
     parser.add_argument("--served-model-name", action="append", default=[],
                         help="extra model name requests may use (repeatable; the checkpoint id always works)")
+    parser.add_argument("--api-key", default=None, metavar="KEY",
+                        help=f"require 'Authorization: Bearer KEY' on every /v1 request (401 otherwise); default "
+                             f"${API_KEY_ENV}, which keeps the key out of the process list. With neither, the API "
+                             f"is OPEN to anyone who can connect (logged at start)")
+    h = parser.add_argument_group("HTTP limits")
+    h.add_argument("--header-timeout", type=float, default=d.header_timeout_s,
+                   help="seconds from connecting (or the last response) to a complete request head; then closed (default %(default)s)")
+    h.add_argument("--body-timeout", type=float, default=d.body_timeout_s,
+                   help="seconds for the request body once the head is in (408, then closed; default %(default)s)")
+    h.add_argument("--keep-alive", type=float, default=d.keep_alive_s, help="seconds an idle connection is kept (default %(default)s)")
+    h.add_argument("--max-body-mb", type=float, default=d.max_body_bytes / 2**20,
+                   help="largest request body in MiB (413; default %(default)s)")
+    h.add_argument("--max-inflight-body-mb", type=float, default=d.max_inflight_body_bytes / 2**20,
+                   help="request bodies being read, all together, in MiB; past it 503 (default %(default)s)")
+    h.add_argument("--max-connections", type=int, default=d.max_connections,
+                   help="open connections; the next one gets 503 and is closed (default %(default)s)")
+    h.add_argument("--max-generations", type=int, default=d.max_generations,
+                   help="generations in flight; the next request gets 429 with Retry-After (default %(default)s)")
+    h.add_argument("--max-prompt-chars", type=int, default=d.max_prompt_chars,
+                   help="longest prompt in characters (or token ids), refused with 400 before tokenising (default %(default)s)")
     add_client_arguments(parser)
+
+
+def api_config_from_args(args: argparse.Namespace) -> ApiConfig:
+    """The server's ApiConfig from the flags (the key from ``--api-key``, else the environment)."""
+    return ApiConfig(
+        host=args.host, port=args.port, served_model_names=tuple(args.served_model_name),
+        api_key=args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None,
+        header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout, keep_alive_s=args.keep_alive,
+        max_body_bytes=int(args.max_body_mb * 2**20), max_inflight_body_bytes=int(args.max_inflight_body_mb * 2**20),
+        max_connections=args.max_connections,
+        max_generations=args.max_generations, max_prompt_chars=args.max_prompt_chars,
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -92,18 +132,17 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.WARNING))
 
     async def main() -> int:
+        config = api_config_from_args(args)  # bad limits fail here, before the swarm is joined
         client = await start_client(args)
-        server = OpenAIServer(client, tuple(args.served_model_name))
+        server = OpenAIServer(client, config)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         try:
-            port = await server.start(args.host, args.port)
-            print(f"P2PSERVE_API_READY url=http://{args.host}:{port} model={server.primary_model}", flush=True)
-            serving = asyncio.create_task(server.serve_forever())
+            port = await server.start()
+            print(f"P2PSERVE_API_READY url=http://{config.host}:{port} model={server.primary_model}", flush=True)
             await stop.wait()
-            serving.cancel()
         finally:
             await server.close()
             await client.close()

@@ -5,10 +5,16 @@ Every request parameter is validated once, by :class:`~p2pserve.client.params.Ge
 types, the OpenAI names (``max_tokens`` for ``max_new_tokens``), and limits of the OpenAI API
 itself (``n`` = 1, ``temperature`` <= 2, up to 16 stop strings, sizes that fit the wire).
 Failures become :class:`~p2pserve.errors.HTTPError` with status 400 and the OpenAI field name.
+
+:func:`parse_request_body` is the whole parser from raw bytes: any input gives a ``GenRequest``
+or a 400 (malformed or deeply nested JSON included), never another exception. A prompt longer than
+``max_prompt_chars`` is refused here, before anything tokenises it.
 """
 
 from __future__ import annotations
 
+import json
+import sys
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -30,6 +36,7 @@ SIZE_LIMIT = 1 << 20  # max_tokens and top_k: far beyond any model, small enough
 OPENAI_MAX_TEMPERATURE = 2.0  # the OpenAI API's range; the Python API allows more
 MAX_STOP_STRINGS = 16
 SEED_LIMIT = 1 << 62
+FLOAT_MAX = sys.float_info.max
 
 
 def http_error_for(exc: BaseException) -> HTTPError:
@@ -74,10 +81,20 @@ def _number(body: dict, name: str, default, integer: bool = False, at_most: Opti
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and not isinstance(value, int)):
-        raise HTTPError(400, f"'{name}' must be {'an integer' if integer else 'a number'}, got {value!r}", param=name)
+        raise HTTPError(400, f"'{name}' must be {'an integer' if integer else 'a number'}, got {_shown(value)}",
+                        param=name)
+    # JSON integers are unbounded: 1 followed by 400 zeros is a number no float holds (NaN fails too)
+    if not integer and not -FLOAT_MAX <= value <= FLOAT_MAX:
+        raise HTTPError(400, f"'{name}' must be a finite number, got {_shown(value)}", param=name)
     if at_most is not None and value > at_most:
-        raise HTTPError(400, f"'{name}' must be at most {at_most:g}, got {value!r}", param=name)
+        raise HTTPError(400, f"'{name}' must be at most {at_most:g}, got {_shown(value)}", param=name)
     return value
+
+
+def _shown(value) -> str:
+    """``repr(value)`` cut short: an error message must not echo a megabyte of input back."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _stop(body: dict) -> Optional[list]:
@@ -94,10 +111,10 @@ def _params(body: dict) -> GenerationParams:
     """The request's GenerationParams, validated by its own rules (OpenAI names in the errors)."""
     limit_name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     if _number(body, "n", 1, integer=True) != 1:
-        raise HTTPError(400, f"'n' must be 1 (one choice per request), got {body['n']!r}", param="n")
+        raise HTTPError(400, f"'n' must be 1 (one choice per request), got {_shown(body['n'])}", param="n")
     seed = _number(body, "seed", None, integer=True)
     if seed is not None and abs(seed) > SEED_LIMIT:
-        raise HTTPError(400, f"'seed' must be in [-2^62, 2^62], got {seed!r}", param="seed")
+        raise HTTPError(400, f"'seed' must be in [-2^62, 2^62], got {_shown(seed)}", param="seed")
     if seed is not None and seed < 0:
         seed &= SEED_LIMIT - 1  # negative seeds are valid in the OpenAI API; ours are not
     params = GenerationParams.of(
@@ -114,6 +131,32 @@ def _params(body: dict) -> GenerationParams:
     return params
 
 
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not JSON")  # Python's json reads NaN and Infinity; the API does not
+
+
+def decode_json(raw: bytes) -> Any:
+    """The JSON value of a request body, or a 400 saying why there is none."""
+    try:
+        return json.loads(raw, parse_constant=_no_constant)
+    except RecursionError:  # json recurses once per nesting level: a deep "[[[[..." ends here
+        raise HTTPError(400, "the body is not valid JSON: nested too deeply") from None
+    except ValueError as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise HTTPError(400, f"the body is not valid JSON: {e}") from None
+
+
+def parse_request_body(raw: bytes, kind: str, models: set[str], max_prompt_chars: Optional[int] = None) -> GenRequest:
+    """Validate the raw body of a ``kind`` ("chat" or "completion") request."""
+    parse = parse_chat_request if kind == "chat" else parse_completion_request
+    return parse(decode_json(raw), models, max_prompt_chars)
+
+
+def _check_prompt_size(size: int, max_prompt_chars: Optional[int], param: str, unit: str = "characters") -> None:
+    if max_prompt_chars is not None and size > max_prompt_chars:
+        raise HTTPError(400, f"the prompt has {size} {unit}; this server takes at most {max_prompt_chars}",
+                        param=param, code="prompt_too_long")
+
+
 def parse_common(body: dict, models: set[str], kind: str) -> GenRequest:
     """Fields shared by /v1/chat/completions and /v1/completions."""
     if not isinstance(body, dict):
@@ -122,7 +165,7 @@ def parse_common(body: dict, models: set[str], kind: str) -> GenRequest:
     if not isinstance(model, str) or not model:
         raise HTTPError(400, "'model' is required (see GET /v1/models)", param="model")
     if model not in models:
-        raise HTTPError(400, f"unknown model {model!r}; this server serves {sorted(models)}", param="model",
+        raise HTTPError(400, f"unknown model {_shown(model)}; this server serves {sorted(models)}", param="model",
                         code="model_not_found")
     params = _params(body)
     stream = body.get("stream", False)
@@ -133,8 +176,8 @@ def parse_common(body: dict, models: set[str], kind: str) -> GenRequest:
     return GenRequest(kind=kind, model=model, params=params, stream=stream, include_usage=include_usage)
 
 
-def parse_chat_request(body: dict, models: set[str]) -> GenRequest:
-    """Validate a /v1/chat/completions body."""
+def parse_chat_request(body: dict, models: set[str], max_prompt_chars: Optional[int] = None) -> GenRequest:
+    """Validate a /v1/chat/completions body (its prompt size counts every role and content)."""
     req = parse_common(body, models, "chat")
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
@@ -155,14 +198,16 @@ def parse_chat_request(body: dict, models: set[str]) -> GenRequest:
         if role == "developer":
             role = "system"
         if role not in ("system", "user", "assistant"):
-            raise HTTPError(400, f"messages[{i}].role must be system, user or assistant, got {role!r}", param="messages")
+            raise HTTPError(400, f"messages[{i}].role must be system, user or assistant, got {_shown(role)}", param="messages")
         clean.append({"role": role, "content": content})
+    _check_prompt_size(sum(len(m["role"]) + len(m["content"]) for m in clean), max_prompt_chars, "messages")
     req.messages = clean
     return req
 
 
-def parse_completion_request(body: dict, models: set[str]) -> GenRequest:
-    """Validate a /v1/completions body (prompt: a string, token ids, or a one-element list of either)."""
+def parse_completion_request(body: dict, models: set[str], max_prompt_chars: Optional[int] = None) -> GenRequest:
+    """Validate a /v1/completions body (prompt: a string, token ids, or a one-element list of either;
+    its size is its characters, or its number of token ids)."""
     req = parse_common(body, models, "completion")
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
@@ -175,6 +220,7 @@ def parse_completion_request(body: dict, models: set[str]) -> GenRequest:
                         param="prompt")
     if body.get("echo"):
         raise HTTPError(400, "'echo' is not supported", param="echo")
+    _check_prompt_size(len(prompt), max_prompt_chars, "prompt", "characters" if isinstance(prompt, str) else "token ids")
     req.prompt = prompt
     return req
 

@@ -1,6 +1,16 @@
-"""A fake client for the OpenAI server's tests: finished replies and streams without a swarm."""
+"""A fake client for the OpenAI server's tests: finished replies and streams without a swarm.
+
+The server uses an ``AsyncClient`` through four calls: ``model_id``, ``chat_prompt`` /
+``text_prompt`` (tokenising, off the event loop) and ``generate_stream`` on the token ids. The
+fake records each of them, and its streams record how they ended, so that tests can tell that a
+prompt was never tokenised or that a disconnect cancelled the generation.
+"""
 
 from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Optional
 
 from p2pserve.testing.peers import FAKE_MODEL_ID
 
@@ -18,15 +28,21 @@ def fake_reply(text: str = "Hello world"):
 
 
 class FakeReplyStream:
-    """A ``ReplyStream`` stand-in: yields "Hello", " world", then ``error`` if given, else ends."""
+    """A ``ReplyStream`` stand-in: yields "Hello", " world", then raises ``error`` if given, else ends.
 
-    def __init__(self, error: BaseException | None = None, open_error: BaseException | None = None):
+    With ``hold`` it yields "Hello" and then waits until cancelled, like a generation whose next
+    token never comes; ``cancelled`` and ``closed`` tell how it ended.
+    """
+
+    def __init__(self, error: BaseException | None = None, open_error: BaseException | None = None,
+                 hold: bool = False):
         self.pieces = ["Hello", " world"]
-        self.error, self.open_error, self.reply = error, open_error, None
-        self.closed = False
+        self.error, self.open_error, self.hold, self.reply = error, open_error, hold, None
+        self.opened = self.closed = self.cancelled = False
 
     async def open(self) -> None:
         """Fails with ``open_error`` if given."""
+        self.opened = True
         if self.open_error:
             raise self.open_error
 
@@ -34,6 +50,12 @@ class FakeReplyStream:
         return self
 
     async def __anext__(self) -> str:
+        if self.hold and len(self.pieces) == 1:
+            try:
+                await asyncio.Event().wait()  # never set: only a cancellation ends it
+            except asyncio.CancelledError:
+                self.cancelled = True
+                raise
         if self.pieces:
             return self.pieces.pop(0)
         if self.error:
@@ -42,40 +64,45 @@ class FakeReplyStream:
         raise StopAsyncIteration
 
     async def aclose(self) -> None:
-        """Record the early stop."""
+        """Record the close (the real stream closes its swarm sessions here)."""
         self.closed = True
 
 
 class FakeClient:
     """An ``AsyncClient`` stand-in for the OpenAI server: answers "Hello world", or raises ``error``
-    (before any text) or ``stream_error`` (after the text, streamed requests only)."""
+    when the stream opens (before any text) or ``stream_error`` after the text. ``hold`` makes
+    every stream wait after its first piece until cancelled; ``tokenize_gate`` makes tokenising
+    block its thread until the event is set (``tokenizing`` is set meanwhile)."""
 
     model_id = FAKE_MODEL_ID
 
-    def __init__(self, error: BaseException | None = None, stream_error: BaseException | None = None):
-        self.error, self.stream_error = error, stream_error
-        self.requests: list[tuple[str, object]] = []  # (kind, GenerationParams) of every request
+    def __init__(self, error: BaseException | None = None, stream_error: BaseException | None = None,
+                 hold: bool = False, tokenize_gate: Optional[threading.Event] = None):
+        self.error, self.stream_error, self.hold = error, stream_error, hold
+        self.tokenize_gate, self.tokenizing = tokenize_gate, threading.Event()
+        self.tokenized: list[object] = []  # every prompt given to chat_prompt / text_prompt
+        self.requests: list[tuple[list[int], object]] = []  # (prompt ids, GenerationParams) per generation
+        self.streams: list[FakeReplyStream] = []
 
-    async def chat(self, messages, params=None, **kw):
-        """A finished reply, or ``error``."""
-        self.requests.append(("chat", params))
-        if self.error:
-            raise self.error
-        return fake_reply()
+    def chat_prompt(self, messages) -> list[int]:
+        """Three token ids for any conversation (recorded)."""
+        self._tokenize(messages)
+        return [1, 2, 3]
 
-    async def generate(self, prompt, params=None, **kw):
-        """A finished reply, or ``error``."""
-        self.requests.append(("completion", params))
-        if self.error:
-            raise self.error
-        return fake_reply()
+    def text_prompt(self, prompt) -> list[int]:
+        """Token ids given as such are kept; a string becomes three ids (recorded)."""
+        self._tokenize(prompt)
+        return list(prompt) if isinstance(prompt, list) else [1, 2, 3]
 
-    def chat_stream(self, messages, params=None, **kw) -> FakeReplyStream:
-        """A stream whose ``open()`` raises ``error``."""
-        self.requests.append(("chat", params))
-        return FakeReplyStream(error=self.stream_error, open_error=self.error)
+    def _tokenize(self, prompt) -> None:
+        self.tokenized.append(prompt)
+        if self.tokenize_gate is not None:
+            self.tokenizing.set()
+            self.tokenize_gate.wait()  # blocks this thread, as a long prompt's tokenising does
 
     def generate_stream(self, prompt, params=None, **kw) -> FakeReplyStream:
-        """A stream whose ``open()`` raises ``error``."""
-        self.requests.append(("completion", params))
-        return FakeReplyStream(error=self.stream_error, open_error=self.error)
+        """A new :class:`FakeReplyStream` (kept in ``streams``) after the token ids ``prompt``."""
+        self.requests.append((list(prompt), params))
+        stream = FakeReplyStream(error=self.stream_error, open_error=self.error, hold=self.hold)
+        self.streams.append(stream)
+        return stream

@@ -1,18 +1,15 @@
-"""The official ``openai`` package against ``p2pserve api`` on a fixed chain of real peers.
+"""The official ``openai`` package against ``p2pserve api`` on fixed chains of real peers.
 
-Two tiny-Llama peers ([0:4), [4:8)) and a ``p2pserve api --peers ...`` process. Greedy replies,
-streamed and not, must equal single-process transformers ``generate`` (cut at the first EOS,
-where the server stops); bad requests must get a 400 with a message that says what is wrong.
+Two tiny-Llama peers ([0:4), [4:8)) and a ``p2pserve api --api-key ... --peers ...`` process.
+Greedy replies, streamed and not, must equal single-process transformers ``generate`` (cut at
+the first EOS, where the server stops); a request without the key is refused; bad requests must
+get a 400 with a message that says what is wrong. A second API over one peer with a tiny KV
+budget answers 429 while another client's session fills that budget, and 503 once the peer is gone.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -20,12 +17,30 @@ import urllib.request
 import pytest
 
 from p2pserve.client.model_info import LocalModelInfo
+from p2pserve.launch import Child
 from tests.harness import reference_generate, start_peers
 
 openai = pytest.importorskip("openai")
 pytestmark = pytest.mark.integration
 
 MAX_TOKENS = 12
+KEY = "sk-p2pserve-integration"
+
+
+def start_api(path: str, peers, *extra: str) -> tuple[Child, str]:
+    """A ``p2pserve api`` process over ``peers`` (``(peer, start, end)`` each); returns it and its url."""
+    spec = [f"{p.maddrs[0]}@{a}:{b}" for p, a, b in peers]
+    child = Child.spawn("api", ["api", "--port", "0", "--model", path, "--api-key", KEY, *extra, "--peers", *spec])
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        ready = [line for line in list(child.lines) if line.startswith("P2PSERVE_API_READY")]
+        if ready:
+            return child, dict(p.split("=", 1) for p in ready[0].split()[1:])["url"]
+        if not child.alive:
+            break
+        time.sleep(0.05)
+    child.stop()
+    raise RuntimeError("api server did not start:\n" + child.output())
 
 
 @pytest.fixture(scope="module")
@@ -33,33 +48,13 @@ def api(model_dir):
     """(base url, model path, LocalModelInfo, peers) of a running `p2pserve api` over two peers."""
     path = model_dir("llama")
     peers = start_peers(path, [(0, 4), (4, 8)])
-    proc = None
+    server = None
     try:
-        cmd = [sys.executable, "-m", "p2pserve.cli", "api", "--port", "0", "--model", path,
-               "--served-model-name", "tiny", "--peers", *[f"{p.maddrs[0]}@{p.layers[0]}:{p.layers[1]}" for p in peers]]
-        env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                                start_new_session=True)
-        lines: list[str] = []
-        threading.Thread(target=lambda: [lines.append(l.rstrip()) for l in proc.stdout], daemon=True).start()
-        deadline = time.monotonic() + 120
-        url = None
-        while url is None:
-            ready = [l for l in lines if l.startswith("P2PSERVE_API_READY")]
-            if ready:
-                url = dict(p.split("=", 1) for p in ready[0].split()[1:])["url"]
-            elif proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("api server did not start:\n" + "\n".join(lines[-40:]))
-            time.sleep(0.05)
+        server, url = start_api(path, [(p, *p.layers) for p in peers], "--served-model-name", "tiny")
         yield url, path, LocalModelInfo.load(path), peers
     finally:
-        if proc is not None and proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        if server is not None:
+            server.stop()
         for p in peers:
             p.stop()
 
@@ -75,8 +70,8 @@ def expected_text(info, path, prompt_ids) -> tuple[str, str]:
 MESSAGES = [{"role": "user", "content": "What is a peer-to-peer network?"}]
 
 
-def oai(url):
-    return openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120)
+def oai(url, key=KEY, retries=0):
+    return openai.OpenAI(base_url=url + "/v1", api_key=key, max_retries=retries, timeout=120)
 
 
 def test_models_lists_the_served_names(api):
@@ -138,8 +133,21 @@ def test_seeded_sampling_is_reproducible(api):
         c.chat.completions.create(**kw).choices[0].message.content
 
 
+def test_without_the_key_requests_are_refused(api):
+    url, _, _, _ = api
+    for key in ("sk-wrong", KEY + "x"):
+        with pytest.raises(openai.AuthenticationError) as e:
+            oai(url, key=key).chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=2)
+        assert e.value.status_code == 401 and e.value.code == "invalid_api_key"
+    with pytest.raises(openai.AuthenticationError):
+        oai(url, key="sk-wrong").models.list()
+    with urllib.request.urlopen(url + "/health", timeout=60) as r:  # for load balancers, no key
+        assert r.status == 200
+
+
 def raw_post(url, path, body: bytes):
-    req = urllib.request.Request(url + path, data=body, headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(url + path, data=body, headers={"Content-Type": "application/json",
+                                                                 "Authorization": f"Bearer {KEY}"})
     try:
         with urllib.request.urlopen(req, timeout=60) as r:
             return r.status, json.loads(r.read())
@@ -194,3 +202,49 @@ def test_python_sync_client_chat_stream_and_generate(api):
     with p2pserve.Client(peers=[(peers[0].maddrs[0], *peers[0].layers)], model=path) as client:
         with pytest.raises(RoutingError, match="layer 4"):
             client.chat(MESSAGES, max_new_tokens=2)
+
+
+KV_SLOTS = 8 * 100  # token-layers: one session of max_length 100 over all 8 layers fills them
+
+
+@pytest.fixture(scope="module")
+def small_api(model_dir):
+    """(url, path, peer) of a `p2pserve api` over one [0:8) peer with a KV budget of one session."""
+    path = model_dir("llama")
+    (peer,) = start_peers(path, [(0, 8)], "--kv-token-layers", str(KV_SLOTS))
+    server = None
+    try:
+        server, url = start_api(path, [(peer, 0, 8)], "--max-length", "64")
+        yield url, path, peer
+    finally:
+        if server is not None:
+            server.stop()
+        peer.stop()
+
+
+def test_429_while_every_route_is_overloaded_then_503_once_no_route_exists(small_api):
+    """The swarm's own overload and no-route paths, end to end through the HTTP API."""
+    import p2pserve
+
+    url, path, peer = small_api
+    kw = dict(model=oai(url).models.list().data[0].id, messages=MESSAGES, max_tokens=4, temperature=0)
+    assert oai(url).chat.completions.create(**kw).choices[0].finish_reason in ("stop", "length")
+    # another client holds a session of max_length 100: the peer's whole KV budget
+    with p2pserve.Client(peers=[(peer.maddrs[0], 0, 8)], model=path, max_length=100) as holder:
+        stream = holder.chat_stream(MESSAGES, max_new_tokens=1000, ignore_eos=True)
+        next(stream)
+        for streamed in (False, True):
+            with pytest.raises(openai.RateLimitError) as e:
+                oai(url).chat.completions.create(**kw, stream=streamed)
+            assert e.value.status_code == 429 and e.value.code == "overloaded", e.value.message
+            assert e.value.response.headers["retry-after"] == "1"
+        stream.close()
+    # the session is closed: after the client's short overload mask, the same request is served;
+    # the openai client's own retries (honouring Retry-After) wait that out
+    reply = oai(url, retries=30).chat.completions.create(**kw)
+    assert reply.choices[0].message.content is not None
+    peer.kill()
+    for streamed in (False, True):
+        with pytest.raises(openai.InternalServerError) as e:
+            oai(url).chat.completions.create(**kw, stream=streamed)
+        assert e.value.status_code == 503 and e.value.code in ("no_route", "generation_failed"), e.value.message

@@ -36,3 +36,20 @@ def test_without_a_file_the_defaults_hold():
     args = parse()
     apply_swarm_file(args)
     assert (args.initial_peers, args.swarm_id, args.trusted_coordinator, args.swarm_model) == ([], "p2pserve", [], None)
+
+
+def test_api_flags_build_one_api_config(monkeypatch):
+    from p2pserve.cli.api import add_arguments, api_config_from_args
+    from p2pserve.config import ApiConfig
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    monkeypatch.delenv("P2PSERVE_API_KEY", raising=False)
+    assert api_config_from_args(parser.parse_args([])) == ApiConfig()  # flag defaults are the dataclass's
+    monkeypatch.setenv("P2PSERVE_API_KEY", "sk-env")
+    cfg = api_config_from_args(parser.parse_args(["--port", "0", "--max-body-mb", "1", "--header-timeout", "2",
+                                                  "--served-model-name", "tiny", "--max-generations", "3"]))
+    assert (cfg.api_key, cfg.port, cfg.max_body_bytes, cfg.header_timeout_s, cfg.served_model_names,
+            cfg.max_generations) == ("sk-env", 0, 2**20, 2.0, ("tiny",), 3)
+    assert "sk-env" not in repr(cfg)  # a logged config does not leak the key
+    assert api_config_from_args(parser.parse_args(["--api-key", "sk-flag"])).api_key == "sk-flag"

@@ -9,6 +9,7 @@ import pytest
 
 from p2pserve.client.openai_schema import http_error_for, parse_chat_request, parse_completion_request
 from p2pserve.client.openai_server import OpenAIServer
+from p2pserve.config import ApiConfig
 from p2pserve.errors import (
     AllRoutesOverloadedError,
     BadRequestError,
@@ -21,8 +22,8 @@ from p2pserve.testing import FakeClient
 
 
 async def request(server_client, method, path, body=None):
-    server = OpenAIServer(server_client)
-    port = await server.start("127.0.0.1", 0)
+    server = OpenAIServer(server_client, ApiConfig(host="127.0.0.1", port=0))
+    port = await server.start()
     try:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         data = json.dumps(body).encode() if body is not None else b""
@@ -34,7 +35,20 @@ async def request(server_client, method, path, body=None):
     finally:
         await server.close()
     head, _, payload = raw.partition(b"\r\n\r\n")
+    if b"transfer-encoding: chunked" in head.lower():
+        payload = dechunk(payload)
     return int(head.split()[1]), head.decode(), payload.decode()
+
+
+def dechunk(data: bytes) -> bytes:
+    """The body of a chunked HTTP/1.1 response (streamed responses are sent that way)."""
+    out = b""
+    while True:
+        size, _, rest = data.partition(b"\r\n")
+        n = int(size, 16)
+        if n == 0:
+            return out
+        out, data = out + rest[:n], rest[n + 2:]
 
 
 CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}], "temperature": 0}
@@ -85,8 +99,10 @@ def test_error_after_streaming_started_is_reported_in_band():
 
 
 def test_unknown_path_and_method():
-    assert run(request(FakeClient(), "GET", "/v2/nothing"))[0] == 404
-    assert run(request(FakeClient(), "GET", "/v1/chat/completions"))[0] == 405
+    status, _, payload = run(request(FakeClient(), "GET", "/v2/nothing"))
+    assert status == 404 and json.loads(payload)["error"]["code"] == "not_found"
+    status, _, payload = run(request(FakeClient(), "GET", "/v1/chat/completions"))
+    assert status == 405 and "Method Not Allowed" in json.loads(payload)["error"]["message"]
     status, _, payload = run(request(FakeClient(), "GET", "/v1/models"))
     assert status == 200 and json.loads(payload)["data"][0]["id"] == "fake-model"
 
@@ -126,8 +142,9 @@ def test_the_request_reaches_the_client_as_generation_params():
     client = FakeClient()
     body = dict(CHAT, max_tokens=7, top_k=3, seed=-1, stop=["x"])
     assert run(request(client, "POST", "/v1/chat/completions", body))[0] == 200
-    (kind, params), = client.requests
-    assert kind == "chat" and (params.max_new_tokens, params.top_k, params.stop) == (7, 3, ("x",))
+    (ids, params), = client.requests
+    assert client.tokenized == [[{"role": "user", "content": "hi"}]] and ids == [1, 2, 3]
+    assert (params.max_new_tokens, params.top_k, params.stop) == (7, 3, ("x",))
     assert params.seed == (1 << 62) - 1  # negative seeds are folded into ours
     completion = parse_completion_request({"model": "m", "prompt": [[1, 2, 3]]}, {"m"})
     assert completion.prompt == [1, 2, 3] and completion.params.temperature == 1.0

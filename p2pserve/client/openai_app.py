@@ -1,0 +1,287 @@
+"""The OpenAI API as a FastAPI app over an ``AsyncClient``.
+
+Endpoints: ``GET /v1/models``, ``POST /v1/chat/completions``, ``POST /v1/completions`` (both with
+``"stream": true`` as server-sent events, ending in ``data: [DONE]``), and ``GET /health``.
+
+Errors use OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``:
+
+* 400 — bad input: malformed HTTP or JSON (deep nesting included), missing/invalid ``messages``
+  or ``prompt``, out-of-range parameters, an unknown ``model``, a prompt over ``max_prompt_chars``
+  (refused before tokenising) or longer than the context;
+* 401 — a key is configured and the request does not carry it;
+* 404 unknown path, 405 wrong method, 408 body too slow, 413 body too large;
+* 429 (with ``Retry-After``) — every route goes through an overloaded peer, or this server
+  already runs ``max_generations`` generations;
+* 503 — no route exists (a layer is not served), failover gave up, ``max_connections`` are open,
+  or the bodies being read fill ``max_inflight_body_bytes`` (with ``Retry-After``);
+* 500 — anything else (a bug: the message says what).
+
+Each generation runs in a task of its own (:class:`GenerationJob`) that always closes its swarm
+sessions when it ends. A watcher waits for the HTTP client's disconnect and cancels the job, so
+a client that goes away stops its generation, streamed or not. Prompts are tokenised on one
+worker thread, off the event loop, where a long one cannot stall other connections and hops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+from fastapi import FastAPI, Request
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from p2pserve.client.http_guard import ApiGuard, BodyBudget, ClientGone, error_response, read_body
+from p2pserve.client.openai_schema import (
+    GenRequest,
+    chunk_body,
+    completion_body,
+    http_error_for,
+    parse_request_body,
+    route_info,
+    usage,
+)
+from p2pserve.config import ApiConfig
+from p2pserve.errors import HTTPError
+
+log = logging.getLogger(__name__)
+
+TERMINAL = ("end", "error", "cancelled")  # the last event of every GenerationJob
+
+
+class GenerationJob:
+    """One ``ReplyStream`` driven in its own task: events ``("open", None)``, ``("text", piece)``,
+    then exactly one of ``("end", reply)``, ``("error", exception)``, ``("cancelled", None)``.
+
+    The stream is closed (its swarm sessions with it) before the last event, however the job
+    ends; ``on_done(job)`` runs then too. Cancelling the job is how a disconnect stops a generation.
+    """
+
+    def __init__(self, stream, on_done):
+        self.stream = stream
+        self.events: asyncio.Queue = asyncio.Queue()  # at most one event per generated piece
+        self._on_done = on_done
+        self.task = asyncio.create_task(self._run())
+
+    async def _run(self) -> None:
+        outcome: tuple = ("cancelled", None)
+        try:
+            await self.stream.open()
+            self.events.put_nowait(("open", None))
+            async for piece in self.stream:
+                self.events.put_nowait(("text", piece))
+            outcome = ("end", self.stream.reply)
+        except Exception as e:  # reported to the HTTP client (a CancelledError is not caught)
+            outcome = ("error", e)
+        finally:
+            try:
+                await self.stream.aclose()  # a no-op after a normal end; closes the sessions otherwise
+            except Exception as e:
+                log.warning(f"closing a generation's route failed: {e!r}")
+            self._on_done(self)
+            self.events.put_nowait(outcome)
+
+    async def outcome(self) -> tuple:
+        """The last event (the text events before it are dropped)."""
+        while True:
+            event = await self.events.get()
+            if event[0] in TERMINAL:
+                return event
+
+    def cancel(self) -> None:
+        """Stop the generation (a no-op once it ended)."""
+        self.task.cancel()
+
+
+async def _cancel_on_disconnect(receive, job: GenerationJob) -> None:
+    """Cancel ``job`` when the HTTP client disconnects (the request body was read in full, so the
+    next ASGI message is the disconnect)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    job.cancel()
+
+
+class EventStream(StreamingResponse):
+    """Server-sent events, written without Starlette's disconnect listener: that one cancels the
+    writer inside an anyio cancel scope, where closing the swarm sessions would be cancelled too.
+    The job's own watcher handles the disconnect; ``cleanup`` runs however the stream ends."""
+
+    def __init__(self, events, cleanup):
+        super().__init__(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        self._cleanup = cleanup
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+            async for chunk in self.body_iterator:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            await self.body_iterator.aclose()
+            self._cleanup()
+
+
+def _event(obj) -> bytes:
+    return b"data: " + json.dumps(obj).encode() + b"\n\n"
+
+
+class OpenAIApi:
+    """The endpoints, over one started ``AsyncClient`` (or ``p2pserve.testing.FakeClient``)."""
+
+    def __init__(self, client, limits: ApiConfig, clock=time.time):
+        self.client = client
+        self.limits = limits
+        self.clock = clock
+        names = limits.served_model_names
+        self.models = {client.model_id, *names}
+        self.primary_model = names[0] if names else client.model_id
+        self.jobs: set[GenerationJob] = set()  # in flight, at most limits.max_generations
+        self._starting = 0  # requests past the generation cap check, still tokenising
+        self.bodies = BodyBudget(limits.max_inflight_body_bytes)
+        # One thread: the tokenizer is not meant for concurrent calls, and one worker bounds
+        # the CPU that tokenising takes from the peers sharing this machine.
+        self._tokenizer = ThreadPoolExecutor(1, thread_name_prefix="p2pserve-tokenize")
+
+    async def aclose(self, timeout_s: float = 10.0) -> None:
+        """Cancel the generations still running and wait (up to ``timeout_s``) until their swarm
+        sessions are closed, so that the client can be closed after; stop the tokenising thread."""
+        for job in list(self.jobs):
+            job.cancel()
+        if self.jobs:
+            await asyncio.wait([job.task for job in self.jobs], timeout=timeout_s)
+        self._tokenizer.shutdown(wait=False, cancel_futures=True)
+
+    async def list_models(self, request: Request) -> JSONResponse:
+        """``GET /v1/models``."""
+        created = int(self.clock())
+        data = [{"id": m, "object": "model", "created": created, "owned_by": "p2pserve"} for m in sorted(self.models)]
+        return JSONResponse({"object": "list", "data": data})
+
+    async def health(self, request: Request) -> JSONResponse:
+        """``GET /health`` (no key needed: it says nothing a request could use)."""
+        return JSONResponse({"status": "ok", "model": self.primary_model})
+
+    async def chat(self, request: Request) -> Response:
+        """``POST /v1/chat/completions``."""
+        return await self._serve(request, "chat")
+
+    async def completions(self, request: Request) -> Response:
+        """``POST /v1/completions``."""
+        return await self._serve(request, "completion")
+
+    async def _serve(self, request: Request, kind: str) -> Response:
+        try:
+            raw = await read_body(request.receive, self.limits, self.bodies)
+        except ClientGone:
+            return Response(status_code=204)  # nobody reads it: uvicorn drops it
+        except HTTPError as e:
+            return error_response(e, close=True)  # the rest of the body stays unread
+        try:
+            g = parse_request_body(raw, kind, self.models, self.limits.max_prompt_chars)
+            job = await self._start(g)
+        except Exception as e:  # the HTTP edge: every failure becomes a typed error response
+            return self._failure(request, e)
+        watcher = asyncio.create_task(_cancel_on_disconnect(request.receive, job))
+        rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
+        created = int(self.clock())
+        if not g.stream:
+            try:
+                what, value = await job.outcome()
+            finally:
+                watcher.cancel()
+                job.cancel()
+            if what == "end":
+                return JSONResponse(completion_body(g, value, rid, created))
+            return self._failure(request, value if what == "error" else ClientGone())
+        return await self._stream(request, g, job, watcher, rid, created)
+
+    async def _start(self, g: GenRequest) -> GenerationJob:
+        """Take a generation slot (429 when none is free), tokenise off the loop, start the job."""
+        if self._starting + len(self.jobs) >= self.limits.max_generations:
+            raise HTTPError(429, f"this server already runs {self.limits.max_generations} generations; retry later",
+                            "rate_limit_error", code="too_many_generations")
+        self._starting += 1  # holds the slot while tokenising
+        try:
+            c = self.client
+            tokenize, arg = (c.chat_prompt, g.messages) if g.kind == "chat" else (c.text_prompt, g.prompt)
+            ids = await asyncio.get_running_loop().run_in_executor(self._tokenizer, tokenize, arg)
+            # token ids in: generate_stream only checks them, no tokenising on the loop
+            job = GenerationJob(c.generate_stream(ids, params=g.params), self.jobs.discard)
+            self.jobs.add(job)
+            return job
+        finally:
+            self._starting -= 1
+
+    async def _stream(self, request, g: GenRequest, job: GenerationJob, watcher, rid: str, created: int) -> Response:
+        """Open the route first, so that 400/429/503 are still possible; then stream events."""
+        def cleanup() -> None:
+            watcher.cancel()
+            job.cancel()
+
+        try:
+            what, value = await job.events.get()
+        except BaseException:  # this request is being cancelled (shutdown): so is its generation
+            cleanup()
+            raise
+        if what != "open":
+            cleanup()
+            return self._failure(request, value if what == "error" else ClientGone())
+        return EventStream(self._events(g, job, rid, created), cleanup)
+
+    async def _events(self, g: GenRequest, job: GenerationJob, rid: str, created: int):
+        if g.kind == "chat":
+            yield _event(chunk_body(g, rid, created, text="", role=True))
+        while True:
+            what, value = await job.events.get()
+            if what == "text":
+                yield _event(chunk_body(g, rid, created, text=value))
+            elif what == "end":
+                final = chunk_body(g, rid, created, text=None if g.kind == "chat" else "",
+                                   finish_reason=value.finish_reason)
+                final["p2pserve"] = route_info(value)
+                yield _event(final)
+                if g.include_usage:
+                    yield _event({"id": rid, "object": final["object"], "created": created, "model": g.model,
+                                  "choices": [], "usage": usage(value)})
+                break
+            elif what == "error":  # headers are gone: report in-band, as OpenAI does
+                yield _event(http_error_for(value).body())
+                break
+            else:  # cancelled: the client went away
+                return
+        yield b"data: [DONE]\n\n"
+
+    def _failure(self, request: Request, exc: BaseException) -> JSONResponse:
+        if isinstance(exc, ClientGone):
+            exc = HTTPError(503, "the generation was cancelled", "service_unavailable", code="cancelled")
+        err = http_error_for(exc)
+        if err.status >= 500:
+            log.warning(f"{request.method} {request.url.path}: {err.status} {err.message}")
+        return error_response(err)
+
+
+async def _http_exception(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    """Routing errors (404, 405) in the OpenAI shape."""
+    if exc.status_code == 404:
+        err = HTTPError(404, f"no such endpoint {request.url.path}; try /v1/chat/completions", code="not_found")
+    else:
+        err = HTTPError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}")
+    return error_response(err)
+
+
+def create_app(client, limits: ApiConfig = ApiConfig(), clock=time.time) -> FastAPI:
+    """The FastAPI app serving ``client``; ``app.state.api`` is its :class:`OpenAIApi`."""
+    api = OpenAIApi(client, limits, clock)
+    app = FastAPI(title="p2pserve", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.api = api
+    app.add_api_route("/v1/models", api.list_models, methods=["GET"])
+    app.add_api_route("/health", api.health, methods=["GET"])
+    app.add_api_route("/v1/chat/completions", api.chat, methods=["POST"])
+    app.add_api_route("/v1/completions", api.completions, methods=["POST"])
+    app.add_exception_handler(StarletteHTTPException, _http_exception)
+    app.add_middleware(ApiGuard, limits=limits)
+    return app
