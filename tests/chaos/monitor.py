@@ -40,6 +40,26 @@ def process_figures(pid: int) -> Optional[dict]:
         return None
 
 
+def fd_kinds(pid: int) -> dict[str, int]:
+    """Open descriptors of ``pid`` by kind ("socket", "pipe", "anon_inode:[eventpoll]", a file's
+    directory...), to tell which kind a leak is of. Empty if the process is gone."""
+    import collections
+    import os
+
+    kinds: collections.Counter = collections.Counter()
+    try:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:  # closed meanwhile
+                continue
+            kind = target.split(":")[0] if target.startswith(("socket:", "pipe:")) else target
+            kinds[kind if not kind.startswith("/") else os.path.dirname(kind)] += 1
+    except OSError:
+        return {}
+    return dict(kinds)
+
+
 @dataclass
 class ProcessSeries:
     """Samples of one process over time: ``(t, rss_main, rss_total, fds_main, fds_total)``."""
