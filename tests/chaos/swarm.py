@@ -120,7 +120,7 @@ class LocalSwarm:
         priority = self.spec.coordinators - int(coord_id.split("-")[1]) + 1
         child = self.children.start(self._name(coord_id), "coordinator", "--config", str(self.cfg_path), "--key-path",
                                     self.keys[coord_id], "--priority", str(priority), "--coordinator-id", coord_id,
-                                    "--log-level", "WARNING")
+                                    "--log-level", self.spec.log_level)  # its published epochs, for post-mortems
         self.coords[coord_id] = child
         return child
 
