@@ -154,6 +154,7 @@ class Chaos:
             await self._until_done()
             stop_chaos.set()
             await asyncio.gather(*chaos)
+            await self.hostile.close()  # its idle connections too: the last samples show the peers at rest
             self._mark("chaos stopped (every member recovered)")
             stop_chat.set()
             await asyncio.gather(*workers)
@@ -216,8 +217,8 @@ class Chaos:
             addr = self.swarm.peer_addr(slot)
             if not child.alive:  # never sample a reaped pid: the number may belong to another process by now
                 self.sampler.retire(child.name)
-            elif addr is not None:  # followed from its ready line on: the first sample is its baseline
-                self.sampler.track(child.name, child.proc.pid)
+            elif self.poller.served(child.name, float("inf")) is not None:  # followed once it serves a
+                self.sampler.track(child.name, child.proc.pid)  # range: the first sample is its loaded baseline
             if slot in self.swarm.down or slot in self.swarm.paused or addr is None:
                 continue
             polls.append(self.poller.poll(child.name, *addr))

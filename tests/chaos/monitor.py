@@ -26,6 +26,8 @@ def process_figures(pid: int) -> Optional[dict]:
     the peer's DHT child and its go-libp2p daemon), or None if it is gone."""
     try:
         root = psutil.Process(pid)
+        if root.status() == psutil.STATUS_ZOMBIE:  # killed, not reaped yet: it reads as 0 bytes
+            return None
         procs = [root] + root.children(recursive=True)
         out = {"rss_main": root.memory_info().rss, "fds_main": root.num_fds(), "rss_total": 0, "fds_total": 0,
                "processes": len(procs)}
