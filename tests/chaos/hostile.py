@@ -78,6 +78,8 @@ class Hostile:
         try:
             async with asyncio.timeout(self.timeout_s * 4):
                 outcome = await getattr(self, kind)(*self.rng.choice(fits))
+        except _Refused as e:  # the peer moved or filled up before the attack proper: say so
+            outcome = str(e)
         except Exception as e:  # the peer died or froze under us: that is an outcome too
             outcome = f"{type(e).__name__}"
         self.outcomes[kind][outcome] += 1
@@ -110,7 +112,7 @@ class Hostile:
         outcome = await self._ask(stream, OpenSession(version=PROTOCOL_VERSION, model_id=self.model_id, session_id=sid,
                                                       start=start, end=end, max_length=max_length))
         if outcome != "SessionOpened":
-            raise RuntimeError(f"open refused: {outcome}")
+            raise _Refused(f"open refused: {outcome}")
         return sid
 
     async def _forward(self, stream: Stream, sid: str, tensor: torch.Tensor, position: int = 0) -> str:
@@ -255,6 +257,10 @@ class Hostile:
             except Exception:  # a transport already torn down
                 pass
         self.idle.clear()
+
+
+class _Refused(Exception):
+    """The OpenSession an attack needs was refused (the peer moved, or is full)."""
 
 
 def _fits(kind: str, span: tuple[int, int]) -> bool:
