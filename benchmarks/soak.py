@@ -46,7 +46,7 @@ from p2pserve.client.route_providers import PeerListRoutes  # noqa: E402
 from p2pserve.config import ClientConfig  # noqa: E402
 from p2pserve.launch import start_peers  # noqa: E402
 from tests.chaos.clients import FOLLOW_UPS, PROMPTS  # noqa: E402
-from tests.chaos.monitor import StatsPoller, fd_kinds, process_figures  # noqa: E402
+from tests.chaos.monitor import StatsPoller, fd_kinds, process_figures, sockets  # noqa: E402
 
 MAX_LENGTH = 512  # positions per conversation (its sessions reserve this much KV on every hop)
 NEW_TOKENS = 48
@@ -84,20 +84,7 @@ async def sample(monitor: StatsPoller, peers) -> dict:
 
 def peer_connections(peers) -> dict:
     """Each peer process's sockets by kind (TCP by state, unix), for telling a leak's kind."""
-    import collections
-
-    import psutil
-
-    out = {}
-    for i, p in enumerate(peers):
-        kinds: collections.Counter = collections.Counter()
-        try:
-            for c in psutil.Process(p.proc.pid).net_connections(kind="all"):
-                kinds[f"{'unix' if c.family.name == 'AF_UNIX' else 'tcp'}:{c.status}"] += 1
-        except psutil.Error:
-            pass
-        out[f"peer{i}"] = dict(kinds)
-    return out
+    return {f"peer{i}": sockets(p.proc.pid) for i, p in enumerate(peers)}
 
 
 class Tally:

@@ -39,7 +39,7 @@ from p2pserve.config import ClientConfig
 from tests.chaos.clients import ClientTally, build_conversations, chat_worker
 from tests.chaos.faults import FaultConfig, FaultDriver
 from tests.chaos.hostile import Hostile
-from tests.chaos.monitor import ProcessSampler, StatsPoller
+from tests.chaos.monitor import ProcessSampler, StatsPoller, fd_kinds, sockets
 from tests.chaos.swarm import LocalSwarm, SwarmSpec, build_model
 
 log = logging.getLogger(__name__)
@@ -264,6 +264,8 @@ class Chaos:
                         "processes_polled": len(self.poller.latest),
                         "not_answering_at_end": getattr(self, "unanswered_at_end", [])},
             "peer_processes": self.sampler.summary(),
+            "peer_descriptors_at_end": {c.name: {"fds": fd_kinds(c.proc.pid), "sockets": sockets(c.proc.pid)}
+                                        for c in self.swarm.slots.values() if c.alive},
             "restarts": dict(self.swarm.restarts),
             "logs": str(self.swarm.children.logdir),
         }

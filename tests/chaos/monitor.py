@@ -42,6 +42,19 @@ def process_figures(pid: int) -> Optional[dict]:
         return None
 
 
+def sockets(pid: int) -> dict[str, int]:
+    """Sockets of ``pid`` by family and state ("tcp:ESTABLISHED", "unix:NONE"...)."""
+    import collections
+
+    kinds: collections.Counter = collections.Counter()
+    try:
+        for c in psutil.Process(pid).net_connections(kind="all"):
+            kinds[f"{'unix' if c.family.name == 'AF_UNIX' else 'tcp'}:{c.status}"] += 1
+    except psutil.Error:
+        return {}
+    return dict(kinds)
+
+
 def fd_kinds(pid: int) -> dict[str, int]:
     """Open descriptors of ``pid`` by kind ("socket", "pipe", "anon_inode:[eventpoll]", a file's
     directory...), to tell which kind a leak is of. Empty if the process is gone."""
@@ -83,6 +96,8 @@ class ProcessSeries:
         mib = 1 / 2**20
         return {
             "name": self.name, "pid": self.pid, "samples": len(self.samples),
+            # (t, RSS MiB, fds) of the process alone, then with its DHT child and daemon
+            "series": [(t, round(a * mib, 1), c, round(b * mib, 1), d) for t, a, b, c, d in self.samples],
             "seconds": [cols[0][0], cols[0][-1]],
             "rss_main_mib": {"first": cols[1][0] * mib, "max": max(cols[1]) * mib, "last": cols[1][-1] * mib},
             "rss_total_mib": {"first": cols[2][0] * mib, "max": max(cols[2]) * mib, "last": cols[2][-1] * mib},
