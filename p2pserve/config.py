@@ -110,6 +110,10 @@ class ClientConfig:
     ban_base_s: float = 5.0  # first ban of a failed peer; doubles per repeat failure
     ban_max_s: float = 120.0
     stale_route_pause_s: float = 0.25  # after "range moved": let the peer's new announcement land
+    # When no usable route exists (bans, a peer still loading, a record not yet announced), wait
+    # up to this long in all, re-reading the swarm, before failing the request (0: fail at once,
+    # HTTP 503). Swarms in churn often have a route again within seconds (tests/chaos).
+    no_route_wait_s: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,9 @@ tests and the benchmarks (the one place that starts and stops them).
 Each child runs in its own process group, so that stopping it takes its DHT child process and
 libp2p daemon along, and single-threaded by default (the test machine has two shared cores).
 Output goes to a log file or, without one, into ``Child.lines``. ``PeerProcess.wait_ready``
-waits for a peer's ready line; :class:`Children` stops a whole set together.
+waits for a peer's ready line (``Child.ready`` reads it from any peer child, log file or not);
+:class:`Children` stops a whole set together. ``Child.pause``/``resume`` freeze the process
+itself (not its DHT child or daemon): a hung peer, for the chaos tests.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Mapping, Optional
 
 from p2pserve.client.hop import Hop
 
@@ -32,10 +34,15 @@ class Child:
     lines: list[str] = field(default_factory=list)
 
     @classmethod
-    def spawn(cls, name: str, args: list[str], *, threads: int = 1, log_path: Optional[Path] = None) -> "Child":
-        """Start the process (do not wait for it); output to ``log_path``, else into ``lines``."""
+    def spawn(cls, name: str, args: list[str], *, threads: int = 1, log_path: Optional[Path] = None,
+              env: Optional[Mapping[str, str]] = None) -> "Child":
+        """Start the process (do not wait for it); output to ``log_path``, else into ``lines``.
+
+        ``env`` adds to (or overrides) this process's environment, e.g. a ``PYTHONPATH`` that
+        makes the child import the same source tree as its parent.
+        """
         cmd = [sys.executable, "-m", "p2pserve.cli", *args]
-        env = dict(os.environ, OMP_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false")
+        env = dict(os.environ, OMP_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false", **(env or {}))
         if log_path is not None:
             with open(log_path, "wb") as log:
                 proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -60,6 +67,22 @@ class Child:
     def alive(self) -> bool:
         """Whether the process is still running."""
         return self.proc.poll() is None
+
+    def ready(self) -> Optional[dict[str, str]]:
+        """The fields of the peer's ready line once it printed one (a restart prints a new one), else None."""
+        text = self.log_path.read_text(errors="replace") if self.log_path is not None else "\n".join(self.lines)
+        return parse_ready(text.splitlines())
+
+    def pause(self) -> None:
+        """SIGSTOP the process itself: it hangs while its DHT child and libp2p daemon run on, so
+        its streams accept frames that nobody answers (a hung peer, not a vanished one)."""
+        if self.alive:
+            os.kill(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """SIGCONT what :meth:`pause` stopped."""
+        if self.alive:
+            os.kill(self.proc.pid, signal.SIGCONT)
 
     def check(self) -> None:
         """Raise RuntimeError, with the end of its output, if the process exited."""
@@ -86,6 +109,14 @@ class Child:
         self.kill()
 
 
+def parse_ready(lines) -> Optional[dict[str, str]]:
+    """The ``key=value`` fields of the last ``P2PSERVE_PEER_READY`` line in ``lines``, or None."""
+    for line in reversed(list(lines)):
+        if line.startswith("P2PSERVE_PEER_READY"):
+            return dict(part.split("=", 1) for part in line.split()[1:])
+    return None
+
+
 def _signal_group(pid: int, sig: int) -> None:
     try:
         os.killpg(pid, sig)
@@ -96,13 +127,15 @@ def _signal_group(pid: int, sig: int) -> None:
 class Children:
     """Named children logging into ``logdir``, all stopped together by :meth:`stop_all`."""
 
-    def __init__(self, logdir: Path):
+    def __init__(self, logdir: Path, env: Optional[Mapping[str, str]] = None):
         self.logdir = Path(logdir)
+        self.env = dict(env or {})  # added to every child's environment
         self.procs: dict[str, Child] = {}
 
     def start(self, name: str, *args: str, threads: int = 1) -> Child:
-        """Start `p2pserve ARGS` as ``name`` (log: ``logdir/NAME.log``)."""
-        child = Child.spawn(name, list(args), threads=threads, log_path=self.logdir / f"{name}.log")
+        """Start `p2pserve ARGS` as ``name`` (log: ``logdir/NAME.log``); a name started again
+        replaces the entry (stop the old child first)."""
+        child = Child.spawn(name, list(args), threads=threads, log_path=self.logdir / f"{name}.log", env=self.env)
         self.procs[name] = child
         return child
 
@@ -145,15 +178,14 @@ class PeerProcess(Child):
         """Block until the ready line appears; raise with the peer's output if it dies."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            for line in list(self.lines):
-                if line.startswith("P2PSERVE_PEER_READY"):
-                    fields = dict(part.split("=", 1) for part in line.split()[1:])
-                    self.peer_id = fields["peer_id"]
-                    self.maddrs = tuple(fields["maddrs"].split(","))
-                    if fields["layers"] != "none":
-                        a, b = fields["layers"].split(":")
-                        self.layers = (int(a), int(b))
-                    return self
+            fields = parse_ready(list(self.lines))
+            if fields is not None:
+                self.peer_id = fields["peer_id"]
+                self.maddrs = tuple(fields["maddrs"].split(","))
+                if fields["layers"] != "none":
+                    a, b = fields["layers"].split(":")
+                    self.layers = (int(a), int(b))
+                return self
             if not self.alive:
                 raise RuntimeError("peer exited early:\n" + "\n".join(self.lines[-40:]))
             time.sleep(0.05)

@@ -16,6 +16,8 @@ timeout, a typed error such as "overloaded" or "range moved"):
 
 Failures are counted per step (a successful step resets the count) and bounded by
 ``ClientConfig.max_retries``; then ``GenerationFailedError`` lists every hop that failed and why.
+When no usable route is left, a request may wait (``ClientConfig.no_route_wait_s``,
+:func:`route_pause`) for the swarm to offer one again before it fails.
 A client-side mistake (remote ``BadRequestError``) is not retried: it would fail anywhere.
 """
 
@@ -138,6 +140,21 @@ def next_move(exc: BaseException, attempts: int, max_retries: int) -> str:
     if attempts > max_retries:
         return "give up"
     return "re-read" if isinstance(exc, RangeMovedError) else "re-route"
+
+
+def route_pause(exc: RoutingError, waited_s: float, wait_s: float) -> Optional[float]:
+    """Seconds to pause before re-reading the swarm for a route after ``exc``, or None to give up.
+
+    A request waits at most ``wait_s`` in all (``ClientConfig.no_route_wait_s``), in pauses that
+    double from 0.25 s up to 2 s. Every route being overloaded is not waited for: that is load
+    (HTTP 429), which waiting here would only hide.
+    """
+    if (isinstance(exc, NoRouteError) and exc.overloaded) or waited_s >= wait_s:
+        return None
+    pause = 0.25
+    while pause < 2.0 and pause <= waited_s:
+        pause *= 2
+    return min(pause, 2.0, wait_s - waited_s)
 
 
 def routes_exhausted(exc: RoutingError, failures: Sequence[FailureRecord], attempts: int) -> GenerationFailedError:

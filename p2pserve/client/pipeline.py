@@ -31,6 +31,7 @@ from p2pserve.client.failover import (
     HopFailure,
     failure_message,
     next_move,
+    route_pause,
     routes_exhausted,
 )
 from p2pserve.client.hop import Hop, check_chain
@@ -89,17 +90,15 @@ class Pipeline:
 
     async def open(self) -> None:
         """Open a route now, so that "no route" or "overloaded" surface before any token."""
-        attempts = 0
+        base, waited = len(self.failures), 0.0
         while self._links is None:
-            attempts += 1
+            attempts = len(self.failures) - base + 1  # failed hops, not waits for a route, count
             try:
                 await self._open_route()
             except HopFailure as f:
                 await self._recover(f, attempts)
             except RoutingError as e:
-                if not self.failures:
-                    raise  # nothing failed yet: the swarm simply has no route (503 / 429)
-                raise routes_exhausted(e, self.failures, attempts) from e
+                waited = await self._await_route(e, waited, attempts)
 
     async def step(self, token_ids: Sequence[int]) -> int:
         """Feed ``token_ids`` after the history; returns the next token, whatever fails below.
@@ -112,9 +111,9 @@ class Pipeline:
             raise BadRequestError("step needs at least one token")
         if self.position + len(token_ids) > self.max_length:
             raise BadRequestError(f"session would exceed max_length {self.max_length}")
-        attempts = 0
+        base, waited = len(self.failures), 0.0
         while True:
-            attempts += 1
+            attempts = len(self.failures) - base + 1  # failed hops, not waits for a route, count
             try:
                 if self._links is None:
                     await self._open_route()
@@ -133,9 +132,8 @@ class Pipeline:
                 continue
             except RoutingError as e:
                 await self._drop_route()
-                if not self.failures:
-                    raise  # nothing failed yet: the swarm simply has no route (503 / 429)
-                raise routes_exhausted(e, self.failures, attempts) from e
+                waited = await self._await_route(e, waited, attempts)
+                continue
             break
         self._steps += 1
         self.history.extend(token_ids)
@@ -198,6 +196,19 @@ class Pipeline:
         if move == "re-read":
             self.routes.invalidate()
             await asyncio.sleep(self.config.stale_route_pause_s)
+
+    async def _await_route(self, exc: RoutingError, waited: float, attempts: int) -> float:
+        """No usable route: pause and let the next try re-read the swarm (returns the time waited
+        so far), or raise once ``no_route_wait_s`` is spent."""
+        pause = route_pause(exc, waited, self.config.no_route_wait_s)
+        if pause is None:
+            if not self.failures:
+                raise exc  # nothing failed yet: the swarm simply has no route (503 / 429)
+            raise routes_exhausted(exc, self.failures, attempts) from exc
+        log.info("no usable route (%s); re-reading the swarm in %.2f s", exc, pause)
+        self.routes.invalidate()
+        await asyncio.sleep(pause)
+        return waited + pause
 
     async def _drop_route(self) -> None:
         links, self._links = self._links, None

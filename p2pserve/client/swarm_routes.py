@@ -7,6 +7,12 @@ flows changed), and masks peers over the KV high-water mark from their announced
 ``kv_free_tokens``. Without a plan yet, it routes over the ranges peers announce they serve;
 so it does when the plan has no route left because peers flipped to new ranges after it was
 published (the coordinator's next plan will carry flows over them again).
+
+One DHT read can miss records, or all of them (a slow or failed RPC returns "nothing found"): a
+peer leaves this view when its record expires or it withdraws, not when one read misses it, and
+a read that fails keeps the last view (as the coordinator's ``LivePeers`` does; seen under chaos,
+``tests/chaos``, where one empty read made every request of the next two seconds fail with "no
+route over 0 peers").
 """
 
 from __future__ import annotations
@@ -17,7 +23,8 @@ from typing import Optional
 
 from p2pserve.client.hop import Hop
 from p2pserve.client.routing import Masks, RouteGraph, Router
-from p2pserve.clock import Clock, monotonic
+from p2pserve.clock import Clock, monotonic, wall
+from p2pserve.dht.keys import RecordKind
 from p2pserve.errors import NoRouteError, RoutingError
 from p2pserve.types import SINK, SOURCE
 
@@ -49,8 +56,9 @@ def graph_from_records(plan, peers: dict, num_layers: Optional[int]) -> Optional
         return RouteGraph(g.num_layers, live, flows, g.maddrs)
     if num_layers is None:
         return None
+    # a peer that is loading its next range still serves its current one (make-before-break)
     serving = [(pid, *info.serving, info.addrs) for pid, info in peers.items()
-               if info.state == "serving" and info.serving is not None]
+               if info.state != "draining" and info.serving is not None]
     return RouteGraph.from_peers(num_layers, serving)
 
 
@@ -63,14 +71,16 @@ class SwarmRoutes:
     """
 
     def __init__(self, swarm, seed: int, num_layers: Optional[int] = None, refresh_s: float = 2.0,
-                 clock: Clock = monotonic):
+                 clock: Clock = monotonic, wall_clock: Clock = wall):
         self.swarm = swarm
         self.seed = seed
         self.num_layers = num_layers
         self.refresh_s = refresh_s
         self.clock = clock
+        self.wall_clock = wall_clock  # DHT time, which record expirations are in
         self._read_at = -1e18
         self._plan = None
+        self._seen: dict = {}  # peer id -> its latest Signed[PeerInfo], until it expires or is withdrawn
         self._peers: dict = {}
         self._router: Optional[Router] = None
         self._served_router: Optional[Router] = None  # over announced serving ranges, no flows
@@ -81,14 +91,24 @@ class SwarmRoutes:
         """Re-read the plan and peers if the cached copy is older than ``refresh_s``."""
         if not force and self.clock() - self._read_at < self.refresh_s:
             return
-        signed = await self.swarm.get_plan()
-        peers = await self.swarm.get_peers()
+        try:
+            signed = await self.swarm.get_plan()
+            fresh = await self.swarm.get_peers()
+        except Exception as e:  # a DHT read that failed (timeout, daemon hiccup): keep the last view
+            self._read_at = self.clock()
+            log.warning("reading the swarm failed (%s: %s); routing over the last view", type(e).__name__, e)
+            return
         self._read_at = self.clock()
-        self._peers = {pid: s.record for pid, s in peers.items()}
+        self._peers = self._merge(fresh)
         plan = signed.plan if signed is not None else None
         if plan is not None:
             self._plan = plan  # the last plan stays valid while the leader changes
-        key = (self._plan.epoch if self._plan is not None else None, frozenset(self._peers))
+        # the ranges peers serve are part of the key: a peer may flip to a new range while the
+        # epoch stays (its leader died before re-planning), and a stale router would keep
+        # sending requests to a range that moved
+        ranges = frozenset((pid, tuple(i.serving) if i.serving else None, i.state == "draining")
+                           for pid, i in self._peers.items())
+        key = (self._plan.epoch if self._plan is not None else None, ranges)
         if key != self._router_key:
             graph = graph_from_records(self._plan, self._peers, self.num_layers)
             self._router = Router(graph, seed=self.seed) if graph is not None else None
@@ -97,6 +117,17 @@ class SwarmRoutes:
             self._served_router = Router(served, seed=self.seed) if served is not None else None
             self._router_key = key
             self.epoch = key[0]
+
+    def _merge(self, fresh: dict) -> dict:
+        """This read's records merged with those seen before that have neither expired nor been
+        withdrawn; returns peer id -> PeerInfo."""
+        self._seen.update(fresh)
+        withdrawn = getattr(self.swarm, "withdrawn", {}).get(RecordKind.PEERS, set())
+        now = self.wall_clock()
+        for pid, s in list(self._seen.items()):
+            if s.expiration < now or (pid not in fresh and s.signer in withdrawn):
+                del self._seen[pid]
+        return {pid: s.record for pid, s in self._seen.items()}
 
     def invalidate(self) -> None:
         """Make the next route re-read the swarm (a peer said our view of its range is stale)."""

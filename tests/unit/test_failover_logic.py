@@ -10,7 +10,7 @@ import asyncio
 
 import pytest
 
-from p2pserve.client.failover import BanList, FailoverState, FailureRecord, failure_message, next_move
+from p2pserve.client.failover import BanList, FailoverState, FailureRecord, failure_message, next_move, route_pause
 from p2pserve.client.hop import Hop
 from p2pserve.client.pipeline import Pipeline
 from p2pserve.client.route_providers import PeerListRoutes
@@ -253,3 +253,45 @@ def test_a_malformed_reply_is_blamed_on_the_hop_that_sent_it(how, index):
     assert out == reference([1, 2, 3], 6)
     blamed = {f.hop.peer_id for f in pipeline.failures}
     assert blamed == {liar} and all("banned" in f.action for f in pipeline.failures)
+
+
+class RoutesAfter:
+    """No route for the first ``gaps`` reads (each ``invalidate()`` is one new read), then ``hops``:
+    a swarm in which a replica is still loading, or a ban is about to expire."""
+
+    def __init__(self, hops, gaps: int, overloaded: bool = False):
+        self.hops, self.gaps, self.overloaded = list(hops), gaps, overloaded
+
+    async def route(self, masks):
+        if self.gaps > 0:
+            raise NoRouteError("no usable peer serves layer 4", {}, self.overloaded)
+        return list(self.hops)
+
+    def invalidate(self) -> None:
+        self.gaps -= 1
+
+
+def test_route_pause_doubles_up_to_the_budget():
+    gap = NoRouteError("no usable peer serves layer 4", {}, False)
+    waits, waited = [], 0.0
+    while (pause := route_pause(gap, waited, 5.0)) is not None:
+        waits.append(pause)
+        waited += pause
+    assert waits == [0.25, 0.5, 1.0, 2.0, 1.25]
+    assert route_pause(gap, 0.0, 0.0) is None  # the default: fail at once
+    assert route_pause(NoRouteError("all full", {}, True), 0.0, 5.0) is None  # overload is not waited for
+
+
+def test_a_request_waits_for_a_route_to_come_back_and_waits_are_not_attempts():
+    net, _ = network({"a1": (0, 4), "b1": (4, 8)})
+    config = ClientConfig(max_retries=1, stale_route_pause_s=0.0, no_route_wait_s=5.0)
+    pipeline = make_pipeline(net, RoutesAfter([Hop("a1", 0, 4), Hop("b1", 4, 8)], gaps=2), config)
+    assert run(generate(pipeline, [1, 2], 3)) == reference([1, 2], 3)
+    assert not pipeline.failures
+
+
+def test_without_a_wait_budget_no_route_fails_at_once():
+    net, _ = network({"a1": (0, 4), "b1": (4, 8)})
+    pipeline = make_pipeline(net, RoutesAfter([Hop("a1", 0, 4), Hop("b1", 4, 8)], gaps=1))
+    with pytest.raises(NoRouteError):
+        run(pipeline.step([1]))

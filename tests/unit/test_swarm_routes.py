@@ -100,3 +100,64 @@ def test_stale_plan_falls_back_to_announced_ranges_and_invalidate_rereads():
     provider.invalidate()
     asyncio.run(provider.route(Masks()))
     assert reads(swarm) == 2
+
+
+def test_a_read_that_misses_peers_keeps_them_until_their_records_expire():
+    """One DHT read can come back empty (seen under chaos): the view keeps what it saw until
+    each record's own expiration, and drops a peer that withdrew at once."""
+    wall = FakeClock(100.0)
+    store = FakeSwarmStore(clock=wall)
+    for p in (info("A", (0, 4)), info("B", (0, 4)), info("C", (4, 8))):
+        store.put(RecordKind.PEERS, p.peer_id, p, ttl=10.0)
+    store.put(RecordKind.PLAN, "c", PLAN, ttl=10.0)
+    swarm = FakeSwarm(store, "client", DHTConfig(model=M))
+    routes = SwarmRoutes(swarm, seed=0, num_layers=8, refresh_s=0.0, clock=FakeClock(0.0), wall_clock=wall)
+    asyncio.run(routes.route(Masks()))
+    for pid in ("A", "B", "C"):
+        store.drop(RecordKind.PEERS, pid)  # this read finds nothing
+    hops = asyncio.run(routes.route(Masks(banned=frozenset({"A"}))))
+    assert [h.peer_id for h in hops] == ["B", "C"]
+    wall.advance(11.0)  # now their records have expired: they are gone
+    with pytest.raises(RoutingError):
+        asyncio.run(routes.route(Masks()))
+
+
+def test_a_withdrawn_peer_leaves_the_view_at_once():
+    swarm = fake_swarm(PLAN, [info("A", (0, 4)), info("B", (0, 4)), info("C", (4, 8))])
+    routes = SwarmRoutes(swarm, seed=0, num_layers=8, refresh_s=0.0, clock=FakeClock(0.0))
+    asyncio.run(routes.route(Masks()))
+    swarm.store.withdraw(RecordKind.PEERS, "A")
+    assert all(h.peer_id != "A" for _ in range(4) for h in asyncio.run(routes.route(Masks())))
+
+
+def test_a_failed_read_keeps_the_last_view():
+    swarm = fake_swarm(PLAN, [info("A", (0, 4)), info("C", (4, 8))])
+    routes = SwarmRoutes(swarm, seed=0, num_layers=8, refresh_s=0.0, clock=FakeClock(0.0))
+    asyncio.run(routes.route(Masks()))
+
+    async def fail():
+        raise TimeoutError
+
+    swarm.get_peers = fail
+    assert [h.peer_id for h in asyncio.run(routes.route(Masks()))] == ["A", "C"]
+
+
+def test_a_peer_loading_its_next_range_still_serves_the_current_one():
+    """The plan's route needs B, which is gone; A is moving (state "loading") but still serves
+    [0, 4): the fallback over served ranges must use it."""
+    peers = [info("A", (0, 4), state="loading"), info("C", (4, 8))]
+    plan = Plan(model=M, epoch=3, leader_id="c", num_layers=8, spans={"B": (0, 4), "C": (4, 8)},
+                flows=[Flow("source", "B", 10.0), Flow("B", "C", 10.0), Flow("C", "sink", 10.0)])
+    routes = SwarmRoutes(fake_swarm(plan, peers), seed=0, num_layers=8)
+    assert [h.peer_id for h in asyncio.run(routes.route(Masks()))] == ["A", "C"]
+
+
+def test_a_range_that_moved_within_one_epoch_rebuilds_the_routes():
+    """C flips from [4, 8) to [6, 8) and B from [0, 4) to [0, 6) while the epoch stays (no
+    leader re-planned yet): the next read must not keep routing over the old ranges."""
+    swarm = fake_swarm(PLAN, [info("B", (0, 4)), info("C", (4, 8))])
+    routes = SwarmRoutes(swarm, seed=0, num_layers=8, refresh_s=0.0, clock=FakeClock(0.0))
+    assert [(h.peer_id, h.start) for h in asyncio.run(routes.route(Masks()))] == [("B", 0), ("C", 4)]
+    swarm.store.put(RecordKind.PEERS, "B", info("B", (0, 6)))
+    swarm.store.put(RecordKind.PEERS, "C", info("C", (6, 8)))
+    assert [(h.peer_id, h.start, h.end) for h in asyncio.run(routes.route(Masks()))] == [("B", 0, 6), ("C", 6, 8)]
