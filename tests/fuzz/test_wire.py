@@ -10,6 +10,7 @@ put in its next int64 input).
 from __future__ import annotations
 
 import math
+import tracemalloc
 
 import msgspec
 import pytest
@@ -41,7 +42,7 @@ from p2pserve.protocol import (
 from p2pserve.transport.frames import tensor_from_wire
 from tests.fuzz import FUZZ, counted
 from tests.fuzz.messages import replies, requests, tensor_headers
-from tests.fuzz.mutate import INT_EXTREMES, hostile, pack
+from tests.fuzz.mutate import CLAIMS, INT_EXTREMES, hostile, pack
 
 INT64_MAX = 2**63 - 1
 _ENC = msgspec.msgpack.Encoder()
@@ -206,6 +207,33 @@ def test_sampling_params(params):
     reason = params.validate()
     if reason is None:
         assert 0.0 <= params.temperature <= 100.0 and params.top_k >= 0 and 0.0 < params.top_p <= 1.0
+
+
+@st.composite
+def claimed(draw) -> bytes:
+    """A valid request or reply with a size marker spliced in that claims up to 4 GiB more."""
+    raw = pack(draw(requests | replies))
+    i = draw(st.integers(0, len(raw)))
+    return raw[:i] + draw(st.sampled_from(CLAIMS)) + raw[i:]
+
+
+@FUZZ
+@given(claimed())
+@counted("protocol.claimed_sizes")
+def test_claimed_sizes_allocate_nothing(raw):
+    """A header claiming a huge array, map, string or binary is refused for the bytes that are
+    there, not allocated for the ones it claims."""
+    tracemalloc.start()
+    try:
+        for decode in (decode_request, decode_reply):
+            try:
+                decode(raw)
+            except ProtocolError:
+                pass
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak <= 64 * 1024 + 16 * len(raw), f"{peak} bytes traced decoding {len(raw)} bytes"
 
 
 @pytest.mark.parametrize("raw", [b"", b"\xc1", pack({"t": "open"}), pack([1, 2, 3])])
