@@ -20,6 +20,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -76,7 +77,7 @@ def run_child(args, module: str, function: str, decoder: str, env: dict) -> dict
 
 def run_stateful(args, env: dict) -> dict:
     """The real-peer state machine through pytest, with ``--stateful`` examples."""
-    report = ROOT / "benchmarks" / "results" / "fuzz_stateful_seen.json"
+    report = Path(tempfile.mkdtemp(prefix="p2pserve-fuzz-")) / "stateful.json"
     env = dict(env, P2PSERVE_FUZZ_STATEFUL_EXAMPLES=str(args.stateful), P2PSERVE_FUZZ_STATEFUL_REPORT=str(report))
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/fuzz/test_stateful_peer.py"]
     t0 = time.perf_counter()
