@@ -35,7 +35,7 @@ from p2pserve.errors import MalformedFrameError, ProtocolError
 from p2pserve.types import SINK, SOURCE
 from tests.fuzz import FUZZ, counted
 from tests.fuzz.messages import RECORDS
-from tests.fuzz.mutate import hostile, pack
+from tests.fuzz.mutate import hostile
 
 
 def _span_ok(span, upper: int) -> bool:
