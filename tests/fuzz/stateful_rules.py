@@ -96,10 +96,12 @@ class ForwardRules:
         honest, clean = plan.how == "honest", sess.clean_below(q)
         problem = result_problem(reply, sess, plan.step, q, k, self.shape)
         if problem is not None:
-            # NaN/inf inputs (or a cache holding them) at the last layer: the logits are not finite
-            assert not (honest and clean) and is_error(reply, "bad_request"), f"{plan.how} at {q}: {problem}"
+            # only NaN/inf inputs (or a cache holding them) at the last layer may be refused: the
+            # logits are not finite; finite inputs over a clean cache must be answered
+            finite_over_clean = plan.how in ("honest", "random") and clean
+            assert not finite_over_clean and is_error(reply, "bad_request"), f"{plan.how} at {q}: {problem}"
             sess.note(q, honest=False)  # the cache may have been filled before sampling failed
-            SEEN[f"{plan.how} Forward refused (non-finite logits)"] += 1
+            SEEN[f"{plan.how} Forward refused (non-finite logits" + ("" if clean else " in the cache") + ")"] += 1
             return
         tainted_before = sess.taint is not None
         sess.position = q + k
