@@ -114,7 +114,7 @@ class PeerMachine(ForwardRules, RuleBasedStateMachine):
     @rule(direct=st.booleans())
     def connect(self, direct):
         conn = self.call(Conn.open(self.env.transport, self.env.peer, direct))
-        self.owners.append(Owner(f"owner{len(self.owners)}", conn, direct))
+        self.owners.append(Owner(f"owner{next(self._ids)}", conn, direct))
 
     @precondition(lambda self: self.owners)
     @rule(pick=st.integers(0, 99))
