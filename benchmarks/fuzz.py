@@ -97,7 +97,7 @@ def main() -> int:
     ap.add_argument("--examples", type=int, default=2000, help="examples per decoder property")
     ap.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "fuzz.json"))
     ap.add_argument("--stateful", type=int, default=0, metavar="N", help="also run the real-peer machine, N examples")
-    ap.add_argument("--only", default="", help="run only decoders whose name contains this")
+    ap.add_argument("--only", default="", help="run only decoders whose name contains one of these (comma-separated)")
     ap.add_argument("--random", action="store_true", help="fresh random examples (CI's sequence is derandomized)")
     ap.add_argument("--jobs", type=int, default=1, help="properties run at once (the test machine has 2 cores)")
     ap.add_argument("--example-timeout-s", type=float, default=30.0, help="an example past this is stuck")
@@ -113,7 +113,7 @@ def main() -> int:
                PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     if args.random:
         env["P2PSERVE_FUZZ_RANDOM"] = "1"
-    todo = [p for p in properties() if args.only in p[2]]
+    todo = [p for p in properties() if any(part in p[2] for part in args.only.split(","))]
     t0 = time.perf_counter()
     with ThreadPoolExecutor(max(1, args.jobs)) as pool:
         results = list(pool.map(lambda p: _report(run_child(args, *p, env)), todo))
