@@ -36,6 +36,11 @@ SESSION_PROTOCOL = "/p2pserve/session/1"
 FRAME_PREFIX = struct.Struct(">IQ")  # header_len, payload_len
 DTYPE_SIZES = {"float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4}
 MAX_TENSOR_DIMS = 4
+#: Bound on a tensor shape's extent, empty dimensions counted as 1: an empty tensor holds no bytes,
+#: but torch still computes strides from its other dimensions ([0, 2**62, 2**62] overflowed them).
+#: 2**40 elements is far past any payload limit and keeps every stride inside int64.
+MAX_TENSOR_EXTENT = 1 << 40
+INT64_MAX = (1 << 63) - 1
 
 
 @dataclass(frozen=True)
@@ -46,8 +51,12 @@ class FrameLimits:
     max_payload_bytes: int = 256 * 1024 * 1024
 
 
-#: A counter or bound that is never negative, enforced by the decoder itself.
-NonNegative = Annotated[int, msgspec.Meta(ge=0)]
+#: A counter or bound that is never negative, enforced by the decoder itself; and within int64,
+#: so that it fits a tensor or a C long wherever it ends up (a token id 2**64-1 from a hostile peer
+#: made the client's next input tensor overflow).
+NonNegative = Annotated[int, msgspec.Meta(ge=0, le=INT64_MAX)]
+#: A TCP port (0: none). asyncio refuses any other with OverflowError, which nobody catches.
+Port = Annotated[int, msgspec.Meta(ge=0, le=65535)]
 
 
 class TensorMeta(msgspec.Struct, frozen=True):
@@ -63,6 +72,8 @@ class TensorMeta(msgspec.Struct, frozen=True):
             raise MalformedFrameError(f"unsupported tensor dtype {self.dtype!r}")
         if len(self.shape) > MAX_TENSOR_DIMS or any(d < 0 for d in self.shape):
             raise MalformedFrameError(f"invalid tensor shape {self.shape}")
+        if math.prod(max(d, 1) for d in self.shape) > MAX_TENSOR_EXTENT:
+            raise MalformedFrameError(f"tensor shape {self.shape} exceeds {MAX_TENSOR_EXTENT} elements")
         expected = math.prod(self.shape) * DTYPE_SIZES[self.dtype]
         if expected != self.nbytes or self.nbytes != payload_len:
             raise MalformedFrameError(
@@ -148,7 +159,7 @@ class DirectOffer(msgspec.Struct, frozen=True, tag_field="t", tag="direct_offer"
     """Where to connect directly (``port`` 0: this peer offers no direct path) and the one-time
     token that binds that connection to this peer."""
 
-    port: int
+    port: Port
     token: str = ""
 
 
@@ -162,11 +173,11 @@ class SessionOpened(msgspec.Struct, frozen=True, tag_field="t", tag="opened"):
     """The session is open; echoes what the peer serves so the client can check the chain."""
 
     session_id: str
-    start: int
-    end: int
-    served_start: int
-    served_end: int
-    hidden_size: int
+    start: NonNegative
+    end: NonNegative
+    served_start: NonNegative
+    served_end: NonNegative
+    hidden_size: NonNegative
     dtype: str
     peer_version: str
 
@@ -175,10 +186,10 @@ class ForwardResult(msgspec.Struct, frozen=True, tag_field="t", tag="result"):
     """Output of one Forward: hidden states (payload) or, at the last layer, a sampled token."""
 
     session_id: str
-    step: int
-    position: int
+    step: NonNegative
+    position: NonNegative
     tensor: TensorMeta | None = None
-    token: int | None = None
+    token: NonNegative | None = None
 
 
 class SessionClosed(msgspec.Struct, frozen=True, tag_field="t", tag="closed"):
@@ -191,17 +202,17 @@ class PeerStats(msgspec.Struct, frozen=True, tag_field="t", tag="stats"):
     """Live load and counters of a peer."""
 
     model_id: str
-    served_start: int
-    served_end: int
-    sessions: int
-    kv_capacity_token_layers: int
-    kv_free_token_layers: int
-    queued_tokens: int
-    steps: int
-    tokens: int
-    max_batch_tokens: int
-    max_batch_sessions: int
-    inline_steps: int = 0  # steps run on the I/O thread for a lone session (see peer/worker.py)
+    served_start: NonNegative
+    served_end: NonNegative
+    sessions: NonNegative
+    kv_capacity_token_layers: NonNegative
+    kv_free_token_layers: NonNegative
+    queued_tokens: NonNegative
+    steps: NonNegative
+    tokens: NonNegative
+    max_batch_tokens: NonNegative
+    max_batch_sessions: NonNegative
+    inline_steps: NonNegative = 0  # steps run on the I/O thread for a lone session (see peer/worker.py)
     # Medians over the last 64 Forwards / compute steps (``peer/timing.py``), in ms: the time a Forward
     # spends in the peer (frame read to reply written) and the shard's compute per step. A
     # client's round trip minus ``service_ms`` is what the wire and the client cost.
@@ -210,7 +221,7 @@ class PeerStats(msgspec.Struct, frozen=True, tag_field="t", tag="stats"):
     # The watchdog's view (peer/worker.py): whether the compute thread runs, how often it was
     # restarted, and how long the running step has taken so far.
     compute_alive: bool = True
-    compute_restarts: int = 0
+    compute_restarts: NonNegative = 0
     stuck_s: float = 0.0
 
 
@@ -220,7 +231,7 @@ class ErrorReply(msgspec.Struct, frozen=True, tag_field="t", tag="error"):
     code: str
     message: str
     session_id: str | None = None
-    step: int | None = None
+    step: NonNegative | None = None
 
 
 Request = Union[OpenSession, Forward, CloseSession, GetStats, OpenDirect, AttachDirect]
@@ -229,6 +240,9 @@ Reply = Union[SessionOpened, ForwardResult, SessionClosed, PeerStats, DirectOffe
 _request_decoder = msgspec.msgpack.Decoder(Request)
 _reply_decoder = msgspec.msgpack.Decoder(Reply)
 _encoder = msgspec.msgpack.Encoder()
+#: What msgspec raises on bad input. A str that is not UTF-8 raises UnicodeDecodeError, which is
+#: not a msgspec.DecodeError: it used to escape every decoder as an untyped error.
+_DECODE_ERRORS = (msgspec.DecodeError, UnicodeDecodeError)
 
 
 def encode_frame(message: msgspec.Struct, payload: bytes | memoryview = b"") -> list[bytes | memoryview]:
@@ -239,6 +253,8 @@ def encode_frame(message: msgspec.Struct, payload: bytes | memoryview = b"") -> 
 
 def check_prefix(prefix: bytes, limits: FrameLimits) -> tuple[int, int]:
     """Parse a frame prefix and enforce limits before the body is read."""
+    if len(prefix) != FRAME_PREFIX.size:
+        raise MalformedFrameError(f"a frame prefix is {FRAME_PREFIX.size} bytes, got {len(prefix)}")
     header_len, payload_len = FRAME_PREFIX.unpack(prefix)
     if header_len == 0 or header_len > limits.max_header_bytes:
         raise PayloadTooLargeError(
@@ -255,7 +271,7 @@ def decode_request(header: bytes) -> Request:
     """Decode a client->peer header; raises MalformedFrameError / VersionMismatchError."""
     try:
         msg = _request_decoder.decode(header)
-    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+    except _DECODE_ERRORS as e:
         raise MalformedFrameError(f"cannot decode request: {e}") from None
     if isinstance(msg, OpenSession) and msg.version != PROTOCOL_VERSION:
         raise VersionMismatchError(
@@ -268,7 +284,7 @@ def decode_reply(header: bytes) -> Reply:
     """Decode a peer->client header; raises MalformedFrameError."""
     try:
         return _reply_decoder.decode(header)
-    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+    except _DECODE_ERRORS as e:
         raise MalformedFrameError(f"cannot decode reply: {e}") from None
 
 

@@ -128,7 +128,7 @@ async def _read_frame(reader: asyncio.StreamReader) -> dict:
         raise PayloadTooLargeError(f"probe frame of {size} bytes exceeds {_MAX_HEADER}")
     try:
         msg = _dec.decode(await reader.readexactly(size))
-    except msgspec.DecodeError as e:
+    except (msgspec.DecodeError, UnicodeDecodeError) as e:  # a str that is not UTF-8 is no DecodeError
         raise MalformedFrameError(f"probe frame is not MessagePack: {e}") from e
     return msg
 

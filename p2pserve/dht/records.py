@@ -296,7 +296,9 @@ def decode_record(data: bytes, cls: type[R], num_layers: Optional[int] = None) -
         dec = _DECODERS[cls] = msgspec.msgpack.Decoder(cls)
     try:
         record = dec.decode(data)
-    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+    except (msgspec.DecodeError, UnicodeDecodeError) as e:
+        # msgspec raises UnicodeDecodeError, not a DecodeError, for a str that is not UTF-8: one
+        # such record under a signed subkey used to make every reader's get_peers() raise
         raise MalformedFrameError(f"not a valid {cls.__name__}: {e}") from e
     validate_for_model(record, num_layers)
     return record

@@ -25,6 +25,7 @@ import re
 import tempfile
 from typing import Iterable, Optional
 
+from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from hivemind.dht.crypto import RSASignatureValidator
 from hivemind.dht.validation import DHTRecord
@@ -134,7 +135,9 @@ class LoggingSignatureValidator(RSASignatureValidator):
             return self._refuse(record, "key and subkey name different owners")
         try:
             public_key = RSAPublicKey.from_bytes(public_keys[0])
-        except (ValueError, TypeError):
+        except (ValueError, TypeError, UnsupportedAlgorithm):
+            # an unknown key type ("[owner:ssh-foo AAAA]") raised UnsupportedAlgorithm, which is no
+            # ValueError: the validator raised instead of refusing the record
             return self._refuse(record, "owner public key does not parse")
         signatures = self._SIGNATURE_RE.findall(record.value)
         if len(signatures) != 1:

@@ -1,0 +1,144 @@
+"""The stateful test's model of one peer: which sessions each owner holds, what the KV budget has
+left, and what the peer must answer to each request (pure; no I/O).
+
+It mirrors the documented order of the peer's checks (``peer/handlers.py``, ``peer/sessions.py``,
+``peer/kv_cache.py``), so a reply with another code is a finding, not noise.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+from p2pserve.protocol import PROTOCOL_VERSION, ErrorReply, ForwardResult, OpenSession, SamplingParams
+
+
+@dataclass
+class Sess:
+    """One open session as its owner knows it.
+
+    ``position`` is the last length the owner knows the peer holds (never more than it holds: a
+    Forward that failed may still have filled the cache). ``taint`` is the first position whose
+    cache entries came from inputs other than the reference's (random or NaN), None when clean.
+    """
+
+    sid: str
+    start: int
+    end: int
+    max_length: int
+    reserved: int
+    position: int = 0
+    taint: Optional[int] = None
+    greedy: bool = True  # temperature 0: its tokens are the reference's
+
+    def clean_below(self, q: int) -> bool:
+        """Whether every cached position below ``q`` holds reference inputs."""
+        return self.taint is None or self.taint >= q
+
+    def note(self, q: int, honest: bool) -> None:
+        """A Forward at ``q`` ran (or may have): positions >= q now hold its inputs."""
+        if honest:
+            self.taint = self.taint if self.taint is not None and self.taint < q else None
+        else:
+            self.taint = q if self.taint is None else min(self.taint, q)
+
+
+@dataclass
+class Owner:
+    """A client stream and the sessions it opened (a session answers only the stream that opened it)."""
+
+    name: str
+    conn: object
+    direct: bool
+    sessions: dict = field(default_factory=dict)
+    closed: list = field(default_factory=list)
+    step: int = 0
+
+
+@dataclass(frozen=True)
+class PeerShape:
+    """What the test knows of the peer: model shape and KV budget."""
+
+    model_id: str
+    num_layers: int
+    hidden_size: int
+    vocab_size: int
+    max_positions: int
+    capacity: int
+
+
+#: What the stateful runs exercised (printed at the end; the benchmark reports it).
+SEEN: Counter = Counter()
+
+SPANS = ["full", "head", "mid", "tail", "empty", "reversed", "beyond", "far"]
+VARIANTS = ["ok", "ok", "ok", "model", "version", "sampling"]
+
+
+def span_of(kind: str, seed: int, n: int) -> tuple[int, int]:
+    """A layer range of a kind: valid ones inside [0, n) (``n`` >= 3), then empty, reversed and
+    outside ones."""
+    cut = 1 + seed % (n - 1)  # 1 .. n-1
+    a = 1 + seed % (n - 2)  # 1 .. n-2
+    b = a + 1 + (seed // n) % (n - 1 - a)  # a+1 .. n-1
+    return {"full": (0, n), "head": (0, cut), "mid": (a, b), "tail": (cut, n), "empty": (cut, cut),
+            "reversed": (cut, cut - 1), "beyond": (0, n + 1), "far": (n + 3, n + 7)}[kind]
+
+
+def open_message(shape: PeerShape, sid: str, span, max_length: int, variant: str) -> OpenSession:
+    sampling = {"sampling": SamplingParams(temperature=-1.0),
+                "sampled": SamplingParams(temperature=0.8, top_k=7, top_p=0.9, seed=len(sid))}.get(variant,
+                                                                                                SamplingParams())
+    return OpenSession(version=PROTOCOL_VERSION + (variant == "version"),
+                       model_id=shape.model_id + ("-other" if variant == "model" else ""), session_id=sid,
+                       start=span[0], end=span[1], max_length=max_length, sampling=sampling)
+
+
+def expect_open(shape: PeerShape, msg: OpenSession, open_ids: set, used: int) -> Optional[str]:
+    """The error code the peer must answer ``msg`` with, or None: it opens the session."""
+    if msg.version != PROTOCOL_VERSION:
+        return "version_mismatch"
+    if msg.model_id != shape.model_id:
+        return "unknown_model"
+    if not 0 <= msg.start < msg.end <= shape.num_layers:
+        return "bad_request"  # the peer serves every layer, so this is never "range moved"
+    if not 0 < msg.max_length <= shape.max_positions or msg.sampling.validate():
+        return "bad_request"
+    if msg.session_id in open_ids or not 0 < len(msg.session_id) <= 128:
+        return "bad_request"  # an id open on *any* stream is taken
+    need = msg.max_length * (msg.end - msg.start)
+    if need > shape.capacity:
+        return "bad_request"
+    return "overloaded" if used + need > shape.capacity else None
+
+
+def result_problem(reply, sess: Sess, step: int, q: int, k: int, shape: PeerShape) -> Optional[str]:
+    """Why ``reply`` is not a well-formed ForwardResult for k positions at q, or None."""
+    if not isinstance(reply, ForwardResult):
+        return f"expected a ForwardResult, got {reply!r}"
+    if reply.session_id != sess.sid or reply.step != step or reply.position != q + k:
+        return f"result for {reply.session_id!r} step {reply.step} position {reply.position}, sent {sess.sid!r} " \
+               f"step {step} position {q}+{k}"
+    if sess.end == shape.num_layers:
+        if reply.token is None or reply.tensor is not None or not 0 <= reply.token < shape.vocab_size:
+            return f"the last span must return one token id in the vocabulary, got {reply!r}"
+    elif reply.token is not None or reply.tensor is None or reply.tensor.dtype != "float32" \
+            or list(reply.tensor.shape) != [k, shape.hidden_size]:
+        return f"a span before the last must return float32 [{k}, {shape.hidden_size}], got {reply!r}"
+    return None
+
+
+def is_error(reply, code: str) -> bool:
+    return isinstance(reply, ErrorReply) and reply.code == code
+
+
+def close_enough(got: torch.Tensor, want: torch.Tensor) -> bool:
+    """fp32 through the same weights, batched and chunked differently: equal to float noise."""
+    return bool(torch.isfinite(got).all()) and torch.allclose(got, want, rtol=1e-3, atol=1e-3)
+
+
+def finite_fraction(t: torch.Tensor) -> float:
+    return float(torch.isfinite(t).float().mean()) if t.numel() else math.nan
