@@ -230,7 +230,8 @@ def main() -> int:
     # room for every session on one replica of a half: the budget, not luck, bounds memory
     kv_token_layers = args.sessions * MAX_LENGTH * half
     kv_budget_bytes = kv_token_layers * spec.kv_bytes_per_token_layer
-    flags = ("--kv-token-layers", str(kv_token_layers), "--session-idle-timeout", str(IDLE_TIMEOUT_S))
+    flags = ("--kv-token-layers", str(kv_token_layers), "--session-idle-timeout", str(IDLE_TIMEOUT_S),
+             "--max-kv-fraction-per-owner", "1")  # one client node holds every session by design
     print(f"model {spec.model_id}: {spec.kv_bytes_per_token_layer} B of KV per token-layer; KV budget per peer "
           f"{kv_budget_bytes / 2**20:.0f} MiB; {args.sessions} sessions for {args.minutes:g} min", flush=True)
     peers = start_peers(path, [(0, half), (0, half), (half, spec.num_layers), (half, spec.num_layers)], *flags)

@@ -327,6 +327,8 @@ class SessionHandler:
                 )
             if expected != self.spec.dtype:
                 raise BadRequestError(f"hidden states must be {self.spec.dtype}, got {expected}")
+            if not bool(torch.isfinite(inputs).all()):  # refused here, not passed down the chain
+                raise BadRequestError("hidden states must be finite (they hold NaN or inf)")
         if inputs.shape[0] == 0:
             raise BadRequestError("a Forward must carry at least one token")
 

@@ -28,7 +28,7 @@ from typing import Any, Awaitable, Callable, Protocol, Sequence, runtime_checkab
 StreamHandler = Callable[[asyncio.StreamReader, Any, str], Awaitable[None]]
 
 
-@dataclass
+@dataclass(eq=False)  # one stream is one connection: identity, hashable (weak sets of streams)
 class Stream:
     """One open bidirectional byte stream to a peer.
 

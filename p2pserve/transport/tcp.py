@@ -28,6 +28,7 @@ import logging
 import secrets
 import socket
 import time
+import weakref
 from typing import Optional, Sequence
 
 from p2pserve.errors import WIRE_ERRORS, P2PServeError
@@ -85,6 +86,9 @@ class DirectTransport:
         self.inner = inner
         self.limits = limits
         self.attach_timeout_s = attach_timeout_s
+        # Direct streams still open: ``close`` ends them too (the inner transport knows nothing
+        # of them, and a peer would otherwise keep serving a client that said goodbye).
+        self._direct: weakref.WeakSet = weakref.WeakSet()
 
     @property
     def peer_id(self) -> str:
@@ -137,7 +141,9 @@ class DirectTransport:
             if writer is not None:
                 writer.close()
             return None
-        return Stream(reader, writer, "direct")
+        stream = Stream(reader, writer, "direct")
+        self._direct.add(stream)
+        return stream
 
     async def serve(self, protocol: str, handler: StreamHandler) -> None:
         """Serve through the inner transport."""
@@ -148,7 +154,9 @@ class DirectTransport:
         await self.inner.stop_serving(protocol)
 
     async def close(self) -> None:
-        """Close the inner transport."""
+        """Close every direct stream this transport opened, then the inner transport."""
+        for stream in list(self._direct):
+            stream.close()
         await self.inner.close()
 
 

@@ -292,3 +292,19 @@ def test_another_client_cannot_drive_or_close_a_session(peer):
         await victim.close()
 
     run(with_transport(main))
+
+
+def test_closing_the_client_transport_closes_its_direct_connections(peer):
+    """DirectTransport.close() left its direct TCP connections open: the peer kept serving them."""
+    path, p = peer
+    model = LocalModelInfo.load(path)
+
+    async def main():
+        transport = await client_transport(ClientConfig(direct=True))
+        conn = await open_conn(transport, p, model, sid="direct-close")
+        assert conn.stream.kind == "direct"
+        await transport.close()
+        async with asyncio.timeout(10):
+            assert await conn.stream.reader.read() == b""  # our end is closed: EOF, no more replies
+
+    run(main())

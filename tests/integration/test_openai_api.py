@@ -211,7 +211,7 @@ KV_SLOTS = 8 * 100  # token-layers: one session of max_length 100 over all 8 lay
 def small_api(model_dir):
     """(url, path, peer) of a `p2pserve api` over one [0:8) peer with a KV budget of one session."""
     path = model_dir("llama")
-    (peer,) = start_peers(path, [(0, 8)], "--kv-token-layers", str(KV_SLOTS))
+    (peer,) = start_peers(path, [(0, 8)], "--kv-token-layers", str(KV_SLOTS), "--max-kv-fraction-per-owner", "1")
     server = None
     try:
         server, url = start_api(path, [(peer, 0, 8)], "--max-length", "64")

@@ -89,3 +89,22 @@ def test_an_abandoned_job_is_skipped_and_the_session_serves_on(peer):
     reply = asyncio.run(main())
     assert reply.token is not None and reply.position == 3
     assert worker.stats.tokens == 3  # the abandoned prefill never ran; the retry did
+
+
+def test_hidden_states_that_are_not_finite_are_refused_where_they_arrive(peer):
+    """NaN hidden states sent to a mid-chain span were computed on and passed down the chain;
+    the peer now refuses them at once, and the session serves on."""
+    spec, table, budget, worker, handler = peer
+    worker.start()
+
+    async def main():
+        net = MemoryNetwork()
+        net.serve("peer", SESSION_PROTOCOL, handler.handle_stream)
+        conn = HopConnection(net.transport("client"), Hop("peer", 1, spec.num_layers, ("/memory",)), FrameLimits(), 5)
+        await conn.open(spec.model_id, "mid", 16, SamplingParams())
+        with pytest.raises(BadRequestError, match="finite"):
+            await conn.forward(0, 0, torch.full((3, spec.hidden_size), float("nan")))
+        reply, _ = await conn.forward(0, 0, torch.zeros(3, spec.hidden_size))
+        return reply
+
+    assert asyncio.run(main()).token is not None
