@@ -52,16 +52,16 @@ def _first_frame(data: bytes):
 async def _handshake(data: bytes):
     attached = []
 
-    async def handler(reader, writer):
-        attached.append(writer)
+    async def handler(reader, writer, remote):
+        attached.append((writer, remote))
 
     listener = DirectListener(handler, "me", hosts=[], attach_timeout_s=5.0)
-    token = listener.tokens.issue()
+    token = listener.tokens.issue("holder")
     data = data.replace(SLOT.encode(), token.encode())
     answers = asyncio.StreamReader()
     writer = PipeWriter(answers)
     await listener._serve(reader_of(data), writer)
-    return data, token, bool(attached), writer, answers, listener
+    return data, token, attached, writer, answers, listener
 
 
 @FUZZ
@@ -73,6 +73,7 @@ def test_listener_attaches_only_with_its_token(raw):
     if not attached:
         assert writer.closed
         return
+    assert attached[0][1] == "holder"  # served as the peer the token was issued to
     payload_len, header = _first_frame(data)
     assert payload_len == 0 and decode_request(header) == AttachDirect(token=token)
     assert len(listener.tokens) == 0  # one use only
@@ -83,7 +84,7 @@ def test_listener_attaches_only_with_its_token(raw):
 async def _upgrade(data: bytes):
     net = MemoryNetwork()
 
-    async def peer(reader, writer):
+    async def peer(reader, writer, remote):
         try:
             await read_frame(reader, FrameLimits())  # the client's OpenDirect
         except (asyncio.IncompleteReadError, ProtocolError):
