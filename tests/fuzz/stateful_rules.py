@@ -25,7 +25,7 @@ from tests.fuzz.peer_model import SEEN, Owner, Sess, close_enough, is_error, res
 #: What a refused Forward must be answered with (the session is left as it was).
 INVALID = {"skip": "bad_request", "negative": "malformed", "dtype": "bad_request", "shape": "bad_request",
            "vocab": "bad_request", "empty": "bad_request", "length": "malformed", "foreign": "unknown_session",
-           "unknown": "unknown_session", "overflow": "bad_request"}
+           "unknown": "unknown_session", "overflow": "payload_too_large"}  # refused before its payload is read
 HOW = ["honest", "honest", "honest", "random", "nan", "inf"]
 
 

@@ -237,7 +237,9 @@ async def _replies_to(conn: Conn, data: bytes) -> list:
 def env(model_dir):
     path = model_dir("llama")
     (peer,) = start_peers(path, [(0, LAYERS)], "--dtype", "float32", "--kv-token-layers", str(KV_TOKEN_LAYERS),
-                          "--session-idle-timeout", "600", "--max-payload-mb", "1")
+                          "--session-idle-timeout", "600", "--max-payload-mb", "1",
+                          # the owners' model predicts one shared budget (the quotas: tests/integration/test_peer_bounds.py)
+                          "--max-kv-fraction-per-owner", "1", "--max-sessions-per-owner", "1024")
     loop = LoopThread()
     nodes = client_node()
     try:
