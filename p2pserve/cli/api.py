@@ -46,9 +46,10 @@ def add_client_arguments(parser: argparse.ArgumentParser) -> None:
 def apply_swarm_file(args: argparse.Namespace) -> None:
     """Fill the swarm flags a user left out from ``--config``, the file every member of a swarm
     shares (so a client joins with the same file as peers and coordinators); flags given win,
-    even empty ones (``config.merge``)."""
+    even empty ones (``swarm_file.merge``)."""
     from p2pserve.cli.common import dht_flags
-    from p2pserve.config import DHTConfig, SwarmFile, merge
+    from p2pserve.config import DHTConfig
+    from p2pserve.swarm_file import SwarmFile, merge
 
     file = SwarmFile.load(args.config)
     m = merge(file.dht_values(), dht_flags(args))

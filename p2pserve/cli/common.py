@@ -1,8 +1,8 @@
 """Command-line flags and the swarm file, shared by bootstrap / coordinator / status / peer.
 
-A swarm file (:class:`p2pserve.config.SwarmFile`, see ``bootstrap/swarm.toml``) holds what every
+A swarm file (:class:`p2pserve.swarm_file.SwarmFile`, see ``bootstrap/swarm.toml``) holds what every
 member of a swarm must agree on. Each command turns its flags and the file into its role's config
-with :func:`p2pserve.config.merge`: a flag that was given wins, even 0 or empty, so every flag
+with :func:`p2pserve.swarm_file.merge`: a flag that was given wins, even 0 or empty, so every flag
 here defaults to ``None`` ("not given").
 """
 
@@ -15,7 +15,8 @@ from typing import Any, Optional
 
 import msgspec
 
-from p2pserve.config import DHTConfig, ModelSettings, SwarmFile, Timing, merge
+from p2pserve.config import DHTConfig
+from p2pserve.swarm_file import ModelSettings, SwarmFile, Timing, merge
 from p2pserve.errors import ConfigError
 
 # DHTConfig field -> the argparse ``dest`` of its flag (registered by add_dht_arguments)

@@ -13,7 +13,8 @@ import logging
 import signal
 
 from p2pserve.cli.common import add_dht_arguments, dht_config, setup_logging
-from p2pserve.config import CoordinatorConfig, SwarmFile, merge
+from p2pserve.config import CoordinatorConfig
+from p2pserve.swarm_file import SwarmFile, merge
 from p2pserve.errors import ConfigError
 
 logger = logging.getLogger("p2pserve.coordinator")

@@ -127,7 +127,7 @@ def config_from_args(args: argparse.Namespace) -> PeerConfig:
 async def serve(config: PeerConfig, args: argparse.Namespace) -> None:
     """Start DHT node and peer (and the control-plane agent), print the ready line, serve until signalled."""
     from p2pserve.cli.common import dht_config
-    from p2pserve.config import SwarmFile
+    from p2pserve.swarm_file import SwarmFile
     from p2pserve.dht.swarm import Swarm
     from p2pserve.model.default import resolve_model
     from p2pserve.model.spec import load_spec

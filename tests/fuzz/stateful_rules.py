@@ -199,7 +199,9 @@ class ForwardRules:
         if kind == "dtype":
             inputs = inputs.float() if ids else inputs.half()
         elif kind == "shape":
-            inputs = torch.zeros(1, 2, dtype=torch.int64) if ids else torch.zeros(1, H + 1)
+            # ids as [1, 1], not [n], and hidden states one short of [1, H]: no more bytes than an
+            # honest token, so the payload allowance (checked before the shape) cannot refuse it first
+            inputs = torch.zeros(1, 1, dtype=torch.int64) if ids else torch.zeros(1, H - 1)
         elif kind == "vocab":
             inputs = torch.tensor([V if seed % 2 else -1], dtype=torch.int64)
         elif kind == "empty":

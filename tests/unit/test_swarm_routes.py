@@ -17,9 +17,9 @@ from p2pserve.testing import FakeClock, FakeSwarm, FakeSwarmStore
 M = "m"
 
 
-def info(pid, span, kv_free=1000, kv_bytes=1 << 20, state="serving"):
+def info(pid, span, kv_free=1000, kv_bytes=1 << 20, state="serving", loading=None):
     return PeerInfo(model=M, peer_id=pid, addrs=[f"/ip4/127.0.0.1/tcp/1/p2p/{pid}"], serving=span, state=state,
-                    kv_free_tokens=kv_free, kv_memory_bytes=kv_bytes)
+                    loading=loading, kv_free_tokens=kv_free, kv_memory_bytes=kv_bytes)
 
 
 PLAN = Plan(model=M, epoch=3, leader_id="c", num_layers=8, spans={"A": (0, 4), "B": (0, 4), "C": (4, 8)},
@@ -145,7 +145,7 @@ def test_a_failed_read_keeps_the_last_view():
 def test_a_peer_loading_its_next_range_still_serves_the_current_one():
     """The plan's route needs B, which is gone; A is moving (state "loading") but still serves
     [0, 4): the fallback over served ranges must use it."""
-    peers = [info("A", (0, 4), state="loading"), info("C", (4, 8))]
+    peers = [info("A", (0, 4), state="loading", loading=(0, 6)), info("C", (4, 8))]
     plan = Plan(model=M, epoch=3, leader_id="c", num_layers=8, spans={"B": (0, 4), "C": (4, 8)},
                 flows=[Flow("source", "B", 10.0), Flow("B", "C", 10.0), Flow("C", "sink", 10.0)])
     routes = SwarmRoutes(fake_swarm(plan, peers), seed=0, num_layers=8)
