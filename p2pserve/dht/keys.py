@@ -21,12 +21,14 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9._:@+=-]{1,128}$")
 
 
 class RecordKind(str, Enum):
-    """The four record kinds stored in the DHT (one dictionary key each per swarm+model)."""
+    """The record kinds stored in the DHT (one dictionary key each per swarm+model)."""
 
     PEERS = "peers"
     LINKS = "links"
     COORDINATORS = "coordinators"
     PLAN = "plan"
+    REPORTS = "reports"  # service rates clients observed at peers (p2pserve.dht.reports)
+    EVIDENCE = "evidence"  # signed proof that a peer's output differed from a replica's (p2pserve.dht.evidence)
 
 
 def check_name(value: str, what: str) -> str:

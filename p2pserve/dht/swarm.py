@@ -173,6 +173,12 @@ class Swarm:
         plan.validate()
         return await self._put(keys.RecordKind.PLAN, encode_record(plan), self.config.plan_ttl)
 
+    async def announce(self, kind: keys.RecordKind, record, ttl: Optional[float] = None) -> bool:
+        """Store (or refresh) this node's record of another ``kind`` (reports, evidence): it is
+        validated first; ``ttl`` defaults to the peer records' TTL."""
+        record.validate()
+        return await self._put(kind, encode_record(record), self.config.peer_ttl if ttl is None else ttl)
+
     async def withdraw(self, kind: keys.RecordKind) -> bool:
         """Replace this node's entry of ``kind`` by a short-lived tombstone."""
         if kind not in self._last_expiration:
@@ -222,6 +228,11 @@ class Swarm:
             out.append(Signed(record, signer, item.expiration_time))
         self.withdrawn[kind] = withdrawn
         return out
+
+    async def read(self, kind: keys.RecordKind, cls: type) -> list[Signed]:
+        """Every live, valid record of ``kind`` decoded as ``cls`` (its ``validate()`` run), with
+        its signer: the read side of :meth:`announce`."""
+        return await self._entries(kind, cls)
 
     async def get_peers(self) -> dict[str, Signed[PeerInfo]]:
         """Live, valid PeerInfo records by peer id.

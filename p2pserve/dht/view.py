@@ -75,6 +75,14 @@ class SwarmView(SwarmReader, Protocol):
         """Store (or refresh) the plan this coordinator leads with."""
         ...
 
+    async def announce(self, kind: RecordKind, record, ttl: Optional[float] = None) -> bool:
+        """Store (or refresh) this node's record of another kind (reports, evidence)."""
+        ...
+
+    async def read(self, kind: RecordKind, cls: type) -> list[Signed]:
+        """Every live, valid record of ``kind`` decoded as ``cls``, with its signer."""
+        ...
+
     async def withdraw(self, kind: RecordKind) -> bool:
         """Withdraw this node's record of ``kind`` (readers drop it at once)."""
         ...

@@ -102,6 +102,14 @@ class FakeSwarm:
         """Store the plan this node leads with."""
         return self._put(RecordKind.PLAN, plan, self.config.plan_ttl)
 
+    async def announce(self, kind: RecordKind, record, ttl: Optional[float] = None) -> bool:
+        """Store this node's record of another kind (reports, evidence)."""
+        return self._put(kind, record, self.config.peer_ttl if ttl is None else ttl)
+
+    async def read(self, kind: RecordKind, cls: type) -> list[Signed]:
+        """Live records of ``kind`` that are ``cls`` instances."""
+        return [s for s in self._read(kind) if isinstance(s.record, cls)]
+
     async def withdraw(self, kind: RecordKind) -> bool:
         """Withdraw this node's record of ``kind``."""
         self.store.withdraw(kind, self.public_key)
