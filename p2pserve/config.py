@@ -107,6 +107,14 @@ class ClientConfig:
     # up to this long in all, re-reading the swarm, before failing the request (0: fail at once,
     # HTTP 503). Swarms in churn often have a route again within seconds (tests/chaos).
     no_route_wait_s: float = 0.0
+    # Output verification (client/verifier.py, docs/trust.md): the share of each hop's steps
+    # re-executed on another replica in the background. 2% keeps the swarm's extra work small
+    # (one replay of the hop's history per check) while a peer corrupting 10% of its steps is
+    # caught within tens of requests: a check compares every step of the hop's session so far.
+    # 0 turns verification off (no input history is kept either).
+    verify_share: float = 0.02
+    verify_max_inflight: int = 2  # background checks at once; a draw beyond that is skipped
+    evidence_ttl_s: float = 3600.0  # how long this client's evidence record lives in the DHT
 
 
 @dataclass(frozen=True)
@@ -271,6 +279,14 @@ class CoordinatorConfig:
     # a new candidate only observes for this long before it may lead, so that it has seen every
     # live candidacy (default: one candidate TTL); avoids two leaders right after a start
     election_grace: Optional[float] = None
+    # Output verification (coordinator/exclusion.py, docs/trust.md): a peer with holding evidence
+    # from a trusted verifier (an OpenSSH public key of its DHT record, or its peer id) while
+    # trust_verifiers is on, or from evidence_min_reporters distinct clients, gets no flow for
+    # exclusion_s after the last such evidence.
+    trusted_verifiers: tuple[str, ...] = ()
+    trust_verifiers: bool = True
+    evidence_min_reporters: int = 3
+    exclusion_s: float = 3600.0
 
     def __post_init__(self) -> None:
         if self.num_layers < 1:

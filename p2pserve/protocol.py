@@ -183,13 +183,19 @@ class SessionOpened(msgspec.Struct, frozen=True, tag_field="t", tag="opened"):
 
 
 class ForwardResult(msgspec.Struct, frozen=True, tag_field="t", tag="result"):
-    """Output of one Forward: hidden states (payload) or, at the last layer, a sampled token."""
+    """Output of one Forward: hidden states (payload) or, at the last layer, a sampled token.
+
+    ``signature`` is the peer's Ed25519 reply-key signature over the reply's claim (the span,
+    positions, a commitment to every input the session consumed, the output's digest:
+    ``p2pserve.dht.evidence.ReplyClaim``); empty from a peer that does not sign.
+    """
 
     session_id: str
     step: NonNegative
     position: NonNegative
     tensor: TensorMeta | None = None
     token: NonNegative | None = None
+    signature: Annotated[bytes, msgspec.Meta(max_length=64)] = b""
 
 
 class SessionClosed(msgspec.Struct, frozen=True, tag_field="t", tag="closed"):

@@ -21,7 +21,8 @@ logger = logging.getLogger("p2pserve.coordinator")
 
 # CoordinatorConfig fields that have a flag of the same name (and may be set per model in the file)
 _FLAGS = ("num_layers", "activation_bytes", "replan_period", "link_change_threshold", "objective",
-          "solve_time_limit", "priority", "coordinator_id")
+          "solve_time_limit", "priority", "coordinator_id", "trusted_verifiers", "trust_verifiers",
+          "evidence_min_reporters", "exclusion_s")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -37,6 +38,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     c.add_argument("--objective", choices=("throughput", "max-flow"), default=None, help="planner objective")
     c.add_argument("--solve-time-limit", type=float, default=None, help="seconds per placement solve")
     c.add_argument("--print-public-key", action="store_true", help="print this coordinator's public key and exit")
+    v = parser.add_argument_group("output verification (docs/trust.md)")
+    v.add_argument("--trusted-verifier", dest="trusted_verifiers", action="append", default=None, metavar="KEY|PEER_ID",
+                   help="a verifier whose evidence alone excludes a peer: the OpenSSH public key of its DHT "
+                        "records, or its peer id (repeatable)")
+    v.add_argument("--no-trust-verifiers", dest="trust_verifiers", action="store_const", const=False, default=None,
+                   help="ignore --trusted-verifier: only evidence from several independent clients excludes a peer")
+    v.add_argument("--evidence-min-reporters", type=int, default=None,
+                   help="distinct clients whose holding evidence excludes a peer (default 3)")
+    v.add_argument("--exclusion-s", type=float, default=None,
+                   help="how long an exclusion lasts after its last evidence (default 3600 s)")
 
 
 def coordinator_config(args: argparse.Namespace, file: SwarmFile, model: str) -> CoordinatorConfig:
@@ -44,6 +55,8 @@ def coordinator_config(args: argparse.Namespace, file: SwarmFile, model: str) ->
     kw = merge(file.model_settings(model).values(), {name: getattr(args, name, None) for name in _FLAGS})
     if "num_layers" not in kw:
         raise ConfigError(f"number of layers of {model} unknown: pass --num-layers or set [models.\"{model}\"] num_layers")
+    if kw.get("trusted_verifiers") is not None:
+        kw["trusted_verifiers"] = tuple(kw["trusted_verifiers"])
     return CoordinatorConfig(**kw)
 
 

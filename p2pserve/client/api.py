@@ -92,6 +92,7 @@ class AsyncClient:
         self.info = model_info
         self.failover = FailoverState(config)
         self.swarm_routes = None  # a SwarmRoutes in swarm mode, once started
+        self.verifier = None  # a client.verifier.Verifier once started, when config.verify_share > 0
         self._given_transport = transport
         self._transport: Optional[Transport] = None
         self._swarm = None
@@ -113,6 +114,7 @@ class AsyncClient:
             self._transport = self._given_transport or await client_transport(self.config)
         else:
             await self._join_swarm()
+        self._start_verifier()
         self._started = True
         return self
 
@@ -136,8 +138,24 @@ class AsyncClient:
             self._transport = await client_transport(self.config, await self._swarm.dht.replicate_p2p())
         self.swarm_routes = SwarmRoutes(self._swarm, seed=self.seed, num_layers=spec.num_layers)
 
+    def _start_verifier(self) -> None:
+        """Verify a share of every hop's outputs on another replica (``ClientConfig.verify_share``)."""
+        from p2pserve.client.verify_sources import peer_list_verifier, swarm_verifier
+
+        if self.config.verify_share <= 0:
+            return
+        spec, seed = self.info.spec, self.seed + 1
+        if self.peers is not None:
+            self.verifier = peer_list_verifier(self._transport, spec.model_id, spec.num_layers, self.config,
+                                               self.peers, self.failover, seed)
+        else:
+            self.verifier = swarm_verifier(self._transport, spec.model_id, spec.num_layers, self.config,
+                                           self.swarm_routes, self._swarm, self.failover, seed)
+
     async def close(self) -> None:
         """Leave the network (a transport given to the constructor stays open: it is the caller's)."""
+        if self.verifier is not None:
+            await self.verifier.close()
         if self._transport is not None and self._transport is not self._given_transport:
             await self._transport.close()
         if self._swarm is not None:
@@ -202,7 +220,8 @@ class AsyncClient:
         max_length = min(self.max_length, len(prompt_ids) + params.max_new_tokens)
         spec = self.info.spec
         pipeline = Pipeline(self._transport, self._routes_for(max_length), spec.model_id, spec.num_layers,
-                            max_length, sampling, self.config, self.failover, vocab_size=spec.vocab_size)
+                            max_length, sampling, self.config, self.failover, vocab_size=spec.vocab_size,
+                            verifier=self.verifier)
         return Generation(pipeline, prompt_ids, params, self.info.eos_ids, self.info.tokenizer)
 
     def _routes_for(self, max_length: int) -> RouteProvider:

@@ -36,6 +36,7 @@ from p2pserve.client.failover import (
 )
 from p2pserve.client.hop import Hop, check_chain
 from p2pserve.client.route_providers import ChainListRoutes, RouteProvider
+from p2pserve.client.tape import HopTape
 from p2pserve.config import ClientConfig
 from p2pserve.errors import BadRequestError, GenerationFailedError, RoutingError
 from p2pserve.protocol import Forward, SamplingParams
@@ -54,7 +55,7 @@ class Pipeline:
 
     def __init__(self, transport: Transport, routes: RouteProvider, model_id: str, num_layers: int, max_length: int,
                  sampling: SamplingParams = SamplingParams(), config: ClientConfig = ClientConfig(),
-                 state: Optional[FailoverState] = None, vocab_size: Optional[int] = None):
+                 state: Optional[FailoverState] = None, vocab_size: Optional[int] = None, verifier=None):
         self.transport = transport
         self.vocab_size = vocab_size  # when known, a last hop's token outside it is malformed
         self.routes = routes
@@ -70,6 +71,8 @@ class Pipeline:
         self._links: Optional[list[HopConnection]] = None  # the current route's connections
         self._held = 0  # how many history tokens the current route's peers hold
         self._steps = 0  # Forward counter of the current route
+        self.verifier = verifier  # a client.verifier.Verifier when outputs are verified, else None
+        self._tapes: list[HopTape] = []  # per hop of the route: what it consumed and returned (verifier)
 
     @property
     def position(self) -> int:
@@ -119,12 +122,15 @@ class Pipeline:
                     await self._open_route()
                 sent = self.history[self._held:] + list(token_ids)
                 meta, data = tensor_to_wire(torch.tensor(sent, dtype=torch.int64))
-                for link in self._links:
+                for i, link in enumerate(self._links):
                     try:
                         msg = Forward(session_id=link.session_id, step=self._steps, position=self._held, tensor=meta)
+                        inputs = data
                         reply, data = await link.call(msg, data)
                         meta = link.check_forward(reply, data, len(sent), self._steps, self._held,  # handed on undecoded
                                                   link.hop.end == self.num_layers, self.vocab_size)
+                        if self._tapes:  # kept for re-execution: references, not copies
+                            self._tapes[i].record(self._held, len(sent), msg.tensor.dtype, inputs, reply, data)
                     except Exception as e:  # whatever broke on this hop is this hop's failure
                         raise HopFailure(link.hop, e) from e
             except HopFailure as f:
@@ -136,6 +142,8 @@ class Pipeline:
                 continue
             break
         self._steps += 1
+        if self._tapes:
+            self.verifier.after_step(self._tapes, self.sampling)
         self.history.extend(token_ids)
         self._held = len(self.history)
         return int(reply.token)  # check_forward made sure the last hop sent one
@@ -156,7 +164,8 @@ class Pipeline:
 
         Raises ``HopFailure`` naming the first hop, in route order, that could not open.
         """
-        hops = await self.routes.route(self.state.masks())
+        masks = self.state.masks()
+        hops = await self.routes.route(self.verifier.masks(masks) if self.verifier else masks)
         check_chain(hops, self.num_layers)
         self.route_log.append(list(hops))
         cfg = self.config
@@ -181,6 +190,8 @@ class Pipeline:
                 raise exc
             raise HopFailure(link.hop, exc) from exc
         self._links, self._held, self._steps = links, 0, 0
+        if self.verifier is not None and cfg.verify_share > 0:
+            self._tapes = [HopTape(c.hop, c.session_id) for c in links]
 
     async def _recover(self, failure: HopFailure, attempts: int) -> None:
         """Record a failed hop and drop the route; raises when re-routing cannot help."""
@@ -211,7 +222,7 @@ class Pipeline:
         return waited + pause
 
     async def _drop_route(self) -> None:
-        links, self._links = self._links, None
+        links, self._links, self._tapes = self._links, None, []
         if links:  # best effort: the route is being abandoned
             await asyncio.gather(*(c.close() for c in links), return_exceptions=True)
 

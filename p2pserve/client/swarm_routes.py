@@ -135,6 +135,11 @@ class SwarmRoutes:
         self._router_key = None
 
     @property
+    def peers(self) -> dict:
+        """The live peers as last read: peer id -> ``PeerInfo``."""
+        return self._peers
+
+    @property
     def plan(self):
         """The plan routes currently follow (None before the first one)."""
         return self._plan

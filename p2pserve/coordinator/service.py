@@ -17,14 +17,32 @@ from typing import Awaitable, Callable, Optional
 from p2pserve import clock as clocks
 from p2pserve.clock import Clock
 from p2pserve.config import CoordinatorConfig
+from p2pserve.errors import ConfigError
+from p2pserve.coordinator.exclusion import ExclusionBook, judge
 from p2pserve.coordinator.replan import Decision, LeaderState, replan
 from p2pserve.coordinator.snapshot import LivePeers, Snapshot
 from p2pserve.dht.election import elect_leader
+from p2pserve.dht.evidence import Evidence
 from p2pserve.dht.keys import RecordKind
 from p2pserve.dht.records import CoordinatorCandidate, Plan
 from p2pserve.dht.view import SwarmView
 
 logger = logging.getLogger(__name__)
+
+
+def _key_text(key: str) -> str:
+    """An OpenSSH public key in its normalized form (other text, e.g. a peer id, as is)."""
+    from p2pserve.dht.signing import normalize_public_key
+
+    try:
+        return normalize_public_key(key) if key.startswith("ssh-") else key
+    except ConfigError:
+        return key
+
+
+def verifier_set(entries) -> frozenset[str]:
+    """``CoordinatorConfig.trusted_verifiers`` normalized: public keys and peer ids."""
+    return frozenset(_key_text(e.strip()) for e in entries)
 
 
 class CoordinatorService:
@@ -53,6 +71,7 @@ class CoordinatorService:
         self._last_candidacy_at: Optional[float] = None
         self._latest_seen: Optional[Plan] = None  # highest-epoch trusted plan ever read
         self._peers = LivePeers()
+        self.exclusions = ExclusionBook(config.exclusion_s)
 
     @property
     def plan(self) -> Optional[Plan]:
@@ -102,8 +121,25 @@ class CoordinatorService:
     async def _snapshot(self, now: float) -> Snapshot:
         fresh = await self.swarm.get_peers()
         peers = self._peers.update(fresh, self.swarm.withdrawn.get(RecordKind.PEERS, set()), now)
+        peers = await self._without_excluded(peers, now)
         link_infos = [s.record for s in (await self.swarm.get_links()).values()]
         return Snapshot.from_records(peers, link_infos)
+
+    async def _without_excluded(self, peers: dict, now: float) -> dict:
+        """``peers`` less those that verified evidence excludes (``coordinator/exclusion.py``)."""
+        try:
+            evidence = await self.swarm.read(RecordKind.EVIDENCE, Evidence)
+        except (asyncio.TimeoutError, OSError) as e:  # keep the exclusions in force
+            logger.warning(f"reading evidence failed: {e!r}")
+            evidence = []
+        trusted = verifier_set(self.config.trusted_verifiers) if self.config.trust_verifiers else frozenset()
+        found = judge(evidence, peers, lambda signer, reporter: _key_text(signer) in trusted or reporter in trusted,
+                      self.config.evidence_min_reporters)
+        for peer, reason in found.items():
+            if peer not in self.exclusions.verdicts:
+                logger.warning(f"excluding peer {peer}: {reason}")
+        verdicts = self.exclusions.update(now, found)
+        return {pid: info for pid, info in peers.items() if pid not in verdicts}
 
     async def step(self) -> Optional[str]:
         """One round; returns what was done ("published: <reason>", "refreshed", or None)."""

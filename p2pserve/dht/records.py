@@ -17,6 +17,7 @@ from typing import Literal, Optional, TypeVar, Union
 
 import msgspec
 
+from p2pserve.dht.evidence import check_reply_key
 from p2pserve.errors import MalformedFrameError, RecordRejected
 from p2pserve.types import SINK, SOURCE, LayerRange
 
@@ -102,6 +103,9 @@ class PeerInfo(msgspec.Struct, kw_only=True, frozen=True):
     version: str = ""
     relayed: bool = False
     timestamp: float = 0.0  # DHT time of this announcement
+    # hex Ed25519 public key that signs this peer's ForwardResults ("" = none); derived from the
+    # identity key that signs this record (p2pserve.dht.evidence.derive_reply_key)
+    reply_key: str = ""
 
     def validate(self, num_layers: Optional[int] = None) -> None:
         """Raise :class:`RecordRejected` if any figure is absurd or inconsistent."""
@@ -135,6 +139,7 @@ class PeerInfo(msgspec.Struct, kw_only=True, frozen=True):
         _int("kv_free_tokens", self.kv_free_tokens, 0, MAX_TOKENS)
         _int("queued_tokens", self.queued_tokens, 0, MAX_TOKENS)
         _finite("timestamp", self.timestamp, 0.0, 1e11)
+        check_reply_key(self.reply_key)
 
     def decode_rate(self, n_layers: int) -> float:
         """Decode tokens/s when holding ``n_layers`` layers (0 if unknown)."""

@@ -18,6 +18,7 @@ from p2pserve import __version__
 from p2pserve import clock as clocks
 from p2pserve.clock import Clock
 from p2pserve.dht.announcer import Announcer
+from p2pserve.dht.evidence import derive_reply_key
 from p2pserve.dht.records import MAX_ADDRS, MAX_STR, LinkInfo, PeerInfo, Plan
 from p2pserve.dht.view import LinkProbes, SwarmView
 from p2pserve.peer.handover import OtherPeer, flip_decision
@@ -67,6 +68,9 @@ class SwarmAgent:
         self.loading: Span | None = None
         self.loaded = False  # the loading range is in memory, waiting for the handover
         self.state = "joining" if peer.served is None else "serving"
+        identity = getattr(swarm, "_key", None)  # the RSA key of our DHT records (a real Swarm's)
+        if identity is not None:  # one reply key per identity, stable across restarts
+            peer.handler.signer.use_key(derive_reply_key(identity.to_bytes()))
         self.announcer = Announcer(swarm, self.peer_info, self.link_info if prober else None)
         self._tasks: list[asyncio.Task] = []
 
@@ -95,6 +99,7 @@ class SwarmAgent:
             queued_tokens=self.peer.worker.queued_tokens,
             version=__version__,
             timestamp=self._wall(),
+            reply_key=self.peer.handler.signer.public_text,
         )
 
     def link_info(self) -> LinkInfo | None:

@@ -33,6 +33,7 @@ from p2pserve.errors import (
 )
 from p2pserve.model.spec import ModelSpec
 from p2pserve.peer.admission import PayloadBudget, StreamQuota, payload_allowance
+from p2pserve.peer.reply_signer import ReplySigner
 from p2pserve.peer.sessions import SessionTable
 from p2pserve.peer.timing import RecentTimes
 from p2pserve.peer.worker import ComputeWorker, Job
@@ -99,6 +100,8 @@ class SessionHandler:
         self._last_session: str | None = None  # the session of the latest Forward
         self._alone_since = 0.0  # when that session became the only one sending
         self._service = RecentTimes()  # recent Forwards, frame read to reply written
+        # signs every ForwardResult; Peer.create names the peer, the agent sets the derived key
+        self.signer = ReplySigner("unnamed", spec.model_id)
 
     async def handle_stream(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, remote: str = "") -> None:
         """A transport's stream handler (``StreamHandler``): serve frames until the client hangs
@@ -272,6 +275,7 @@ class SessionHandler:
             )
         if msg.position < session.position:
             session.cache.truncate(msg.position)  # the client rewinds (e.g. regenerates a turn)
+        commitment = self.signer.consume(session.chain, msg.position, payload, n)
         loop = asyncio.get_running_loop()
         job = Job(
             session=session,
@@ -298,11 +302,19 @@ class SessionHandler:
             raise OverloadedError(
                 f"the request waited over {self.request_timeout_s:.0f} s in this peer; take another route"
             ) from None
+        return self._reply(session, msg, n, commitment, result)
+
+    def _reply(self, session, msg: Forward, n: int, commitment: bytes, result) -> tuple[ForwardResult, bytes]:
+        """The signed ForwardResult of a step's ``result`` (a token, or hidden states [n, hidden])."""
         position = msg.position + n
         if isinstance(result, int):
-            return ForwardResult(session_id=session.id, step=msg.step, position=position, token=result), b""
+            sig = self.signer.sign(session, msg.position, n, commitment, token=result)
+            return ForwardResult(session_id=session.id, step=msg.step, position=position, token=result,
+                                 signature=sig), b""
         meta, data = tensor_to_wire(result)
-        return ForwardResult(session_id=session.id, step=msg.step, position=position, tensor=meta), data
+        sig = self.signer.sign(session, msg.position, n, commitment, data)
+        return ForwardResult(session_id=session.id, step=msg.step, position=position, tensor=meta,
+                             signature=sig), data
 
     def _alone(self, session_id: str) -> bool:
         """Whether only ``session_id`` has sent Forwards for ``inline_window_s`` (nobody to batch with)."""

@@ -72,6 +72,7 @@ class Peer:
         )
         worker = ComputeWorker(None, TokenThrottle(config.batching), budget)
         handler = SessionHandler(spec, table, worker, config.frame_limits, config.request_timeout_s, config.admission)
+        handler.signer.peer_id = str(p2p.peer_id)  # replies name the peer that signed them
         peer = cls(config, spec, model_path, dht, p2p, worker, table, handler, Libp2pTransport(p2p))
         fixed = config.start is not None or not config.announce
         if fixed:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from p2pserve.config import AdmissionConfig
+from p2pserve.dht.evidence import InputChain
 from p2pserve.errors import BadRequestError, OverloadedError, RangeMovedError, SessionNotFoundError
 from p2pserve.model.spec import ModelSpec
 from p2pserve.peer.admission import check_session_quota
@@ -38,6 +39,7 @@ class Session:
     principal: str = ""  # the remote peer id behind that stream: per-owner quotas count by it
     job: object = None  # the Forward the compute worker holds for it (one at a time), or None
     closed: bool = False  # closed while a job ran: the reservation is released when it settles
+    chain: InputChain = field(default_factory=InputChain)  # commitment to every input consumed (signed replies)
 
     @property
     def position(self) -> int:

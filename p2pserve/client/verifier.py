@@ -1,0 +1,306 @@
+"""Re-execution of sampled steps on another replica, off the critical path; verdicts; evidence.
+
+After each successful step, :meth:`Verifier.after_step` draws, per hop, whether to verify it
+(``ClientConfig.verify_share``). A drawn hop is checked by a background task, never by the
+user's request:
+
+1. the reply's signature is checked against the peer's announced ``reply_key`` (a bad one bans
+   the peer locally at once: it is malformed, there is nothing to prove);
+2. a *witness* (another peer serving the hop's layers) gets the hop's whole input history.
+   For hidden states one prefill returns every position, and all of the hop's steps so far are
+   compared with what it returned (within :data:`TOLERANCE` of its dtype); for the last hop the
+   step's token is compared;
+3. on a difference the first differing step is replayed *aligned* (history as a prefill, then
+   exactly that step) on the witness and on a third replica, each signing its claim over the same
+   inputs. Whoever disagrees with both others is the culprit; with no third replica, or three
+   different answers, the verdict is "inconclusive" (logged, nobody blamed).
+
+A culprit is banned by this client at once and, when the client is in a swarm, listed in its
+:class:`~p2pserve.dht.evidence.Evidence` record with every signed claim. Pure parts:
+:func:`distance`, :func:`culprit`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from dataclasses import dataclass, field, replace
+from typing import Awaitable, Callable, Optional
+
+import torch
+
+from p2pserve.client.connection import HopConnection
+from p2pserve.client.hop import Hop
+from p2pserve.client.routing import Masks
+from p2pserve.client.tape import HopTape, join, reply_output_digest
+from p2pserve.config import ClientConfig
+from p2pserve.dht.evidence import MAX_INPUT_BYTES, Mismatch, ReplyClaim, SignedClaim, output_digest, verify_claim
+from p2pserve.protocol import Forward, SamplingParams
+from p2pserve.protocol import DTYPE_SIZES, TensorMeta
+from p2pserve.transport.frames import tensor_from_wire
+
+log = logging.getLogger(__name__)
+
+#: Largest relative L2 error of any row, ``|a - b| / |b|``, two honest replicas may show on the
+#: same inputs (docs/trust.md "Calibration"): a replay computes the history as one prefill, the
+#: accused ran it step by step, so rounding differs. Measured maxima (benchmarks/verification.py)
+#: are far below these.
+TOLERANCE = {"float32": 1e-3, "float16": 2e-2, "bfloat16": 5e-2}
+
+
+def distance(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Largest relative L2 error over rows of two [n, hidden] tensors (0 for identical)."""
+    a, b = a.float(), b.float()
+    num = torch.linalg.vector_norm(a - b, dim=-1)
+    den = torch.linalg.vector_norm(b, dim=-1).clamp_min(1e-6)
+    return float((num / den).max()) if a.numel() else 0.0
+
+
+def culprit(agree_aw: bool, agree_at: Optional[bool], agree_wt: Optional[bool]) -> Optional[str]:
+    """Who is wrong among accused, witness and third ("accused", "witness", "third") or None.
+
+    ``agree_at``/``agree_wt`` are None without a third replica. Whoever disagrees with both
+    others is outvoted; without a third opinion, or with three different answers, nobody is.
+    """
+    if agree_aw or agree_at is None or agree_wt is None:
+        return None
+    if agree_wt and not agree_at:
+        return "accused"
+    if agree_at and not agree_wt:
+        return "witness"
+    return None
+
+
+@dataclass
+class Answer:
+    """A replica's aligned replay of one step: its signed claim and output."""
+
+    hop: Hop
+    claim: ReplyClaim
+    signature: bytes
+    token: Optional[int]
+    hidden: Optional[torch.Tensor]  # [count, hidden] (None from the last layers)
+
+    @property
+    def answer(self) -> tuple:
+        """(token, hidden states) as :func:`_agree` compares them."""
+        return self.token, self.hidden
+
+
+@dataclass
+class VerifyStats:
+    """What this client's verifier did."""
+
+    sampled: int = 0
+    verified: int = 0  # steps compared against a witness (each hidden step of a screen counts)
+    skipped: int = 0  # sampled, but no replica, or too many checks in flight
+    mismatches: int = 0
+    inconclusive: int = 0
+    bad_signatures: int = 0
+    max_distance: dict = field(default_factory=dict)  # dtype -> largest honest distance seen
+
+
+class Verifier:
+    """One client's verifier, shared by its pipelines (like its bans).
+
+    ``replicas(start, end, exclude)`` lists other hops serving [start, end); ``reply_key(peer)``
+    its announced key ("" unknown: signatures are then not checked and no evidence is made);
+    ``publish(cases)`` announces this client's evidence (None: local bans only).
+    """
+
+    def __init__(self, transport, model_id: str, num_layers: int, config: ClientConfig,
+                 replicas: Callable[[int, int, frozenset], list[Hop]], reply_key: Callable[[str], str],
+                 publish: Optional[Callable[[list[Mismatch]], Awaitable[None]]] = None, seed: Optional[int] = None):
+        self.transport = transport
+        self.model_id = model_id
+        self.num_layers = num_layers
+        self.config = config
+        self.replicas = replicas
+        self.reply_key = reply_key
+        self.publish = publish
+        self.rng = random.Random(seed)
+        self.stats = VerifyStats()
+        self.excluded: dict[str, str] = {}  # peer id -> why this client stopped using it
+        self.cases: dict[str, Mismatch] = {}  # accused peer id -> the latest mismatch proven
+        self._tasks: set[asyncio.Task] = set()
+
+    def masks(self, masks: Masks) -> Masks:
+        """``masks`` with the peers this client caught added to the banned ones."""
+        return replace(masks, banned=masks.banned | frozenset(self.excluded)) if self.excluded else masks
+
+    def after_step(self, tapes: list[HopTape], sampling: SamplingParams) -> None:
+        """Draw which hops of the step just done to verify; start their checks in the background."""
+        for tape in tapes:
+            if self.rng.random() >= self.config.verify_share or tape.last is None:
+                continue
+            self.stats.sampled += 1
+            if len(self._tasks) >= self.config.verify_max_inflight:
+                self.stats.skipped += 1
+                continue
+            snapshot = HopTape(tape.hop, tape.session_id, list(tape.steps))  # later steps must not leak in
+            task = asyncio.create_task(self._guarded(snapshot, sampling))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def drain(self) -> None:
+        """Wait for the checks under way (tests, benchmarks, shutdown)."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    async def close(self) -> None:
+        """Cancel the checks under way (the client is leaving)."""
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    async def _guarded(self, tape: HopTape, sampling: SamplingParams) -> None:
+        try:
+            await self.check(tape, sampling)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # a witness that failed is no verdict on the accused
+            self.stats.skipped += 1
+            log.info("verification of %s skipped: %s: %s", tape.hop, type(e).__name__, e)
+
+    async def check(self, tape: HopTape, sampling: SamplingParams) -> Optional[str]:
+        """Verify the latest step of ``tape``; returns the culprit's peer id if one was proven."""
+        hop, step = tape.hop, tape.last
+        claim = self._claim(tape, step)
+        key = self.reply_key(hop.peer_id)
+        if key and not verify_claim(key, claim, step.reply.signature):
+            self.stats.bad_signatures += 1
+            self._exclude(hop.peer_id, "reply signature does not verify")
+            return hop.peer_id
+        others = self.replicas(hop.start, hop.end, frozenset({hop.peer_id}) | frozenset(self.excluded))
+        if not others:
+            self.stats.skipped += 1
+            return None
+        others = self.rng.sample(others, min(2, len(others)))
+        bad = await self._first_difference(tape, others[0], sampling)
+        if bad is None:
+            return None
+        return await self._settle(tape, bad, others, sampling)
+
+    def _claim(self, tape: HopTape, step) -> ReplyClaim:
+        chunk = step.inputs
+        return ReplyClaim(model=self.model_id, peer_id=tape.hop.peer_id, session_id=tape.session_id,
+                          start=tape.hop.start, end=tape.hop.end, position=chunk.position, count=chunk.count,
+                          commitment=tape.commitment(chunk.position + chunk.count),
+                          output=reply_output_digest(step))
+
+    async def _first_difference(self, tape: HopTape, witness: Hop, sampling: SamplingParams):
+        """The first step of ``tape`` whose output the witness does not reproduce, or None."""
+        step = tape.last
+        if tape.hop.end == self.num_layers:  # a token: only the step itself can be compared
+            answer = await self._replay(tape, step, witness, sampling)
+            self.stats.verified += 1
+            return None if answer.token == step.reply.token else step
+        done = [s for s in tape.steps if s.reply is not None]
+        end = step.inputs.position + step.inputs.count
+        payload, rows = join(tape.inputs_before(end))
+        out, _ = await self._run(witness, [(0, rows, step.inputs.dtype, payload)], end, sampling)
+        theirs = _rows(out[0], out[1])
+        tol = TOLERANCE.get(_dtype(step), 1e-3)
+        for s in done:
+            ours = _rows(s.reply.tensor, s.output)
+            d = distance(ours, theirs[s.inputs.position:s.inputs.position + s.inputs.count])
+            self.stats.verified += 1
+            if d > tol:
+                return s
+            key = _dtype(s)
+            self.stats.max_distance[key] = max(self.stats.max_distance.get(key, 0.0), d)
+        return None
+
+    async def _settle(self, tape: HopTape, step, others: list[Hop], sampling: SamplingParams) -> Optional[str]:
+        """Replay the differing ``step`` aligned on the witness and a third replica; blame the odd one."""
+        w = await self._replay(tape, step, others[0], sampling)
+        t = await self._replay(tape, step, others[1], sampling) if len(others) > 1 else None
+        mine = (step.reply.token, _rows(step.reply.tensor, step.output) if step.output else None)
+        tol = TOLERANCE.get(_dtype(step), 0.0)
+        aw, d = _agree(mine, w.answer, tol)
+        at = wt = None
+        if t is not None:
+            at, _ = _agree(mine, t.answer, tol)
+            wt, _ = _agree(w.answer, t.answer, tol)
+        who = culprit(aw, at, wt)
+        if who is None:
+            self.stats.inconclusive += 1
+            log.warning("replicas of %s disagree on a step with no majority (%s)", tape.hop,
+                        "no third replica" if t is None else "three answers")
+            return None
+        self.stats.mismatches += 1
+        signed = {"accused": SignedClaim(self._claim(tape, step), step.reply.signature, self.reply_key(tape.hop.peer_id))}
+        for name, a in (("witness", w), ("third", t)):
+            signed[name] = SignedClaim(a.claim, a.signature, self.reply_key(a.hop.peer_id))
+        guilty = signed.pop(who)
+        peer = guilty.claim.peer_id
+        self._exclude(peer, f"outvoted on layers [{tape.hop.start}, {tape.hop.end}) at position {step.inputs.position}")
+        hidden = bool(step.output)
+        case = Mismatch(accused=guilty, witnesses=list(signed.values()), kind="hidden" if hidden else "token",
+                        dtype=_dtype(step), distance=min(d, 1e11), tolerance=tol,
+                        inputs=bytes(step.inputs.data) if len(step.inputs.data) <= MAX_INPUT_BYTES else b"")
+        if all(c.reply_key and c.valid() for c in [guilty, *signed.values()]):
+            self.cases[peer] = case
+            if self.publish is not None:
+                await self.publish(list(self.cases.values()))
+        return peer
+
+    async def _replay(self, tape: HopTape, step, replica: Hop, sampling: SamplingParams) -> Answer:
+        """``replica`` runs the history before ``step`` as a prefill, then ``step`` alone."""
+        p = step.inputs.position
+        payload, rows = join(tape.inputs_before(p))
+        calls = ([(0, rows, step.inputs.dtype, payload)] if rows else []) + [
+            (p, step.inputs.count, step.inputs.dtype, step.inputs.data)]
+        (meta, out, reply), sid = await self._run(replica, calls, p + step.inputs.count, sampling, whole=True)
+        claim = ReplyClaim(model=self.model_id, peer_id=replica.peer_id, session_id=sid, start=tape.hop.start,
+                           end=tape.hop.end, position=p, count=step.inputs.count,
+                           commitment=tape.commitment(p + step.inputs.count),
+                           output=output_digest(out, reply.token))
+        return Answer(replica, claim, reply.signature, reply.token, _rows(meta, out) if meta is not None else None)
+
+    async def _run(self, replica: Hop, calls, max_length: int, sampling: SamplingParams, whole: bool = False):
+        """Open a session on ``replica`` over the tape's span and send ``calls`` in order
+        (``(position, rows, dtype, payload)``); the last reply's (meta, bytes[, reply]) and the session id."""
+        cfg = self.config
+        link = HopConnection(self.transport, replica, cfg.frame_limits, cfg.hop_timeout_s, cfg.connect_timeout_s)
+        try:
+            await link.open(self.model_id, None, max_length, sampling)
+            for i, (position, rows, dtype, payload) in enumerate(calls):
+                meta = _meta(dtype, rows, payload)
+                reply, out = await link.call(Forward(session_id=link.session_id, step=i, position=position,
+                                                     tensor=meta), payload)
+                link.check_forward(reply, out, rows, i, position, replica.end == self.num_layers)
+            return ((reply.tensor, out, reply) if whole else (reply.tensor, out)), link.session_id
+        finally:
+            await link.close()
+
+    def _exclude(self, peer: str, why: str) -> None:
+        if peer not in self.excluded:
+            log.warning("verification: no longer routing to %s: %s", peer, why)
+        self.excluded[peer] = why
+
+
+def _agree(a: tuple, b: tuple, tol: float) -> tuple[bool, float]:
+    """Whether two (token, hidden) answers agree: hidden states within ``tol``, else tokens exactly;
+    and their distance."""
+    if a[1] is not None and b[1] is not None:
+        d = distance(a[1], b[1])
+        return d <= tol, d
+    return a[0] == b[0] and a[1] is None and b[1] is None, 0.0
+
+
+def _dtype(step) -> str:
+    tensor = getattr(step.reply, "tensor", None)
+    return tensor.dtype if tensor is not None else "token"
+
+
+def _rows(meta, payload) -> torch.Tensor:
+    return tensor_from_wire(meta, bytes(payload)).reshape(meta.shape[0], -1)
+
+
+def _meta(dtype: str, rows: int, payload) -> TensorMeta:
+    width = len(payload) // max(rows, 1) // DTYPE_SIZES[dtype]
+    shape = [rows] if dtype == "int64" else [rows, width]
+    return TensorMeta(dtype=dtype, shape=shape, nbytes=len(payload))
+

@@ -1,0 +1,268 @@
+"""Signed replies and the evidence built from them (pure: hashing, Ed25519, msgspec; no I/O).
+
+Every ``ForwardResult`` a peer sends carries an Ed25519 signature over a :class:`ReplyClaim`: the
+model, the peer, the hop's session, its span, the positions it ran, a commitment to **every input
+the session has consumed** so far, and a digest of what it returned. The commitment is a hash
+chain over the input rows, ``c[0] = GENESIS``, ``c[i+1] = sha256(c[i] || sha256(row i))``
+(:class:`InputChain`): the peer keeps one per session and the client mirrors it, both truncate
+it when the session rewinds. Two claims with the same span, positions and commitment were made
+over the same inputs, so their outputs must agree: a third party can re-execute them.
+
+The reply key is derived from the peer's identity key (the RSA key that signs its DHT records)
+with HKDF, so a peer has one stable reply key per identity, and announces its public half in
+``PeerInfo.reply_key``. Signing costs one Ed25519 signature per reply (tens of µs).
+
+:class:`Evidence` is the DHT record a verifier publishes on a mismatch: the accused's signed
+claim and the signed claims of the replicas that outvoted it (see ``docs/trust.md``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from typing import Iterable, Optional
+
+import msgspec
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+from p2pserve.errors import RecordRejected
+
+DOMAIN = b"p2pserve/reply-claim/1"
+GENESIS = hashlib.sha256(b"p2pserve/inputs/1").digest()
+DIGEST_BYTES = 32
+SIGNATURE_BYTES = 64
+REPLY_KEY_HEX = 64  # an Ed25519 public key as hex
+MAX_CASES = 16  # mismatches one evidence record carries (one per accused peer)
+MAX_WITNESSES = 4
+MAX_INPUT_BYTES = 64 * 1024  # a step's input rows ride along when at most this big
+_HKDF_SALT = b"p2pserve reply key"
+_HKDF_INFO = b"ed25519 reply key v1"
+
+
+# ---------------------------------------------------------------------------------------------
+# keys
+
+
+def derive_reply_key(identity_der: bytes) -> Ed25519PrivateKey:
+    """The Ed25519 reply key of a peer whose identity key serializes to ``identity_der`` (the
+    DER of the RSA key that signs its DHT records): deterministic, so it survives restarts."""
+    seed = HKDF(algorithm=hashes.SHA256(), length=32, salt=_HKDF_SALT, info=_HKDF_INFO).derive(identity_der)
+    return Ed25519PrivateKey.from_private_bytes(seed)
+
+
+def reply_key_text(key: Ed25519PrivateKey | Ed25519PublicKey) -> str:
+    """The hex text of a reply key's public half (what ``PeerInfo.reply_key`` carries)."""
+    if isinstance(key, Ed25519PrivateKey):
+        key = key.public_key()
+    from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+    return key.public_bytes(Encoding.Raw, PublicFormat.Raw).hex()
+
+
+def check_reply_key(text: str) -> None:
+    """Raise RecordRejected unless ``text`` is an Ed25519 public key in hex ("" = none)."""
+    if text == "":
+        return
+    if len(text) != REPLY_KEY_HEX:
+        raise RecordRejected(f"reply_key must be {REPLY_KEY_HEX} hex characters, got {len(text)}")
+    try:
+        Ed25519PublicKey.from_public_bytes(bytes.fromhex(text))
+    except ValueError as e:
+        raise RecordRejected(f"reply_key is not an Ed25519 public key: {e}") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# the input commitment
+
+
+def row_digests(payload: bytes | memoryview, n: int) -> list[bytes]:
+    """sha256 of each of the ``n`` equal rows of a Forward's input payload (token ids int64 [n],
+    or hidden states [n, hidden]: row i is the bytes of token i)."""
+    view = memoryview(payload).cast("B")
+    if n <= 0 or len(view) % n:
+        raise ValueError(f"{len(view)} payload bytes do not split into {n} rows")
+    size = len(view) // n
+    return [hashlib.sha256(view[i * size:(i + 1) * size]).digest() for i in range(n)]
+
+
+class InputChain:
+    """``c[0..length]`` of one session's inputs: ``c[i+1] = sha256(c[i] || sha256(row i))``.
+
+    32 bytes per position. :meth:`truncate` follows a rewind, :meth:`extend` a Forward's rows.
+    """
+
+    __slots__ = ("links",)
+
+    def __init__(self) -> None:
+        self.links: list[bytes] = [GENESIS]
+
+    @property
+    def length(self) -> int:
+        """Positions committed."""
+        return len(self.links) - 1
+
+    def truncate(self, position: int) -> None:
+        """Forget the inputs at ``position`` and after."""
+        del self.links[position + 1:]
+
+    def extend(self, digests: Iterable[bytes]) -> bytes:
+        """Append rows (their sha256 digests); returns the commitment after them."""
+        c = self.links[-1]
+        for d in digests:
+            c = hashlib.sha256(c + d).digest()
+            self.links.append(c)
+        return c
+
+    def at(self, position: int) -> bytes:
+        """The commitment to the first ``position`` inputs."""
+        return self.links[position]
+
+
+def output_digest(payload: bytes | memoryview = b"", token: Optional[int] = None) -> bytes:
+    """Digest of what a Forward returned: the hidden-state bytes, or the sampled token."""
+    if token is not None:
+        return hashlib.sha256(b"token" + struct.pack(">q", token)).digest()
+    return hashlib.sha256(payload).digest()
+
+
+# ---------------------------------------------------------------------------------------------
+# claims and signatures
+
+
+class ReplyClaim(msgspec.Struct, frozen=True, array_like=True):
+    """What one signed reply asserts: over ``session_id`` on ``peer_id``, layers [start, end) of
+    ``model`` turned the inputs at positions [position, position + count), after the inputs
+    committed to by ``commitment`` (``c[position + count]``), into the output with ``output``
+    as digest."""
+
+    model: str
+    peer_id: str
+    session_id: str
+    start: int
+    end: int
+    position: int
+    count: int
+    commitment: bytes
+    output: bytes
+
+    def digest(self) -> bytes:
+        """What the signature covers: sha256 of the domain tag and every field, length-prefixed."""
+        parts = [DOMAIN]
+        for text in (self.model, self.peer_id, self.session_id):
+            raw = text.encode()
+            parts += [struct.pack(">I", len(raw)), raw]
+        parts.append(struct.pack(">QQQQ", self.start, self.end, self.position, self.count))
+        parts += [self.commitment, self.output]
+        return hashlib.sha256(b"".join(parts)).digest()
+
+    def same_inputs(self, other: "ReplyClaim") -> bool:
+        """Whether both claims ran the same layers of the same model on the same inputs."""
+        return (self.model, self.start, self.end, self.position, self.count, self.commitment) == (
+            other.model, other.start, other.end, other.position, other.count, other.commitment)
+
+    def validate(self) -> None:
+        """Raise RecordRejected on malformed fields."""
+        for name, text in (("model", self.model), ("peer_id", self.peer_id), ("session_id", self.session_id)):
+            if not 1 <= len(text) <= 512:
+                raise RecordRejected(f"claim {name} must be 1-512 characters")
+        if not 0 <= self.start < self.end <= 4096 or not 0 <= self.position < 1 << 40 or not 1 <= self.count < 1 << 40:
+            raise RecordRejected("claim span or positions out of range")
+        if len(self.commitment) != DIGEST_BYTES or len(self.output) != DIGEST_BYTES:
+            raise RecordRejected("claim digests must be 32 bytes")
+
+
+def sign_claim(key: Ed25519PrivateKey, claim: ReplyClaim) -> bytes:
+    """The reply key's signature over ``claim``."""
+    return key.sign(claim.digest())
+
+
+def verify_claim(reply_key_hex: str, claim: ReplyClaim, signature: bytes) -> bool:
+    """Whether ``signature`` is the signature of the reply key ``reply_key_hex`` over ``claim``."""
+    if len(signature) != SIGNATURE_BYTES or len(reply_key_hex) != REPLY_KEY_HEX:
+        return False
+    try:
+        Ed25519PublicKey.from_public_bytes(bytes.fromhex(reply_key_hex)).verify(signature, claim.digest())
+    except (InvalidSignature, ValueError):
+        return False
+    return True
+
+
+class SignedClaim(msgspec.Struct, frozen=True, array_like=True):
+    """A claim with its signature, and the reply key that made it (as announced then)."""
+
+    claim: ReplyClaim
+    signature: bytes
+    reply_key: str
+
+    def valid(self) -> bool:
+        """Whether the signature checks out against ``reply_key``."""
+        return verify_claim(self.reply_key, self.claim, self.signature)
+
+
+# ---------------------------------------------------------------------------------------------
+# the evidence record
+
+
+class Mismatch(msgspec.Struct, kw_only=True, frozen=True):
+    """One accusation: ``accused`` disagreed with every witness, and the witnesses agreed.
+
+    ``kind`` is "hidden" (hidden states compared within ``tolerance``; ``distance`` is the
+    largest relative row error seen) or "token" (greedy tokens compared exactly).
+    ``inputs`` holds the step's input rows when they are small (at most ``MAX_INPUT_BYTES``).
+    """
+
+    accused: SignedClaim
+    witnesses: list[SignedClaim]
+    kind: str = "hidden"
+    dtype: str = "float32"
+    distance: float = 0.0
+    tolerance: float = 0.0
+    inputs: bytes = b""
+    found_at: float = 0.0
+
+    def validate(self) -> None:
+        """Raise RecordRejected unless the claims are well-formed and about the same inputs."""
+        if self.kind not in ("hidden", "token"):
+            raise RecordRejected(f"mismatch kind {self.kind!r}")
+        if not 1 <= len(self.witnesses) <= MAX_WITNESSES:
+            raise RecordRejected(f"a mismatch needs 1-{MAX_WITNESSES} witnesses")
+        if len(self.inputs) > MAX_INPUT_BYTES or len(self.dtype) > 16:
+            raise RecordRejected("mismatch inputs or dtype too large")
+        self.accused.claim.validate()
+        peers = {self.accused.claim.peer_id}
+        for w in self.witnesses:
+            w.claim.validate()
+            if not w.claim.same_inputs(self.accused.claim):
+                raise RecordRejected("a witness claim is about other inputs than the accused's")
+            if w.claim.peer_id in peers:
+                raise RecordRejected("a peer appears twice in one mismatch")
+            peers.add(w.claim.peer_id)
+        for name, x in (("distance", self.distance), ("tolerance", self.tolerance), ("found_at", self.found_at)):
+            if not 0.0 <= x <= 1e11:  # NaN fails this too
+                raise RecordRejected(f"mismatch {name}={x!r} out of range")
+
+
+class Evidence(msgspec.Struct, kw_only=True, frozen=True):
+    """What one verifier (``reporter_id``, its own peer id) found: up to ``MAX_CASES`` mismatches."""
+
+    schema: int = 1
+    model: str
+    reporter_id: str
+    cases: list[Mismatch] = []
+    timestamp: float = 0.0
+
+    def validate(self) -> None:
+        """Raise RecordRejected on malformed fields."""
+        if self.schema != 1:
+            raise RecordRejected(f"evidence schema {self.schema} not supported")
+        if not 1 <= len(self.model) <= 512 or not 1 <= len(self.reporter_id) <= 512:
+            raise RecordRejected("evidence model / reporter_id must be 1-512 characters")
+        if len(self.cases) > MAX_CASES:
+            raise RecordRejected(f"{len(self.cases)} cases, at most {MAX_CASES}")
+        for case in self.cases:
+            case.validate()
+        if not 0.0 <= self.timestamp <= 1e11:
+            raise RecordRejected(f"timestamp={self.timestamp!r} out of range")

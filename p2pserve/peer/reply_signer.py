@@ -1,0 +1,44 @@
+"""The peer's side of signed replies: each session's input commitment and the reply signature.
+
+:class:`ReplySigner` holds the peer's Ed25519 reply key (derived from its identity key by the
+agent, or a throwaway one for a peer that announces nothing) and signs one
+:class:`~p2pserve.dht.evidence.ReplyClaim` per ``ForwardResult``. The session's
+:class:`~p2pserve.dht.evidence.InputChain` is advanced by the handler before each step runs.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from p2pserve.dht.evidence import InputChain, ReplyClaim, output_digest, reply_key_text, row_digests, sign_claim
+
+
+class ReplySigner:
+    """Signs this peer's replies; ``public_text`` is what ``PeerInfo.reply_key`` announces."""
+
+    def __init__(self, peer_id: str, model_id: str, key: Optional[Ed25519PrivateKey] = None):
+        self.peer_id = peer_id
+        self.model_id = model_id
+        self.key = key if key is not None else Ed25519PrivateKey.generate()
+        self.public_text = reply_key_text(self.key)
+
+    def use_key(self, key: Ed25519PrivateKey) -> None:
+        """Sign with ``key`` from now on (the agent's key derived from the peer's identity)."""
+        self.key, self.public_text = key, reply_key_text(key)
+
+    @staticmethod
+    def consume(chain: InputChain, position: int, payload, n: int) -> bytes:
+        """Commit a Forward's ``n`` input rows at ``position`` (a rewind, or the remains of a
+        step that failed, are dropped first); returns ``c[position + n]``."""
+        chain.truncate(position)
+        return chain.extend(row_digests(payload, n))
+
+    def sign(self, session, position: int, count: int, commitment: bytes, payload=b"",
+             token: Optional[int] = None) -> bytes:
+        """The signature over the claim of one reply of ``session`` (a peer ``Session``)."""
+        claim = ReplyClaim(model=self.model_id, peer_id=self.peer_id, session_id=session.id, start=session.start,
+                           end=session.end, position=position, count=count, commitment=commitment,
+                           output=output_digest(payload, token))
+        return sign_claim(self.key, claim)

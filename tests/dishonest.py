@@ -1,0 +1,83 @@
+"""A dishonest peer for tests: the real peer, whose handler corrupts a share of its steps' outputs.
+
+Run as a real peer process: ``python -m tests.dishonest --corrupt-share 0.1 [--seed N] peer ARGS``
+(``ARGS`` as for ``p2pserve peer``). Corrupted hidden states get Gaussian noise as large as the
+values themselves (a relative error near 1, far beyond any tolerance); a corrupted token is
+another token. The peer signs what it sends, corrupted or not: an unsigned or badly signed reply
+would be caught without any re-execution.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+
+import torch
+
+
+def corrupt_handler(share: float, seed: int = 0) -> None:
+    """Patch ``SessionHandler._reply`` so that a ``share`` of steps returns corrupted outputs."""
+    from p2pserve.peer.handlers import SessionHandler
+
+    rng = random.Random(seed)
+    honest = SessionHandler._reply
+
+    def reply(self, session, msg, n, commitment, result):
+        if rng.random() < share:
+            if isinstance(result, int):
+                result = (result + 1) % self.spec.vocab_size
+            else:
+                gen = torch.Generator().manual_seed(rng.getrandbits(31))
+                noise = torch.randn(result.shape, generator=gen).to(result.dtype)
+                result = result + noise * result.float().std().to(result.dtype)
+            self.corrupted = getattr(self, "corrupted", 0) + 1
+        return honest(self, session, msg, n, commitment, result)
+
+    SessionHandler._reply = reply
+
+
+def launch(model: str, layers: tuple[int, int] | None, share: float, *extra: str, seed: int = 0,
+           log_path=None):
+    """Start a dishonest peer process on loopback, as ``PeerProcess.launch`` starts an honest one
+    (do not wait for it; ``wait_ready()`` works on it). With ``log_path`` its output goes there."""
+    import os
+    import subprocess
+    import threading
+    from pathlib import Path
+
+    from p2pserve.launch import PeerProcess
+
+    repo = str(Path(__file__).resolve().parents[1])
+    args = ["peer", "--model", model, "--num-threads", "1", "--log-level", "WARNING",
+            "--host-maddrs", "/ip4/127.0.0.1/tcp/0"]
+    if layers is not None:
+        args += ["--layers", f"{layers[0]}:{layers[1]}"]
+    cmd = [sys.executable, "-m", "tests.dishonest", "--corrupt-share", str(share), "--seed", str(seed), *args, *extra]
+    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
+               PYTHONPATH=repo + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.Popen(cmd, cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                            start_new_session=True)
+    child = PeerProcess("dishonest", proc)
+    threading.Thread(target=child._pump, daemon=True).start()
+    return child
+
+
+def main(argv: list[str]) -> int:
+    """Parse ``--corrupt-share X [--seed N]``, patch, then run ``p2pserve`` with the rest."""
+    share, seed = 0.1, 0
+    while argv and argv[0].startswith("--"):
+        flag, value, argv = argv[0], argv[1], argv[2:]
+        if flag == "--corrupt-share":
+            share = float(value)
+        elif flag == "--seed":
+            seed = int(value)
+        else:
+            raise SystemExit(f"unknown flag {flag}")
+    corrupt_handler(share, seed)
+    from p2pserve.cli import main as cli_main
+
+    return cli_main(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
