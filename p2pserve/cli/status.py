@@ -19,6 +19,8 @@ from typing import Any, Optional
 from p2pserve.cli.common import add_dht_arguments, dht_config_from_args, setup_logging
 from p2pserve.clock import wall
 from p2pserve.dht.election import SignedPlan, elect_leader
+from p2pserve.dht.evidence import Evidence
+from p2pserve.dht.keys import RecordKind
 from p2pserve.dht.records import CoordinatorCandidate, LinkInfo, PeerInfo
 
 
@@ -26,6 +28,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of ``p2pserve status``."""
     add_dht_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    parser.add_argument("--trusted-verifier", dest="trusted_verifiers", action="append", default=[],
+                        metavar="KEY|PEER_ID", help="judge evidence as a coordinator trusting this verifier does")
+    parser.add_argument("--evidence-min-reporters", type=int, default=3,
+                        help="distinct clients whose evidence excludes a peer, as the coordinator counts them")
 
 
 def _span(s) -> Optional[list[int]]:
@@ -38,8 +44,12 @@ def collect_status(
     candidates: list[CoordinatorCandidate],
     plan: Optional[SignedPlan],
     now: float,
+    evidence: Optional[list] = None,
+    trusted_verifiers: tuple[str, ...] = (),
+    min_reporters: int = 3,
 ) -> dict[str, Any]:
-    """A JSON-ready description of the swarm."""
+    """A JSON-ready description of the swarm (``evidence``: the live ``Signed[Evidence]`` records,
+    judged as a coordinator trusting ``trusted_verifiers`` judges them)."""
     leader = elect_leader(candidates)
     out: dict[str, Any] = {
         "peers": [
@@ -72,6 +82,7 @@ def collect_status(
         ],
         "leader": leader.coordinator_id if leader else None,
         "plan": None,
+        **verification_status(evidence or [], peers, plan, trusted_verifiers, min_reporters),
     }
     if plan is not None:
         p = plan.plan
@@ -90,6 +101,28 @@ def collect_status(
             "flows": [{"src": f.src, "dst": f.dst, "tokens_per_s": f.rate} for f in p.flows],
         }
     return out
+
+
+def verification_status(evidence: list, peers: dict[str, PeerInfo], plan: Optional[SignedPlan],
+                        trusted_verifiers: tuple[str, ...], min_reporters: int) -> dict[str, Any]:
+    """Every accusation in the evidence records (whether it holds, and why not), and the peers it
+    excludes with the reason (``coordinator/exclusion.py``); ``in_plan`` says whether the plan
+    followed still gives the peer layers."""
+    from p2pserve.coordinator.exclusion import case_holds, judge
+    from p2pserve.coordinator.service import verifier_set, key_text
+
+    trusted = verifier_set(trusted_verifiers)
+    found = judge(evidence, peers, lambda signer, reporter: key_text(signer) in trusted or reporter in trusted,
+                  min_reporters)
+    spans = plan.plan.spans if plan is not None else {}
+    accusations = [
+        {"accused": c.accused.claim.peer_id, "reporter": s.record.reporter_id, "kind": c.kind,
+         "layers": [c.accused.claim.start, c.accused.claim.end], "position": c.accused.claim.position,
+         "witnesses": [w.claim.peer_id for w in c.witnesses], "holds": case_holds(c, peers) or "yes"}
+        for s in evidence for c in s.record.cases
+    ]
+    return {"accusations": accusations,
+            "excluded": [{"peer_id": p, "reason": r, "in_plan": p in spans} for p, r in sorted(found.items())]}
 
 
 def _short(pid: Optional[str]) -> str:
@@ -130,6 +163,14 @@ def format_status(d: dict[str, Any]) -> str:
             + (f", {len(p['defaulted_links'])} links defaulted" if p["defaulted_links"] else "")
         )
         parts.append(_table(["from", "to", "tok/s"], [[_short(f["src"]), _short(f["dst"]), f"{f['tokens_per_s']:.1f}"] for f in p["flows"]]))
+    if d.get("excluded") or d.get("accusations"):
+        parts.append(f"\nEXCLUDED ({len(d['excluded'])}): peers verified evidence takes out of the plan")
+        parts.append(_table(["peer", "in plan", "reason"],
+                            [[e["peer_id"], "yes" if e["in_plan"] else "no", e["reason"]] for e in d["excluded"]]))
+        parts.append(f"\nACCUSATIONS ({len(d['accusations'])})")
+        parts.append(_table(["accused", "reporter", "kind", "layers", "position", "holds"],
+                            [[_short(a["accused"]), _short(a["reporter"]), a["kind"], rng(a["layers"]), a["position"],
+                              a["holds"]] for a in d["accusations"]]))
     return "\n".join(parts)
 
 
@@ -146,7 +187,8 @@ def run(args: argparse.Namespace) -> int:
             peers = {pid: s.record for pid, s in (await swarm.get_peers()).items()}
             links = [s.record for s in (await swarm.get_links()).values()]
             cands = [s.record for s in await swarm.get_candidates()]
-            return peers, links, cands, await swarm.get_plan()
+            evidence = await swarm.read(RecordKind.EVIDENCE, Evidence)
+            return peers, links, cands, await swarm.get_plan(), evidence
 
         async def read_settled():
             # a node that just joined may not reach every replica on its first read
@@ -157,8 +199,9 @@ def run(args: argparse.Namespace) -> int:
                 await asyncio.sleep(0.5 * (attempt + 1))
             return got
 
-        peers, links, cands, plan = asyncio.run(read_settled())
-        d = collect_status(peers, links, cands, plan, wall())
+        peers, links, cands, plan, evidence = asyncio.run(read_settled())
+        d = collect_status(peers, links, cands, plan, wall(), evidence, tuple(args.trusted_verifiers),
+                           args.evidence_min_reporters)
     finally:
         swarm.shutdown()
     if args.json:

@@ -30,7 +30,7 @@ from p2pserve.dht.view import SwarmView
 logger = logging.getLogger(__name__)
 
 
-def _key_text(key: str) -> str:
+def key_text(key: str) -> str:
     """An OpenSSH public key in its normalized form (other text, e.g. a peer id, as is)."""
     from p2pserve.dht.signing import normalize_public_key
 
@@ -42,7 +42,7 @@ def _key_text(key: str) -> str:
 
 def verifier_set(entries) -> frozenset[str]:
     """``CoordinatorConfig.trusted_verifiers`` normalized: public keys and peer ids."""
-    return frozenset(_key_text(e.strip()) for e in entries)
+    return frozenset(key_text(e.strip()) for e in entries)
 
 
 class CoordinatorService:
@@ -133,7 +133,7 @@ class CoordinatorService:
             logger.warning(f"reading evidence failed: {e!r}")
             evidence = []
         trusted = verifier_set(self.config.trusted_verifiers) if self.config.trust_verifiers else frozenset()
-        found = judge(evidence, peers, lambda signer, reporter: _key_text(signer) in trusted or reporter in trusted,
+        found = judge(evidence, peers, lambda signer, reporter: key_text(signer) in trusted or reporter in trusted,
                       self.config.evidence_min_reporters)
         for peer, reason in found.items():
             if peer not in self.exclusions.verdicts:

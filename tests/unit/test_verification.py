@@ -1,0 +1,242 @@
+"""Signed replies, the input commitment, the verdict rule and the exclusion policy (issue 15).
+
+Pure parts only; ``tests/integration/test_verification.py`` runs a corrupting peer process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+
+import msgspec
+import pytest
+import torch
+from cryptography.hazmat.primitives.asymmetric import rsa
+from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
+
+from p2pserve.client.hop import Hop
+from p2pserve.client.tape import HopTape
+from p2pserve.client.verifier import TOLERANCE, culprit, distance
+from p2pserve.config import CoordinatorConfig, DHTConfig
+from p2pserve.coordinator.exclusion import ExclusionBook, case_holds, judge
+from p2pserve.coordinator.service import CoordinatorService
+from p2pserve.dht.evidence import (
+    GENESIS,
+    Evidence,
+    InputChain,
+    Mismatch,
+    ReplyClaim,
+    SignedClaim,
+    derive_reply_key,
+    output_digest,
+    reply_key_text,
+    row_digests,
+    sign_claim,
+    verify_claim,
+)
+from p2pserve.dht.keys import RecordKind
+from p2pserve.dht.records import PeerInfo, decode_record, encode_record
+from p2pserve.dht.view import Signed
+from p2pserve.errors import MalformedFrameError, RecordRejected
+from p2pserve.peer.reply_signer import ReplySigner
+from p2pserve.protocol import ForwardResult, decode_reply, encode_frame
+from p2pserve.testing import FakeClock, FakeSwarm, FakeSwarmStore
+
+
+def _der(seed_bits: int = 1024) -> bytes:
+    key = rsa.generate_private_key(public_exponent=65537, key_size=seed_bits)
+    return key.private_bytes(Encoding.DER, PrivateFormat.PKCS8, NoEncryption())
+
+
+# ---------------------------------------------------------------------------------- commitment
+
+
+def test_commitment_chain_is_the_documented_hash_chain_and_truncates_on_rewind():
+    rows = [bytes([i]) * 8 for i in range(5)]
+    chain = InputChain()
+    c = GENESIS
+    for r in rows:
+        c = hashlib.sha256(c + hashlib.sha256(r).digest()).digest()
+    assert chain.extend(row_digests(b"".join(rows), 5)) == c and chain.length == 5
+    at3 = chain.at(3)
+    chain.truncate(3)
+    assert chain.length == 3 and chain.links[-1] == at3
+    # the same three rows again give the same commitment; different ones do not
+    assert chain.extend(row_digests(b"".join(rows[3:]), 2)) == c
+    chain.truncate(3)
+    assert chain.extend(row_digests(bytes(16), 2)) != c
+
+
+def test_client_tape_mirrors_the_peer_commitment_through_a_rewind():
+    peer_chain, signer = InputChain(), ReplySigner("p", "m")
+    tape = HopTape(Hop("p", 0, 2), "s")
+    steps = [(0, torch.arange(4)), (4, torch.tensor([7])), (5, torch.tensor([8])), (4, torch.tensor([9, 10]))]
+    for position, ids in steps:  # the last one rewinds to position 4
+        data = ids.numpy().tobytes()
+        commitment = signer.consume(peer_chain, position, data, len(ids))
+        tape.record(position, len(ids), "int64", data, ForwardResult(session_id="s", step=0, position=0), b"")
+        assert tape.commitment(position + len(ids)) == commitment
+    assert [s.inputs.position for s in tape.steps] == [0, 4]
+
+
+def test_row_digests_refuse_a_payload_that_does_not_split():
+    with pytest.raises(ValueError):
+        row_digests(b"abc", 2)
+
+
+# ---------------------------------------------------------------------------------- signatures
+
+
+def _claim(**kw) -> ReplyClaim:
+    base = dict(model="m", peer_id="P", session_id="s", start=0, end=2, position=3, count=1,
+                commitment=hashlib.sha256(b"c").digest(), output=output_digest(b"out"))
+    base.update(kw)
+    return ReplyClaim(**base)
+
+
+def test_reply_key_is_derived_deterministically_from_the_identity_key():
+    der = _der()
+    assert reply_key_text(derive_reply_key(der)) == reply_key_text(derive_reply_key(der))
+    assert reply_key_text(derive_reply_key(der)) != reply_key_text(derive_reply_key(_der()))
+
+
+def test_a_signature_covers_every_field_of_the_claim():
+    key = derive_reply_key(_der())
+    pub = reply_key_text(key)
+    claim = _claim()
+    sig = sign_claim(key, claim)
+    assert verify_claim(pub, claim, sig)
+    for change in (dict(model="x"), dict(peer_id="Q"), dict(session_id="t"), dict(start=1), dict(end=3),
+                   dict(position=4), dict(count=2), dict(commitment=bytes(32)), dict(output=output_digest(token=5))):
+        assert not verify_claim(pub, _claim(**change), sig), change
+    assert not verify_claim(reply_key_text(derive_reply_key(_der())), claim, sig)
+    assert not verify_claim(pub, claim, sig[:-1]) and not verify_claim("zz" * 32, claim, sig)
+
+
+def test_token_and_hidden_digests_differ():
+    assert output_digest(token=1) != output_digest(token=2) != output_digest(b"")
+
+
+def test_peer_info_reply_key_is_validated():
+    key = reply_key_text(derive_reply_key(_der()))
+    info = PeerInfo(model="m", peer_id="p", reply_key=key)
+    assert decode_record(encode_record(info), PeerInfo).reply_key == key
+    for bad in ("ab", "g" * 64, "00" * 31 + "0"):
+        with pytest.raises(RecordRejected):
+            PeerInfo(model="m", peer_id="p", reply_key=bad).validate()
+
+
+def test_forward_result_signature_travels_and_is_bounded():
+    reply = ForwardResult(session_id="s", step=1, position=2, token=3, signature=b"x" * 64)
+    header = b"".join(bytes(p) for p in encode_frame(reply)[1:2])
+    assert decode_reply(header).signature == b"x" * 64
+    too_long = msgspec.msgpack.encode({"t": "result", "session_id": "s", "step": 1, "position": 2,
+                                       "signature": b"x" * 65})
+    with pytest.raises(MalformedFrameError):
+        decode_reply(too_long)
+
+
+# ---------------------------------------------------------------------------------- verdicts
+
+
+def test_culprit_is_whoever_disagrees_with_both_others():
+    assert culprit(True, None, None) is None  # accused and witness agree
+    assert culprit(False, None, None) is None  # no third opinion: inconclusive
+    assert culprit(False, False, True) == "accused"
+    assert culprit(False, True, False) == "witness"
+    assert culprit(False, False, False) is None  # three different answers
+    assert culprit(True, False, False) is None
+
+
+def test_distance_is_the_worst_relative_row_error():
+    a = torch.randn(3, 16)
+    assert distance(a, a) == 0.0
+    b = a.clone()
+    b[1] *= 1.5
+    assert distance(b, a) == pytest.approx(0.5, rel=1e-5)
+    assert distance(a.to(torch.bfloat16), a) < TOLERANCE["bfloat16"]
+
+
+# ---------------------------------------------------------------------------------- exclusion
+
+
+class _Peer:
+    def __init__(self, pid: str):
+        self.pid, self.key = pid, derive_reply_key(_der())
+        self.info = PeerInfo(model="m", peer_id=pid, reply_key=reply_key_text(self.key))
+
+    def claim(self, output: bytes, **kw) -> SignedClaim:
+        c = _claim(peer_id=self.pid, session_id="s-" + self.pid, output=output_digest(output), **kw)
+        return SignedClaim(c, sign_claim(self.key, c), self.info.reply_key)
+
+
+@pytest.fixture(scope="module")
+def trio():
+    return _Peer("A"), _Peer("B"), _Peer("C")
+
+
+def _case(trio, **kw) -> Mismatch:
+    a, b, c = trio
+    return Mismatch(accused=a.claim(b"bad"), witnesses=[b.claim(b"good"), c.claim(b"good")], **kw)
+
+
+def _evidence(signer: str, case: Mismatch, reporter: str = "client") -> Signed:
+    return Signed(Evidence(model="m", reporter_id=reporter, cases=[case]), signer, 1e9)
+
+
+def test_a_case_holds_only_under_the_announced_reply_keys(trio):
+    peers = {p.pid: p.info for p in trio}
+    assert case_holds(_case(trio), peers) is None
+    impostor = _Peer("A")  # signs as A with another key
+    forged = Mismatch(accused=impostor.claim(b"bad"), witnesses=_case(trio).witnesses)
+    assert "another reply key" in case_holds(forged, peers)
+    a, b, c = trio
+    tampered = Mismatch(accused=SignedClaim(_claim(peer_id="A", output=output_digest(b"x")), a.claim(b"bad").signature,
+                                            a.info.reply_key), witnesses=_case(trio).witnesses)
+    assert "does not verify" in case_holds(tampered, peers)
+    other_inputs = Mismatch(accused=a.claim(b"bad"), witnesses=[b.claim(b"good", position=4)])
+    assert "other inputs" in case_holds(other_inputs, peers)
+    assert "no reply key" in case_holds(_case(trio), {"A": a.info, "B": b.info})
+
+
+def test_judge_trusts_a_verifier_or_enough_independent_clients(trio):
+    peers = {p.pid: p.info for p in trio}
+    case = _case(trio)
+    trusted = lambda signer, reporter: signer == "key-verifier"  # noqa: E731
+    assert judge([_evidence("key-verifier", case)], peers, trusted, 3).keys() == {"A"}
+    assert judge([_evidence("key-1", case), _evidence("key-2", case)], peers, trusted, 3) == {}
+    three = [_evidence(f"key-{i}", case) for i in range(3)]
+    assert "3 independent clients" in judge(three, peers, trusted, 3)["A"]
+    # a peer accusing itself, or evidence under forged keys, counts for nothing
+    assert judge([_evidence("key-verifier", case, reporter="A")], peers, trusted, 1) == {}
+
+
+def test_exclusions_last_past_the_evidence_then_lapse():
+    book = ExclusionBook(exclusion_s=10.0)
+    assert book.update(0.0, {"A": "why"}).keys() == {"A"}
+    assert book.update(9.0, {}).keys() == {"A"}
+    assert book.update(10.5, {}) == {}
+
+
+def test_the_coordinator_plans_without_a_peer_a_trusted_verifier_convicted(trio):
+    store, clock = FakeSwarmStore(), FakeClock()
+    cfg = DHTConfig(model="m", candidate_refresh=1.0, plan_refresh=2.0, max_clock_skew=0.0)
+    table = [4.0, 3.0, 2.0, 1.0]
+    for p in trio:
+        info = msgspec.structs.replace(p.info, max_layers=4, throughput_decode=table, serving=(0, 4), state="serving")
+        asyncio.run(FakeSwarm(store, p.pid, cfg).announce_peer(info))
+    verifier = FakeSwarm(store, "verifier", cfg)
+    asyncio.run(verifier.announce(RecordKind.EVIDENCE, Evidence(model="m", reporter_id="verifier",
+                                                                 cases=[_case(trio)])))
+    coord = CoordinatorService(FakeSwarm(store, "coord", cfg),
+                               CoordinatorConfig(num_layers=4, priority=1, solve_time_limit=0.2, tick=0.01,
+                                                 trusted_verifiers=("key-verifier",)), clock=clock)
+
+    async def go():
+        clock.advance(2.5)
+        assert (await coord.step()).startswith("published")
+        return coord.plan
+
+    plan = asyncio.run(go())
+    assert "A" not in plan.targets and "A" not in plan.spans and {"B", "C"} <= set(plan.spans)
+    assert "trusted verifier" in coord.exclusions.verdicts["A"].reason
