@@ -1,0 +1,135 @@
+"""A peer that corrupts 10% of its steps is caught by 2% verification and leaves the plan.
+
+Real processes on loopback: a bootstrap node, a coordinator trusting this test's client as a
+verifier, and four peers with fixed ranges on the tiny 8-layer Llama: the dishonest one
+(``tests/dishonest.py``) and two honest ones serving layers [0, 4), one serving [4, 8). Every
+route is ``X[0:4) -> D[4:8)``, so the dishonest peer is on about a third of them, and each of its
+replies is checked against two replicas.
+
+What is asserted, request by request (at most 200 requests, 16 greedy tokens each):
+
+* before the dishonest peer is excluded, every request whose route avoided it is token-identical
+  to single-process ``generate``; requests through it may not be (verification runs off the
+  critical path, so a corrupted step reaches the user until the peer is caught);
+* the client bans it locally at its first proven mismatch, publishes signed evidence, and the
+  coordinator's plan drops it: all within 200 requests at ``verify_share=0.02``;
+* once the plan dropped it, no route includes it and every request is token-identical again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from p2pserve.cli.common import write_local_swarm_file
+from p2pserve.client.api import AsyncClient
+from p2pserve.client.model_info import LocalModelInfo
+from p2pserve.config import ClientConfig, DHTConfig
+from p2pserve.dht.evidence import Evidence
+from p2pserve.dht.keys import RecordKind
+from p2pserve.dht.signing import load_or_create_key, public_key_text
+from p2pserve.launch import Children
+from tests import dishonest
+from tests.harness import reference_generate
+
+pytestmark = pytest.mark.integration
+
+SWARM_ID = "verify-swarm"
+TIMING = dict(peer_refresh=0.5, candidate_refresh=0.5, plan_refresh=1.0, link_refresh=5.0, max_clock_skew=2.0)
+DEADLINE = 120.0  # generous for a loaded two-core machine, not a performance claim
+MAX_REQUESTS = 200
+PROMPTS = [[1, 5, 9, 13], [2, 4, 8, 16, 32], [3, 7, 11], [6, 10, 20, 30, 40, 50]]
+NEW_TOKENS = 16
+
+
+async def _until(fn, what: str):
+    end = time.monotonic() + DEADLINE
+    while time.monotonic() < end:
+        value = await fn()
+        if value:
+            return value
+        await asyncio.sleep(0.3)
+    raise TimeoutError(f"timed out waiting for {what}")
+
+
+@pytest.fixture(scope="module")
+def swarm(model_dir, tmp_path_factory):
+    logdir = tmp_path_factory.mktemp("verify_swarm")
+    children = Children(logdir)
+    path = model_dir("llama")
+    model = LocalModelInfo.load(path)
+    key_path = str(logdir / "client.key")
+    client_key = public_key_text(load_or_create_key(key_path))
+    bad = None
+    try:
+        maddrs_file = logdir / "boot.maddrs"
+        children.start("boot", "bootstrap", "--host-maddrs", "/ip4/127.0.0.1/tcp/0", "--maddrs-file", str(maddrs_file))
+        end = time.monotonic() + DEADLINE
+        while not maddrs_file.exists() and time.monotonic() < end:
+            time.sleep(0.2)
+        boot = maddrs_file.read_text().split()
+        cfg = logdir / "swarm.json"
+        write_local_swarm_file(cfg, model.spec, boot, SWARM_ID, "/ip4/127.0.0.1/tcp/0", TIMING, 0.5)
+        children.start("coord", "coordinator", "--config", str(cfg), "--trusted-verifier", client_key)
+        for name, layers in (("honest1", "0:4"), ("honest2", "0:4"), ("tail", "4:8")):
+            children.start(name, "peer", "--model", path, "--config", str(cfg), "--num-threads", "1",
+                           "--layers", layers)
+        bad = dishonest.launch(path, (0, 4), 0.1, "--config", str(cfg), seed=7)
+        bad.wait_ready(DEADLINE)
+        dht = DHTConfig(model=model.spec.model_id, swarm_id=SWARM_ID, initial_peers=tuple(boot),
+                        host_maddrs=("/ip4/127.0.0.1/tcp/0",), client_mode=True, key_path=key_path, **TIMING)
+        yield dict(model=model, path=path, dht=dht, bad=bad.peer_id)
+    finally:
+        if bad is not None:
+            bad.kill()
+        children.stop_all(timeout=0)
+
+
+def test_a_corrupting_peer_is_excluded_and_output_stays_identical_after(swarm):
+    model, path, bad = swarm["model"], swarm["path"], swarm["bad"]
+    refs = [reference_generate(path, p, NEW_TOKENS) for p in PROMPTS]
+    config = ClientConfig(verify_share=0.02, hop_timeout_s=30.0, max_retries=3)
+
+    async def main():
+        async with AsyncClient(model=path, dht_config=swarm["dht"], config=config, seed=3, model_info=model) as client:
+            routes = client.swarm_routes
+
+            async def plan_has_everyone():
+                await routes.refresh(force=True)
+                return routes.plan is not None and len(routes.plan.spans) == 4 and routes.plan.flows
+
+            await _until(plan_has_everyone, "a plan over all four peers")
+            log = []  # (request, route peer ids, identical to generate)
+            excluded_at = banned_at = None
+            for i in range(MAX_REQUESTS):
+                prompt = i % len(PROMPTS)
+                reply = await client.generate(PROMPTS[prompt], max_new_tokens=NEW_TOKENS, ignore_eos=True)
+                hops = {h.peer_id for r in reply.routes for h in r}
+                log.append((i, hops, reply.tokens == refs[prompt]))
+                if banned_at is None and bad in client.verifier.excluded:
+                    banned_at = i
+                if banned_at is not None and i % 5 == 0:
+                    await routes.refresh(force=True)
+                    if bad not in routes.plan.spans:
+                        excluded_at = i
+                        break
+            await client.verifier.drain()
+            after = [await client.generate(p, max_new_tokens=NEW_TOKENS, ignore_eos=True) for p in PROMPTS]
+            evidence = await client._swarm.read(RecordKind.EVIDENCE, Evidence)
+            return log, banned_at, excluded_at, after, evidence, client.verifier.stats, client._swarm.peer_id
+
+    log, banned_at, excluded_at, after, evidence, stats, me = asyncio.run(main())
+    print(f"banned after {banned_at}, out of the plan after {excluded_at} requests; {stats}")
+    assert banned_at is not None, f"not caught in {MAX_REQUESTS} requests: {stats}"
+    assert excluded_at is not None and excluded_at < MAX_REQUESTS
+    # before: requests that avoided the dishonest peer are exact
+    assert all(same for _, hops, same in log if bad not in hops)
+    # after: it is on no route, and every request is exact
+    assert all(bad not in {h.peer_id for r in a.routes for h in r} for a in after)
+    assert [a.tokens for a in after] == refs
+    # the evidence is ours, and names the dishonest peer under signatures
+    ours = [s.record for s in evidence if s.record.reporter_id == me]
+    assert ours and ours[0].cases[0].accused.claim.peer_id == bad
+    assert all(c.accused.valid() and all(w.valid() for w in c.witnesses) for c in ours[0].cases)
