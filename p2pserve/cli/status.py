@@ -44,12 +44,9 @@ def collect_status(
     candidates: list[CoordinatorCandidate],
     plan: Optional[SignedPlan],
     now: float,
-    evidence: Optional[list] = None,
-    trusted_verifiers: tuple[str, ...] = (),
-    min_reporters: int = 3,
+    evidence: Optional[list] = None, trusted_verifiers: tuple[str, ...] = (), min_reporters: int = 3,
 ) -> dict[str, Any]:
-    """A JSON-ready description of the swarm (``evidence``: the live ``Signed[Evidence]`` records,
-    judged as a coordinator trusting ``trusted_verifiers`` judges them)."""
+    """A JSON-ready description of the swarm (``evidence``: :func:`verification_status`)."""
     leader = elect_leader(candidates)
     out: dict[str, Any] = {
         "peers": [
@@ -82,8 +79,8 @@ def collect_status(
         ],
         "leader": leader.coordinator_id if leader else None,
         "plan": None,
-        **verification_status(evidence or [], peers, plan, trusted_verifiers, min_reporters),
     }
+    out.update(verification_status(evidence or [], peers, plan, trusted_verifiers, min_reporters))
     if plan is not None:
         p = plan.plan
         cover = p.coverage()

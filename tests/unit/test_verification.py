@@ -240,3 +240,15 @@ def test_the_coordinator_plans_without_a_peer_a_trusted_verifier_convicted(trio)
     plan = asyncio.run(go())
     assert "A" not in plan.targets and "A" not in plan.spans and {"B", "C"} <= set(plan.spans)
     assert "trusted verifier" in coord.exclusions.verdicts["A"].reason
+
+
+def test_status_shows_why_a_peer_is_excluded(trio):
+    from p2pserve.cli.status import collect_status, format_status
+
+    peers = {p.pid: p.info for p in trio}
+    d = collect_status(peers, [], [], None, 0.0, [_evidence("key-v", _case(trio), reporter="V")], ("V",))
+    assert d["excluded"] == [{"peer_id": "A", "reason": d["excluded"][0]["reason"], "in_plan": False}]
+    assert "trusted verifier V" in d["excluded"][0]["reason"] and d["accusations"][0]["holds"] == "yes"
+    assert "EXCLUDED (1)" in format_status(d)
+    untrusted = collect_status(peers, [], [], None, 0.0, [_evidence("key-v", _case(trio), reporter="V")])
+    assert untrusted["excluded"] == [] and len(untrusted["accusations"]) == 1
