@@ -1,0 +1,194 @@
+"""Output verification: what it costs, how fast it catches a corrupting peer, whether it ever
+blames an honest one.
+
+Real peer processes on loopback serving the tiny seeded 8-layer Llama with fixed ranges: three
+replicas of layers [0, 4) and two of [4, 8) (one torch thread each); clients over that fixed set
+of peers (``AsyncClient(peers=...)``), so no control plane is involved. Figures:
+
+* ``signing`` — per step: the peer's input commitment for one row, output digest and Ed25519
+  signature, and the client's signature check, for a 4096-wide bf16 row (Llama-3-8B) and the
+  tiny model's row; microbenchmarked in this process;
+* ``verification_overhead`` — aggregate generated tokens/s of ``--concurrency`` concurrent greedy
+  requests with verification on at the default share (``ClientConfig.verify_share``) over the
+  same with it off, in alternating rounds on the same peers (target >= 0.97);
+* ``requests_to_exclusion`` — a dishonest peer (``tests/dishonest.py``) joins as a fourth replica
+  of [0, 4) and corrupts 10% of its steps; a fresh client per trial at 2% verification counts
+  the requests until it bans the peer (the integration test shows the plan dropping it);
+* ``false_exclusions`` — honest peers only, in fp32 and bf16, verification share 1.0 until at
+  least ``--honest-steps`` hop-steps were compared: mismatches blamed (target 0), inconclusive
+  disagreements, and the largest honest distance seen against its tolerance (the calibration).
+
+Usage: python benchmarks/verification.py [--honest-steps 10000] [--trials 5] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from p2pserve.client.api import AsyncClient  # noqa: E402
+from p2pserve.client.model_info import LocalModelInfo  # noqa: E402
+from p2pserve.client.verifier import TOLERANCE  # noqa: E402
+from p2pserve.config import ClientConfig  # noqa: E402
+from p2pserve.launch import start_peers  # noqa: E402
+from tests import dishonest  # noqa: E402
+
+PROMPTS = [[1, 5, 9, 13], [2, 4, 8, 16, 32], [3, 7, 11], [6, 10, 20, 30, 40, 50]]
+RANGES = [(0, 4), (0, 4), (0, 4), (4, 8), (4, 8)]
+BASE = ClientConfig(hop_timeout_s=60.0, max_retries=3)
+
+
+def signing_cost(rounds: int = 2000) -> dict:
+    """Microseconds per step of what signing adds on the peer and checking adds on the client."""
+    import torch
+
+    from p2pserve.dht.evidence import InputChain, ReplyClaim, derive_reply_key, output_digest, reply_key_text, verify_claim
+    from p2pserve.peer.reply_signer import ReplySigner
+
+    key = derive_reply_key(b"benchmark identity")
+    signer = ReplySigner("peer", "model", key)
+    out = {}
+    for name, width in (("llama3_8b_bf16_row", 4096), ("tiny_fp32_row", 64)):
+        dtype = torch.bfloat16 if width == 4096 else torch.float32
+        row = torch.randn(1, width).to(dtype).view(torch.uint8).numpy().tobytes()
+        chain, session = InputChain(), type("S", (), {"id": "s", "start": 0, "end": 4})()
+        t0 = time.perf_counter()
+        for i in range(rounds):
+            c = signer.consume(chain, i, row, 1)
+            sig = signer.sign(session, i, 1, c, row)
+        peer_us = (time.perf_counter() - t0) / rounds * 1e6
+        claim = ReplyClaim(model="model", peer_id="peer", session_id="s", start=0, end=4, position=rounds - 1,
+                           count=1, commitment=c, output=output_digest(row))
+        pub = reply_key_text(key)
+        t0 = time.perf_counter()
+        for _ in range(rounds):
+            assert verify_claim(pub, claim, sig)
+        out[name] = {"peer_sign_us_per_step": round(peer_us, 1),
+                     "client_verify_us": round((time.perf_counter() - t0) / rounds * 1e6, 1)}
+    return out
+
+
+def _entries(peers) -> list:
+    return [(p.maddrs[0], *p.layers) for p in peers]
+
+
+async def _round(client, concurrency: int, new_tokens: int, offset: int) -> tuple[int, float]:
+    """``concurrency`` greedy requests at once; (tokens generated, seconds)."""
+    t0 = time.perf_counter()
+    replies = await asyncio.gather(*(client.generate(PROMPTS[(offset + i) % len(PROMPTS)], max_new_tokens=new_tokens,
+                                                     ignore_eos=True) for i in range(concurrency)))
+    return sum(len(r.tokens) for r in replies), time.perf_counter() - t0
+
+
+async def overhead(path, model, peers, rounds: int, concurrency: int, new_tokens: int) -> dict:
+    """Aggregate tokens/s with verification at the default share over without, alternating rounds."""
+    share = ClientConfig().verify_share
+    totals = {"on": [0, 0.0], "off": [0, 0.0]}
+    async with AsyncClient(peers=_entries(peers), model=path, config=replace(BASE, verify_share=share), seed=1,
+                           model_info=model) as on, \
+            AsyncClient(peers=_entries(peers), model=path, config=replace(BASE, verify_share=0.0), seed=1,
+                        model_info=model) as off:
+        await _round(off, concurrency, 4, 0)  # warm-up
+        for r in range(rounds):
+            for name, client in (("on", on), ("off", off)) if r % 2 else (("off", off), ("on", on)):
+                n, s = await _round(client, concurrency, new_tokens, r)
+                totals[name][0] += n
+                totals[name][1] += s
+        await on.verifier.drain()
+        stats = asdict(on.verifier.stats)
+    tps = {k: v[0] / v[1] for k, v in totals.items()}
+    return {"verify_share": share, "tokens_per_s_on": round(tps["on"], 2), "tokens_per_s_off": round(tps["off"], 2),
+            "ratio": round(tps["on"] / tps["off"], 4), "verifier": stats}
+
+
+async def false_exclusions(path, model, peers, dtype: str, steps: int, new_tokens: int) -> dict:
+    """Honest peers verified at share 1.0 until ``steps`` hop-steps were compared."""
+    config = replace(BASE, verify_share=1.0, verify_max_inflight=4)
+    requests = 0
+    t0 = time.perf_counter()
+    async with AsyncClient(peers=_entries(peers), model=path, config=config, seed=2, model_info=model) as client:
+        while client.verifier.stats.verified < steps:
+            await _round(client, 2, new_tokens, requests)
+            requests += 2
+        await client.verifier.drain()
+        st = client.verifier.stats
+        return {"dtype": dtype, "verified_steps": st.verified, "requests": requests, "false_exclusions": len(client.verifier.excluded),
+                "mismatches": st.mismatches, "inconclusive": st.inconclusive, "skipped": st.skipped,
+                "max_honest_distance": st.max_distance.get(dtype, 0.0), "tolerance": TOLERANCE[dtype],
+                "seconds": round(time.perf_counter() - t0, 1)}
+
+
+async def to_exclusion(path, model, peers, bad_id: str, trials: int, new_tokens: int, cap: int = 200) -> dict:
+    """Requests until a fresh client at the default share bans the corrupting peer, per trial."""
+    counts = []
+    for trial in range(trials):
+        config = replace(BASE, verify_share=0.02)
+        async with AsyncClient(peers=_entries(peers), model=path, config=config, seed=100 + trial, model_info=model) as c:
+            n = 0
+            while bad_id not in c.verifier.excluded and n < cap:
+                await c.generate(PROMPTS[n % len(PROMPTS)], max_new_tokens=new_tokens, ignore_eos=True)
+                n += 1
+                if n % 10 == 0:
+                    await c.verifier.drain()
+            counts.append(n if bad_id in c.verifier.excluded else None)
+    caught = [n for n in counts if n is not None]
+    return {"corrupt_share": 0.1, "verify_share": 0.02, "new_tokens": new_tokens, "per_trial": counts,
+            "median": statistics.median(caught) if caught else None, "max": max(caught) if caught else None,
+            "missed": counts.count(None)}
+
+
+def measure(model_path: str | None = None, *, honest_steps: int = 10_000, trials: int = 5, rounds: int = 6,
+            concurrency: int = 4, new_tokens: int = 16, dtypes=("float32", "bfloat16")) -> dict:
+    """Every figure of this benchmark as one JSON-ready dict (``benchmarks/trust.py`` imports it)."""
+    from p2pserve.model.tiny import build_tiny_model
+
+    path = model_path or str(build_tiny_model("llama", Path(tempfile.mkdtemp()) / "llama", seed=0))
+    model = LocalModelInfo.load(path)
+    out = {"model": "tiny llama, 8 layers", "peers": [list(r) for r in RANGES], "signing": signing_cost()}
+    out["false_exclusions"] = {}
+    for dtype in dtypes:
+        peers = start_peers(path, RANGES, "--dtype", dtype)
+        try:
+            if dtype == "float32":
+                out["verification_overhead"] = asyncio.run(overhead(path, model, peers, rounds, concurrency, new_tokens))
+                bad = dishonest.launch(path, (0, 4), 0.1, seed=7).wait_ready()
+                try:
+                    out["requests_to_exclusion"] = asyncio.run(
+                        to_exclusion(path, model, peers + [bad], bad.peer_id, trials, new_tokens))
+                finally:
+                    bad.kill()
+            out["false_exclusions"][dtype] = asyncio.run(
+                false_exclusions(path, model, peers, dtype, honest_steps, new_tokens))
+        finally:
+            for p in peers:
+                p.kill()
+    return out
+
+
+def main() -> int:
+    """Run :func:`measure`, print it, write JSON."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--honest-steps", type=int, default=10_000)
+    ap.add_argument("--trials", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--json", default=str(REPO / "benchmarks" / "results" / "verification.json"))
+    args = ap.parse_args()
+    result = measure(honest_steps=args.honest_steps, trials=args.trials, rounds=args.rounds)
+    print(json.dumps(result, indent=2))
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
