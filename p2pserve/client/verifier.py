@@ -35,18 +35,20 @@ from p2pserve.client.hop import Hop
 from p2pserve.client.routing import Masks
 from p2pserve.client.tape import HopTape, join, reply_output_digest
 from p2pserve.config import ClientConfig
-from p2pserve.dht.evidence import MAX_INPUT_BYTES, Mismatch, ReplyClaim, SignedClaim, output_digest, verify_claim
+from p2pserve.dht.evidence import (
+    MAX_INPUT_BYTES,
+    TOLERANCE,
+    Mismatch,
+    ReplyClaim,
+    SignedClaim,
+    output_digest,
+    verify_claim,
+)
 from p2pserve.protocol import Forward, SamplingParams
 from p2pserve.protocol import DTYPE_SIZES, TensorMeta
 from p2pserve.transport.frames import tensor_from_wire
 
 log = logging.getLogger(__name__)
-
-#: Largest relative L2 error of any row, ``|a - b| / |b|``, two honest replicas may show on the
-#: same inputs (docs/trust.md "Calibration"): a replay computes the history as one prefill, the
-#: accused ran it step by step, so rounding differs. Measured maxima (benchmarks/verification.py)
-#: are far below these.
-TOLERANCE = {"float32": 1e-3, "float16": 2e-2, "bfloat16": 5e-2}
 
 
 def distance(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -81,6 +83,7 @@ class Answer:
     signature: bytes
     token: Optional[int]
     hidden: Optional[torch.Tensor]  # [count, hidden] (None from the last layers)
+    output: bytes = b""  # the raw output bytes (hidden states), as signed
 
     @property
     def answer(self) -> tuple:
@@ -226,8 +229,9 @@ class Verifier:
         who = culprit(aw, at, wt)
         if who is None:
             self.stats.inconclusive += 1
-            log.warning("replicas of %s disagree on a step with no majority (%s)", tape.hop,
-                        "no third replica" if t is None else "three answers")
+            why = ("the aligned replay agrees with it" if aw else "no third replica" if t is None
+                   else "three different answers")
+            log.warning("a difference at %s is not blamed on anyone: %s", tape.hop, why)
             return None
         self.stats.mismatches += 1
         signed = {"accused": SignedClaim(self._claim(tape, step), step.reply.signature, self.reply_key(tape.hop.peer_id))}
@@ -236,10 +240,12 @@ class Verifier:
         guilty = signed.pop(who)
         peer = guilty.claim.peer_id
         self._exclude(peer, f"outvoted on layers [{tape.hop.start}, {tape.hop.end}) at position {step.inputs.position}")
-        hidden = bool(step.output)
-        case = Mismatch(accused=guilty, witnesses=list(signed.values()), kind="hidden" if hidden else "token",
+        outputs = {"accused": bytes(step.output), "witness": w.output, "third": t.output}
+        small = sum(len(o) for o in outputs.values()) <= 3 * MAX_INPUT_BYTES and bool(step.output)
+        case = Mismatch(accused=guilty, witnesses=list(signed.values()), kind="hidden" if step.output else "token",
                         dtype=_dtype(step), distance=min(d, 1e11), tolerance=tol,
-                        inputs=bytes(step.inputs.data) if len(step.inputs.data) <= MAX_INPUT_BYTES else b"")
+                        inputs=bytes(step.inputs.data) if len(step.inputs.data) <= MAX_INPUT_BYTES else b"",
+                        outputs=[outputs[who]] + [outputs[n] for n in signed] if small else [])
         if all(c.reply_key and c.valid() for c in [guilty, *signed.values()]):
             self.cases[peer] = case
             if self.publish is not None:
@@ -257,7 +263,8 @@ class Verifier:
                            end=tape.hop.end, position=p, count=step.inputs.count,
                            commitment=tape.commitment(p + step.inputs.count),
                            output=output_digest(out, reply.token))
-        return Answer(replica, claim, reply.signature, reply.token, _rows(meta, out) if meta is not None else None)
+        hidden = _rows(meta, out) if meta is not None else None
+        return Answer(replica, claim, reply.signature, reply.token, hidden, bytes(out) if meta is not None else b"")
 
     async def _run(self, replica: Hop, calls, max_length: int, sampling: SamplingParams, whole: bool = False):
         """Open a session on ``replica`` over the tape's span and send ``calls`` in order

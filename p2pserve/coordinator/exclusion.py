@@ -10,7 +10,9 @@ comparison, which is why a holding case counts only when
 * its reporter is a trusted verifier (``CoordinatorConfig.trusted_verifiers``, by the public key
   that signed its record or by its peer id, while ``trust_verifiers`` is on), or
 * at least ``evidence_min_reporters`` distinct reporters (DHT signers) hold cases against the
-  same peer (independent clients).
+  same peer that are also *self-evident* (:func:`~p2pserve.dht.evidence.self_evident`: two
+  witnesses' signed outputs agree with each other and not with the accused's, checked here from
+  the signed bytes, not taken from the reporter).
 
 An excluded peer stays excluded for ``exclusion_s`` after the last evidence that held, even once
 the records expire (:class:`ExclusionBook`). Its reason is what ``p2pserve status`` shows.
@@ -21,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Optional, Sequence
 
-from p2pserve.dht.evidence import Evidence, Mismatch
+from p2pserve.dht.evidence import Evidence, Mismatch, self_evident
 from p2pserve.dht.records import PeerInfo
 from p2pserve.dht.view import Signed
 
@@ -68,9 +70,10 @@ def judge(evidence: Sequence[Signed[Evidence]], peers: Mapping[str, PeerInfo], t
                 continue
             what = (f"{case.kind} mismatch on layers [{case.accused.claim.start}, {case.accused.claim.end}) at "
                     f"position {case.accused.claim.position}, outvoted by {len(case.witnesses)} replica(s)")
-            holding.setdefault(accused, {})[signed.signer] = what
             if trusted(signed.signer, record.reporter_id):
                 trusted_hits[accused] = f"{what}; reported by trusted verifier {record.reporter_id}"
+            elif self_evident(case) is None:
+                holding.setdefault(accused, {})[signed.signer] = what
     out = dict(trusted_hits)
     for accused, by in holding.items():
         if accused not in out and len(by) >= min_reporters:

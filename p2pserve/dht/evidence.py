@@ -23,6 +23,7 @@ import struct
 from typing import Iterable, Optional
 
 import msgspec
+import numpy as np
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
@@ -38,6 +39,10 @@ REPLY_KEY_HEX = 64  # an Ed25519 public key as hex
 MAX_CASES = 16  # mismatches one evidence record carries (one per accused peer)
 MAX_WITNESSES = 4
 MAX_INPUT_BYTES = 64 * 1024  # a step's input rows ride along when at most this big
+#: Largest relative L2 error of any row, ``|a - b| / |b|``, that two honest replicas may show on
+#: the same inputs: a replay runs the history as one prefill where the accused ran it step by
+#: step, so rounding differs (docs/trust.md "Calibration" has the measured maxima).
+TOLERANCE = {"float32": 1e-3, "float16": 2e-2, "bfloat16": 5e-2}
 _HKDF_SALT = b"p2pserve reply key"
 _HKDF_INFO = b"ed25519 reply key v1"
 
@@ -126,6 +131,28 @@ def output_digest(payload: bytes | memoryview = b"", token: Optional[int] = None
     if token is not None:
         return hashlib.sha256(b"token" + struct.pack(">q", token)).digest()
     return hashlib.sha256(payload).digest()
+
+
+def rows_of(dtype: str, payload: bytes, count: int) -> np.ndarray:
+    """Hidden-state bytes as float32 rows [count, width] (bfloat16 widened bit-exactly)."""
+    if dtype == "bfloat16":
+        values = (np.frombuffer(payload, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+    elif dtype in ("float32", "float16"):
+        values = np.frombuffer(payload, dtype=np.float32 if dtype == "float32" else np.float16).astype(np.float32)
+    else:
+        raise ValueError(f"no hidden states of dtype {dtype}")
+    if count <= 0 or values.size % count:
+        raise ValueError(f"{values.size} values do not split into {count} rows")
+    return values.reshape(count, -1)
+
+
+def row_distance(a: np.ndarray, b: np.ndarray) -> float:
+    """Largest relative L2 error over rows, ``|a - b| / |b|`` (0 for identical rows)."""
+    if a.shape != b.shape:
+        return float("inf")
+    den = np.maximum(np.linalg.norm(b, axis=-1), 1e-6)
+    d = np.linalg.norm(a - b, axis=-1) / den
+    return float(np.nan_to_num(d, nan=np.inf).max()) if d.size else 0.0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -221,6 +248,7 @@ class Mismatch(msgspec.Struct, kw_only=True, frozen=True):
     distance: float = 0.0
     tolerance: float = 0.0
     inputs: bytes = b""
+    outputs: list[bytes] = []  # the accused's then each witness's output bytes, when small
     found_at: float = 0.0
 
     def validate(self) -> None:
@@ -231,6 +259,9 @@ class Mismatch(msgspec.Struct, kw_only=True, frozen=True):
             raise RecordRejected(f"a mismatch needs 1-{MAX_WITNESSES} witnesses")
         if len(self.inputs) > MAX_INPUT_BYTES or len(self.dtype) > 16:
             raise RecordRejected("mismatch inputs or dtype too large")
+        if self.outputs and (len(self.outputs) != 1 + len(self.witnesses)
+                             or sum(len(o) for o in self.outputs) > MAX_WITNESSES * MAX_INPUT_BYTES):
+            raise RecordRejected("mismatch outputs must be one per claim and small")
         self.accused.claim.validate()
         peers = {self.accused.claim.peer_id}
         for w in self.witnesses:
@@ -243,6 +274,38 @@ class Mismatch(msgspec.Struct, kw_only=True, frozen=True):
         for name, x in (("distance", self.distance), ("tolerance", self.tolerance), ("found_at", self.found_at)):
             if not 0.0 <= x <= 1e11:  # NaN fails this too
                 raise RecordRejected(f"mismatch {name}={x!r} out of range")
+
+
+def self_evident(case: Mismatch) -> Optional[str]:
+    """None when the signed claims alone show the accused outvoted, else why they do not.
+
+    Tokens: the witnesses signed one token and the accused another (digests of tokens are
+    equal exactly when the tokens are). Hidden states: the outputs ride along, hash to what each
+    peer signed, the witnesses agree within the dtype's :data:`TOLERANCE` and the accused is
+    beyond it from each. Nobody has to trust the reporter's comparison then; only its choice of
+    witnesses (they could be the accused's accomplices or foes: see docs/trust.md).
+    """
+    accused, witnesses = case.accused.claim, [w.claim for w in case.witnesses]
+    if len(witnesses) < 2:
+        return "fewer than two witnesses"
+    if case.kind == "token":
+        if len({w.output for w in witnesses}) != 1 or accused.output == witnesses[0].output:
+            return "the signed tokens do not outvote the accused"
+        return None
+    tol = TOLERANCE.get(case.dtype)
+    if tol is None or len(case.outputs) != 1 + len(witnesses):
+        return "hidden states without their outputs"
+    if any(hashlib.sha256(o).digest() != c.output for o, c in zip(case.outputs, [accused, *witnesses])):
+        return "an output does not hash to its signed digest"
+    try:
+        rows = [rows_of(case.dtype, o, accused.count) for o in case.outputs]
+    except ValueError as e:
+        return str(e)
+    if any(row_distance(w, rows[1]) > tol for w in rows[2:]):
+        return "the witnesses disagree"
+    if any(row_distance(rows[0], w) <= tol for w in rows[1:]):
+        return "the accused is within tolerance of a witness"
+    return None
 
 
 class Evidence(msgspec.Struct, kw_only=True, frozen=True):

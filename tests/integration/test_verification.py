@@ -27,7 +27,7 @@ from p2pserve.cli.common import write_local_swarm_file
 from p2pserve.client.api import AsyncClient
 from p2pserve.client.model_info import LocalModelInfo
 from p2pserve.config import ClientConfig, DHTConfig
-from p2pserve.dht.evidence import Evidence
+from p2pserve.dht.evidence import Evidence, self_evident
 from p2pserve.dht.keys import RecordKind
 from p2pserve.dht.signing import load_or_create_key, public_key_text
 from p2pserve.launch import Children
@@ -133,3 +133,5 @@ def test_a_corrupting_peer_is_excluded_and_output_stays_identical_after(swarm):
     ours = [s.record for s in evidence if s.record.reporter_id == me]
     assert ours and ours[0].cases[0].accused.claim.peer_id == bad
     assert all(c.accused.valid() and all(w.valid() for w in c.witnesses) for c in ours[0].cases)
+    # and its signed outputs convict it without trusting our comparison (any coordinator can check)
+    assert all(self_evident(c) is None for c in ours[0].cases)

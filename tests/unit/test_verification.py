@@ -175,9 +175,15 @@ def trio():
     return _Peer("A"), _Peer("B"), _Peer("C")
 
 
-def _case(trio, **kw) -> Mismatch:
+GOOD = torch.ones(1, 8).numpy().tobytes()  # one fp32 row of 8
+NEAR = (torch.ones(1, 8) * 1.0001).numpy().tobytes()
+BAD = (torch.ones(1, 8) * 3).numpy().tobytes()
+
+
+def _case(trio, outputs=(BAD, GOOD, NEAR), carry: bool = True, **kw) -> Mismatch:
     a, b, c = trio
-    return Mismatch(accused=a.claim(b"bad"), witnesses=[b.claim(b"good"), c.claim(b"good")], **kw)
+    return Mismatch(accused=a.claim(outputs[0]), witnesses=[b.claim(outputs[1]), c.claim(outputs[2])],
+                    outputs=list(outputs) if carry else [], **kw)
 
 
 def _evidence(signer: str, case: Mismatch, reporter: str = "client") -> Signed:
@@ -207,8 +213,40 @@ def test_judge_trusts_a_verifier_or_enough_independent_clients(trio):
     assert judge([_evidence("key-1", case), _evidence("key-2", case)], peers, trusted, 3) == {}
     three = [_evidence(f"key-{i}", case) for i in range(3)]
     assert "3 independent clients" in judge(three, peers, trusted, 3)["A"]
+    # clients are cheap: their cases count only when the signed outputs themselves outvote the
+    # accused; honest outputs within tolerance of each other convict nobody, whoever reports them
+    framed = [_evidence(f"key-{i}", _case(trio, outputs=(GOOD, NEAR, NEAR))) for i in range(3)]
+    assert judge(framed, peers, trusted, 3) == {}
+    no_outputs = [_evidence(f"key-{i}", _case(trio, carry=False)) for i in range(3)]
+    assert judge(no_outputs, peers, trusted, 3) == {}
     # a peer accusing itself, or evidence under forged keys, counts for nothing
     assert judge([_evidence("key-verifier", case, reporter="A")], peers, trusted, 1) == {}
+
+
+def test_self_evidence_checks_the_signed_outputs(trio):
+    from p2pserve.dht.evidence import self_evident
+
+    assert self_evident(_case(trio)) is None
+    assert "within tolerance" in self_evident(_case(trio, outputs=(NEAR, GOOD, GOOD)))
+    assert "witnesses disagree" in self_evident(_case(trio, outputs=(BAD, GOOD, BAD)))
+    a, b, c = trio
+    swapped = Mismatch(accused=a.claim(BAD), witnesses=[b.claim(GOOD), c.claim(NEAR)], outputs=[GOOD, GOOD, NEAR])
+    assert "does not hash" in self_evident(swapped)
+    token = Mismatch(accused=a.claim(b"t1"), witnesses=[b.claim(b"t2"), c.claim(b"t2")], kind="token")
+    assert self_evident(token) is None
+    assert "fewer than two" in self_evident(Mismatch(accused=a.claim(BAD), witnesses=[b.claim(GOOD)]))
+
+
+def test_numpy_and_torch_distances_agree():
+    from p2pserve.dht.evidence import row_distance, rows_of
+
+    a, b = torch.randn(3, 16), torch.randn(3, 16)
+    for dtype in (torch.float32, torch.bfloat16):
+        x, y = a.to(dtype), b.to(dtype)
+        name = str(dtype).removeprefix("torch.")
+        np_d = row_distance(rows_of(name, x.view(torch.uint8).numpy().tobytes(), 3),
+                            rows_of(name, y.view(torch.uint8).numpy().tobytes(), 3))
+        assert np_d == pytest.approx(distance(x, y), rel=1e-5)
 
 
 def test_exclusions_last_past_the_evidence_then_lapse():
