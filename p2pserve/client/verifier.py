@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import secrets
 from dataclasses import dataclass, field, replace
 from typing import Awaitable, Callable, Optional
 
@@ -44,7 +45,7 @@ from p2pserve.dht.evidence import (
     output_digest,
     verify_claim,
 )
-from p2pserve.protocol import Forward, SamplingParams
+from p2pserve.protocol import PROTOCOL_VERSION, CloseSession, Forward, OpenSession, SamplingParams
 from p2pserve.protocol import DTYPE_SIZES, TensorMeta
 from p2pserve.transport.frames import tensor_from_wire
 
@@ -127,6 +128,7 @@ class Verifier:
         self.excluded: dict[str, str] = {}  # peer id -> why this client stopped using it
         self.cases: dict[str, Mismatch] = {}  # accused peer id -> the latest mismatch proven
         self._tasks: set[asyncio.Task] = set()
+        self._pool: dict[str, tuple] = {}  # replica peer id -> (its HopConnection stream, a lock)
 
     def masks(self, masks: Masks) -> Masks:
         """``masks`` with the peers this client caught added to the banned ones."""
@@ -156,6 +158,8 @@ class Verifier:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        pool, self._pool = self._pool, {}
+        await asyncio.gather(*(conn.close() for conn, _ in pool.values() if conn is not None), return_exceptions=True)
 
     async def _guarded(self, tape: HopTape, sampling: SamplingParams) -> None:
         try:
@@ -268,19 +272,36 @@ class Verifier:
 
     async def _run(self, replica: Hop, calls, max_length: int, sampling: SamplingParams, whole: bool = False):
         """Open a session on ``replica`` over the tape's span and send ``calls`` in order
-        (``(position, rows, dtype, payload)``); the last reply's (meta, bytes[, reply]) and the session id."""
+        (``(position, rows, dtype, payload)``); the last reply's (meta, bytes[, reply]) and the
+        session id. Sessions to one replica reuse one stream, one check at a time: dialling (and
+        the direct path's handshake) would cost more round trips than the check itself."""
         cfg = self.config
         link = HopConnection(self.transport, replica, cfg.frame_limits, cfg.hop_timeout_s, cfg.connect_timeout_s)
-        try:
-            await link.open(self.model_id, None, max_length, sampling)
-            for i, (position, rows, dtype, payload) in enumerate(calls):
-                meta = _meta(dtype, rows, payload)
-                reply, out = await link.call(Forward(session_id=link.session_id, step=i, position=position,
-                                                     tensor=meta), payload)
-                link.check_forward(reply, out, rows, i, position, replica.end == self.num_layers)
-            return ((reply.tensor, out, reply) if whole else (reply.tensor, out)), link.session_id
-        finally:
-            await link.close()
+        pooled, lock = self._pool.get(replica.peer_id) or (None, asyncio.Lock())
+        self._pool[replica.peer_id] = (pooled, lock)
+        async with lock:
+            try:
+                if pooled is None or pooled.stream is None:
+                    pooled = HopConnection(self.transport, replica, cfg.frame_limits, cfg.hop_timeout_s,
+                                           cfg.connect_timeout_s)
+                    await pooled.connect()
+                    self._pool[replica.peer_id] = (pooled, lock)
+                link.stream, link.session_id = pooled.stream, secrets.token_hex(16)
+                await link.call(OpenSession(version=PROTOCOL_VERSION, model_id=self.model_id, session_id=link.session_id,
+                                            start=replica.start, end=replica.end, max_length=max_length,
+                                            sampling=sampling))
+                for i, (position, rows, dtype, payload) in enumerate(calls):
+                    meta = _meta(dtype, rows, payload)
+                    reply, out = await link.call(Forward(session_id=link.session_id, step=i, position=position,
+                                                         tensor=meta), payload)
+                    link.check_forward(reply, out, rows, i, position, replica.end == self.num_layers)
+                await link.call(CloseSession(session_id=link.session_id))
+            except BaseException:
+                self._pool.pop(replica.peer_id, None)  # the stream may be out of step: dial afresh next time
+                if pooled is not None:
+                    await pooled.close()
+                raise
+        return ((reply.tensor, out, reply) if whole else (reply.tensor, out)), link.session_id
 
     def _exclude(self, peer: str, why: str) -> None:
         if peer not in self.excluded:
