@@ -38,6 +38,7 @@ from p2pserve.client.tape import HopTape, join, reply_output_digest
 from p2pserve.config import ClientConfig
 from p2pserve.dht.evidence import (
     MAX_INPUT_BYTES,
+    MAX_OUTPUT_BYTES,
     TOLERANCE,
     Mismatch,
     ReplyClaim,
@@ -245,7 +246,7 @@ class Verifier:
         peer = guilty.claim.peer_id
         self._exclude(peer, f"outvoted on layers [{tape.hop.start}, {tape.hop.end}) at position {step.inputs.position}")
         outputs = {"accused": bytes(step.output), "witness": w.output, "third": t.output}
-        small = sum(len(o) for o in outputs.values()) <= 3 * MAX_INPUT_BYTES and bool(step.output)
+        small = all(len(o) <= MAX_OUTPUT_BYTES for o in outputs.values()) and bool(step.output)
         case = Mismatch(accused=guilty, witnesses=list(signed.values()), kind="hidden" if step.output else "token",
                         dtype=_dtype(step), distance=min(d, 1e11), tolerance=tol,
                         inputs=bytes(step.inputs.data) if len(step.inputs.data) <= MAX_INPUT_BYTES else b"",

@@ -36,9 +36,13 @@ GENESIS = hashlib.sha256(b"p2pserve/inputs/1").digest()
 DIGEST_BYTES = 32
 SIGNATURE_BYTES = 64
 REPLY_KEY_HEX = 64  # an Ed25519 public key as hex
-MAX_CASES = 16  # mismatches one evidence record carries (one per accused peer)
+# One record stays well under the DHT record limit (records.MAX_RECORD_BYTES, 4 MiB): at most
+# 8 cases of (16 KiB inputs + 5 outputs of 16 KiB) plus claims, ~0.8 MiB. A decode step of a
+# 4096-wide bf16 model (8 KiB a row) fits; a long prefill's rows do not and are left out.
+MAX_CASES = 8  # mismatches one evidence record carries (one per accused peer)
 MAX_WITNESSES = 4
-MAX_INPUT_BYTES = 64 * 1024  # a step's input rows ride along when at most this big
+MAX_INPUT_BYTES = 16 * 1024  # a step's input rows ride along when at most this big
+MAX_OUTPUT_BYTES = 16 * 1024  # so does each claim's output (hidden states), for self_evident()
 #: Largest relative L2 error of any row, ``|a - b| / |b|``, that two honest replicas may show on
 #: the same inputs: a replay runs the history as one prefill where the accused ran it step by
 #: step, so rounding differs (docs/trust.md "Calibration" has the measured maxima).
@@ -260,8 +264,8 @@ class Mismatch(msgspec.Struct, kw_only=True, frozen=True):
         if len(self.inputs) > MAX_INPUT_BYTES or len(self.dtype) > 16:
             raise RecordRejected("mismatch inputs or dtype too large")
         if self.outputs and (len(self.outputs) != 1 + len(self.witnesses)
-                             or sum(len(o) for o in self.outputs) > MAX_WITNESSES * MAX_INPUT_BYTES):
-            raise RecordRejected("mismatch outputs must be one per claim and small")
+                             or any(len(o) > MAX_OUTPUT_BYTES for o in self.outputs)):
+            raise RecordRejected(f"mismatch outputs must be one per claim, each at most {MAX_OUTPUT_BYTES} bytes")
         self.accused.claim.validate()
         peers = {self.accused.claim.peer_id}
         for w in self.witnesses:

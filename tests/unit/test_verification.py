@@ -290,3 +290,41 @@ def test_status_shows_why_a_peer_is_excluded(trio):
     assert "EXCLUDED (1)" in format_status(d)
     untrusted = collect_status(peers, [], [], None, 0.0, [_evidence("key-v", _case(trio), reporter="V")])
     assert untrusted["excluded"] == [] and len(untrusted["accusations"]) == 1
+
+
+def test_a_full_evidence_record_fits_the_dht_record_limit(trio):
+    from p2pserve.dht.evidence import MAX_CASES, MAX_INPUT_BYTES, MAX_OUTPUT_BYTES
+    from p2pserve.dht.records import MAX_RECORD_BYTES
+
+    a, b, c = trio
+    big = bytes(MAX_OUTPUT_BYTES)
+    case = Mismatch(accused=a.claim(big), witnesses=[b.claim(big), c.claim(big)], inputs=bytes(MAX_INPUT_BYTES),
+                    outputs=[big, big, big])
+    record = Evidence(model="m", reporter_id="r", cases=[case] * MAX_CASES)
+    assert len(msgspec.msgpack.encode(record)) < MAX_RECORD_BYTES
+    assert decode_record(msgspec.msgpack.encode(record), Evidence).cases[0].outputs == [big] * 3
+    with pytest.raises(RecordRejected):
+        Evidence(model="m", reporter_id="r", cases=[case] * (MAX_CASES + 1)).validate()
+    with pytest.raises(RecordRejected):
+        msgspec.structs.replace(case, outputs=[big + b"x", big, big]).validate()
+
+
+def test_hostile_evidence_bytes_get_typed_errors_and_judging_never_raises(trio):
+    import random
+
+    peers = {p.pid: p.info for p in trio}
+    raw = bytearray(encode_record(Evidence(model="m", reporter_id="r", cases=[_case(trio)])))
+    rng = random.Random(0)
+    decoded = 0
+    for _ in range(2000):
+        data = bytearray(raw)
+        for _ in range(rng.randint(1, 4)):
+            data[rng.randrange(len(data))] = rng.randrange(256)
+        try:
+            record = decode_record(bytes(data), Evidence)
+        except (MalformedFrameError, RecordRejected):
+            continue
+        decoded += 1
+        for trusted in (True, False):  # must not raise, whichever path judges it
+            judge([Signed(record, "key-x", 1e9)], peers, lambda s, r: trusted, 1)
+    assert decoded > 0
