@@ -40,6 +40,9 @@ def add_client_arguments(parser: argparse.ArgumentParser) -> None:
     r.add_argument("--hop-timeout", type=float, default=ClientConfig.hop_timeout_s, help="seconds per hop round trip")
     r.add_argument("--max-retries", type=int, default=ClientConfig.max_retries, help="route rebuilds per step")
     r.add_argument("--seed", type=int, default=None, help="routing seed (default: random per client)")
+    r.add_argument("--verify-share", type=float, default=ClientConfig.verify_share,
+                   help="share of each hop's steps re-executed on another replica in the background "
+                        "(0 = off; docs/trust.md)")
     parser.add_argument("--log-level", default="WARNING")
 
 
@@ -68,7 +71,9 @@ def client_from_args(args: argparse.Namespace):
     apply_swarm_file(args)
     if not args.peers and not args.initial_peers:
         raise ConfigError("give --initial-peers or --config (a swarm), or --peers (fixed peers)")
-    config = ClientConfig(hop_timeout_s=args.hop_timeout, max_retries=args.max_retries)
+    if not 0.0 <= args.verify_share <= 1.0:
+        raise ConfigError(f"--verify-share must be in [0, 1], got {args.verify_share}")
+    config = ClientConfig(hop_timeout_s=args.hop_timeout, max_retries=args.max_retries, verify_share=args.verify_share)
     return AsyncClient(initial_peers=tuple(args.initial_peers or ()), model=args.model, peers=args.peers or None,
                        config=config, swarm_model=args.swarm_model, swarm_id=args.swarm_id,
                        trusted_coordinators=tuple(args.trusted_coordinator or ()), seed=args.seed,
