@@ -2,11 +2,12 @@
 
 Real processes on loopback: a bootstrap node, a coordinator trusting this test's client as a
 verifier, and four peers with fixed ranges on the tiny 8-layer Llama: the dishonest one
-(``tests/dishonest.py``) and two honest ones serving layers [0, 4), one serving [4, 8). Every
-route is ``X[0:4) -> D[4:8)``, so the dishonest peer is on about a third of them, and each of its
-replies is checked against two replicas.
+(``tests/dishonest.py``) serving layers [0, 4), an honest one serving [4, 8), and two honest ones
+serving the whole model. The plan's max-flow needs the chain ``dishonest[0:4) -> tail[4:8)`` (the
+tail's capacity is reachable no other way), so the dishonest peer carries a share of the routes;
+the two whole-model peers are the replicas its [0, 4) replies are checked against.
 
-What is asserted, request by request (at most 200 requests, 16 greedy tokens each):
+What is asserted, request by request (at most 200 requests, 24 greedy tokens each):
 
 * before the dishonest peer is excluded, every request whose route avoided it is token-identical
   to single-process ``generate``; requests through it may not be (verification runs off the
@@ -41,7 +42,7 @@ TIMING = dict(peer_refresh=0.5, candidate_refresh=0.5, plan_refresh=1.0, link_re
 DEADLINE = 120.0  # generous for a loaded two-core machine, not a performance claim
 MAX_REQUESTS = 200
 PROMPTS = [[1, 5, 9, 13], [2, 4, 8, 16, 32], [3, 7, 11], [6, 10, 20, 30, 40, 50]]
-NEW_TOKENS = 16
+NEW_TOKENS = 24
 
 
 async def _until(fn, what: str):
@@ -73,7 +74,7 @@ def swarm(model_dir, tmp_path_factory):
         cfg = logdir / "swarm.json"
         write_local_swarm_file(cfg, model.spec, boot, SWARM_ID, "/ip4/127.0.0.1/tcp/0", TIMING, 0.5)
         children.start("coord", "coordinator", "--config", str(cfg), "--trusted-verifier", client_key)
-        for name, layers in (("honest1", "0:4"), ("honest2", "0:4"), ("tail", "4:8")):
+        for name, layers in (("whole1", "0:8"), ("whole2", "0:8"), ("tail", "4:8")):
             children.start(name, "peer", "--model", path, "--config", str(cfg), "--num-threads", "1",
                            "--layers", layers)
         bad = dishonest.launch(path, (0, 4), 0.1, "--config", str(cfg), seed=7)
@@ -98,9 +99,10 @@ def test_a_corrupting_peer_is_excluded_and_output_stays_identical_after(swarm):
 
             async def plan_has_everyone():
                 await routes.refresh(force=True)
-                return routes.plan is not None and len(routes.plan.spans) == 4 and routes.plan.flows
+                plan = routes.plan
+                return plan is not None and len(plan.spans) == 4 and any(f.src == bad and f.rate > 0 for f in plan.flows)
 
-            await _until(plan_has_everyone, "a plan over all four peers")
+            await _until(plan_has_everyone, "a plan over all four peers with flow through the dishonest one")
             log = []  # (request, route peer ids, identical to generate)
             excluded_at = banned_at = None
             for i in range(MAX_REQUESTS):
@@ -121,8 +123,12 @@ def test_a_corrupting_peer_is_excluded_and_output_stays_identical_after(swarm):
             return log, banned_at, excluded_at, after, evidence, client.verifier.stats, client._swarm.peer_id
 
     log, banned_at, excluded_at, after, evidence, stats, me = asyncio.run(main())
-    print(f"banned after {banned_at}, out of the plan after {excluded_at} requests; {stats}")
+    through = sum(bad in hops for _, hops, _ in log)
+    wrong = sum(bad in hops and not same for _, hops, same in log)
+    print(f"banned after {banned_at}, out of the plan after {excluded_at} requests; {through} went through the "
+          f"dishonest peer, {wrong} of them not identical to generate; {stats}")
     assert banned_at is not None, f"not caught in {MAX_REQUESTS} requests: {stats}"
+    assert through > 0  # it was caught serving, not only as someone else's witness
     assert excluded_at is not None and excluded_at < MAX_REQUESTS
     # before: requests that avoided the dishonest peer are exact
     assert all(same for _, hops, same in log if bad not in hops)
