@@ -30,7 +30,6 @@ def corrupt_handler(share: float, seed: int = 0) -> None:
                 gen = torch.Generator().manual_seed(rng.getrandbits(31))
                 noise = torch.randn(result.shape, generator=gen).to(result.dtype)
                 result = result + noise * result.float().std().to(result.dtype)
-            self.corrupted = getattr(self, "corrupted", 0) + 1
         return honest(self, session, msg, n, commitment, result)
 
     SessionHandler._reply = reply
