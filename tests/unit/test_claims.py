@@ -196,3 +196,16 @@ def test_the_coordinator_plans_with_capped_claims():
     plan = store.get(RecordKind.PLAN, coord_swarm.public_key)
     assert share(plan, ["liar"]) < 0.5
     assert coord.verdicts["liar"].capped and coord.verdicts["liar"].reporters == 3
+
+
+def test_status_shows_claimed_against_effective_and_why():
+    from p2pserve.cli.status import collect_status, format_status
+
+    snap = swarm_with_liar()
+    reps = [report("c", *[seen(p, honest_rate(50.0)) for p in snap.peers], ip="192.0.2.1")]
+    d = collect_status(dict(snap.peers), [], [], None, now=1.0, reports=reps)
+    liar = next(p for p in d["peers"] if p["peer_id"] == "liar")
+    assert liar["claimed_tps"] == MAX_TOKENS_PER_S and liar["effective_tps"] == pytest.approx(100.0)
+    assert "capped" in liar["claim"] and "1 reporters" in liar["claim"]
+    text = format_status(d)
+    assert "CLAIMS" in text and "1 capped" in text
