@@ -107,6 +107,12 @@ class ClientConfig:
     # up to this long in all, re-reading the swarm, before failing the request (0: fail at once,
     # HTTP 503). Swarms in churn often have a route again within seconds (tests/chaos).
     no_route_wait_s: float = 0.0
+    # Observed service rates (client/observer.py): every report_period_s, a swarm client publishes
+    # the per-session decode rates it measured at the peers it used (its last report_window
+    # samples per peer) as a signed ServiceReports record; coordinators cap claimed throughput
+    # by them (docs/trust.md, "Claims"). 0 turns reporting off.
+    report_period_s: float = 30.0
+    report_window: int = 64
 
 
 @dataclass(frozen=True)
@@ -271,8 +277,29 @@ class CoordinatorConfig:
     # a new candidate only observes for this long before it may lead, so that it has seen every
     # live candidacy (default: one candidate TTL); avoids two leaders right after a start
     election_grace: Optional[float] = None
+    # Claims (coordinator/claims.py, docs/trust.md "Claims"): a peer's throughput table is scaled
+    # down to min(claim, claim_slack x observed), where observed is the median over independent
+    # reporters (one per address, each with >= min_report_samples decode samples) of the
+    # per-session rate clients saw, times claim_batch (the batch a claim is profiled at,
+    # PeerConfig.profile_batch). A reporter's RTT correction may raise its rate at most
+    # max_rtt_credit-fold above the wall-clock rate. A peer nobody observed is capped at
+    # unobserved_share x the median one-layer effective rate of observed peers (while nobody is
+    # observed, claims stand).
+    check_claims: bool = True
+    claim_slack: float = 2.0
+    claim_batch: int = 32
+    min_report_samples: int = 8
+    max_rtt_credit: float = 4.0
+    unobserved_share: float = 1.0
+    # Open swarms: at most this many peers per IP (of their announced addresses) get layers and
+    # flow; the rest are left out with a logged reason. 0: no cap. Addresses are self-announced.
+    max_peers_per_address: int = 0
 
     def __post_init__(self) -> None:
+        if self.claim_slack <= 0 or self.claim_batch < 1 or self.min_report_samples < 1:
+            raise ConfigError("claim_slack must be > 0, claim_batch and min_report_samples >= 1")
+        if self.max_rtt_credit < 1 or self.unobserved_share <= 0 or self.max_peers_per_address < 0:
+            raise ConfigError("max_rtt_credit must be >= 1, unobserved_share > 0, max_peers_per_address >= 0")
         if self.num_layers < 1:
             raise ConfigError("CoordinatorConfig.num_layers must be >= 1")
         if self.activation_bytes < 1 or self.token_bytes < 1:

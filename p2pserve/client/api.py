@@ -96,6 +96,8 @@ class AsyncClient:
         self._transport: Optional[Transport] = None
         self._swarm = None
         self._peer_routes: Optional[PeerListRoutes] = None
+        self.observer = None  # a ServiceObserver in swarm mode (client/observer.py)
+        self._reporting: Optional[asyncio.Task] = None
         self._started = False
 
     # ----------------------------------------------------------------------------- lifecycle
@@ -135,9 +137,18 @@ class AsyncClient:
         else:
             self._transport = await client_transport(self.config, await self._swarm.dht.replicate_p2p())
         self.swarm_routes = SwarmRoutes(self._swarm, seed=self.seed, num_layers=spec.num_layers)
+        if self.config.report_period_s > 0:  # observed service rates, for the coordinators' claim checks
+            from p2pserve.client.observer import ReportPublisher, ServiceObserver
+
+            self.observer = ServiceObserver(self.config.report_window)
+            publisher = ReportPublisher(self._swarm, self.observer, self.config.report_period_s)
+            self._reporting = asyncio.create_task(publisher.run())
 
     async def close(self) -> None:
         """Leave the network (a transport given to the constructor stays open: it is the caller's)."""
+        if self._reporting is not None:
+            self._reporting.cancel()
+            self._reporting = None
         if self._transport is not None and self._transport is not self._given_transport:
             await self._transport.close()
         if self._swarm is not None:
@@ -202,7 +213,8 @@ class AsyncClient:
         max_length = min(self.max_length, len(prompt_ids) + params.max_new_tokens)
         spec = self.info.spec
         pipeline = Pipeline(self._transport, self._routes_for(max_length), spec.model_id, spec.num_layers,
-                            max_length, sampling, self.config, self.failover, vocab_size=spec.vocab_size)
+                            max_length, sampling, self.config, self.failover, vocab_size=spec.vocab_size,
+                            observer=self.observer)
         return Generation(pipeline, prompt_ids, params, self.info.eos_ids, self.info.tokenizer)
 
     def _routes_for(self, max_length: int) -> RouteProvider:
