@@ -283,14 +283,18 @@ class CoordinatorConfig:
     # per-session rate clients saw, times claim_batch (the batch a claim is profiled at,
     # PeerConfig.profile_batch). A reporter's RTT correction may raise its rate at most
     # max_rtt_credit-fold above the wall-clock rate. A peer nobody observed is capped at
-    # unobserved_share x the median one-layer effective rate of observed peers (while nobody is
-    # observed, claims stand).
+    # unobserved_share x the median one-layer effective rate of observed peers, and the unobserved
+    # peers together at unobserved_total_share x the observed peers' total. While nobody is
+    # observed (a cold swarm), claims are capped at cold_claim_slack x the median claim.
     check_claims: bool = True
     claim_slack: float = 2.0
     claim_batch: int = 32
     min_report_samples: int = 8
+    min_reporter_addresses: int = 2  # a peer is "observed" only by this many independent addresses
     max_rtt_credit: float = 4.0
     unobserved_share: float = 1.0
+    unobserved_total_share: float = 0.25
+    cold_claim_slack: float = 8.0
     # Open swarms: at most this many peers per IP (of their announced addresses) get layers and
     # flow; the rest are left out with a logged reason. 0: no cap. Addresses are self-announced.
     max_peers_per_address: int = 0
@@ -298,6 +302,8 @@ class CoordinatorConfig:
     def __post_init__(self) -> None:
         if self.claim_slack <= 0 or self.claim_batch < 1 or self.min_report_samples < 1:
             raise ConfigError("claim_slack must be > 0, claim_batch and min_report_samples >= 1")
+        if self.unobserved_total_share <= 0 or self.cold_claim_slack < 1 or self.min_reporter_addresses < 1:
+            raise ConfigError("unobserved_total_share must be > 0, cold_claim_slack and min_reporter_addresses >= 1")
         if self.max_rtt_credit < 1 or self.unobserved_share <= 0 or self.max_peers_per_address < 0:
             raise ConfigError("max_rtt_credit must be >= 1, unobserved_share > 0, max_peers_per_address >= 0")
         if self.num_layers < 1:

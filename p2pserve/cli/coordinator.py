@@ -22,7 +22,8 @@ logger = logging.getLogger("p2pserve.coordinator")
 # CoordinatorConfig fields that have a flag of the same name (and may be set per model in the file)
 _FLAGS = ("num_layers", "activation_bytes", "replan_period", "link_change_threshold", "objective",
           "solve_time_limit", "priority", "coordinator_id", "check_claims", "claim_slack", "claim_batch",
-          "min_report_samples", "max_rtt_credit", "unobserved_share", "max_peers_per_address")
+          "min_report_samples", "min_reporter_addresses", "max_rtt_credit", "unobserved_share", "unobserved_total_share",
+          "cold_claim_slack", "max_peers_per_address")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -44,10 +45,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     t.add_argument("--claim-batch", type=int, default=None,
                    help="sessions a claimed throughput is profiled at (observed per-session rates are scaled by it); default 32")
     t.add_argument("--min-report-samples", type=int, default=None, help="decode samples a report needs to count; default 8")
+    t.add_argument("--min-reporter-addresses", type=int, default=None,
+                   help="a peer counts as observed only by reports from this many addresses; default 2")
     t.add_argument("--max-rtt-credit", type=float, default=None,
                    help="most a report's RTT correction may raise its rate over the wall-clock rate; default 4")
     t.add_argument("--unobserved-share", type=float, default=None,
                    help="a peer nobody observed is capped at this x the median observed rate; default 1")
+    t.add_argument("--unobserved-total-share", type=float, default=None,
+                   help="peers nobody observed together get at most this x the observed peers' total; default 0.25")
+    t.add_argument("--cold-claim-slack", type=float, default=None,
+                   help="before any report, claims are capped at this x the median claim; default 8")
     t.add_argument("--max-peers-per-address", type=int, default=None,
                    help="open swarms: at most N peers per announced IP get flow (default 0: no cap)")
     c.add_argument("--print-public-key", action="store_true", help="print this coordinator's public key and exit")

@@ -15,10 +15,13 @@ coordinator runs :func:`police` on its snapshot:
    rate (RTT-corrected, at most ``max_rtt_credit`` times the wall-clock rate) times
    ``claim_batch``, divided by the claim at the layer count the client used; one such ratio per
    reporter address (the reporter with most samples), only reports of at least
-   ``min_report_samples`` samples, never a peer's report on itself; the median over addresses.
+   ``min_report_samples`` samples, never a peer's report on itself; the median over addresses,
+   counted only when at least ``min_reporter_addresses`` addresses observed the peer.
    A peer nobody observed is capped at ``unobserved_share`` x the median effective one-layer
-   rate of the observed peers, so it still gets flow, gets used and observed. While nobody is
-   observed (a cold swarm) claims stand.
+   rate of the observed peers, so it still gets flow, gets used and observed; all unobserved
+   peers together get at most ``unobserved_total_share`` x the observed peers' total (a Sybil
+   flood of fresh identities shares that budget). While nobody is observed (a cold swarm), a
+   claim is capped at ``cold_claim_slack`` x the median claim, which a minority cannot move.
 
 What it cannot stop (docs/trust.md, "Claims"): reports are as honest as their reporters, and a
 reporter's address and identity are self-announced, so a Sybil set of clients can vouch for a
@@ -46,8 +49,8 @@ _IP_PROTOCOLS = ("ip4", "ip6")
 @dataclass(frozen=True)
 class Verdict:
     """Why a peer plans at the rate it does: ``claimed`` and ``effective`` are its one-layer
-    decode rates (tokens/s); ``reason`` is ``"observed"``, ``"unobserved"``, ``"address cap"``
-    or ``"no cap"``; ``observed`` the median ratio of observed to claimed (None if unobserved)."""
+    decode rates (tokens/s); ``reason`` is ``"observed"``, ``"unobserved"``, ``"cold"`` (no
+    report in the swarm yet), ``"address cap"`` or ``"no cap"``; ``observed`` the median ratio of observed to claimed (None if unobserved)."""
 
     peer_id: str
     claimed: float
@@ -65,6 +68,9 @@ class Verdict:
         """One line for logs and ``p2pserve status``."""
         if self.reason == "address cap":
             return "left out: too many peers at its address"
+        if self.reason == "cold" and self.capped:
+            return f"capped to {self.effective / max(self.claimed, 1e-12):.3g} of its claim (no reports yet: " \
+                   "at most cold_claim_slack x the median claim)"
         if not self.capped:
             return f"{self.reason}, claim stands"
         how = f"{self.reporters} reporters saw {self.observed:.3g} of the claim" if self.observed is not None else \
@@ -139,19 +145,28 @@ def observed_ratios(peers: Mapping[str, PeerInfo], reports: Sequence[ServiceRepo
 
 def verdicts(peers: Mapping[str, PeerInfo], reports: Sequence[ServiceReports], cfg: CoordinatorConfig) -> dict[str, Verdict]:
     """Each peer's claimed and effective one-layer rate, and why."""
-    ratios = observed_ratios(peers, reports, cfg)
+    # a peer counts as observed only by min_reporter_addresses independent addresses: one address
+    # (however many client identities it runs) can neither vouch for a peer nor defame one
+    ratios = {pid: rs for pid, rs in observed_ratios(peers, reports, cfg).items() if len(rs) >= cfg.min_reporter_addresses}
     out: dict[str, Verdict] = {}
     for pid, rs in ratios.items():
         claim = one_layer(peers[pid])
         med = statistics.median(rs)
         out[pid] = Verdict(pid, claim, claim * min(1.0, cfg.claim_slack * med), "observed", len(rs), med)
     unobserved = [pid for pid in peers if pid not in out]
-    if not out:  # a cold swarm: nothing to compare with yet, claims stand until reports arrive
-        return {pid: Verdict(pid, one_layer(p), one_layer(p), "unobserved") for pid, p in peers.items()}
+    if not out:  # a cold swarm: no report yet; a minority cannot move the median of the claims
+        claims = [one_layer(p) for p in peers.values()]
+        ceiling = cfg.cold_claim_slack * statistics.median(claims) if claims else 0.0
+        return {pid: Verdict(pid, one_layer(p), min(one_layer(p), ceiling), "cold") for pid, p in peers.items()}
+    observed_total = sum(v.effective for v in out.values())
     ref = cfg.unobserved_share * statistics.median(v.effective for v in out.values())
-    for pid in unobserved:
-        claim = one_layer(peers[pid])
-        out[pid] = Verdict(pid, claim, min(claim, ref), "unobserved")
+    fresh = {pid: min(one_layer(peers[pid]), ref) for pid in unobserved}
+    # newcomers together get at most unobserved_total_share of what the observed peers deliver:
+    # a hundred fresh identities share one newcomers' budget instead of a median each
+    budget = cfg.unobserved_total_share * observed_total
+    squeeze = min(1.0, budget / sum(fresh.values())) if sum(fresh.values()) > 0 else 1.0
+    for pid, rate in fresh.items():
+        out[pid] = Verdict(pid, one_layer(peers[pid]), rate * squeeze, "unobserved")
     return out
 
 

@@ -34,7 +34,7 @@ PEERS = {"honest-1": ("127.0.0.2", 400.0), "honest-2": ("127.0.0.3", 400.0), "li
 
 def test_an_inflated_claim_and_a_sybil_flood_are_capped(tmp_path):
     procs = Procs(tmp_path)
-    client = None
+    client = witness = None
     loop = asyncio.new_event_loop()
     try:
         maddrs_file = tmp_path / "boot.maddrs"
@@ -54,13 +54,16 @@ def test_an_inflated_claim_and_a_sybil_flood_are_capped(tmp_path):
                                f"/ip4/{ip}/tcp/0", "--max-layers", "8", "--tps", str(tps), "--load-delay", "0.2",
                                "--no-probe", "--device", name])
         ids = {name: processes.wait_until(lambda n=name: _peer_id(procs, n), f"{name}'s peer id") for name in PEERS}
-        client = Swarm.create(DHTConfig(model=MODEL, swarm_id="claims-test", initial_peers=tuple(boot),
-                                        host_maddrs=("/ip4/127.0.0.1/tcp/0",), client_mode=True, **TIMING))
+        # two clients: a peer counts as observed by reports from two reporters at least
+        client, witness = (Swarm.create(DHTConfig(model=MODEL, swarm_id="claims-test", initial_peers=tuple(boot),
+                                                  host_maddrs=("/ip4/127.0.0.1/tcp/0",), client_mode=True, **TIMING))
+                           for _ in range(2))
         # one session at 400 tok/s for one layer, 8 layers, batch 32: 400 / 8 / 32 tokens/s per session
         seen = [ObservedRate(peer_id=ids[n], layers=8, samples=64, rate=400 / 8 / 32, wall_rate=400 / 8 / 32 * 0.9)
                 for n in ("honest-1", "honest-2", "liar")]
-        report = ServiceReports(model=MODEL, reporter_id=client.peer_id, rates=seen, timestamp=1.0)
-        assert loop.run_until_complete(client.announce(RecordKind.REPORTS, report, ttl=300.0))
+        for reporter in (client, witness):
+            report = ServiceReports(model=MODEL, reporter_id=reporter.peer_id, rates=seen, timestamp=1.0)
+            assert loop.run_until_complete(reporter.announce(RecordKind.REPORTS, report, ttl=300.0))
 
         def capped_plan():
             sp = loop.run_until_complete(client.get_plan())
@@ -90,8 +93,9 @@ def test_an_inflated_claim_and_a_sybil_flood_are_capped(tmp_path):
         liar = next(p for p in status["peers"] if p["peer_id"] == ids["liar"])
         assert liar["effective_tps"] < liar["claimed_tps"] / 1000 and "reporters saw" in liar["claim"]
     finally:
-        if client is not None:
-            client.shutdown()
+        for swarm in (client, witness):
+            if swarm is not None:
+                swarm.shutdown()
         procs.close()
         loop.close()
 

@@ -44,6 +44,11 @@ def report(reporter, *rates, ip=None):
     return ServiceReports(model="m", reporter_id=reporter, addrs=addrs, rates=list(rates), timestamp=1.0)
 
 
+def two_reports(*rates):
+    """The same observations from two clients at two addresses (the fewest that count)."""
+    return [report(f"c{i}", *rates, ip=f"192.0.2.{i}") for i in (1, 2)]
+
+
 def honest_rate(tps, layers=8, batch=32):
     """A per-session rate consistent with an honest claim of ``tps`` (one layer) at full batch."""
     return tps / layers / batch
@@ -88,7 +93,7 @@ def test_an_inflated_claim_is_capped_at_what_clients_observed():
 
 def test_a_peer_observed_far_below_its_claim_loses_flow():
     snap = Snapshot({p.peer_id: p for p in [peer("a", ip="10.0.0.1"), peer("b", ip="10.0.0.2")]})
-    reps = [report("c", seen("a", honest_rate(50.0)), seen("b", honest_rate(5.0)), ip="192.0.2.1")]
+    reps = two_reports(seen("a", honest_rate(50.0)), seen("b", honest_rate(5.0)))
     capped, found = claims.police(snap, reps, CFG)
     assert found["b"].effective == pytest.approx(5.0 * CFG.claim_slack) and not found["a"].capped
     assert capped.peers["b"].throughput_decode[0] == pytest.approx(10.0)
@@ -96,24 +101,46 @@ def test_a_peer_observed_far_below_its_claim_loses_flow():
 
 def test_an_unobserved_peer_is_capped_at_the_median_of_observed_ones():
     snap = swarm_with_liar()
-    reps = [report("c", *[seen(f"h{i}", honest_rate(50.0)) for i in range(1, 5)], ip="192.0.2.1")]
+    reps = two_reports(*[seen(f"h{i}", honest_rate(50.0)) for i in range(1, 5)])
     capped, found = claims.police(snap, reps, CFG)
     assert found["liar"].reason == "unobserved" and found["liar"].effective == pytest.approx(50.0)
     assert 0 < share(plan_of(capped), ["liar"]) < 0.5  # some flow: it can get used and observed
 
 
-def test_a_cold_swarm_keeps_its_claims():
+def test_a_cold_swarm_keeps_honest_claims_and_caps_an_outlier_at_a_multiple_of_the_median():
     snap = swarm_with_liar()
     capped, found = claims.police(snap, [], CFG)
-    assert capped.peers == snap.peers and not any(v.capped for v in found.values())
+    assert all(capped.peers[f"h{i}"] == snap.peers[f"h{i}"] for i in range(1, 5))
+    assert found["liar"].reason == "cold" and found["liar"].effective == pytest.approx(50.0 * CFG.cold_claim_slack)
+    assert share(plan_of(capped), ["liar"]) < 0.75  # before: > 0.95
+
+
+def test_a_sybil_flood_of_unobserved_peers_shares_one_newcomers_budget():
+    honest = [peer(f"h{i}", ip=f"10.0.0.{i}") for i in range(1, 5)]
+    sybils = [peer(f"s{i}", tps=MAX_TOKENS_PER_S, ip=f"10.1.{i}.1") for i in range(100)]
+    snap = Snapshot({p.peer_id: p for p in honest + sybils})
+    reps = two_reports(*[seen(p.peer_id, honest_rate(50.0)) for p in honest])
+    capped, found = claims.police(snap, reps, CFG)
+    total = sum(found[p.peer_id].effective for p in sybils)
+    assert total == pytest.approx(CFG.unobserved_total_share * 4 * 50.0)
+    assert all(found[p.peer_id].effective > 0 for p in sybils)  # each still gets a chance to be observed
 
 
 def test_few_samples_do_not_count():
     snap = swarm_with_liar()
-    reps = [report("c", seen("liar", honest_rate(50.0), samples=CFG.min_report_samples - 1),
-                   seen("h1", honest_rate(50.0)), ip="192.0.2.1")]
+    reps = two_reports(seen("liar", honest_rate(50.0), samples=CFG.min_report_samples - 1),
+                       seen("h1", honest_rate(50.0)))
     _, found = claims.police(snap, reps, CFG)
     assert found["liar"].reason == "unobserved"
+
+
+def test_one_address_alone_neither_vouches_nor_defames():
+    snap = swarm_with_liar()
+    sybils = [report(f"s{i}", seen("liar", 1e6), seen("h1", 1e-3), ip="203.0.113.9") for i in range(20)]
+    honest = two_reports(*[seen(f"h{i}", honest_rate(50.0)) for i in range(1, 5)])
+    _, found = claims.police(snap, sybils + honest, CFG)
+    assert found["liar"].reason == "unobserved" and found["liar"].effective <= 50.0
+    assert not found["h1"].capped  # one address against two: the median of three stays honest
 
 
 def test_sybil_reporters_from_one_address_count_once():
@@ -127,7 +154,7 @@ def test_sybil_reporters_from_one_address_count_once():
 def test_the_rtt_correction_is_bounded_by_the_wall_clock_rate():
     """A peer that stalls its OpenSession replies makes the RTT look long and its service short."""
     snap = swarm_with_liar()
-    reps = [report("c", seen("liar", 1e5, rtt_share=0.999), ip="192.0.2.1")]
+    reps = two_reports(seen("liar", 1e5, rtt_share=0.999))
     _, found = claims.police(snap, reps, CFG)
     wall = 1e5 * 0.001
     assert found["liar"].effective == pytest.approx(wall * CFG.max_rtt_credit * CFG.claim_batch * 8 * CFG.claim_slack)
@@ -202,10 +229,10 @@ def test_status_shows_claimed_against_effective_and_why():
     from p2pserve.cli.status import collect_status, format_status
 
     snap = swarm_with_liar()
-    reps = [report("c", *[seen(p, honest_rate(50.0)) for p in snap.peers], ip="192.0.2.1")]
+    reps = two_reports(*[seen(p, honest_rate(50.0)) for p in snap.peers])
     d = collect_status(dict(snap.peers), [], [], None, now=1.0, reports=reps)
     liar = next(p for p in d["peers"] if p["peer_id"] == "liar")
     assert liar["claimed_tps"] == MAX_TOKENS_PER_S and liar["effective_tps"] == pytest.approx(100.0)
-    assert "capped" in liar["claim"] and "1 reporters" in liar["claim"]
+    assert "capped" in liar["claim"] and "2 reporters" in liar["claim"]
     text = format_status(d)
     assert "CLAIMS" in text and "1 capped" in text
