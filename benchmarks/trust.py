@@ -34,15 +34,22 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-#: part name -> the benchmark module whose ``measure(quick: bool) -> dict`` it runs
+#: part name -> the benchmark module whose ``measure(...) -> dict`` it runs
 PARTS = {"tls": "direct_tls", "sybil": "sybil", "verification": "verification"}
+
+#: keyword arguments of each part's ``measure`` for a full run and for ``--quick``
+SETTINGS = {
+    "tls": ({}, {"quick": True}),
+    "sybil": ({"time_limit": 2.0}, {"time_limit": 0.5, "counts": (1, 10)}),
+    "verification": ({}, {"honest_steps": 1000, "trials": 1, "rounds": 10}),
+}
 
 
 def run_part(name: str, quick: bool) -> dict:
     """Import one part's benchmark and run its ``measure``; its figures plus its wall time."""
     module = importlib.import_module(PARTS[name])
     t0 = time.perf_counter()
-    figures = module.measure(quick=quick)
+    figures = module.measure(**SETTINGS[name][1 if quick else 0])
     figures["wall_s"] = round(time.perf_counter() - t0, 1)
     return figures
 
