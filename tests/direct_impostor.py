@@ -51,6 +51,7 @@ class Impostor:
         self.plain: list[bytearray] = []
         self._servers: list[asyncio.base_events.Server] = []
         self._tasks: set[asyncio.Task] = set()
+        self._writers: set[asyncio.StreamWriter] = set()
 
     async def start(self) -> "Impostor":
         """Listen (the TLS side on a free loopback port of its own)."""
@@ -62,16 +63,17 @@ class Impostor:
         return self
 
     async def stop(self) -> None:
-        """Stop listening and end the relays still running."""
+        """Stop listening, end the connections still open, and wait for their handlers."""
         for server in self._servers:
             server.close()
-        for task in list(self._tasks):
-            task.cancel()
+        for writer in list(self._writers):
+            writer.close()  # the handler reads EOF and returns
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         self._tasks.add(task)
+        self._writers.add(writer)
         raw = bytearray()
         self.raw.append(raw)
         try:
@@ -82,6 +84,7 @@ class Impostor:
                 await _record(reader, raw)
         finally:
             writer.close()
+            self._writers.discard(writer)
             self._tasks.discard(task)
 
     async def _relay(self, reader, writer, raw: bytearray) -> None:
