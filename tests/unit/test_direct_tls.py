@@ -29,8 +29,20 @@ from p2pserve.protocol import (
 from p2pserve.transport.frames import read_frame, write_frame
 from p2pserve.transport.memory import MemoryNetwork
 from p2pserve.transport.tcp import DirectListener, DirectTransport
-from p2pserve.transport.tls import DirectTLS, check_pin, client_context, fingerprint, is_fingerprint
-from tests.direct_impostor import APPLICATION_DATA, CLIENT_HELLO, HANDSHAKE, Impostor, tls_records
+from p2pserve.transport.tls import (
+    DirectTLS,
+    check_pin,
+    client_context,
+    fingerprint,
+    is_fingerprint,
+)
+from tests.direct_impostor import (
+    APPLICATION_DATA,
+    CLIENT_HELLO,
+    HANDSHAKE,
+    Impostor,
+    tls_records,
+)
 
 GENUINE, IMPOSTOR, PLAIN_IMPOSTOR = "127.0.0.1", "127.0.0.2", "127.0.0.3"
 
@@ -106,11 +118,13 @@ def test_an_impostor_listed_first_gets_no_session_data():
 
 
 def test_an_offer_without_a_pin_keeps_the_stream_on_libp2p():
-    """No fingerprint, or a malformed one: the token never leaves the authenticated stream."""
+    """No fingerprint, a malformed one, or another certificate's: the token never leaves the
+    authenticated stream, and the listener attaches nobody."""
     for edit in (lambda o: DirectOffer(port=o.port, token=o.token),
-                 lambda o: msgspec.structs.replace(o, tls_sha256="0" * 64)):  # someone else's certificate
-        kind, peer, served, _ = asyncio.run(_dial([GENUINE], offer_edit=edit))
-        assert kind == "memory" and served == []  # the listener attached nobody
+                 lambda o: msgspec.structs.replace(o, tls_sha256="not hex"),
+                 lambda o: msgspec.structs.replace(o, tls_sha256="0" * 64)):
+        kind, _, served, _ = asyncio.run(_dial([GENUINE], offer_edit=edit))
+        assert kind == "memory" and served == []
 
 
 def test_only_pinned_tls_13_endpoints_pass_check_pin():
@@ -146,7 +160,9 @@ def test_fingerprints_are_fresh_and_well_formed():
 
 
 def test_offer_decoding_refuses_a_malformed_fingerprint():
-    header = lambda **kw: msgspec.msgpack.encode({"t": "direct_offer", "port": 1, "token": "t", **kw})  # noqa: E731
+    def header(**fields) -> bytes:
+        return msgspec.msgpack.encode({"t": "direct_offer", "port": 1, "token": "t", **fields})
+
     assert decode_reply(header(tls_sha256="ab" * 32)).tls_sha256 == "ab" * 32
     assert decode_reply(header()).tls_sha256 == ""  # a peer without TLS: the client will not attach
     for bad in ("AB" * 32, "ab" * 31, "zz" * 32, "ab" * 33):
