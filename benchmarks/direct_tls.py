@@ -12,7 +12,7 @@ Figures: per frame size, the median (and p10, p90) round trip of each path in ms
 TCP, and the ms TLS adds per hop (median difference; a hop pays it once per token step); and the
 one-off cost of a TLS connect with its pin check against a clear TCP connect.
 
-Usage: python benchmarks/direct_tls.py [--rounds 1000] [--big-rounds 100] [--json out.json]
+Usage: python benchmarks/direct_tls.py [--rounds 1000] [--big-rounds 200] [--json out.json]
 Import: ``from benchmarks.direct_tls import measure`` (``measure(...) -> dict``, the JSON's body).
 """
 
@@ -133,7 +133,7 @@ def _summary(times: list[float]) -> dict:
     return {"median_ms": statistics.median(times), "p10_ms": q[0], "p90_ms": q[-1], "n": len(times)}
 
 
-async def measure_async(rounds: int = 1000, big_rounds: int = 100, block: int = 50, connects: int = 30) -> dict:
+async def measure_async(rounds: int = 1000, big_rounds: int = 200, block: int = 50, connects: int = 30) -> dict:
     """The figures (see the module docstring), with the peer in a child process."""
     from p2pserve.transport import Stream
     from p2pserve.transport.libp2p import Libp2pTransport
@@ -158,13 +158,14 @@ async def measure_async(rounds: int = 1000, big_rounds: int = 100, block: int = 
         result = {"sizes": {}, "connect_ms": await _connects((tcp_port, tls_port), pin, connects)}
         for name, payload_bytes in SIZES.items():
             msg, payload = _frame(payload_bytes)
-            n = big_rounds if payload_bytes > 64 * 1024 else rounds
+            big = payload_bytes > 64 * 1024
+            n, turn = (big_rounds, max(1, block // 10)) if big else (rounds, block)  # finer turns for slow frames
             times = {p: [] for p in PATHS}
             for p in PATHS:  # warm up each path (and its buffers) for this size
                 await _round_trips(streams[p], msg, payload, min(20, n))
             while len(times["tcp"]) < n:
                 for p in PATHS:
-                    times[p] += await _round_trips(streams[p], msg, payload, min(block, n - len(times[p])))
+                    times[p] += await _round_trips(streams[p], msg, payload, min(turn, n - len(times[p])))
             row = {p: _summary(t) for p, t in times.items()}
             tcp_ms, tls_ms = row["tcp"]["median_ms"], row["tls"]["median_ms"]
             row.update(frame_bytes=payload_bytes, tls_over_tcp=tls_ms / tcp_ms, tls_added_ms=tls_ms - tcp_ms,
@@ -172,6 +173,9 @@ async def measure_async(rounds: int = 1000, big_rounds: int = 100, block: int = 
             result["sizes"][name] = row
         for s in streams.values():
             s.close()
+        # The headline for trust.py's "encryption cost per hop": what TLS adds to a round trip.
+        result["tls_added_ms_per_hop"] = {k: row["tls_added_ms"] for k, row in result["sizes"].items()}
+        result["tls_over_tcp"] = {k: row["tls_over_tcp"] for k, row in result["sizes"].items()}
         return result
     finally:
         if inner is not None:
@@ -182,7 +186,7 @@ async def measure_async(rounds: int = 1000, big_rounds: int = 100, block: int = 
             child.kill()
 
 
-def measure(rounds: int = 1000, big_rounds: int = 100, block: int = 50, connects: int = 30) -> dict:
+def measure(rounds: int = 1000, big_rounds: int = 200, block: int = 50, connects: int = 30) -> dict:
     """Run :func:`measure_async` in a fresh event loop (for callers without one, e.g. trust.py)."""
     return asyncio.run(measure_async(rounds, big_rounds, block, connects))
 
@@ -202,7 +206,7 @@ def headline(result: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=1000, help="round trips per path for the small frames")
-    parser.add_argument("--big-rounds", type=int, default=100, help="round trips per path for the 1 MiB frame")
+    parser.add_argument("--big-rounds", type=int, default=200, help="round trips per path for the 1 MiB frame")
     parser.add_argument("--json", type=Path, default=None, metavar="PATH", help="write the figures here")
     args = parser.parse_args()
     result = measure(args.rounds, args.big_rounds)

@@ -139,7 +139,7 @@ class DirectTransport:
 
     async def _attach(self, host: str, offer: DirectOffer, peer_id: str) -> Optional[Stream]:
         """A TLS stream to ``host`` that presented the offer's certificate, bound to our peer id
-        by the offer's token; or None (nothing but a ClientHello was sent where the pin failed)."""
+        by the offer's token; or None (where the pin failed, only our half of the handshake was sent)."""
         writer = None
         where = f"{host}:{offer.port}"
         try:

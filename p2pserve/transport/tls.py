@@ -5,8 +5,9 @@ fresh at start (:meth:`DirectTLS.generate`). No CA vouches for it: the client le
 of that certificate from the ``DirectOffer`` it read on the libp2p stream, which libp2p
 authenticates to the peer id, and accepts a TLS endpoint only if it presents exactly that
 certificate (:func:`check_pin`). The client checks this after the handshake and before it writes
-any byte of application data, so an impostor at an announced address learns nothing but a TLS
-ClientHello; the one-time token and every session frame travel encrypted to the genuine peer.
+any byte of application data, so an impostor at an announced address gets the client's half of
+a TLS handshake and nothing else; the one-time token and every session frame travel encrypted to
+the genuine peer only.
 
 The client sends no certificate: the peer knows who it serves from the token, which it issued on
 the libp2p stream to an authenticated peer id.
