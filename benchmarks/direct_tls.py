@@ -12,8 +12,8 @@ Figures: per frame size, the median (and p10, p90) round trip of each path in ms
 TCP, and the ms TLS adds per hop (median difference; a hop pays it once per token step); and the
 one-off cost of a TLS connect with its pin check against a clear TCP connect.
 
-Usage: python benchmarks/direct_tls.py [--rounds 1000] [--big-rounds 200] [--json out.json]
-Import: ``from benchmarks.direct_tls import measure`` (``measure(...) -> dict``, the JSON's body).
+Usage: python benchmarks/direct_tls.py [--quick] [--rounds 1000] [--big-rounds 200] [--json out.json]
+Import: ``measure(quick=False) -> dict`` (the JSON's body; ``benchmarks/trust.py`` runs it).
 """
 
 from __future__ import annotations
@@ -173,9 +173,11 @@ async def measure_async(rounds: int = 1000, big_rounds: int = 200, block: int = 
             result["sizes"][name] = row
         for s in streams.values():
             s.close()
-        # The headline for trust.py's "encryption cost per hop": what TLS adds to a round trip.
-        result["tls_added_ms_per_hop"] = {k: row["tls_added_ms"] for k, row in result["sizes"].items()}
-        result["tls_over_tcp"] = {k: row["tls_over_tcp"] for k, row in result["sizes"].items()}
+        # The figure trust.py lifts: what TLS adds to one hop's round trip, per frame size.
+        result["encryption_cost_per_hop"] = {
+            k: {"tls_added_ms": row["tls_added_ms"], "tls_over_tcp": row["tls_over_tcp"]}
+            for k, row in result["sizes"].items()
+        }
         return result
     finally:
         if inner is not None:
@@ -186,9 +188,13 @@ async def measure_async(rounds: int = 1000, big_rounds: int = 200, block: int = 
             child.kill()
 
 
-def measure(rounds: int = 1000, big_rounds: int = 200, block: int = 50, connects: int = 30) -> dict:
-    """Run :func:`measure_async` in a fresh event loop (for callers without one, e.g. trust.py)."""
-    return asyncio.run(measure_async(rounds, big_rounds, block, connects))
+def measure(quick: bool = False, rounds: int | None = None, big_rounds: int | None = None) -> dict:
+    """Run :func:`measure_async` in a fresh event loop (``benchmarks/trust.py`` calls this);
+    ``quick``: fewer round trips, for a smoke run. The result's ``encryption_cost_per_hop`` holds,
+    per frame size, the ms TLS adds to a round trip and TLS / clear TCP."""
+    rounds = rounds or (100 if quick else 1000)
+    big_rounds = big_rounds or (20 if quick else 200)
+    return asyncio.run(measure_async(rounds, big_rounds, connects=5 if quick else 30))
 
 
 def headline(result: dict) -> str:
@@ -205,11 +211,12 @@ def headline(result: dict) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=1000, help="round trips per path for the small frames")
-    parser.add_argument("--big-rounds", type=int, default=200, help="round trips per path for the 1 MiB frame")
+    parser.add_argument("--rounds", type=int, default=None, help="round trips per path for the small frames (1000)")
+    parser.add_argument("--big-rounds", type=int, default=None, help="round trips per path for the 1 MiB frame (200)")
+    parser.add_argument("--quick", action="store_true", help="fewer round trips: a smoke run")
     parser.add_argument("--json", type=Path, default=None, metavar="PATH", help="write the figures here")
     args = parser.parse_args()
-    result = measure(args.rounds, args.big_rounds)
+    result = measure(args.quick, args.rounds, args.big_rounds)
     print(headline(result))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
