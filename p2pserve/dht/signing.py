@@ -7,8 +7,13 @@ carries a valid signature by that key over (key, subkey, value, expiration). So 
 holder of a private key can write or refresh "its" entry, and a reader learns the signer's
 public key from the subkey.
 
-On top of that, readers check (in :mod:`p2pserve.dht.swarm`) that:
+The signing key is also the node's libp2p identity (:mod:`p2pserve.dht.identity`), so the
+signer's peer id follows from the key in the subkey. On top of the signature, readers check (in
+:mod:`p2pserve.dht.swarm`, rules in :mod:`p2pserve.dht.acceptance`) that:
 
+* a record about a peer (``peer_id``, ``reporter_id``) was signed by that peer's own key;
+* its DHT expiration and timestamps are within its TTL and the tolerated clock skew;
+* with an allow-list, a member record comes from a listed peer id;
 * a ``CoordinatorCandidate``'s ``public_key`` field equals its signer's key;
 * a ``Plan`` was signed by a key listed in ``trusted_coordinators`` (an empty list means an
   open swarm: any signer is accepted).
