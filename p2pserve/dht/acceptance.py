@@ -10,8 +10,8 @@ named fakes.
   by X's key. A ``coordinator_id`` / ``leader_id`` may be a free name an operator chose
   (``--coordinator-id``); when it is shaped like a peer id, it must be the signer's.
 * **Time.** A DHT expiration later than ``now + TTL(kind) + max_clock_skew``, or a timestamp
-  (``timestamp``, ``created_at``, ``start_time``, ``measured_at``: on the record or on the
-  structs it holds) later than ``now + max_clock_skew``, is a lie or a broken clock.
+  (``timestamp``, ``created_at``, ``start_time``, ``measured_at``, ``observed_at``: on the
+  record or on the structs it holds) later than ``now + max_clock_skew``, is a lie or a broken clock.
 * **Membership.** With an allow-list, records of kinds members write about themselves (peers,
   links, reports, evidence) are accepted only from listed peer ids.
 """
@@ -30,7 +30,7 @@ BOUND_ID_FIELDS = ("peer_id", "reporter_id")
 #: ids that may be a free name; when shaped like a peer id, it must be the signer's
 NAMED_ID_FIELDS = ("coordinator_id", "leader_id")
 #: self-reported times, in DHT (wall clock) seconds
-TIME_FIELDS = frozenset({"timestamp", "created_at", "start_time", "measured_at"})
+TIME_FIELDS = frozenset({"timestamp", "created_at", "start_time", "measured_at", "observed_at"})
 #: record kinds (``RecordKind`` values) a member writes about itself: subject to the allow-list
 MEMBER_KINDS = frozenset({"peers", "links", "reports", "evidence"})
 
