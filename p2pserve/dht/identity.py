@@ -141,10 +141,14 @@ def node_key(key_path: Optional[str], identity_path: Optional[str]) -> RSAPrivat
 
 
 @contextlib.contextmanager
-def identity_file(key: RSAPrivateKey) -> Iterator[str]:
+def identity_file(key: RSAPrivateKey, directory: Optional[str] = None) -> Iterator[str]:
     """A private (0600) temporary libp2p identity file holding ``key``, deleted on exit: for a
-    node whose key has no identity file of its own (ephemeral, or ``key_path`` only)."""
-    fd, path = tempfile.mkstemp(prefix="p2pserve-identity-")
+    node whose key has no identity file of its own (ephemeral, or ``key_path`` only).
+
+    ``directory`` (default: the system's temporary directory) is where a process killed while
+    its node starts leaves the copy behind: for a persistent key, the key file's own directory.
+    """
+    fd, path = tempfile.mkstemp(prefix=".p2pserve-identity-", dir=directory)
     try:
         os.fchmod(fd, 0o600)
         with os.fdopen(fd, "wb") as f:

@@ -28,13 +28,15 @@ def start_dht(
     use_relay: bool = True,
     use_auto_relay: bool = False,
     client_mode: bool = False,
+    key_dir: Optional[str] = None,
 ) -> hivemind.DHT:
     """Start a hivemind DHT node (blocks ~1-3 s) whose libp2p identity is ``private_key``, the RSA
     key it signs its records with, so that its peer id is ``peer_id_of`` its public key.
 
     ``identity_path``, if given, must hold ``private_key`` (see :func:`~p2pserve.dht.identity.node_key`;
     ``private_key=None`` then reads it from there); otherwise the key (an ephemeral one if None)
-    reaches hivemind through a private temporary identity file, deleted once the node runs.
+    reaches hivemind through a private temporary identity file, deleted once the node runs
+    (created in ``key_dir``, the persistent key's directory, if given).
     """
     if private_key is None:
         private_key = read_identity(identity_path) if identity_path else load_or_create_key(None)
@@ -53,7 +55,8 @@ def start_dht(
         if identity_path is None:
             # a key of our own has no other node to collide with: skip hivemind's identity check,
             # which starts a second libp2p daemon to look for one
-            kwargs.update(identity_path=stack.enter_context(identity_file(private_key)), check_if_identity_free=False)
+            kwargs.update(identity_path=stack.enter_context(identity_file(private_key, key_dir)),
+                          check_if_identity_free=False)
         else:
             kwargs["identity_path"] = identity_path
         dht = hivemind.DHT(**kwargs)  # p2pd has read the identity file once this returns

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from typing import Optional
 
 import hivemind
@@ -125,7 +126,8 @@ class Swarm:
         return start_dht(initial_peers=config.initial_peers, host_maddrs=config.host_maddrs, private_key=private_key,
                          announce_maddrs=config.announce_maddrs, identity_path=config.identity_path,
                          use_relay=config.use_relay, use_auto_relay=config.use_auto_relay,
-                         client_mode=config.client_mode)
+                         client_mode=config.client_mode,
+                         key_dir=os.path.dirname(os.path.abspath(config.key_path)) if config.key_path else None)
 
     @classmethod
     def create(cls, config: DHTConfig, *, clock: Clock = clocks.wall) -> "Swarm":

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 
 import pytest
 from hivemind.p2p import PeerID
@@ -57,7 +58,7 @@ def nodes(tmp_path_factory):
                          host_maddrs=LOOPBACK, reject_log_interval=0.0, **TIMING)
         victim = started["victim"] = Swarm.create(base.replace(key_path=str(tmp / "victim.key"),
                                                                identity_path=str(tmp / "victim.id")))
-        started["attacker"] = Swarm.create(base)
+        started["attacker"] = Swarm.create(base.replace(key_path=str(tmp / "attacker.key")))
         started["reader"] = Swarm.create(base)
         started["members"] = Swarm.create(base.replace(allowed_peers=(victim.peer_id,), client_mode=True))
         yield dict(started, tmp=tmp, base=base)
@@ -76,6 +77,9 @@ def test_a_node_runs_as_its_signing_key(nodes):
     with open(nodes["tmp"] / "victim.id", "rb") as f:
         assert PeerID.from_identity(f.read()).to_base58() == nodes["victim"].peer_id
     assert public_key_text(load_or_create_key(str(nodes["tmp"] / "victim.key"))) == nodes["victim"].public_key
+    # the attacker's key_path-only identity reached hivemind through a temporary copy, gone now
+    assert public_key_text(load_or_create_key(str(nodes["tmp"] / "attacker.key"))) == nodes["attacker"].public_key
+    assert sorted(os.listdir(nodes["tmp"])) == ["attacker.key", "victim.id", "victim.key"]
     # a key file and an identity file holding different keys: refused before anything starts
     other = str(nodes["tmp"] / "other.id")
     write_identity(other, load_or_create_key(None))

@@ -81,6 +81,9 @@ def test_identity_files_round_trip_privately(keys, tmp_path):
         assert stat.S_IMODE(os.stat(temp).st_mode) == 0o600
         assert public_key_text(read_identity(temp)) == public_key_text(keys[1])
     assert not os.path.exists(temp)
+    with identity_file(keys[1], str(tmp_path)) as temp:  # next to a persistent key
+        assert os.path.dirname(temp) == str(tmp_path)
+    assert not os.path.exists(temp)
 
 
 def test_node_key_one_key_in_two_formats(keys, tmp_path):
