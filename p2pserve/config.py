@@ -177,9 +177,16 @@ class DHTConfig:
     # where the libp2p daemon listens / what it tells others; 0.0.0.0 for a real swarm
     host_maddrs: tuple[str, ...] = ("/ip4/0.0.0.0/tcp/0",)
     announce_maddrs: tuple[str, ...] = ()
-    identity_path: Optional[str] = None  # libp2p identity (peer id); None = random each start
-    key_path: Optional[str] = None  # RSA key that signs this node's records; None = ephemeral
+    # The node's one RSA key: it signs the node's records and is its libp2p identity, so the peer
+    # id follows from it. key_path holds it as DER, identity_path as a libp2p identity file;
+    # give either (or both, holding the same key: p2pserve.dht.identity.node_key); neither =
+    # a fresh key, and peer id, each start.
+    identity_path: Optional[str] = None
+    key_path: Optional[str] = None
     trusted_coordinators: tuple[str, ...] = ()  # OpenSSH public keys; empty = open swarm
+    # Peer ids admitted as members: readers drop the peers/links/reports/evidence records of
+    # anyone else (checked against the signer's key). Empty = an open swarm.
+    allowed_peers: tuple[str, ...] = ()
     use_relay: bool = True  # may connect *through* relays (needed to reach NATed peers)
     use_auto_relay: bool = False  # look for a relay to become reachable when behind NAT
     client_mode: bool = False  # outgoing-only node (stores nothing for others)
@@ -189,6 +196,10 @@ class DHTConfig:
     candidate_refresh: float = 3.0
     plan_refresh: float = 10.0
     max_clock_skew: float = 2.0
+    # lifetimes of the trust records (clients' service reports, verification evidence): a
+    # writer's longer TTL is cut to these, a reader rejects expirations beyond them + skew
+    report_ttl: float = 600.0
+    evidence_ttl: float = 3600.0
     rpc_timeout: float = 10.0  # one DHT get/store
     reject_log_interval: float = 60.0  # the same rejected record is logged at most this often
     # a loaded peer keeps its old range at most this long for the peers taking its dropped
@@ -196,7 +207,8 @@ class DHTConfig:
     handover_max_wait: float = 120.0
 
     def __post_init__(self) -> None:
-        for name in ("peer_refresh", "link_refresh", "candidate_refresh", "plan_refresh", "rpc_timeout"):
+        for name in ("peer_refresh", "link_refresh", "candidate_refresh", "plan_refresh", "rpc_timeout",
+                     "report_ttl", "evidence_ttl"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"DHTConfig.{name} must be > 0, got {getattr(self, name)!r}")
         if self.max_clock_skew < 0:
@@ -221,6 +233,12 @@ class DHTConfig:
     def plan_ttl(self) -> float:
         """Lifetime of a Plan record (readers also keep the last plan they saw)."""
         return ttl_for(self.plan_refresh, self.max_clock_skew)
+
+    def ttl(self, kind: str) -> float:
+        """Lifetime of a record of ``kind`` (a ``RecordKind`` or its value): the most a reader
+        accepts, beyond its clock skew."""
+        return {"peers": self.peer_ttl, "links": self.link_ttl, "coordinators": self.candidate_ttl,
+                "plan": self.plan_ttl, "reports": self.report_ttl, "evidence": self.evidence_ttl}[kind]
 
     def replace(self, **changes) -> "DHTConfig":
         """A copy with some fields changed."""
