@@ -115,6 +115,12 @@ class ClientConfig:
     verify_share: float = 0.02
     verify_max_inflight: int = 2  # background checks at once; a draw beyond that is skipped
     evidence_ttl_s: float = 3600.0  # how long this client's evidence record lives in the DHT
+    # Observed service rates (client/observer.py): every report_period_s, a swarm client publishes
+    # the per-session decode rates it measured at the peers it used (its last report_window
+    # samples per peer) as a signed ServiceReports record; coordinators cap claimed throughput
+    # by them (docs/trust.md, "Claims"). 0 turns reporting off.
+    report_period_s: float = 30.0
+    report_window: int = 64
 
 
 @dataclass(frozen=True)
@@ -179,9 +185,16 @@ class DHTConfig:
     # where the libp2p daemon listens / what it tells others; 0.0.0.0 for a real swarm
     host_maddrs: tuple[str, ...] = ("/ip4/0.0.0.0/tcp/0",)
     announce_maddrs: tuple[str, ...] = ()
-    identity_path: Optional[str] = None  # libp2p identity (peer id); None = random each start
-    key_path: Optional[str] = None  # RSA key that signs this node's records; None = ephemeral
+    # The node's one RSA key: it signs the node's records and is its libp2p identity, so the peer
+    # id follows from it. key_path holds it as DER, identity_path as a libp2p identity file;
+    # give either (or both, holding the same key: p2pserve.dht.identity.node_key); neither =
+    # a fresh key, and peer id, each start.
+    identity_path: Optional[str] = None
+    key_path: Optional[str] = None
     trusted_coordinators: tuple[str, ...] = ()  # OpenSSH public keys; empty = open swarm
+    # Peer ids admitted as members: readers drop the peers/links/reports/evidence records of
+    # anyone else (checked against the signer's key). Empty = an open swarm.
+    allowed_peers: tuple[str, ...] = ()
     use_relay: bool = True  # may connect *through* relays (needed to reach NATed peers)
     use_auto_relay: bool = False  # look for a relay to become reachable when behind NAT
     client_mode: bool = False  # outgoing-only node (stores nothing for others)
@@ -191,6 +204,10 @@ class DHTConfig:
     candidate_refresh: float = 3.0
     plan_refresh: float = 10.0
     max_clock_skew: float = 2.0
+    # lifetimes of the trust records (clients' service reports, verification evidence): a
+    # writer's longer TTL is cut to these, a reader rejects expirations beyond them + skew
+    report_ttl: float = 600.0
+    evidence_ttl: float = 3600.0
     rpc_timeout: float = 10.0  # one DHT get/store
     reject_log_interval: float = 60.0  # the same rejected record is logged at most this often
     # a loaded peer keeps its old range at most this long for the peers taking its dropped
@@ -198,7 +215,8 @@ class DHTConfig:
     handover_max_wait: float = 120.0
 
     def __post_init__(self) -> None:
-        for name in ("peer_refresh", "link_refresh", "candidate_refresh", "plan_refresh", "rpc_timeout"):
+        for name in ("peer_refresh", "link_refresh", "candidate_refresh", "plan_refresh", "rpc_timeout",
+                     "report_ttl", "evidence_ttl"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"DHTConfig.{name} must be > 0, got {getattr(self, name)!r}")
         if self.max_clock_skew < 0:
@@ -223,6 +241,12 @@ class DHTConfig:
     def plan_ttl(self) -> float:
         """Lifetime of a Plan record (readers also keep the last plan they saw)."""
         return ttl_for(self.plan_refresh, self.max_clock_skew)
+
+    def ttl(self, kind: str) -> float:
+        """Lifetime of a record of ``kind`` (a ``RecordKind`` or its value): the most a reader
+        accepts, beyond its clock skew."""
+        return {"peers": self.peer_ttl, "links": self.link_ttl, "coordinators": self.candidate_ttl,
+                "plan": self.plan_ttl, "reports": self.report_ttl, "evidence": self.evidence_ttl}[kind]
 
     def replace(self, **changes) -> "DHTConfig":
         """A copy with some fields changed."""
@@ -287,8 +311,35 @@ class CoordinatorConfig:
     trust_verifiers: bool = True
     evidence_min_reporters: int = 3
     exclusion_s: float = 3600.0
+    # Claims (coordinator/claims.py, docs/trust.md "Claims"): a peer's throughput table is scaled
+    # down to min(claim, claim_slack x observed), where observed is the median over independent
+    # reporters (one per address, each with >= min_report_samples decode samples) of the
+    # per-session rate clients saw, times claim_batch (the batch a claim is profiled at,
+    # PeerConfig.profile_batch). A reporter's RTT correction may raise its rate at most
+    # max_rtt_credit-fold above the wall-clock rate. A peer nobody observed is capped at
+    # unobserved_share x the median one-layer effective rate of observed peers, and the unobserved
+    # peers together at unobserved_total_share x the observed peers' total. While nobody is
+    # observed (a cold swarm), claims are capped at cold_claim_slack x the median claim.
+    check_claims: bool = True
+    claim_slack: float = 2.0
+    claim_batch: int = 32
+    min_report_samples: int = 8
+    min_reporter_addresses: int = 2  # a peer is "observed" only by this many independent addresses
+    max_rtt_credit: float = 4.0
+    unobserved_share: float = 1.0
+    unobserved_total_share: float = 0.25
+    cold_claim_slack: float = 8.0
+    # Open swarms: at most this many peers per IP (of their announced addresses) get layers and
+    # flow; the rest are left out with a logged reason. 0: no cap. Addresses are self-announced.
+    max_peers_per_address: int = 0
 
     def __post_init__(self) -> None:
+        if self.claim_slack <= 0 or self.claim_batch < 1 or self.min_report_samples < 1:
+            raise ConfigError("claim_slack must be > 0, claim_batch and min_report_samples >= 1")
+        if self.unobserved_total_share <= 0 or self.cold_claim_slack < 1 or self.min_reporter_addresses < 1:
+            raise ConfigError("unobserved_total_share must be > 0, cold_claim_slack and min_reporter_addresses >= 1")
+        if self.max_rtt_credit < 1 or self.unobserved_share <= 0 or self.max_peers_per_address < 0:
+            raise ConfigError("max_rtt_credit must be >= 1, unobserved_share > 0, max_peers_per_address >= 0")
         if self.num_layers < 1:
             raise ConfigError("CoordinatorConfig.num_layers must be >= 1")
         if self.activation_bytes < 1 or self.token_bytes < 1:

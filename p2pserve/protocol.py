@@ -10,8 +10,8 @@ Client -> peer: ``OpenSession``, ``Forward``, ``CloseSession``, ``GetStats``, ``
 Peer -> client: ``SessionOpened``, ``ForwardResult``, ``SessionClosed``, ``PeerStats``,
 ``DirectOffer``, ``DirectAttached``, ``ErrorReply``.
 
-The same frames travel on a libp2p stream or, after ``OpenDirect``/``AttachDirect``, on a plain
-TCP connection to the peer (the direct path; see ``p2pserve/transport/tcp.py``).
+The same frames travel on a libp2p stream or, after ``OpenDirect``/``AttachDirect``, on a TLS
+connection to the peer pinned by the offer (the direct path; see ``p2pserve/transport/tcp.py``).
 """
 
 from __future__ import annotations
@@ -57,6 +57,8 @@ class FrameLimits:
 NonNegative = Annotated[int, msgspec.Meta(ge=0, le=INT64_MAX)]
 #: A TCP port (0: none). asyncio refuses any other with OverflowError, which nobody catches.
 Port = Annotated[int, msgspec.Meta(ge=0, le=65535)]
+#: A SHA-256 fingerprint in lowercase hex, or "" for none.
+Fingerprint = Annotated[str, msgspec.Meta(pattern="^([0-9a-f]{64})?$")]
 
 
 class TensorMeta(msgspec.Struct, frozen=True):
@@ -156,15 +158,20 @@ class AttachDirect(msgspec.Struct, frozen=True, tag_field="t", tag="attach_direc
 
 
 class DirectOffer(msgspec.Struct, frozen=True, tag_field="t", tag="direct_offer"):
-    """Where to connect directly (``port`` 0: this peer offers no direct path) and the one-time
-    token that binds that connection to this peer."""
+    """Where to connect directly (``port`` 0: this peer offers no direct path), the one-time token
+    that binds that connection to the client, and the SHA-256 of the TLS certificate the port
+    presents (lowercase hex). This travels on the libp2p stream, authenticated to the peer id, so
+    the client accepts a TLS endpoint only if it shows that certificate; an offer without one is
+    not taken (the token never goes to an unpinned endpoint)."""
 
     port: Port
     token: str = ""
+    tls_sha256: Fingerprint = ""
 
 
 class DirectAttached(msgspec.Struct, frozen=True, tag_field="t", tag="direct_attached"):
-    """The direct connection is accepted; ``peer_id`` lets the client check whom it reached."""
+    """The direct connection is accepted (its token redeemed). ``peer_id`` is an echo, checked
+    for consistency only: what proves whom the client reached is the pinned TLS certificate."""
 
     peer_id: str
 

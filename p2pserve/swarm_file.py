@@ -36,6 +36,8 @@ class Timing(_FileTable):
     candidate_refresh: Optional[float] = None
     plan_refresh: Optional[float] = None
     max_clock_skew: Optional[float] = None
+    report_ttl: Optional[float] = None
+    evidence_ttl: Optional[float] = None
     handover_max_wait: Optional[float] = None
 
 
@@ -52,12 +54,13 @@ class ModelSettings(_FileTable):
 
 class SwarmFile(_FileTable):
     """What every member of one swarm must agree on: its id, bootstrap addresses, trusted
-    coordinator keys, refresh periods and, per model, the coordinator's planning settings."""
+    coordinator keys, the members' peer ids if it admits only those, refresh periods and, per model, the coordinator's planning settings."""
 
     swarm_id: Optional[str] = None
     model: Optional[str] = None  # default model of commands not given --model
     initial_peers: Optional[tuple[str, ...]] = None
     trusted_coordinators: Optional[tuple[str, ...]] = None
+    allowed_peers: Optional[tuple[str, ...]] = None  # member peer ids (a private swarm); unset = open
     host_maddrs: Optional[tuple[str, ...]] = None
     announce_maddrs: Optional[tuple[str, ...]] = None
     identity_path: Optional[str] = None

@@ -24,6 +24,7 @@ _DHT_FLAGS = {
     "swarm_id": "swarm_id",
     "initial_peers": "initial_peers",
     "trusted_coordinators": "trusted_coordinator",
+    "allowed_peers": "allowed_peers",
     "host_maddrs": "host_maddrs",
     "announce_maddrs": "announce_maddrs",
     "identity_path": "identity_path",
@@ -36,6 +37,8 @@ _DHT_FLAGS = {
     "candidate_refresh": "candidate_refresh",
     "plan_refresh": "plan_refresh",
     "max_clock_skew": "max_clock_skew",
+    "report_ttl": "report_ttl",
+    "evidence_ttl": "evidence_ttl",
 }
 
 
@@ -49,10 +52,17 @@ def add_dht_arguments(parser: argparse.ArgumentParser, *, need_model: bool = Tru
     g.add_argument("--swarm-id", default=None, help="swarm id prefixing every DHT key (default from file or 'p2pserve')")
     g.add_argument("--host-maddrs", nargs="*", default=None, help="listen multiaddrs (default /ip4/0.0.0.0/tcp/0)")
     g.add_argument("--announce-maddrs", nargs="*", default=None, help="public multiaddrs to announce (behind NAT / port forward)")
-    g.add_argument("--identity-path", default=None, help="libp2p identity file (stable peer id; created if missing)")
-    g.add_argument("--key-path", default=None, help="RSA key (DER) signing this node's records; created if missing")
+    g.add_argument("--identity-path", default=None,
+                   help="this node's key as a libp2p identity file: it signs the node's records and fixes its peer "
+                        "id (created if missing)")
+    g.add_argument("--key-path", default=None,
+                   help="the same key as DER (what --print-public-key reads); with --identity-path too, both must "
+                        "hold one key (a missing one is written from the other)")
     g.add_argument("--trusted-coordinator", action="append", default=None, metavar="PUBKEY",
                    help="OpenSSH public key of a coordinator whose plans to follow (repeatable)")
+    g.add_argument("--allowed-peers", nargs="*", default=None, metavar="PEER_ID",
+                   help="admit only these peer ids as members: their peer, link, report and evidence records are "
+                        "read, everyone else's dropped (default: an open swarm)")
     g.add_argument("--use-auto-relay", action="store_true", default=None, help="behind NAT: find a relay to be reachable through")
     g.add_argument("--no-relay", dest="use_relay", action="store_false", default=None, help="disable libp2p circuit relay")
     g.add_argument("--client-mode", action="store_true", default=None, help="outgoing connections only (stores nothing for others)")
@@ -62,6 +72,8 @@ def add_dht_arguments(parser: argparse.ArgumentParser, *, need_model: bool = Tru
     t.add_argument("--candidate-refresh", type=float, default=None)
     t.add_argument("--plan-refresh", type=float, default=None)
     t.add_argument("--max-clock-skew", type=float, default=None)
+    t.add_argument("--report-ttl", type=float, default=None, help="lifetime of clients' service reports")
+    t.add_argument("--evidence-ttl", type=float, default=None, help="lifetime of verification evidence")
     parser.add_argument("--log-level", default="INFO")
 
 

@@ -21,7 +21,9 @@ logger = logging.getLogger("p2pserve.coordinator")
 
 # CoordinatorConfig fields that have a flag of the same name (and may be set per model in the file)
 _FLAGS = ("num_layers", "activation_bytes", "replan_period", "link_change_threshold", "objective",
-          "solve_time_limit", "priority", "coordinator_id", "trusted_verifiers", "trust_verifiers",
+          "solve_time_limit", "priority", "coordinator_id", "check_claims", "claim_slack", "claim_batch",
+          "min_report_samples", "min_reporter_addresses", "max_rtt_credit", "unobserved_share", "unobserved_total_share",
+          "cold_claim_slack", "max_peers_per_address", "trusted_verifiers", "trust_verifiers",
           "evidence_min_reporters", "exclusion_s")
 
 
@@ -37,6 +39,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     c.add_argument("--link-change-threshold", type=float, default=None, help="relative bandwidth change that re-plans")
     c.add_argument("--objective", choices=("throughput", "max-flow"), default=None, help="planner objective")
     c.add_argument("--solve-time-limit", type=float, default=None, help="seconds per placement solve")
+    t = parser.add_argument_group("claims (docs/trust.md, \"Claims\")")
+    t.add_argument("--check-claims", action=argparse.BooleanOptionalAction, default=None,
+                   help="cap claimed throughput by the service rates clients report (default on)")
+    t.add_argument("--claim-slack", type=float, default=None, help="effective = min(claim, SLACK x observed); default 2")
+    t.add_argument("--claim-batch", type=int, default=None,
+                   help="sessions a claimed throughput is profiled at (observed per-session rates are scaled by it); default 32")
+    t.add_argument("--min-report-samples", type=int, default=None, help="decode samples a report needs to count; default 8")
+    t.add_argument("--min-reporter-addresses", type=int, default=None,
+                   help="a peer counts as observed only by reports from this many addresses; default 2")
+    t.add_argument("--max-rtt-credit", type=float, default=None,
+                   help="most a report's RTT correction may raise its rate over the wall-clock rate; default 4")
+    t.add_argument("--unobserved-share", type=float, default=None,
+                   help="a peer nobody observed is capped at this x the median observed rate; default 1")
+    t.add_argument("--unobserved-total-share", type=float, default=None,
+                   help="peers nobody observed together get at most this x the observed peers' total; default 0.25")
+    t.add_argument("--cold-claim-slack", type=float, default=None,
+                   help="before any report, claims are capped at this x the median claim; default 8")
+    t.add_argument("--max-peers-per-address", type=int, default=None,
+                   help="open swarms: at most N peers per announced IP get flow (default 0: no cap)")
     c.add_argument("--print-public-key", action="store_true", help="print this coordinator's public key and exit")
     v = parser.add_argument_group("output verification (docs/trust.md)")
     v.add_argument("--trusted-verifier", dest="trusted_verifiers", action="append", default=None, metavar="KEY|PEER_ID",

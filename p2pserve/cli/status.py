@@ -3,8 +3,8 @@
     p2pserve status --initial-peers /ip4/.../p2p/Qm... --model M [--json]
 
 Peers (state, served and loading range, device, decode throughput at the served size, KV
-load), measured links, coordinators and the elected leader, the followed plan (epoch,
-targets, max-flow, upper bound) and its flows. The formatting is pure (:func:`collect_status`,
+load, claimed vs effective rate and why it is capped), measured links, coordinators and the
+elected leader, the followed plan (epoch, targets, max-flow, upper bound) and its flows. The formatting is pure (:func:`collect_status`,
 :func:`format_status`) so it is tested without a network.
 """
 
@@ -14,10 +14,14 @@ import argparse
 import asyncio
 import json
 import sys
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from p2pserve.cli.common import add_dht_arguments, dht_config_from_args, setup_logging
 from p2pserve.clock import wall
+from p2pserve.config import CoordinatorConfig
+from p2pserve.coordinator import claims
+from p2pserve.dht.keys import RecordKind
+from p2pserve.dht.reports import ServiceReports
 from p2pserve.dht.election import SignedPlan, elect_leader
 from p2pserve.dht.evidence import Evidence
 from p2pserve.dht.keys import RecordKind
@@ -38,35 +42,46 @@ def _span(s) -> Optional[list[int]]:
     return None if s is None else [int(s[0]), int(s[1])]
 
 
+def _peer_row(p: PeerInfo, plan: Optional[SignedPlan], now: float, verdict: claims.Verdict) -> dict[str, Any]:
+    """One peer's entry of :func:`collect_status`."""
+    return {
+        "peer_id": p.peer_id,
+        # "loading (handover)": loaded, waiting for its dropped layers to be covered
+        "state": f"{p.state} (handover)" if p.state == "loading" and p.loaded else p.state,
+        "serving": _span(p.serving),
+        "loading": _span(p.loading),
+        "target": _span(plan.plan.targets.get(p.peer_id)) if plan else None,
+        "device": p.device,
+        "max_layers": p.max_layers,
+        "decode_tps": p.decode_rate(p.serving[1] - p.serving[0]) if p.serving else None,
+        "claimed_tps": verdict.claimed,
+        "effective_tps": verdict.effective,
+        "claim": verdict.describe(),
+        "kv_free_tokens": p.kv_free_tokens,
+        "queued_tokens": p.queued_tokens,
+        "relayed": p.relayed,
+        "age_s": round(max(0.0, now - p.timestamp), 2),
+    }
+
+
 def collect_status(
     peers: dict[str, PeerInfo],
     links: list[LinkInfo],
     candidates: list[CoordinatorCandidate],
     plan: Optional[SignedPlan],
     now: float,
+    reports: Sequence[ServiceReports] = (),
     evidence: Optional[list] = None, trusted_verifiers: tuple[str, ...] = (), min_reporters: int = 3,
 ) -> dict[str, Any]:
-    """A JSON-ready description of the swarm (``evidence``: :func:`verification_status`)."""
+    """A JSON-ready description of the swarm (``reports``: clients' observed service rates, from
+    which each peer's claimed and effective one-layer rate are judged as a coordinator with the
+    default claims settings would, coordinator/claims.py; ``evidence``: :func:`verification_status`)."""
     leader = elect_leader(candidates)
+    cfg = CoordinatorConfig(num_layers=plan.plan.num_layers if plan else 1)
+    judged = claims.verdicts(peers, list(reports), cfg)
     out: dict[str, Any] = {
-        "peers": [
-            {
-                "peer_id": p.peer_id,
-                # "loading (handover)": loaded, waiting for its dropped layers to be covered
-                "state": f"{p.state} (handover)" if p.state == "loading" and p.loaded else p.state,
-                "serving": _span(p.serving),
-                "loading": _span(p.loading),
-                "target": _span(plan.plan.targets.get(p.peer_id)) if plan else None,
-                "device": p.device,
-                "max_layers": p.max_layers,
-                "decode_tps": p.decode_rate(p.serving[1] - p.serving[0]) if p.serving else None,
-                "kv_free_tokens": p.kv_free_tokens,
-                "queued_tokens": p.queued_tokens,
-                "relayed": p.relayed,
-                "age_s": round(max(0.0, now - p.timestamp), 2),
-            }
-            for p in sorted(peers.values(), key=lambda p: (p.serving or (1 << 30, 0), p.peer_id))
-        ],
+        "peers": [_peer_row(p, plan, now, judged[p.peer_id])
+                  for p in sorted(peers.values(), key=lambda p: (p.serving or (1 << 30, 0), p.peer_id))],
         "links": [
             {"src": li.peer_id, "dst": other, "bandwidth_Bps": s.bandwidth, "rtt_s": s.rtt}
             for li in sorted(links, key=lambda li: li.peer_id)
@@ -144,6 +159,11 @@ def format_status(d: dict[str, Any]) -> str:
           None if p["decode_tps"] is None else f"{p['decode_tps']:.1f}", p["kv_free_tokens"], p["queued_tokens"], p["age_s"]]
          for p in d["peers"]],
     ))
+    capped = [p for p in d["peers"] if p.get("effective_tps", 0) < p.get("claimed_tps", 0) * (1 - 1e-9)]
+    parts.append(f"\nCLAIMS (one-layer decode tok/s; {len(capped)} capped)")
+    parts.append(_table(["peer", "claimed", "effective", "why"],
+                        [[_short(p["peer_id"]), f"{p['claimed_tps']:.1f}", f"{p['effective_tps']:.1f}", p["claim"]]
+                         for p in d["peers"] if "claim" in p]))
     parts.append(f"\nLINKS ({len(d['links'])})")
     parts.append(_table(["from", "to", "MB/s", "rtt ms"],
                         [[_short(l["src"]), _short(l["dst"]), f"{l['bandwidth_Bps'] / 1e6:.2f}", f"{l['rtt_s'] * 1e3:.2f}"] for l in d["links"]]))
@@ -184,8 +204,9 @@ def run(args: argparse.Namespace) -> int:
             peers = {pid: s.record for pid, s in (await swarm.get_peers()).items()}
             links = [s.record for s in (await swarm.get_links()).values()]
             cands = [s.record for s in await swarm.get_candidates()]
+            reports = [s.record for s in await swarm.read(RecordKind.REPORTS, ServiceReports)]
             evidence = await swarm.read(RecordKind.EVIDENCE, Evidence)
-            return peers, links, cands, await swarm.get_plan(), evidence
+            return peers, links, cands, await swarm.get_plan(), reports, evidence
 
         async def read_settled():
             # a node that just joined may not reach every replica on its first read
@@ -196,8 +217,8 @@ def run(args: argparse.Namespace) -> int:
                 await asyncio.sleep(0.5 * (attempt + 1))
             return got
 
-        peers, links, cands, plan, evidence = asyncio.run(read_settled())
-        d = collect_status(peers, links, cands, plan, wall(), evidence, tuple(args.trusted_verifiers),
+        peers, links, cands, plan, reports, evidence = asyncio.run(read_settled())
+        d = collect_status(peers, links, cands, plan, wall(), reports, evidence, tuple(args.trusted_verifiers),
                            args.evidence_min_reporters)
     finally:
         swarm.shutdown()

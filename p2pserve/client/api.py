@@ -97,6 +97,8 @@ class AsyncClient:
         self._transport: Optional[Transport] = None
         self._swarm = None
         self._peer_routes: Optional[PeerListRoutes] = None
+        self.observer = None  # a ServiceObserver in swarm mode (client/observer.py)
+        self._reporting: Optional[asyncio.Task] = None
         self._started = False
 
     # ----------------------------------------------------------------------------- lifecycle
@@ -137,6 +139,12 @@ class AsyncClient:
         else:
             self._transport = await client_transport(self.config, await self._swarm.dht.replicate_p2p())
         self.swarm_routes = SwarmRoutes(self._swarm, seed=self.seed, num_layers=spec.num_layers)
+        if self.config.report_period_s > 0:  # observed service rates, for the coordinators' claim checks
+            from p2pserve.client.observer import ReportPublisher, ServiceObserver
+
+            self.observer = ServiceObserver(self.config.report_window)
+            publisher = ReportPublisher(self._swarm, self.observer, self.config.report_period_s)
+            self._reporting = asyncio.create_task(publisher.run())
 
     def _start_verifier(self) -> None:
         """Verify a share of every hop's outputs on another replica (``ClientConfig.verify_share``)."""
@@ -156,6 +164,9 @@ class AsyncClient:
         """Leave the network (a transport given to the constructor stays open: it is the caller's)."""
         if self.verifier is not None:
             await self.verifier.close()
+        if self._reporting is not None:
+            self._reporting.cancel()
+            self._reporting = None
         if self._transport is not None and self._transport is not self._given_transport:
             await self._transport.close()
         if self._swarm is not None:
@@ -221,7 +232,7 @@ class AsyncClient:
         spec = self.info.spec
         pipeline = Pipeline(self._transport, self._routes_for(max_length), spec.model_id, spec.num_layers,
                             max_length, sampling, self.config, self.failover, vocab_size=spec.vocab_size,
-                            verifier=self.verifier)
+                            observer=self.observer, verifier=self.verifier)
         return Generation(pipeline, prompt_ids, params, self.info.eos_ids, self.info.tokenizer)
 
     def _routes_for(self, max_length: int) -> RouteProvider:

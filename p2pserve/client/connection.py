@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import time
 from typing import Optional
 
 import numpy as np
@@ -54,6 +55,7 @@ class HopConnection:
         self.stream: Optional[Stream] = None
         self.session_id: Optional[str] = None
         self.opened: Optional[SessionOpened] = None
+        self.open_rtt_s: Optional[float] = None
 
     async def connect(self) -> None:
         """Open the stream (dialling the hop's addresses first) without opening a session."""
@@ -71,7 +73,9 @@ class HopConnection:
         session_id = session_id or secrets.token_hex(16)
         msg = OpenSession(version=PROTOCOL_VERSION, model_id=model_id, session_id=session_id, start=self.hop.start,
                           end=self.hop.end, max_length=max_length, sampling=sampling)
+        t0 = time.perf_counter()
         reply, _ = await self.call(msg)
+        self.open_rtt_s = time.perf_counter() - t0  # no compute behind it: the link's RTT (client/observer.py)
         if not isinstance(reply, SessionOpened):
             raise MalformedFrameError(f"expected SessionOpened from {self.hop}, got {type(reply).__name__}")
         self.session_id, self.opened = session_id, reply

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Optional, Sequence
 
 import torch
@@ -35,6 +36,7 @@ from p2pserve.client.failover import (
     routes_exhausted,
 )
 from p2pserve.client.hop import Hop, check_chain
+from p2pserve.client.observer import ServiceObserver
 from p2pserve.client.route_providers import ChainListRoutes, RouteProvider
 from p2pserve.client.tape import HopTape
 from p2pserve.config import ClientConfig
@@ -55,9 +57,11 @@ class Pipeline:
 
     def __init__(self, transport: Transport, routes: RouteProvider, model_id: str, num_layers: int, max_length: int,
                  sampling: SamplingParams = SamplingParams(), config: ClientConfig = ClientConfig(),
-                 state: Optional[FailoverState] = None, vocab_size: Optional[int] = None, verifier=None):
+                 state: Optional[FailoverState] = None, vocab_size: Optional[int] = None,
+                 observer: Optional[ServiceObserver] = None, verifier=None):
         self.transport = transport
         self.vocab_size = vocab_size  # when known, a last hop's token outside it is malformed
+        self.observer = observer  # times decode hops for the service reports (client/observer.py)
         self.routes = routes
         self.model_id = model_id
         self.num_layers = num_layers
@@ -122,11 +126,15 @@ class Pipeline:
                     await self._open_route()
                 sent = self.history[self._held:] + list(token_ids)
                 meta, data = tensor_to_wire(torch.tensor(sent, dtype=torch.int64))
+                observe = self.observer if len(sent) == 1 else None  # decode steps only
                 for i, link in enumerate(self._links):
                     try:
                         msg = Forward(session_id=link.session_id, step=self._steps, position=self._held, tensor=meta)
                         inputs = data
+                        t0 = time.perf_counter()
                         reply, data = await link.call(msg, data)
+                        if observe is not None:
+                            observe.decode(link.hop.peer_id, link.hop.end - link.hop.start, time.perf_counter() - t0)
                         meta = link.check_forward(reply, data, len(sent), self._steps, self._held,  # handed on undecoded
                                                   link.hop.end == self.num_layers, self.vocab_size)
                         if self._tapes:  # kept for re-execution: references, not copies
@@ -192,6 +200,10 @@ class Pipeline:
         self._links, self._held, self._steps = links, 0, 0
         if self.verifier is not None and cfg.verify_share > 0:
             self._tapes = [HopTape(c.hop, c.session_id) for c in links]
+        if self.observer is not None:
+            for c in links:
+                if c.open_rtt_s is not None:
+                    self.observer.rtt(c.hop.peer_id, c.hop.end - c.hop.start, c.open_rtt_s)
 
     async def _recover(self, failure: HopFailure, attempts: int) -> None:
         """Record a failed hop and drop the route; raises when re-routing cannot help."""

@@ -19,12 +19,14 @@ from p2pserve.clock import Clock
 from p2pserve.config import CoordinatorConfig
 from p2pserve.errors import ConfigError
 from p2pserve.coordinator.exclusion import ExclusionBook, judge
+from p2pserve.coordinator import claims
 from p2pserve.coordinator.replan import Decision, LeaderState, replan
 from p2pserve.coordinator.snapshot import LivePeers, Snapshot
 from p2pserve.dht.election import elect_leader
 from p2pserve.dht.evidence import Evidence
 from p2pserve.dht.keys import RecordKind
 from p2pserve.dht.records import CoordinatorCandidate, Plan
+from p2pserve.dht.reports import ServiceReports
 from p2pserve.dht.view import SwarmView
 
 logger = logging.getLogger(__name__)
@@ -72,6 +74,7 @@ class CoordinatorService:
         self._latest_seen: Optional[Plan] = None  # highest-epoch trusted plan ever read
         self._peers = LivePeers()
         self.exclusions = ExclusionBook(config.exclusion_s)
+        self.verdicts: dict[str, claims.Verdict] = {}  # of the last round, by peer id
 
     @property
     def plan(self) -> Optional[Plan]:
@@ -123,7 +126,21 @@ class CoordinatorService:
         peers = self._peers.update(fresh, self.swarm.withdrawn.get(RecordKind.PEERS, set()), now)
         peers = await self._without_excluded(peers, now)
         link_infos = [s.record for s in (await self.swarm.get_links()).values()]
-        return Snapshot.from_records(peers, link_infos)
+        return await self._police(Snapshot.from_records(peers, link_infos))
+
+    async def _police(self, snap: Snapshot) -> Snapshot:
+        """Claims capped by observed service rates, peers capped per address (coordinator/claims.py)."""
+        cfg = self.config
+        if not cfg.check_claims and not cfg.max_peers_per_address:
+            return snap
+        reports = [s.record for s in await self.swarm.read(RecordKind.REPORTS, ServiceReports)] if cfg.check_claims else []
+        snap, found = claims.police(snap, reports, cfg)
+        for pid, v in found.items():
+            prev = self.verdicts.get(pid)
+            if v.capped and (prev is None or (prev.reason, prev.capped) != (v.reason, v.capped)):
+                logger.info(f"peer {pid}: {v.describe()}")  # once per change, not every round
+        self.verdicts = found
+        return snap
 
     async def _without_excluded(self, peers: dict, now: float) -> dict:
         """``peers`` less those that verified evidence excludes (``coordinator/exclusion.py``)."""

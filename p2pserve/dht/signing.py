@@ -7,8 +7,13 @@ carries a valid signature by that key over (key, subkey, value, expiration). So 
 holder of a private key can write or refresh "its" entry, and a reader learns the signer's
 public key from the subkey.
 
-On top of that, readers check (in :mod:`p2pserve.dht.swarm`) that:
+The signing key is also the node's libp2p identity (:mod:`p2pserve.dht.identity`), so the
+signer's peer id follows from the key in the subkey. On top of the signature, readers check (in
+:mod:`p2pserve.dht.swarm`, rules in :mod:`p2pserve.dht.acceptance`) that:
 
+* a record about a peer (``peer_id``, ``reporter_id``) was signed by that peer's own key;
+* its DHT expiration and timestamps are within its TTL and the tolerated clock skew;
+* with an allow-list, a member record comes from a listed peer id;
 * a ``CoordinatorCandidate``'s ``public_key`` field equals its signer's key;
 * a ``Plan`` was signed by a key listed in ``trusted_coordinators`` (an empty list means an
   open swarm: any signer is accepted).
@@ -27,6 +32,7 @@ from typing import Iterable, Optional
 
 from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
 from hivemind.dht.crypto import RSASignatureValidator
 from hivemind.dht.validation import DHTRecord
 from hivemind.utils.crypto import RSAPrivateKey, RSAPublicKey
@@ -42,7 +48,8 @@ def load_or_create_key(path: Optional[str]) -> RSAPrivateKey:
     """Load the RSA private key at ``path`` (DER), creating it (mode 0600) if missing.
 
     ``None`` gives a fresh ephemeral key: fine for tests and throwaway peers, but a coordinator
-    listed in ``trusted_coordinators`` needs a persistent one.
+    listed in ``trusted_coordinators`` needs a persistent one. The same key is the node's libp2p
+    identity (:mod:`p2pserve.dht.identity`), so a persistent key also fixes the peer id.
     """
     if path is None:
         return RSAPrivateKey()
@@ -50,27 +57,39 @@ def load_or_create_key(path: Optional[str]) -> RSAPrivateKey:
         with open(path, "rb") as f:
             data = f.read()
         try:
-            inner = serialization.load_der_private_key(data, password=None)
+            return wrap_private_key(serialization.load_der_private_key(data, password=None))
         except ValueError as e:
             raise ConfigError(f"{path} is not a DER RSA private key: {e}") from e
-        key = RSAPrivateKey.__new__(RSAPrivateKey)
-        key._private_key = inner  # RSAPrivateKey has no public loader; this mirrors its __setstate__
-        return key
     key = RSAPrivateKey()
+    write_private_file(path, key.to_bytes())
+    return key
+
+
+def wrap_private_key(inner: object) -> RSAPrivateKey:
+    """hivemind's ``RSAPrivateKey`` around a ``cryptography`` RSA private key (``ValueError`` for
+    any other kind of key)."""
+    if not isinstance(inner, rsa.RSAPrivateKey):
+        raise ValueError(f"expected an RSA private key, got {type(inner).__name__}")
+    key = RSAPrivateKey.__new__(RSAPrivateKey)
+    key._private_key = inner  # RSAPrivateKey has no public loader; this mirrors its __setstate__
+    return key
+
+
+def write_private_file(path: str, data: bytes) -> None:
+    """Write secret ``data`` to ``path`` with mode 0600, atomically: a crash never leaves a
+    truncated key behind, and the file is never readable by others, not even for a moment."""
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
-    # write atomically so that a crash never leaves a truncated key behind
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".key-")
     try:
         os.fchmod(fd, 0o600)
         with os.fdopen(fd, "wb") as f:
-            f.write(key.to_bytes())
+            f.write(data)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
-    return key
 
 
 def public_key_text(key: RSAPrivateKey | RSAPublicKey) -> str:

@@ -3,7 +3,8 @@
 Writes go under this node's owner subkey (signed by the DHT's validator); reads decode every
 entry into a typed record, validate it and drop what fails with a logged reason. All policy
 (who leads, which plan wins, what a record may contain) lives in the pure modules
-:mod:`records`, :mod:`election`, :mod:`signing`; this file only moves bytes.
+:mod:`records`, :mod:`election`, :mod:`signing`, :mod:`acceptance` (which records a reader
+accepts: identity binding, time bounds, allow-list); this file only moves bytes.
 
 Typical use (a peer)::
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from typing import Optional
 
 import hivemind
@@ -25,7 +27,15 @@ from p2pserve import clock as clocks
 from p2pserve.clock import Clock
 from p2pserve.config import DHTConfig
 from p2pserve.dht import keys
+from p2pserve.dht.acceptance import (
+    allowed_set,
+    expiration_reason,
+    identity_reason,
+    membership_reason,
+    timestamp_reason,
+)
 from p2pserve.dht.election import SignedPlan, choose_plan
+from p2pserve.dht.identity import node_key, peer_id_of
 from p2pserve.dht.node import start_dht
 from p2pserve.dht.records import (
     CoordinatorCandidate,
@@ -38,7 +48,6 @@ from p2pserve.dht.records import (
 )
 from p2pserve.dht.signing import (
     is_trusted,
-    load_or_create_key,
     normalize_public_key,
     owner_of_subkey,
     owner_subkey,
@@ -96,8 +105,10 @@ class Swarm:
         self._key = private_key
         self._subkey = owner_subkey(private_key)
         self.public_key = public_key_text(private_key)
+        self._peer_id = peer_id_of(self.public_key)
         self._clock = clock
         self._trusted = trusted_set(config.trusted_coordinators)
+        self._allowed = allowed_set(config.allowed_peers)
         self._last_expiration: dict[keys.RecordKind, float] = {}
         self.rejects = RejectLog(config.reject_log_interval)
         self._last_plan: Optional[tuple[SignedPlan, float]] = None  # (plan, its record's expiration)
@@ -110,22 +121,26 @@ class Swarm:
 
     @staticmethod
     def start_dht(config: DHTConfig, private_key) -> hivemind.DHT:
-        """Start a hivemind DHT node for ``config`` with our signature validator (blocks ~1-3 s)."""
+        """Start a hivemind DHT node for ``config`` with our signature validator (blocks ~1-3 s);
+        ``private_key`` is its libp2p identity (the key in ``config.identity_path``, if set)."""
         return start_dht(initial_peers=config.initial_peers, host_maddrs=config.host_maddrs, private_key=private_key,
                          announce_maddrs=config.announce_maddrs, identity_path=config.identity_path,
                          use_relay=config.use_relay, use_auto_relay=config.use_auto_relay,
-                         client_mode=config.client_mode)
+                         client_mode=config.client_mode,
+                         key_dir=os.path.dirname(os.path.abspath(config.key_path)) if config.key_path else None)
 
     @classmethod
     def create(cls, config: DHTConfig, *, clock: Clock = clocks.wall) -> "Swarm":
-        """Load (or create) the signing key and start a DHT node for ``config``."""
-        key = load_or_create_key(config.key_path)
+        """Load (or create) the node's key (``key_path`` / ``identity_path``, see
+        :func:`~p2pserve.dht.identity.node_key`) and start a DHT node for ``config`` whose libp2p
+        identity it is."""
+        key = node_key(config.key_path, config.identity_path)
         return cls(config, cls.start_dht(config, key), key, clock=clock)
 
     @property
     def peer_id(self) -> str:
-        """This node's libp2p peer id (base58)."""
-        return self.dht.peer_id.to_base58()
+        """This node's libp2p peer id (base58), derived from its key (the DHT node runs as it)."""
+        return self._peer_id
 
     def visible_maddrs(self) -> list[str]:
         """Multiaddrs others can use as ``--initial-peers`` to reach this node."""
@@ -151,33 +166,42 @@ class Swarm:
         )
         return bool(await asyncio.wait_for(asyncio.wrap_future(fut), self.config.rpc_timeout))
 
+    def _check_own(self, record) -> None:
+        """Validate a record before publishing it, and refuse one readers would drop as not ours."""
+        record.validate()
+        reason = identity_reason(record, self.peer_id)
+        if reason is not None:
+            raise ConfigError(f"refusing to publish a record readers would reject: {reason}")
+
     async def announce_peer(self, info: PeerInfo) -> bool:
         """Store (or refresh) this node's PeerInfo; validated first so we never publish junk."""
-        info.validate()
+        self._check_own(info)
         return await self._put(keys.RecordKind.PEERS, encode_record(info), self.config.peer_ttl)
 
     async def announce_links(self, info: LinkInfo) -> bool:
         """Store (or refresh) this node's LinkInfo."""
-        info.validate()
+        self._check_own(info)
         return await self._put(keys.RecordKind.LINKS, encode_record(info), self.config.link_ttl)
 
     async def announce_candidate(self, cand: CoordinatorCandidate) -> bool:
         """Store (or refresh) this coordinator's candidacy."""
-        cand.validate()
+        self._check_own(cand)
         if normalize_public_key(cand.public_key) != normalize_public_key(self.public_key):
             raise ConfigError("a candidacy must carry this node's own public key")
         return await self._put(keys.RecordKind.COORDINATORS, encode_record(cand), self.config.candidate_ttl)
 
     async def publish_plan(self, plan: Plan) -> bool:
         """Store (or refresh) the plan this coordinator leads with."""
-        plan.validate()
+        self._check_own(plan)
         return await self._put(keys.RecordKind.PLAN, encode_record(plan), self.config.plan_ttl)
 
     async def announce(self, kind: keys.RecordKind, record, ttl: Optional[float] = None) -> bool:
         """Store (or refresh) this node's record of another ``kind`` (reports, evidence): it is
-        validated first; ``ttl`` defaults to the peer records' TTL."""
-        record.validate()
-        return await self._put(kind, encode_record(record), self.config.peer_ttl if ttl is None else ttl)
+        validated first; ``ttl`` defaults to the peer records' TTL and is at most the kind's
+        (``DHTConfig.ttl``: readers reject later expirations)."""
+        self._check_own(record)
+        limit = self.config.ttl(kind)
+        return await self._put(kind, encode_record(record), min(self.config.peer_ttl if ttl is None else ttl, limit))
 
     async def withdraw(self, kind: keys.RecordKind) -> bool:
         """Replace this node's entry of ``kind`` by a short-lived tombstone."""
@@ -215,19 +239,33 @@ class Swarm:
             if item.expiration_time < now:
                 continue
             if isinstance(item.value, (bytes, bytearray)) and len(item.value) == 0:
-                withdrawn.add(signer)  # tombstone: withdrawn
+                withdrawn.add(signer)  # tombstone: withdrawn (it can only withdraw its own signer)
                 continue
             try:
-                record = decode_record(item.value, cls, self.config.num_layers)
+                out.append(self._accept(kind, cls, signer, item.value, item.expiration_time, now))
             except (RecordRejected, MalformedFrameError) as e:
                 self.rejects.reject(kind.value, signer, str(e))
-                continue
-            if getattr(record, "model", self.config.model) != self.config.model:
-                self.rejects.reject(kind.value, signer, f"record for model {record.model!r} under this model's key")
-                continue
-            out.append(Signed(record, signer, item.expiration_time))
         self.withdrawn[kind] = withdrawn
         return out
+
+    def _accept(self, kind: keys.RecordKind, cls: type, signer: str, value, expiration: float, now: float) -> Signed:
+        """One live entry as a ``Signed`` record, or ``RecordRejected`` / ``MalformedFrameError``
+        with the reason: the rules of :mod:`~p2pserve.dht.acceptance`, decoding and validation."""
+        try:
+            signer_id = peer_id_of(signer)
+        except ConfigError as e:
+            raise RecordRejected(f"owner key gives no peer id: {e}") from e
+        reason = (expiration_reason(expiration, now, self.config.ttl(kind), self.config.max_clock_skew)
+                  or membership_reason(kind.value, signer_id, self._allowed))
+        if reason is None:
+            record = decode_record(value, cls, self.config.num_layers)
+            if getattr(record, "model", self.config.model) != self.config.model:
+                reason = f"record for model {record.model!r} under this model's key"
+            else:
+                reason = identity_reason(record, signer_id) or timestamp_reason(record, now, self.config.max_clock_skew)
+        if reason is not None:
+            raise RecordRejected(reason)
+        return Signed(record, signer, expiration)
 
     async def read(self, kind: keys.RecordKind, cls: type) -> list[Signed]:
         """Every live, valid record of ``kind`` decoded as ``cls`` (its ``validate()`` run), with
@@ -235,29 +273,27 @@ class Swarm:
         return await self._entries(kind, cls)
 
     async def get_peers(self) -> dict[str, Signed[PeerInfo]]:
-        """Live, valid PeerInfo records by peer id.
+        """Live, valid PeerInfo records by peer id, each signed by that peer's own key.
 
-        If two signers claim one peer id (a restart with a new key, or an impostor), the newer
-        announcement wins and the conflict is logged.
+        One key can still hold two entries (subkeys differing in the key's comment): the one
+        the DHT keeps longer wins, never the self-reported timestamp.
         """
-        out: dict[str, Signed[PeerInfo]] = {}
-        for s in await self._entries(keys.RecordKind.PEERS, PeerInfo):
+        return self._by_peer_id("peers", await self._entries(keys.RecordKind.PEERS, PeerInfo))
+
+    async def get_links(self) -> dict[str, Signed[LinkInfo]]:
+        """Live, valid LinkInfo records by measuring peer id, each signed by that peer's key."""
+        return self._by_peer_id("links", await self._entries(keys.RecordKind.LINKS, LinkInfo))
+
+    def _by_peer_id(self, kind: str, signed: list[Signed]) -> dict[str, Signed]:
+        out: dict[str, Signed] = {}
+        for s in signed:
             pid = s.record.peer_id
             if pid in out:
-                older, newer = sorted((out[pid], s), key=lambda x: x.record.timestamp)
-                self.rejects.reject("peers", older.signer, f"peer id {pid} also claimed by another key; using newer")
+                older, newer = sorted((out[pid], s), key=lambda x: x.expiration)
+                self.rejects.reject(kind, older.signer, f"peer id {pid} has two entries; using the later expiring")
                 out[pid] = newer
             else:
                 out[pid] = s
-        return out
-
-    async def get_links(self) -> dict[str, Signed[LinkInfo]]:
-        """Live, valid LinkInfo records by measuring peer id (newest wins on a conflict)."""
-        out: dict[str, Signed[LinkInfo]] = {}
-        for s in await self._entries(keys.RecordKind.LINKS, LinkInfo):
-            prev = out.get(s.record.peer_id)
-            if prev is None or prev.record.timestamp < s.record.timestamp:
-                out[s.record.peer_id] = s
         return out
 
     async def get_candidates(self) -> list[Signed[CoordinatorCandidate]]:

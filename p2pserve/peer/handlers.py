@@ -55,9 +55,12 @@ from p2pserve.protocol import (
     decode_request,
     error_reply,
 )
-from p2pserve.transport.frames import tensor_from_wire, tensor_to_wire, write_frame
+from p2pserve.transport.frames import read_frame, tensor_from_wire, tensor_to_wire, write_frame
 
 log = logging.getLogger(__name__)
+
+# What a stream refused at arrival may send before its refusal: one request frame, no payload.
+_FIRST_FRAME_LIMITS = FrameLimits(max_header_bytes=64 * 1024, max_payload_bytes=0)
 
 
 #: A refused payload up to this size is read and dropped, keeping its stream in sync.
@@ -109,8 +112,7 @@ class SessionHandler:
         try:
             self.quota.enter(remote)
         except OverloadedError as e:
-            await self._reply_error(writer, e)
-            _close(writer)
+            await self._refuse_stream(reader, writer, e)
             return
         stream = _StreamState(remote)
         self.streams_open += 1
@@ -126,6 +128,22 @@ class SessionHandler:
             if closed:
                 log.debug("stream closed; freed %d session(s)", closed)
             _close(writer)
+
+    async def _refuse_stream(self, reader, writer, error: OverloadedError) -> None:
+        """Answer a stream over quota with ``error`` once its first request is in, then close it.
+
+        Why wait for the request: a reply written and closed before the client's request arrived
+        was lost when the transport reset the stream on that late request (the client saw a bare
+        "closed the stream" instead of the typed refusal). The wait is bounded by the frame read
+        timeout, and a first frame carrying a payload is not read beyond its header.
+        """
+        try:
+            async with asyncio.timeout(self.admission.frame_read_timeout_s):
+                await read_frame(reader, _FIRST_FRAME_LIMITS)
+        except (P2PServeError, ConnectionError, asyncio.IncompleteReadError, TimeoutError):
+            pass
+        await self._reply_error(writer, error)
+        _close(writer)
 
     def _read_deadline(self, nbytes: int) -> float:
         """Seconds the rest of a frame of ``nbytes`` may take once its first byte arrived."""

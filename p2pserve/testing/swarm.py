@@ -7,10 +7,11 @@ from concurrent.futures import Future
 from typing import Callable, NamedTuple, Optional
 
 from p2pserve.config import DHTConfig
+from p2pserve.dht.acceptance import identity_reason, membership_reason
 from p2pserve.dht.election import SignedPlan, choose_plan
 from p2pserve.dht.keys import RecordKind
 from p2pserve.dht.records import CoordinatorCandidate, LinkInfo, PeerInfo, Plan, validate_for_model
-from p2pserve.errors import RecordRejected
+from p2pserve.errors import ConfigError, RecordRejected
 from p2pserve.dht.view import Signed
 
 #: One entry of a :class:`FakeSwarmStore`: a record and its expiration time.
@@ -57,6 +58,12 @@ class FakeSwarmStore:
         return {s: e for s, e in self.records[kind].items() if now is None or e[1] >= now}
 
 
+def fake_peer_id(signer: str) -> str:
+    """The peer id of a fake signer: ``"key-<name>"`` is node ``name``'s key; a signer a test
+    put records under directly (``store.put(kind, "B", ...)``) is its own peer id."""
+    return signer.removeprefix("key-")
+
+
 class FakeSwarm:
     """An in-memory :class:`~p2pserve.dht.view.SwarmView`: one node of a :class:`FakeSwarmStore`.
 
@@ -64,6 +71,12 @@ class FakeSwarm:
     included). Records are validated on announce as the real ``Swarm`` does; reads return them
     as ``Signed`` / ``SignedPlan`` signed by ``"key-<name>"``. ``calls`` counts reads and
     writes by method, for tests of caching.
+
+    Reads apply the real reader's identity and allow-list rules (:mod:`p2pserve.dht.acceptance`)
+    to fake identities: the peer id of signer ``"key-<name>"`` is ``name`` (:func:`fake_peer_id`),
+    so a record about another peer put under one's own signer is dropped, and listed in
+    ``rejected`` with its reason. Conflicts by peer id go to the later expiration. Time bounds
+    are not mimicked (fake clocks start anywhere).
     """
 
     def __init__(self, store: Optional[FakeSwarmStore] = None, name: str = "node",
@@ -74,6 +87,7 @@ class FakeSwarm:
         self.peer_id = name
         self.public_key = "key-" + name
         self.calls: Counter[str] = Counter()
+        self.rejected: list[tuple[str, str, str]] = []  # (kind, signer, reason) of dropped records
 
     @property
     def withdrawn(self) -> dict[RecordKind, set[str]]:
@@ -83,6 +97,9 @@ class FakeSwarm:
     def _put(self, kind: RecordKind, record, ttl: float) -> bool:
         self.calls[f"put_{kind.value}"] += 1
         record.validate()
+        reason = identity_reason(record, self.peer_id)
+        if reason is not None:  # as Swarm does: never publish what readers would drop
+            raise ConfigError(f"refusing to publish a record readers would reject: {reason}")
         self.store.put(kind, self.public_key, record, ttl)
         return True
 
@@ -122,8 +139,15 @@ class FakeSwarm:
 
     def _read(self, kind: RecordKind) -> list[Signed]:
         self.calls[f"get_{kind.value}"] += 1
-        return [Signed(rec, signer, exp) for signer, (rec, exp) in self.store.live(kind).items()
-                if self._fits_model(rec)]
+        out = []
+        for signer, (rec, exp) in self.store.live(kind).items():
+            reason = (membership_reason(kind.value, fake_peer_id(signer), frozenset(self.config.allowed_peers))
+                      or identity_reason(rec, fake_peer_id(signer)))
+            if reason is not None:
+                self.rejected.append((kind.value, signer, reason))
+            elif self._fits_model(rec):
+                out.append(Signed(rec, signer, exp))
+        return sorted(out, key=lambda s: s.expiration)  # by peer id below, the later expiring wins
 
     def _fits_model(self, record) -> bool:
         """Whether ``record`` passes the read-side check against the model, as ``Swarm`` reads."""

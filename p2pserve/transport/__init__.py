@@ -8,8 +8,9 @@ Implementations:
 
 * :mod:`~p2pserve.transport.libp2p` — hivemind's ``P2P`` (the go-libp2p daemon). With ``dht/``,
   the only code that imports hivemind.
-* :mod:`~p2pserve.transport.tcp` — the direct TCP path: a libp2p stream upgraded to a plain TCP
-  connection to the same peer (client side), and the listener that accepts those (peer side).
+* :mod:`~p2pserve.transport.tcp` — the direct path: a libp2p stream upgraded to a TLS connection
+  to the same peer, pinned by a fingerprint sent over that stream (client side), and the listener
+  that accepts those (peer side); :mod:`~p2pserve.transport.tls` holds the TLS parts.
 * :mod:`~p2pserve.transport.memory` — in-process pipes, for unit tests (no daemon, no sockets).
 
 This module holds only the protocol and the stream struct, so importing it costs nothing.

@@ -1,4 +1,4 @@
-"""The direct path: the session protocol on a plain TCP socket, next to the libp2p stream.
+"""The direct path: the session protocol on a TLS connection, next to the libp2p stream.
 
 Why: on loopback a frame round trip through libp2p costs ~0.29 ms (client -> its go-libp2p
 daemon -> the peer's daemon -> the peer, and back: six process wake-ups), against ~0.11 ms on a
@@ -6,19 +6,27 @@ TCP socket between the two Python processes. A hop pays that on every token, so 
 can reach a peer's address talks to it directly (ARCHITECTURE.md, "Hop topology").
 
 How a connection is bound to the peer: the client first opens the libp2p stream, which
-authenticates the peer's id, and sends ``OpenDirect``; the peer answers with its TCP port and a
-random one-time token. The client connects to that port on the address it dialled, sends
-``AttachDirect(token)`` as the first frame, and the peer answers ``DirectAttached`` with its peer
-id. Only then do session frames flow, served by the same handler as libp2p streams. A
-connection that sends anything else first, or a wrong or expired token, is closed.
+authenticates the peer's id, and sends ``OpenDirect``; the peer answers with its direct port, a
+random one-time token and the SHA-256 of its TLS certificate (``transport/tls.py``: a key pair
+made fresh when the listener starts, served with TLS 1.3 only). The client connects with TLS to
+that port on each address the peer announced, in order, and after the handshake, before writing
+a byte, checks that the certificate is the one pinned by the offer; at an address where it is
+not (an impostor, a stale address now used by someone else) it closes and tries the next. On
+the pinned connection it sends ``AttachDirect(token)``; the peer redeems the token (which it
+issued to the client's authenticated peer id, so it serves the connection as that client's) and
+answers ``DirectAttached``. Only then do session frames flow, served by the same handler as
+libp2p streams. A connection that sends anything else first, or a wrong or expired token, is
+closed.
+
+What it gives: the same guarantees as the libp2p stream. The client knows it talks to the peer
+id it dialled (the pin came over the authenticated stream), the peer knows which client it
+serves (the token came over it too), and the token and activations are encrypted. There is no
+plaintext mode: an offer without a fingerprint is not taken, and the stream stays on libp2p.
 
 Client side: :class:`DirectTransport` wraps the libp2p transport and performs that upgrade on
 every session stream it opens (falling back to the libp2p stream when the peer offers no port or
-none of its addresses answers). Peer side: :class:`DirectListener` accepts the connections.
-
-What it does not give: encryption. Activations cross the direct path in the clear, as they do
-inside any datacentre; peers started with ``--no-direct`` and clients with ``direct=False`` keep
-everything on libp2p's encrypted streams.
+none of its addresses answers with the pinned certificate). Peer side: :class:`DirectListener`
+accepts the connections.
 """
 
 from __future__ import annotations
@@ -44,6 +52,7 @@ from p2pserve.protocol import (
 )
 from p2pserve.transport import Stream, StreamHandler, Transport
 from p2pserve.transport.frames import read_frame, write_frame
+from p2pserve.transport.tls import DirectTLS, check_pin, client_context, is_fingerprint
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +95,7 @@ class DirectTransport:
         self.inner = inner
         self.limits = limits
         self.attach_timeout_s = attach_timeout_s
+        self._tls = client_context()
         # Direct streams still open: ``close`` ends them too (the inner transport knows nothing
         # of them, and a peer would otherwise keep serving a client that said goodbye).
         self._direct: weakref.WeakSet = weakref.WeakSet()
@@ -117,6 +127,9 @@ class DirectTransport:
             return stream
         if not isinstance(offer, DirectOffer) or not offer.port:  # an error reply: a peer without the path
             return stream
+        if not is_fingerprint(offer.tls_sha256):  # nothing to pin: the token must not leave libp2p
+            log.debug("no direct path to %s: its offer pins no certificate", peer_id)
+            return stream
         for host in maddr_hosts(maddrs):
             direct = await self._attach(host, offer, peer_id)
             if direct is not None:
@@ -125,18 +138,24 @@ class DirectTransport:
         return stream
 
     async def _attach(self, host: str, offer: DirectOffer, peer_id: str) -> Optional[Stream]:
-        """A direct stream to ``host`` bound to ``peer_id`` by the offer's token, or None."""
+        """A TLS stream to ``host`` that presented the offer's certificate, bound to our peer id
+        by the offer's token; or None (where the pin failed, only our half of the handshake was sent)."""
         writer = None
+        where = f"{host}:{offer.port}"
         try:
             async with asyncio.timeout(self.attach_timeout_s):
-                reader, writer = await asyncio.open_connection(host, offer.port)
+                reader, writer = await asyncio.open_connection(
+                    host, offer.port, ssl=self._tls, ssl_handshake_timeout=self.attach_timeout_s)
+                # The handshake is done; nothing of ours has been written yet. Check, then write.
+                check_pin(writer.get_extra_info("ssl_object"), offer.tls_sha256, where)
                 set_nodelay(writer)
                 await write_frame(writer, AttachDirect(token=offer.token))
                 header, _ = await read_frame(reader, self.limits)
             ack = decode_reply(header)
             if not isinstance(ack, DirectAttached) or ack.peer_id != peer_id:
-                raise ConnectionError(f"{host}:{offer.port} is not {peer_id}")
+                raise ConnectionError(f"{where} did not attach as {peer_id}")
         except (OSError, TimeoutError, asyncio.IncompleteReadError, P2PServeError) as e:
+            # ssl.SSLError is an OSError: a failed handshake is one more address that did not answer
             log.debug("direct path to %s via %s failed: %s", peer_id, host, e)
             if writer is not None:
                 writer.close()
@@ -196,11 +215,15 @@ class TokenBook:
 
 
 class DirectListener:
-    """Accepts direct TCP connections and hands attached ones to ``handler(reader, writer)``."""
+    """Accepts direct TLS connections and hands attached ones to ``handler(reader, writer, remote)``.
+
+    ``tls`` is the listener's TLS identity; by default a fresh one is made at :meth:`start`.
+    """
 
     def __init__(self, handler: StreamHandler, peer_id: str, hosts: list[str], port: int = 0,
-                 token_ttl_s: float = 30.0, attach_timeout_s: float = 10.0):
+                 token_ttl_s: float = 30.0, attach_timeout_s: float = 10.0, tls: Optional[DirectTLS] = None):
         self.handler = handler
+        self.tls = tls
         self.peer_id = peer_id
         self.hosts = hosts
         self.port = port
@@ -209,10 +232,14 @@ class DirectListener:
         self._servers: list[asyncio.base_events.Server] = []
 
     async def start(self) -> int:
-        """Listen on every host at one port (the first bind picks it when ``port`` is 0)."""
+        """Listen with TLS on every host at one port (the first bind picks it when ``port`` is 0)."""
+        if self.tls is None:
+            self.tls = DirectTLS.generate()
         for host in self.hosts:
             try:
-                server = await asyncio.start_server(self._serve, host, self.port)
+                # A connection that never completes its handshake is dropped like one that never attaches.
+                server = await asyncio.start_server(self._serve, host, self.port, ssl=self.tls.context,
+                                                    ssl_handshake_timeout=self.attach_timeout_s)
             except OSError as e:
                 if not self._servers:
                     raise
@@ -224,9 +251,12 @@ class DirectListener:
         return self.port
 
     def offer(self, holder: str = "") -> DirectOffer:
-        """Answer to ``OpenDirect`` from ``holder`` (its peer id): the port and a fresh one-time
-        token; the connection that redeems it is served as ``holder``'s."""
-        return DirectOffer(port=self.port, token=self.tokens.issue(holder))
+        """Answer to ``OpenDirect`` from ``holder`` (its peer id): the port, a fresh one-time token
+        (the connection that redeems it is served as ``holder``'s) and the certificate's pin.
+        Port 0 (no direct path) until the listener has started."""
+        if self.tls is None or not self._servers:
+            return DirectOffer(port=0)
+        return DirectOffer(port=self.port, token=self.tokens.issue(holder), tls_sha256=self.tls.fingerprint)
 
     async def stop(self) -> None:
         """Stop accepting (attached connections end with their clients)."""
@@ -235,6 +265,7 @@ class DirectListener:
         self._servers.clear()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """One connection, its TLS handshake done: redeem its first frame's token, then serve it."""
         try:
             set_nodelay(writer)
             async with asyncio.timeout(self.attach_timeout_s):
@@ -246,8 +277,13 @@ class DirectListener:
                 writer.close()
                 return
             await write_frame(writer, DirectAttached(peer_id=self.peer_id))
-        except (P2PServeError, asyncio.IncompleteReadError, ConnectionError, TimeoutError) as e:
+        except (P2PServeError, asyncio.IncompleteReadError, OSError, TimeoutError) as e:
+            # OSError: ConnectionError, and ssl.SSLError from a broken TLS record
             log.info("direct connection dropped before attaching: %s", e)
             writer.close()
             return
-        await self.handler(reader, writer, holder)
+        try:
+            await self.handler(reader, writer, holder)
+        except OSError as e:  # a TLS record that fails to decrypt ends the connection, nothing more
+            log.info("direct connection from %s ended: %s", holder, e)
+            writer.close()

@@ -18,6 +18,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from p2pserve.config import DHTConfig
+from p2pserve.dht.identity import peer_id_of
 from p2pserve.dht.keys import RecordKind, record_key
 from p2pserve.dht.records import CoordinatorCandidate, LinkInfo, PeerInfo, Plan
 from p2pserve.dht.signing import (
@@ -100,12 +101,17 @@ READERS = {RecordKind.PEERS: (PeerInfo, "get_peers"), RecordKind.LINKS: (LinkInf
 def _entries(kind: RecordKind):
     cls = READERS[kind][0]
     # for this model (and a candidate carrying a real key): records the readers' last filters pass
-    ours = RECORDS[cls].flatmap(lambda d: st.sampled_from(TEXTS).map(lambda t: {**d, "model": "m", "public_key": t}
-                                                                     if "public_key" in d else {**d, "model": "m"}))
+    # (a record about a peer carries its signer's peer id, as readers require)
+    ours = RECORDS[cls].flatmap(lambda d: st.sampled_from(TEXTS).map(lambda t: _own(d, t)))
     value = st.one_of(st.just(b""), hostile(RECORDS[cls]), hostile(ours), ours.map(pack), ours.map(pack), values)
-    # live (the clock reads 1000), expired, and expirations no honest node stores
-    expiry = st.sampled_from([5e3, 1e12, 999.0, -1.0, math.nan, math.inf]) | st.floats()
+    # live (the clock reads 1000), expired, and expirations no honest node stores (beyond the TTL)
+    expiry = st.sampled_from([1005.0, 5e3, 1e12, 999.0, -1.0, math.nan, math.inf]) | st.floats()
     return st.dictionaries(st.sampled_from(SUBKEYS) | subkeys, st.tuples(value, expiry), max_size=4)
+
+
+def _own(d: dict, text: str) -> dict:
+    """A record dict for model "m" as signed by ``text``'s key: its own public key and peer id."""
+    return {**d, "model": "m", **{k: v for k, v in (("public_key", text), ("peer_id", peer_id_of(text))) if k in d}}
 
 
 @FUZZ

@@ -1,5 +1,6 @@
 """The direct path's handshake (``transport/tcp.py``): the peer's listener parsing a connection's
-first frame, and the client parsing the peer's ``DirectOffer``.
+first frame (what arrives once TLS is up: ``_serve`` is the TLS server's callback), and the client
+parsing the peer's ``DirectOffer``.
 
 Properties: the listener hands a connection to the session handler only after an
 ``AttachDirect`` frame carrying a token it issued, answers it ``DirectAttached``, and closes
@@ -40,6 +41,12 @@ attach = st.just(msgspec.to_builtins(AttachDirect(token=SLOT)))
 attach_headers = st.one_of(attach.map(pack), mutated(attach), hostile(requests))
 #: The honest first frame followed by anything: the path that attaches, which random frames rarely take.
 honest = st.tuples(attach.map(pack).map(lambda h: FRAME_PREFIX.pack(len(h), 0) + h), st.binary(max_size=64))
+
+
+def pack_frame(header: dict) -> bytes:
+    """``header`` as one whole frame without payload."""
+    body = pack(header)
+    return FRAME_PREFIX.pack(len(body), 0) + body
 
 
 def _first_frame(data: bytes):
@@ -103,6 +110,7 @@ async def _upgrade(data: bytes):
 @FUZZ
 @given(streams(hostile(replies)))
 @example(FRAME_PREFIX.pack(4, 0) + b"\xa1t\xa1\x80")
+@example(pack_frame({"t": "direct_offer", "port": 1, "token": "x", "tls_sha256": "Z" * 64}))  # not a fingerprint
 @counted("tcp.DirectTransport.offer")
 def test_client_upgrade_survives_any_offer(raw):
     stream = run(_upgrade(raw))

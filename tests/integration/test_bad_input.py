@@ -211,14 +211,16 @@ def test_exhausted_kv_budget_is_overloaded_and_others_continue(peer):
 
 
 def test_direct_path_refuses_bad_attach_and_keeps_serving(peer):
-    """The direct TCP port takes only a fresh token from an OpenDirect; anything else is closed."""
+    """The direct TLS port takes only a fresh token from an OpenDirect; anything else is closed."""
     from p2pserve.protocol import AttachDirect, DirectAttached, DirectOffer, OpenDirect
+    from p2pserve.transport.tls import check_pin, client_context
 
     path, p = peer
     model = LocalModelInfo.load(path)
 
-    async def attach(port: int, first_frame: bytes):
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    async def attach(offer: DirectOffer, first_frame: bytes):
+        reader, writer = await asyncio.open_connection("127.0.0.1", offer.port, ssl=client_context())
+        check_pin(writer.get_extra_info("ssl_object"), offer.tls_sha256, "the peer's direct port")
         writer.write(first_frame)
         await writer.drain()
         try:
@@ -240,12 +242,12 @@ def test_direct_path_refuses_bad_attach_and_keeps_serving(peer):
         offer, _ = await conn.call(OpenDirect())
         assert isinstance(offer, DirectOffer) and offer.port > 0 and offer.token
         garbage = b"\xc1 not msgpack"
-        assert await attach(offer.port, FRAME_PREFIX.pack(len(garbage), 0) + garbage) is None
-        assert await attach(offer.port, FRAME_PREFIX.pack(1 << 20, 0)) is None  # oversized header
-        assert await attach(offer.port, frame(AttachDirect(token="0" * 32))) is None  # never issued
-        ok = await attach(offer.port, frame(AttachDirect(token=offer.token)))
+        assert await attach(offer, FRAME_PREFIX.pack(len(garbage), 0) + garbage) is None
+        assert await attach(offer, FRAME_PREFIX.pack(1 << 20, 0)) is None  # oversized header
+        assert await attach(offer, frame(AttachDirect(token="0" * 32))) is None  # never issued
+        ok = await attach(offer, frame(AttachDirect(token=offer.token)))
         assert isinstance(ok, DirectAttached) and ok.peer_id == p.peer_id
-        assert await attach(offer.port, frame(AttachDirect(token=offer.token))) is None  # single use
+        assert await attach(offer, frame(AttachDirect(token=offer.token))) is None  # single use
         await conn.close()
         assert await healthy(transport, p, model)
 

@@ -118,7 +118,8 @@ def test_a_peer_record_is_checked_against_the_model_when_read(caplog):
     and a 4000-layer span passed for a 4-layer model)."""
     from p2pserve.dht.keys import record_key
     from p2pserve.dht.records import encode_record
-    from p2pserve.dht.signing import load_or_create_key, owner_subkey
+    from p2pserve.dht.identity import peer_id_of
+    from p2pserve.dht.signing import load_or_create_key, owner_subkey, public_key_text
     from p2pserve.dht.swarm import Swarm
     from p2pserve.testing import FakeDHT
 
@@ -126,9 +127,12 @@ def test_a_peer_record_is_checked_against_the_model_when_read(caplog):
     cfg = DHTConfig(model="m", swarm_id="s", num_layers=4, reject_log_interval=0.0)
     reader = Swarm(cfg, dht, load_or_create_key(None), clock=clock)
     key = record_key("s", "m", RecordKind.PEERS)
-    for name, info in (("liar", PeerInfo(model="m", peer_id="liar", max_layers=4096, serving=(0, 4000))),
-                       ("ok", PeerInfo(model="m", peer_id="ok", max_layers=4, serving=(0, 4)))):
-        dht.data.setdefault(key, {})[owner_subkey(load_or_create_key(None))] = FakeDHT.Entry(encode_record(info), 2000.0)
+    liar, ok = load_or_create_key(None), load_or_create_key(None)
+    ok_id = peer_id_of(public_key_text(ok))
+    for signer, info in ((liar, PeerInfo(model="m", peer_id=peer_id_of(public_key_text(liar)), max_layers=4096,
+                                         serving=(0, 4000))),
+                         (ok, PeerInfo(model="m", peer_id=ok_id, max_layers=4, serving=(0, 4)))):
+        dht.data.setdefault(key, {})[owner_subkey(signer)] = FakeDHT.Entry(encode_record(info), clock() + 5.0)
     peers = asyncio.run(reader.get_peers())
-    assert set(peers) == {"ok"}
+    assert set(peers) == {ok_id}
     assert "max_layers=4096" in caplog.text

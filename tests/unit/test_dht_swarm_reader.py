@@ -8,6 +8,7 @@ import pytest
 
 from p2pserve.cli.common import add_dht_arguments, dht_config_from_args
 from p2pserve.config import DHTConfig
+from p2pserve.dht.identity import peer_id_of
 from p2pserve.dht.keys import RecordKind, record_key
 from p2pserve.dht.records import CoordinatorCandidate, PeerInfo, Plan, encode_record
 from p2pserve.dht.signing import load_or_create_key, owner_subkey, public_key_text
@@ -34,19 +35,19 @@ def test_reader_filters(keys, caplog):
     a, b = make(keys, 0, dht, clock), make(keys, 1, dht, clock)
 
     async def go():
-        await a.announce_peer(PeerInfo(model="m", peer_id="pa"))
-        await b.announce_peer(PeerInfo(model="m", peer_id="pb"))
-        assert set(await a.get_peers()) == {"pa", "pb"}
-        # an absurd record written around local validation, and one for another model
+        await a.announce_peer(PeerInfo(model="m", peer_id=a.peer_id))
+        await b.announce_peer(PeerInfo(model="m", peer_id=b.peer_id))
+        assert set(await a.get_peers()) == {a.peer_id, b.peer_id}
+        # an absurd record written around local validation, and an unsigned one
         key = record_key("s", "m", RecordKind.PEERS)
-        bad = PeerInfo(model="m", peer_id="px", max_layers=1, throughput_decode=[1e12])
-        dht.data[key][owner_subkey(keys[2])] = Entry(encode_record(bad), 2000.0)
-        dht.data[key][b"no-owner"] = Entry(encode_record(PeerInfo(model="m", peer_id="py")), 2000.0)
-        assert set(await a.get_peers()) == {"pa", "pb"}
+        bad = PeerInfo(model="m", peer_id=peer_id_of(public_key_text(keys[2])), max_layers=1, throughput_decode=[1e12])
+        dht.data[key][owner_subkey(keys[2])] = Entry(encode_record(bad), clock() + 5.0)
+        dht.data[key][b"no-owner"] = Entry(encode_record(PeerInfo(model="m", peer_id="py")), clock() + 5.0)
+        assert set(await a.get_peers()) == {a.peer_id, b.peer_id}
         assert "throughput_decode[1]" in caplog.text and "no owner" in caplog.text
         # withdraw: tombstone, reported as withdrawn
         await b.withdraw_all()
-        assert set(await a.get_peers()) == {"pa"}
+        assert set(await a.get_peers()) == {a.peer_id}
         assert public_key_text(keys[1]) in a.withdrawn[RecordKind.PEERS]
         # expiry
         clock.advance(100)
@@ -65,7 +66,7 @@ def test_candidates_must_carry_their_signers_key(keys):
                                                             public_key=public_key_text(keys[1])))
         key = record_key("s", "m", RecordKind.COORDINATORS)
         lie = CoordinatorCandidate(model="m", coordinator_id="liar", start_time=1.0, public_key=public_key_text(keys[1]))
-        dht.data[key] = {owner_subkey(keys[2]): Entry(encode_record(lie), 2000.0)}
+        dht.data[key] = {owner_subkey(keys[2]): Entry(encode_record(lie), clock() + 5.0)}
         assert await a.get_candidates() == []
 
     asyncio.run(go())

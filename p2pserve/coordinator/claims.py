@@ -1,0 +1,194 @@
+"""Claims checked against what is observed, and per-address caps (pure policy, no I/O).
+
+A peer announces its own throughput table; nothing stops it from lying. Before planning, the
+coordinator runs :func:`police` on its snapshot:
+
+1. **Per-address cap** (``max_peers_per_address``, 0 = off): peers are grouped by the IPs of
+   their announced addresses (loopback and link-local ones only count for a peer that announces
+   nothing else; relayed ``p2p-circuit`` addresses name the relay, not the peer, and do not
+   count). Peers are admitted in order (serving first, then the lowest claimed one-layer rate,
+   then peer id) while each of their IPs holds fewer than the cap; the rest are left out of the
+   plan with a reason. Inflating a claim therefore puts a peer last in its address's queue.
+2. **Claim caps** (``check_claims``): a peer's tables are scaled by ``factor`` so that its
+   effective rate is ``min(claim, claim_slack x observed)``. ``observed`` comes from the
+   :class:`~p2pserve.dht.reports.ServiceReports` clients publish: per report, the per-session
+   rate (RTT-corrected, at most ``max_rtt_credit`` times the wall-clock rate) times
+   ``claim_batch``, divided by the claim at the layer count the client used; one such ratio per
+   reporter address (the reporter with most samples), only reports of at least
+   ``min_report_samples`` samples, never a peer's report on itself; the median over addresses,
+   counted only when at least ``min_reporter_addresses`` addresses observed the peer.
+   A peer nobody observed is capped at ``unobserved_share`` x the median effective one-layer
+   rate of the observed peers, so it still gets flow, gets used and observed; all unobserved
+   peers together get at most ``unobserved_total_share`` x the observed peers' total (a Sybil
+   flood of fresh identities shares that budget). While nobody is observed (a cold swarm), a
+   claim is capped at ``cold_claim_slack`` x the median claim, which a minority cannot move.
+
+What it cannot stop (docs/trust.md, "Claims"): reports are as honest as their reporters, and a
+reporter's address and identity are self-announced, so a Sybil set of clients can vouch for a
+Sybil set of peers; addresses are self-announced too, so the per-address cap binds only an
+attacker who must be reachable at the addresses it announces.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import statistics
+from dataclasses import dataclass, replace
+from typing import Iterable, Mapping, Optional, Sequence
+
+import msgspec
+
+from p2pserve.config import CoordinatorConfig
+from p2pserve.coordinator.snapshot import Snapshot
+from p2pserve.dht.records import PeerInfo
+from p2pserve.dht.reports import ServiceReports
+
+_IP_PROTOCOLS = ("ip4", "ip6")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Why a peer plans at the rate it does: ``claimed`` and ``effective`` are its one-layer
+    decode rates (tokens/s); ``reason`` is ``"observed"``, ``"unobserved"``, ``"cold"`` (no
+    report in the swarm yet), ``"address cap"`` or ``"no cap"``; ``observed`` the median ratio of observed to claimed (None if unobserved)."""
+
+    peer_id: str
+    claimed: float
+    effective: float
+    reason: str
+    reporters: int = 0
+    observed: Optional[float] = None
+
+    @property
+    def capped(self) -> bool:
+        """Whether the peer plans below its claim (or not at all)."""
+        return self.reason == "address cap" or self.effective < self.claimed * (1 - 1e-9)
+
+    def describe(self) -> str:
+        """One line for logs and ``p2pserve status``."""
+        if self.reason == "address cap":
+            return "left out: too many peers at its address"
+        if self.reason == "cold" and self.capped:
+            return f"capped to {self.effective / max(self.claimed, 1e-12):.3g} of its claim (no reports yet: " \
+                   "at most cold_claim_slack x the median claim)"
+        if not self.capped:
+            return f"{self.reason}, claim stands"
+        how = f"{self.reporters} reporters saw {self.observed:.3g} of the claim" if self.observed is not None else \
+            "nobody observed it yet: capped at the swarm's median"
+        return f"capped to {self.effective / max(self.claimed, 1e-12):.3g} of its claim ({how})"
+
+
+def address_keys(addrs: Iterable[str]) -> frozenset[str]:
+    """The IPs a peer's multiaddrs name (loopback/link-local ones only if nothing else is left)."""
+    ips: list[ipaddress._BaseAddress] = []
+    for addr in addrs:
+        if "p2p-circuit" in addr:
+            continue  # the IP of a relayed address is the relay's
+        parts = addr.split("/")
+        for proto, value in zip(parts, parts[1:]):
+            if proto in _IP_PROTOCOLS:
+                try:
+                    ips.append(ipaddress.ip_address(value))
+                except ValueError:
+                    pass
+                break
+    public = [ip for ip in ips if not (ip.is_loopback or ip.is_link_local or ip.is_unspecified)]
+    return frozenset(str(ip) for ip in (public or ips))
+
+
+def one_layer(p: PeerInfo) -> float:
+    """The peer's claimed decode rate holding one layer (0 if it has not profiled)."""
+    return p.decode_rate(1)
+
+
+def cap_per_address(peers: Mapping[str, PeerInfo], limit: int) -> tuple[dict[str, PeerInfo], dict[str, str]]:
+    """At most ``limit`` peers per IP (0: everyone); returns (kept peers, {left-out id: reason})."""
+    if limit <= 0:
+        return dict(peers), {}
+    order = sorted(peers.values(), key=lambda p: (p.serving is None, one_layer(p), p.peer_id))
+    count: dict[str, int] = {}
+    kept, dropped = {}, {}
+    for p in order:
+        ips = address_keys(p.addrs)
+        full = sorted(ip for ip in ips if count.get(ip, 0) >= limit)
+        if full:
+            dropped[p.peer_id] = f"{limit} peers already announce {full[0]} (max_peers_per_address)"
+            continue
+        for ip in ips:
+            count[ip] = count.get(ip, 0) + 1
+        kept[p.peer_id] = p
+    return kept, dropped
+
+
+def observed_ratios(peers: Mapping[str, PeerInfo], reports: Sequence[ServiceReports],
+                    cfg: CoordinatorConfig) -> dict[str, list[float]]:
+    """Per peer, one observed/claimed ratio per reporter address (see the module docstring)."""
+    best: dict[tuple[str, frozenset[str] | str], tuple[int, float]] = {}
+    for rep in reports:
+        where = address_keys(rep.addrs) or rep.reporter_id  # no address: one vote per reporter id
+        for r in rep.rates:
+            p = peers.get(r.peer_id)
+            if p is None or r.samples < cfg.min_report_samples or rep.reporter_id == r.peer_id:
+                continue
+            claim = p.decode_rate(r.layers)
+            if claim <= 0:
+                continue  # a layer count the peer claims nothing for: not comparable
+            rate = min(r.rate, r.wall_rate * cfg.max_rtt_credit) * cfg.claim_batch
+            key = (r.peer_id, where)
+            if key not in best or r.samples > best[key][0]:
+                best[key] = (r.samples, rate / claim)
+    out: dict[str, list[float]] = {}
+    for (pid, _), (_, ratio) in best.items():
+        out.setdefault(pid, []).append(ratio)
+    return out
+
+
+def verdicts(peers: Mapping[str, PeerInfo], reports: Sequence[ServiceReports], cfg: CoordinatorConfig) -> dict[str, Verdict]:
+    """Each peer's claimed and effective one-layer rate, and why."""
+    # a peer counts as observed only by min_reporter_addresses independent addresses: one address
+    # (however many client identities it runs) can neither vouch for a peer nor defame one
+    ratios = {pid: rs for pid, rs in observed_ratios(peers, reports, cfg).items() if len(rs) >= cfg.min_reporter_addresses}
+    out: dict[str, Verdict] = {}
+    for pid, rs in ratios.items():
+        claim = one_layer(peers[pid])
+        med = statistics.median(rs)
+        out[pid] = Verdict(pid, claim, claim * min(1.0, cfg.claim_slack * med), "observed", len(rs), med)
+    unobserved = [pid for pid in peers if pid not in out]
+    if not out:  # a cold swarm: no report yet; a minority cannot move the median of the claims
+        claims = [one_layer(p) for p in peers.values()]
+        ceiling = cfg.cold_claim_slack * statistics.median(claims) if claims else 0.0
+        return {pid: Verdict(pid, one_layer(p), min(one_layer(p), ceiling), "cold") for pid, p in peers.items()}
+    observed_total = sum(v.effective for v in out.values())
+    ref = cfg.unobserved_share * statistics.median(v.effective for v in out.values())
+    fresh = {pid: min(one_layer(peers[pid]), ref) for pid in unobserved}
+    # newcomers together get at most unobserved_total_share of what the observed peers deliver:
+    # a hundred fresh identities share one newcomers' budget instead of a median each
+    budget = cfg.unobserved_total_share * observed_total
+    squeeze = min(1.0, budget / sum(fresh.values())) if sum(fresh.values()) > 0 else 1.0
+    for pid, rate in fresh.items():
+        out[pid] = Verdict(pid, one_layer(peers[pid]), rate * squeeze, "unobserved")
+    return out
+
+
+def scaled(p: PeerInfo, factor: float) -> PeerInfo:
+    """``p`` with both throughput tables multiplied by ``factor`` (<= 1)."""
+    if factor >= 1.0:
+        return p
+    return msgspec.structs.replace(p, throughput_decode=[t * factor for t in p.throughput_decode],
+                                   throughput_prefill=[t * factor for t in p.throughput_prefill])
+
+
+def police(snap: Snapshot, reports: Sequence[ServiceReports], cfg: CoordinatorConfig) -> tuple[Snapshot, dict[str, Verdict]]:
+    """The snapshot the planner should see: address caps applied, claims scaled to what is
+    observed; and every peer's :class:`Verdict`."""
+    kept, dropped = cap_per_address(snap.peers, cfg.max_peers_per_address)
+    out: dict[str, Verdict] = {pid: Verdict(pid, one_layer(snap.peers[pid]), 0.0, "address cap") for pid in dropped}
+    if cfg.check_claims:
+        found = verdicts(kept, reports, cfg)
+        kept = {pid: scaled(p, found[pid].effective / found[pid].claimed if found[pid].claimed > 0 else 1.0)
+                for pid, p in kept.items()}
+    else:
+        found = {pid: Verdict(pid, one_layer(p), one_layer(p), "no cap") for pid, p in kept.items()}
+    out.update(found)
+    links = {k: v for k, v in snap.links.items() if k[0] in kept and k[1] in kept}
+    return replace(snap, peers=kept, links=links), out
