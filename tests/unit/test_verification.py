@@ -284,11 +284,12 @@ def test_status_shows_why_a_peer_is_excluded(trio):
     from p2pserve.cli.status import collect_status, format_status
 
     peers = {p.pid: p.info for p in trio}
-    d = collect_status(peers, [], [], None, 0.0, [_evidence("key-v", _case(trio), reporter="V")], ("V",))
+    d = collect_status(peers, [], [], None, 0.0, evidence=[_evidence("key-v", _case(trio), reporter="V")],
+                       trusted_verifiers=("V",))
     assert d["excluded"] == [{"peer_id": "A", "reason": d["excluded"][0]["reason"], "in_plan": False}]
     assert "trusted verifier V" in d["excluded"][0]["reason"] and d["accusations"][0]["holds"] == "yes"
     assert "EXCLUDED (1)" in format_status(d)
-    untrusted = collect_status(peers, [], [], None, 0.0, [_evidence("key-v", _case(trio), reporter="V")])
+    untrusted = collect_status(peers, [], [], None, 0.0, evidence=[_evidence("key-v", _case(trio), reporter="V")])
     assert untrusted["excluded"] == [] and len(untrusted["accusations"]) == 1
 
 
