@@ -159,6 +159,8 @@ def measure(model_path: str | None = None, *, honest_steps: int = 10_000, trials
     path = model_path or str(build_tiny_model("llama", Path(tempfile.mkdtemp()) / "llama", seed=0))
     model = LocalModelInfo.load(path)
     out = {"model": "tiny llama, 8 layers", "peers": [list(r) for r in RANGES], "signing": signing_cost()}
+    # the peer's cost per step for a Llama-3-8B-wide bf16 row (what benchmarks/trust.py summarizes)
+    out["sign_us_per_step"] = out["signing"]["llama3_8b_bf16_row"]["peer_sign_us_per_step"]
     out["false_exclusions"] = {}
     for dtype in dtypes if "false" in sections else ("float32",):
         peers = start_peers(path, RANGES, "--dtype", dtype)
