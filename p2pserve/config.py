@@ -109,11 +109,11 @@ class ClientConfig:
     no_route_wait_s: float = 0.0
     # Output verification (client/verifier.py, docs/trust.md): the share of each hop's steps
     # re-executed on another replica in the background. 2% keeps the swarm's extra work small
-    # (one replay of the hop's history per check) while a peer corrupting 10% of its steps is
-    # caught within tens of requests: a check compares every step of the hop's session so far.
+    # (one replay of a hop's history per route with a draw) while a peer corrupting 10% of its
+    # steps is caught within tens of requests: a check compares every step of the hop's session.
     # 0 turns verification off (no input history is kept either).
     verify_share: float = 0.02
-    verify_max_inflight: int = 2  # background checks at once; a draw beyond that is skipped
+    verify_max_inflight: int = 4  # background checks at once; a draw beyond that is skipped
     evidence_ttl_s: float = 3600.0  # how long this client's evidence record lives in the DHT
     # Observed service rates (client/observer.py): every report_period_s, a swarm client publishes
     # the per-session decode rates it measured at the peers it used (its last report_window

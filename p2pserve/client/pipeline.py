@@ -234,6 +234,8 @@ class Pipeline:
         return waited + pause
 
     async def _drop_route(self) -> None:
+        if self._tapes:  # checks drawn for this route's hops run now, in the background
+            self.verifier.route_done(self._tapes)
         links, self._links, self._tapes = self._links, None, []
         if links:  # best effort: the route is being abandoned
             await asyncio.gather(*(c.close() for c in links), return_exceptions=True)

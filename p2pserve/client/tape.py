@@ -47,6 +47,7 @@ class HopTape:
     hop: Hop
     session_id: str
     steps: list[Step] = field(default_factory=list)
+    due: Optional[object] = None  # the SamplingParams of a check drawn for when the route is done
 
     def record(self, position: int, count: int, dtype: str, data, reply, output) -> None:
         """Append a step at ``position``; a rewind first drops the steps at and after it."""

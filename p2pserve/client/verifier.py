@@ -2,7 +2,7 @@
 
 After each successful step, :meth:`Verifier.after_step` draws, per hop, whether to verify it
 (``ClientConfig.verify_share``). A drawn hop is checked by a background task, never by the
-user's request:
+user's request (a hop returning hidden states once its route is done, covering all its steps):
 
 1. the reply's signature is checked against the peer's announced ``reply_key`` (a bad one bans
    the peer locally at once: it is malformed, there is nothing to prove);
@@ -136,18 +136,38 @@ class Verifier:
         return replace(masks, banned=masks.banned | frozenset(self.excluded)) if self.excluded else masks
 
     def after_step(self, tapes: list[HopTape], sampling: SamplingParams) -> None:
-        """Draw which hops of the step just done to verify; start their checks in the background."""
+        """Draw which hops of the step just done to verify.
+
+        A last hop's token is checked now (only that step can be compared). A hop returning hidden
+        states is marked due and checked once, when the route is done (:meth:`route_done`): one
+        replay of its history then covers every step, however many were drawn. Checking at each
+        draw would replay a long session's history again and again (quadratic in its length).
+        """
         for tape in tapes:
             if self.rng.random() >= self.config.verify_share or tape.last is None:
                 continue
             self.stats.sampled += 1
-            if len(self._tasks) >= self.config.verify_max_inflight:
-                self.stats.skipped += 1
-                continue
-            snapshot = HopTape(tape.hop, tape.session_id, list(tape.steps))  # later steps must not leak in
-            task = asyncio.create_task(self._guarded(snapshot, sampling))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            if tape.hop.end == self.num_layers:
+                self._start(tape, sampling)
+            else:
+                tape.due = sampling
+
+    def route_done(self, tapes: list[HopTape]) -> None:
+        """The pipeline leaves these hops (request done, or failover): check those marked due."""
+        for tape in tapes:
+            if tape.due is not None and tape.last is not None:
+                self._start(tape, tape.due)
+            tape.due = None
+
+    def _start(self, tape: HopTape, sampling: SamplingParams) -> None:
+        """Check ``tape`` as it is now in a background task, unless too many checks run already."""
+        if len(self._tasks) >= self.config.verify_max_inflight:
+            self.stats.skipped += 1
+            return
+        snapshot = HopTape(tape.hop, tape.session_id, list(tape.steps))  # later steps must not leak in
+        task = asyncio.create_task(self._guarded(snapshot, sampling))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def drain(self) -> None:
         """Wait for the checks under way (tests, benchmarks, shutdown)."""
