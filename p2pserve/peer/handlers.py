@@ -132,17 +132,25 @@ class SessionHandler:
     async def _refuse_stream(self, reader, writer, error: OverloadedError) -> None:
         """Answer a stream over quota with ``error`` once its first request is in, then close it.
 
-        Why wait for the request: a reply written and closed before the client's request arrived
-        was lost when the transport reset the stream on that late request (the client saw a bare
-        "closed the stream" instead of the typed refusal). The wait is bounded by the frame read
-        timeout, and a first frame carrying a payload is not read beyond its header.
+        Why wait for the request, and then for the client to hang up: a reply written and closed
+        before the client's request arrived, or closed right after it was written, could be lost
+        when the transport reset the stream (the client saw a bare "closed the stream" or a reset
+        instead of the typed refusal). Each wait is bounded (the frame read timeout, then at most
+        2 s), a first frame carrying a payload is not read beyond its header, and what arrives
+        after the reply is discarded as it comes.
         """
         try:
             async with asyncio.timeout(self.admission.frame_read_timeout_s):
                 await read_frame(reader, _FIRST_FRAME_LIMITS)
         except (P2PServeError, ConnectionError, asyncio.IncompleteReadError, TimeoutError):
             pass
-        await self._reply_error(writer, error)
+        try:
+            await self._reply_error(writer, error)
+            async with asyncio.timeout(min(2.0, self.admission.frame_read_timeout_s)):
+                while await reader.read(64 * 1024):
+                    pass
+        except (ConnectionError, TimeoutError):
+            pass
         _close(writer)
 
     def _read_deadline(self, nbytes: int) -> float:
