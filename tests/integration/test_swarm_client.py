@@ -18,9 +18,9 @@ import pytest
 from p2pserve.cli.common import write_local_swarm_file
 from p2pserve.client.api import AsyncClient
 from p2pserve.client.model_info import LocalModelInfo
-from p2pserve.config import ClientConfig
-from p2pserve.config import DHTConfig
+from p2pserve.config import ClientConfig, DHTConfig, PeerConfig
 from p2pserve.launch import Children
+from p2pserve.peer.profiler import load_or_measure
 from tests.harness import reference_generate
 from tests.integration.test_swarm_peers import settled_spans, uncovered
 
@@ -58,6 +58,10 @@ def swarm(model_dir, tmp_path_factory):
     children = Children(tmp_path_factory.mktemp("client_swarm"))
     path = model_dir("llama")
     model = LocalModelInfo.load(path)
+    # One profile for the six peers (they load it from the cache instead of each measuring its
+    # own): the test is about identical peers, and profiles measured at once on a loaded machine
+    # can differ enough that the planner leaves a layer on one peer only (a CI flake)
+    load_or_measure(path, model.spec, "cpu", 4, PeerConfig().profile_batch)
     try:
         maddrs_file = children.logdir / "boot.maddrs"
         children.start("boot", "bootstrap", "--host-maddrs", "/ip4/127.0.0.1/tcp/0", "--maddrs-file", str(maddrs_file))
