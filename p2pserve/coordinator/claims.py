@@ -42,8 +42,7 @@ from p2pserve.config import CoordinatorConfig
 from p2pserve.coordinator.snapshot import Snapshot
 from p2pserve.dht.records import PeerInfo
 from p2pserve.dht.reports import ServiceReports
-
-_IP_PROTOCOLS = ("ip4", "ip6")
+from p2pserve.transport.tcp import maddr_hosts
 
 
 @dataclass(frozen=True)
@@ -81,17 +80,11 @@ class Verdict:
 def address_keys(addrs: Iterable[str]) -> frozenset[str]:
     """The IPs a peer's multiaddrs name (loopback/link-local ones only if nothing else is left)."""
     ips: list[ipaddress._BaseAddress] = []
-    for addr in addrs:
-        if "p2p-circuit" in addr:
-            continue  # the IP of a relayed address is the relay's
-        parts = addr.split("/")
-        for proto, value in zip(parts, parts[1:]):
-            if proto in _IP_PROTOCOLS:
-                try:
-                    ips.append(ipaddress.ip_address(value))
-                except ValueError:
-                    pass
-                break
+    for host in maddr_hosts(addrs):  # relayed addresses skipped: their IP is the relay's
+        try:
+            ips.append(ipaddress.ip_address(host))
+        except ValueError:
+            pass
     public = [ip for ip in ips if not (ip.is_loopback or ip.is_link_local or ip.is_unspecified)]
     return frozenset(str(ip) for ip in (public or ips))
 
