@@ -122,6 +122,17 @@ class ClientConfig:
     report_period_s: float = 30.0
     report_window: int = 64
 
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.verify_share <= 1.0:
+            raise ConfigError(f"verify_share is a share of steps, in [0, 1], not {self.verify_share}")
+        for name in ("hop_timeout_s", "connect_timeout_s", "direct_connect_timeout_s", "ban_base_s", "ban_max_s"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be positive, not {getattr(self, name)}")
+        for name in ("max_retries", "no_route_wait_s", "verify_max_inflight", "report_period_s", "report_window",
+                     "stale_route_pause_s"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must not be negative, not {getattr(self, name)}")
+
 
 @dataclass(frozen=True)
 class ApiConfig:
