@@ -166,7 +166,7 @@ function renderPlanGraph(plan) {
   if (!plan) return;
   const ranges = list(plan.ranges).filter((r) => isNum(r.start) && isNum(r.end));
   const [place, ncols, nrows] = columns(ranges);
-  const W = 640, rowH = 44, H = nrows * rowH + 16, boxW = Math.min(120, (W / ncols) * 0.62);
+  const W = 640, rowH = 48, H = nrows * rowH + 16, boxW = Math.min(130, (W / ncols) * 0.7);
   const colX = (c) => 8 + boxW / 2 + c * ((W - 16 - boxW) / Math.max(ncols - 1, 1));
   g.setAttribute("viewBox", "0 0 " + W + " " + H);
   const nodes = {};
@@ -188,12 +188,17 @@ function renderPlanGraph(plan) {
   for (const [id, n] of Object.entries(nodes)) {
     const isEnd = id === "source" || id === "sink";
     const r = ranges.find((q) => q.peer_id === id);
-    g.appendChild(svgEl("rect", {x: n.x1, y: n.y - 13, width: n.x2 - n.x1, height: 26, rx: 5,
+    g.appendChild(svgEl("rect", {x: n.x1, y: n.y - 17, width: n.x2 - n.x1, height: 34, rx: 5,
                                  fill: isEnd ? "#1d2330" : "#dce6fb", stroke: "#3b6fd8", class: "plan-node",
                                  "data-peer-id": id}));
-    const label = isEnd ? id : shortId(id) + " [" + r.start + "," + r.end + ")";
-    g.appendChild(svgEl("text", {x: (n.x1 + n.x2) / 2, y: n.y + 4, "text-anchor": "middle",
-                                 class: isEnd ? "on-dark" : null}, label));
+    const cx = (n.x1 + n.x2) / 2;
+    if (isEnd) {
+      g.appendChild(svgEl("text", {x: cx, y: n.y + 4, "text-anchor": "middle", class: "on-dark"}, id));
+    } else {
+      g.appendChild(svgEl("text", {x: cx, y: n.y - 3, "text-anchor": "middle"}, shortId(id)));
+      g.appendChild(svgEl("text", {x: cx, y: n.y + 11, "text-anchor": "middle", class: "muted"},
+                          "layers [" + r.start + ", " + r.end + ")"));
+    }
   }
 }
 
@@ -244,6 +249,10 @@ function renderThroughput(d) {
       .filter((p) => p !== null);
     g.appendChild(svgEl("polyline", {points: pts.join(" "), fill: "none", stroke: COLORS[i % COLORS.length],
                                      "stroke-width": i < 2 ? 2.5 : 1.2, "stroke-dasharray": i === 0 ? "6 3" : null}));
+    if (pts.length) {  // the newest value as a dot: visible even while a series has one sample
+      const [px, py] = pts[pts.length - 1].split(",");
+      g.appendChild(svgEl("circle", {cx: px, cy: py, r: 3, fill: COLORS[i % COLORS.length]}));
+    }
     legend.appendChild(el("li", {}, el("span", {class: "swatch s" + (i % COLORS.length)}), name));
   });
 }
@@ -263,12 +272,12 @@ function renderRoutes(d) {
     "this process sends no requests: only an API process (p2pserve api --dashboard) knows its routes; " +
     "below, the peers clients report using";
   fillRows("routes", list(routes).map((r) => el("tr", {class: "route"},
-    el("td", {}, clockTime(r.finished_at)), el("td", {class: "mono"}, routeText(r.hops)), numCell(r.tokens, 0),
+    el("td", {}, clockTime(r.finished_at)), el("td", {class: "mono wrap"}, routeText(r.hops)), numCell(r.tokens, 0),
     numCell(r.tokens_per_s), numCell(r.first_token_s, 3), numCell(isNum(r.routes) ? r.routes - 1 : null, 0),
     clipCell(r.outcome, 24))));
   fillRows("observations", list(d.observations).map((o) => el("tr", {},
     peerCell(o.reporter), el("td", {}, clockTime(o.at)),
-    el("td", {class: "mono"}, list(o.peers).map((p) => shortId(p.peer_id) + " (" + fmt(p.layers, 0) + ", " +
+    el("td", {class: "mono wrap"}, list(o.peers).map((p) => shortId(p.peer_id) + " (" + fmt(p.layers, 0) + ", " +
                                                      fmt(p.tokens_per_s) + ")").join("  ")))));
 }
 
