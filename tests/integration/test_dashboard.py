@@ -195,6 +195,8 @@ def test_api_dashboard_shows_the_routes_of_its_requests(swarm, browser):
     hops = routes[0]["hops"]
     assert hops[0]["start"] == 0 and hops[-1]["end"] == swarm["model"].spec.num_layers
     assert {h["peer_id"] for h in hops} <= set(swarm["peer_ids"])
+    served = wait_until(lambda: [x for x in get_json(api + "api/swarm")["history"]["served"] if x], "served tokens/s", 60)
+    assert served[-1] > 0  # the request's 8 tokens, over the refresh period they fell in
     browser.get(swarm["urls"]["api"])
     state = wait_until(lambda: (s := page_state(browser))["routes"] and s, "the route on the API's page", 60)
     assert "→" in state["routes"][0] or len(hops) == 1
