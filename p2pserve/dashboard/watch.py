@@ -15,7 +15,7 @@ from typing import Any, Optional
 from p2pserve import clock as clocks
 from p2pserve.clock import Clock
 from p2pserve.config import DashboardConfig
-from p2pserve.dashboard.document import swarm_document
+from p2pserve.dashboard.document import observed_rates, swarm_document
 from p2pserve.dashboard.history import History
 from p2pserve.dashboard.requests import RecordingClient, RequestLog
 from p2pserve.dashboard.snapshot import SwarmSnapshot, read_snapshot
@@ -62,8 +62,6 @@ class SwarmWatch:
         self._doc = self._build()
 
     def _observed(self) -> dict[str, dict]:
-        from p2pserve.dashboard.document import observed_rates
-
         live = self._snapshot.peers
         return {pid: row for pid, row in observed_rates(self._snapshot.reports).items() if pid in live}
 
