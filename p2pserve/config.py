@@ -2,8 +2,9 @@
 
 Defaults and their documentation live only here: ``PeerConfig`` (with ``BatchingConfig``),
 ``ClientConfig``, ``DHTConfig`` (every member's view of the swarm), ``ProberConfig`` (link
-probes), ``CoordinatorConfig`` and ``BootstrapConfig``. The planner's ``PlannerConfig`` stays in
-``p2pserve.placement.planner``, next to the solver that reads it.
+probes), ``CoordinatorConfig``, ``BootstrapConfig`` and ``DashboardConfig`` (the web view). The
+planner's ``PlannerConfig`` stays in ``p2pserve.placement.planner``, next to the solver that
+reads it.
 
 A command builds its role's config from the swarm file and its flags with
 :func:`p2pserve.swarm_file.merge`; a value neither gives keeps the dataclass default here.
@@ -372,3 +373,28 @@ class BootstrapConfig:
     identity_path: Optional[str] = None
     use_relay: bool = True
     maddrs_file: Optional[str] = None  # also write the multiaddrs here (scripts, tests)
+
+
+@dataclass(frozen=True)
+class DashboardConfig:
+    """The web dashboard (``p2pserve status --web``, ``coordinator --web-port``, ``api
+    --dashboard``; ``docs/dashboard.md``): where it listens and how much it remembers. Its HTTP
+    connections are bounded like the API's (``ApiConfig``'s header/body timeouts and connection
+    cap, through the same guarded protocol)."""
+
+    host: str = "127.0.0.1"  # the page shows the whole swarm and this process's routes: local by default
+    port: int = 8787
+    refresh_s: float = 2.0  # one DHT read per refresh, however many browsers poll /api/swarm
+    history_samples: int = 300  # tokens/s samples kept (10 minutes at the default refresh)
+    history_peers: int = 16  # peers whose observed rate is charted (the fastest)
+    recent_requests: int = 50  # requests listed with their routes (api only)
+    max_links: int = 4096  # links listed, between live peers
+
+    def __post_init__(self) -> None:
+        if not self.refresh_s > 0:
+            raise ConfigError(f"DashboardConfig.refresh_s must be > 0, got {self.refresh_s!r}")
+        for name in ("history_samples", "history_peers", "recent_requests", "max_links"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"DashboardConfig.{name} must be >= 1, got {getattr(self, name)!r}")
+        if not 0 <= self.port < 65536:
+            raise ConfigError(f"DashboardConfig.port must be in [0, 65535], got {self.port}")
