@@ -21,7 +21,7 @@ from p2pserve.model.spec import load_spec
 from p2pserve.model.tiny_families import TINY_FAMILY_NAMES, build_family_model
 from p2pserve.peer.kv_cache import SequenceCache
 
-PROMPT_LEN, NEW_TOKENS = 40, 32  # phi3.5's longrope switch (64) and mistral's window (64) are crossed
+PROMPT_LEN, NEW_TOKENS = 56, 16  # phi3.5's longrope switch (64) and mistral's window (64) are crossed
 
 
 @pytest.fixture(scope="module")
@@ -103,8 +103,7 @@ def test_shard_greedy_matches_generate(family_dir, family):
     ids = prompt(load_spec(path))
     ref = reference(path, ids, NEW_TOKENS)
     assert shard_greedy(path, ids, NEW_TOKENS) == ref, "fast path"
-    assert shard_greedy(path, ids, NEW_TOKENS, module_path=True) == ref, "module path"
-    assert shard_greedy(path, ids, NEW_TOKENS, chunk=16) == ref, "chunked prefill"
+    assert shard_greedy(path, ids, NEW_TOKENS, module_path=True, chunk=16) == ref, "module path, chunked prefill"
 
 
 @pytest.mark.parametrize("family", ["llama3", "qwen2.5", "qwen3", "phi3.5"])
@@ -126,9 +125,9 @@ def test_fast_path_is_bit_identical_to_the_module_path(family_dir, family):
 
 def test_a_bf16_folder_serves_in_fp32_exactly_and_in_bf16(family_dir):
     """Stored bf16, computed in fp32 (the peer's default --dtype): token-identical to `generate`
-    loading the same folder in fp32. Computed in bf16: it runs and gives logits of the right
-    shape; bf16 tokens are compared with bf16 `generate` only as far as they agree by chance of
-    rounding, which this test does not require (docs/models.md)."""
+    loading the same folder in fp32. Computed in bf16 (--dtype bfloat16): the same tokens as
+    `generate` in bf16 here, where the shard runs the same bf16 ops in the same order; a bf16
+    argmax can flip on a different kernel, so the swarm promises exactness in fp32 only."""
     path = family_dir("llama3", "bfloat16")
     raw = json.loads(open(f"{path}/config.json").read())
     assert raw["torch_dtype"] == "bfloat16"
@@ -139,9 +138,8 @@ def test_a_bf16_folder_serves_in_fp32_exactly_and_in_bf16(family_dir):
     with safe_open(f"{path}/{fname}", framework="pt") as f:
         assert f.get_tensor(name).dtype == torch.bfloat16
     ids = prompt(load_spec(path))
-    assert shard_greedy(path, ids, 16) == reference(path, ids, 16)
-    tokens = shard_greedy(path, ids, 8, dtype="bfloat16")
-    assert len(tokens) == 8 and all(0 <= t < load_spec(path).vocab_size for t in tokens)
+    assert shard_greedy(path, ids, 8) == reference(path, ids, 8)
+    assert shard_greedy(path, ids, 6, dtype="bfloat16") == reference(path, ids, 6, dtype=torch.bfloat16)
 
 
 def test_an_unsupported_family_is_refused_by_name(tmp_path):
