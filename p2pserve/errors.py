@@ -5,6 +5,7 @@
     P2PServeError                        base of everything we raise on purpose
     ├── ConfigError                      bad flags / config files
     │   └── UnknownModelError            local model name or path that does not exist or is unsupported
+    │       └── UnsupportedModelError    a checkpoint of a family (or feature) this version cannot run
     ├── ProtocolError         [malformed] bytes from the network that do not decode into a valid message
     │   ├── MalformedFrameError          not MessagePack / wrong field types / missing fields
     │   ├── VersionMismatchError [version_mismatch]  the other side speaks another protocol version
@@ -61,6 +62,15 @@ class ConfigError(P2PServeError):
 
 class UnknownModelError(ConfigError):
     """The requested local model does not exist (no such path / not a supported architecture)."""
+
+
+class UnsupportedModelError(UnknownModelError):
+    """A readable checkpoint whose family (``model_type``) or a feature of it this version cannot
+    run; ``family`` names the family, and the message says what is supported."""
+
+    def __init__(self, message: str, family: Optional[str] = None):
+        super().__init__(message)
+        self.family = family
 
 
 class _WireError(P2PServeError):

@@ -233,7 +233,8 @@ class AsyncClient:
         pipeline = Pipeline(self._transport, self._routes_for(max_length), spec.model_id, spec.num_layers,
                             max_length, sampling, self.config, self.failover, vocab_size=spec.vocab_size,
                             observer=self.observer, verifier=self.verifier)
-        return Generation(pipeline, prompt_ids, params, self.info.eos_ids, self.info.tokenizer)
+        return Generation(pipeline, prompt_ids, params, self.info.eos_ids, self.info.tokenizer,
+                          recompute_past=spec.recompute_past)
 
     def _routes_for(self, max_length: int) -> RouteProvider:
         if self._peer_routes is not None:

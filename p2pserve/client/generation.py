@@ -51,16 +51,20 @@ class Generation:
 
     ``result`` fills in as it goes (``finish_reason`` once it ends); ``first_token_s`` and
     ``elapsed_s`` are seconds from construction to the first token and to the end.
+    ``recompute_past`` is the model's `ModelSpec.recompute_past` (Phi-3's longrope switch): the
+    step that takes the sequence past that length re-sends the whole history, so every peer
+    recomputes its cache with the long-context rotary factors, as transformers' ``generate`` does.
     """
 
     def __init__(self, pipeline, prompt_ids: list[int], params: GenerationParams, eos_token_ids: set[int],
-                 tokenizer=None, clock: Clock = time.perf_counter):
+                 tokenizer=None, clock: Clock = time.perf_counter, recompute_past: Optional[int] = None):
         params.validate()
         if not prompt_ids:
             raise BadRequestError("the prompt is empty")
         self.pipeline = pipeline
         self.params = params
         self.eos_token_ids = eos_token_ids
+        self.recompute_past = recompute_past
         self.result = GenerationResult(prompt_tokens=len(prompt_ids))
         self.first_token_s: Optional[float] = None
         self.elapsed_s = 0.0
@@ -84,6 +88,10 @@ class Generation:
         if (len(self.result.tokens) >= self.params.max_new_tokens
                 or self.pipeline.position + len(self._pending) > self.pipeline.max_length):
             return self._finish("length")
+        if self.recompute_past is not None and 0 < self.pipeline.position <= self.recompute_past < (
+                self.pipeline.position + len(self._pending)):
+            self._pending = self.pipeline.history + self._pending
+            self.pipeline.rewind(0)
         token = await self.pipeline.step(self._pending)
         self._pending = [token]
         self.result.tokens.append(token)
@@ -124,9 +132,9 @@ class Generation:
 
 
 async def generate(pipeline, prompt_ids: list[int], params: GenerationParams, eos_token_ids: set[int],
-                   tokenizer=None) -> GenerationResult:
+                   tokenizer=None, recompute_past: Optional[int] = None) -> GenerationResult:
     """Non-streaming convenience: run a :class:`Generation` to completion."""
-    gen = Generation(pipeline, prompt_ids, params, eos_token_ids, tokenizer)
+    gen = Generation(pipeline, prompt_ids, params, eos_token_ids, tokenizer, recompute_past=recompute_past)
     async for _ in gen:
         pass
     return gen.result

@@ -13,10 +13,11 @@ from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
 import torch
+import torch.nn.functional as F
 
 log = logging.getLogger(__name__)
 
-FAST_FAMILIES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
+FAST_FAMILIES = frozenset({"llama", "mistral", "qwen2", "qwen3", "phi3"})
 
 
 def linear(x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -74,27 +75,34 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin_signed: torch.
     return q, k
 
 
+Linear = tuple[torch.Tensor, "torch.Tensor | None"]  # (weight.t(), bias) of one projection
+
+
 @dataclass(frozen=True)
 class LayerPlan:
     """One decoder layer's tensors, unwrapped from its modules for `Shard._layer_fast`.
 
     Linear weights are stored transposed (views) with their biases; ``act`` is None for
-    SiLU (run in place), else the layer's own activation module.
+    SiLU (run in place), else the layer's own activation module. Phi-3 checkpoints fuse q/k/v
+    into ``qkv`` and gate/up into ``gate_up`` (one matmul each, as its modules run them); then
+    ``q``/``k``/``v`` and ``gate``/``up`` are None, and the other way round for every other family.
     """
 
     input_norm: Norm
     post_norm: Norm
     q_norm: Norm | None
     k_norm: Norm | None
-    q: tuple[torch.Tensor, torch.Tensor | None]
-    k: tuple[torch.Tensor, torch.Tensor | None]
-    v: tuple[torch.Tensor, torch.Tensor | None]
-    o: tuple[torch.Tensor, torch.Tensor | None]
-    gate: tuple[torch.Tensor, torch.Tensor | None]
-    up: tuple[torch.Tensor, torch.Tensor | None]
-    down: tuple[torch.Tensor, torch.Tensor | None]
+    q: Linear | None
+    k: Linear | None
+    v: Linear | None
+    o: Linear
+    gate: Linear | None
+    up: Linear | None
+    down: Linear
     act: Callable[[torch.Tensor], torch.Tensor] | None
     scaling: float
+    qkv: Linear | None = None
+    gate_up: Linear | None = None
 
 
 class NoFastPath(Exception):
@@ -140,24 +148,54 @@ def build_layer_plans(shard) -> tuple[tuple | None, list[LayerPlan] | None]:
             if type(attn) is not attn_cls or type(mlp) is not mlp_cls:
                 raise NoFastPath
             has_qk_norm = hasattr(attn, "q_norm")
+            fused = hasattr(attn, "qkv_proj")  # Phi-3
+            if fused != hasattr(mlp, "gate_up_proj"):
+                raise NoFastPath
+            act = mlp.activation_fn if fused else mlp.act_fn
             plans.append(
                 LayerPlan(
                     input_norm=norm_of(layer.input_layernorm),
                     post_norm=norm_of(layer.post_attention_layernorm),
                     q_norm=norm_of(attn.q_norm) if has_qk_norm else None,
                     k_norm=norm_of(attn.k_norm) if has_qk_norm else None,
-                    q=linear_of(attn.q_proj),
-                    k=linear_of(attn.k_proj),
-                    v=linear_of(attn.v_proj),
+                    q=None if fused else linear_of(attn.q_proj),
+                    k=None if fused else linear_of(attn.k_proj),
+                    v=None if fused else linear_of(attn.v_proj),
                     o=linear_of(attn.o_proj),
-                    gate=linear_of(mlp.gate_proj),
-                    up=linear_of(mlp.up_proj),
+                    gate=None if fused else linear_of(mlp.gate_proj),
+                    up=None if fused else linear_of(mlp.up_proj),
                     down=linear_of(mlp.down_proj),
-                    act=None if isinstance(mlp.act_fn, silu_types) else mlp.act_fn,
+                    act=None if isinstance(act, silu_types) else act,
                     scaling=attn.scaling,
+                    qkv=linear_of(attn.qkv_proj) if fused else None,
+                    gate_up=linear_of(mlp.gate_up_proj) if fused else None,
                 )
             )
     except (NoFastPath, AttributeError):
         log.info("shard of %s: layer layout not recognised, using the module path", shard.spec.family)
         return None, None
     return head, plans
+
+
+def qkv_of(h: torch.Tensor, p: LayerPlan, q_size: int, kv_size: int, head_dim: int):
+    """q [T, nH, D], k and v [T, nKV, D] of normed hidden states h [T, H]: three matmuls, or
+    Phi-3's one fused matmul split into views, as its attention module slices it."""
+    T = h.shape[0]
+    if p.qkv is None:
+        return (linear(h, *p.q).view(T, -1, head_dim), linear(h, *p.k).view(T, -1, head_dim),
+                linear(h, *p.v).view(T, -1, head_dim))
+    q, k, v = linear(h, *p.qkv).split((q_size, kv_size, kv_size), dim=-1)
+    return q.view(T, -1, head_dim), k.view(T, -1, head_dim), v.view(T, -1, head_dim)
+
+
+def gated_mlp(h: torch.Tensor, p: LayerPlan) -> torch.Tensor:
+    """``down(act(gate(h)) * up(h))`` for h [T, H]; Phi-3's fused ``gate_up`` is chunked in two,
+    and ``up * act(gate)`` is formed out of place as its MLP does (a * b == b * a bit for bit)."""
+    if p.gate_up is not None:
+        gate, up = linear(h, *p.gate_up).chunk(2, dim=-1)
+        a = up * (F.silu(gate) if p.act is None else p.act(gate))
+    elif p.act is None:  # SiLU, in place on the fresh gate output
+        a = F.silu(linear(h, *p.gate), inplace=True).mul_(linear(h, *p.up))
+    else:
+        a = p.act(linear(h, *p.gate)) * linear(h, *p.up)
+    return linear(a, *p.down)

@@ -33,7 +33,8 @@ from transformers import AutoConfig
 
 from p2pserve.errors import BadRequestError
 from p2pserve.model.checkpoint import CheckpointIndex
-from p2pserve.model.fast_ops import LayerPlan, Norm, build_layer_plans, linear, rms_norm, rope
+from p2pserve.model.fast_ops import (LayerPlan, Norm, build_layer_plans, gated_mlp, linear, qkv_of, rms_norm,
+                                     rope)
 from p2pserve.model.spec import SUPPORTED_FAMILIES, ModelSpec
 
 log = logging.getLogger(__name__)
@@ -55,6 +56,9 @@ class Segment:
     ``inputs`` is token ids [n] when start == 0, else hidden states [n, H].
     ``position`` is the absolute position of the first token. When ``want_logits`` is set and
     the span ends at the model's last layer, the result is the last token's logits [V].
+    ``rope_end`` is the end position of the whole request this segment is a chunk of (None: its
+    own end): rotary types that depend on the sequence length (Phi-3's longrope) pick their
+    frequencies from it, as transformers does from the whole forward call's positions.
     """
 
     inputs: torch.Tensor
@@ -64,6 +68,7 @@ class Segment:
     cache: LayerCache
     want_logits: bool = False
     hidden: torch.Tensor | None = field(default=None, repr=False)
+    rope_end: int | None = None
 
     @property
     def n(self) -> int:
@@ -124,7 +129,9 @@ class Shard(torch.nn.Module):
         layer_types = getattr(cfg, "layer_types", None)
         if layer_types is not None:
             return window if layer_types[layer] == "sliding_attention" else None
-        if self.spec.family == "mistral" or getattr(cfg, "use_sliding_window", False):
+        # Mistral and Phi-3 mask every layer with the model's one window (their models build one
+        # sliding-window mask for all layers).
+        if self.spec.family in ("mistral", "phi3") or getattr(cfg, "use_sliding_window", False):
             return window
         return None
 
@@ -199,12 +206,18 @@ class Shard(torch.nn.Module):
         is the same whether computed alone or in a batch.
         """
         if self._dynamic_rope:
-            positions = torch.cat([torch.arange(s.position, s.position + s.n) for s in segments])
-            cos, sin = self._rotary_rows(positions.to(self.device), like)
-            rows, at = [], 0
+            # Per segment: these types choose frequencies from the largest position they are
+            # given, so one call over a batch would let one session's length change another's.
+            # The position row [rope_end - 1] joins the call (and is dropped) so a chunk of a
+            # longer request picks what the whole request would.
+            rows = []
             for s in segments:
-                rows.append((cos[at : at + s.n], sin[at : at + s.n]))
-                at += s.n
+                end = max(s.rope_end or 0, s.position + s.n)
+                positions = torch.arange(s.position, s.position + s.n)
+                if end > s.position + s.n:
+                    positions = torch.cat((positions, torch.tensor([end - 1])))
+                cos, sin = self._rotary_rows(positions.to(self.device), like)
+                rows.append((cos[: s.n], sin[: s.n]))
             return rows
         need = max(s.position + s.n for s in segments)
         table = self._rope_table
@@ -302,9 +315,14 @@ class Shard(torch.nn.Module):
         T = x.shape[0]
         D = self.spec.head_dim
         h = layer.input_layernorm(x)
-        q = attn.q_proj(h).view(T, -1, D)  # [T, nH, D]
-        k = attn.k_proj(h).view(T, -1, D)  # [T, nKV, D]
-        v = attn.v_proj(h).view(T, -1, D)
+        if hasattr(attn, "qkv_proj"):  # Phi-3: one fused [H, (nH + 2 nKV) D] projection
+            q_size, kv_size = self.spec.num_heads * D, self.spec.num_kv_heads * D
+            q, k, v = attn.qkv_proj(h).split((q_size, kv_size, kv_size), dim=-1)
+            q, k, v = q.reshape(T, -1, D), k.reshape(T, -1, D), v.reshape(T, -1, D)
+        else:
+            q = attn.q_proj(h).view(T, -1, D)  # [T, nH, D]
+            k = attn.k_proj(h).view(T, -1, D)  # [T, nKV, D]
+            v = attn.v_proj(h).view(T, -1, D)
         if hasattr(attn, "q_norm"):  # Qwen3: per-head RMSNorm before RoPE
             q, k = attn.q_norm(q), attn.k_norm(k)
         q, k = rope(q, k, cos, sin)
@@ -315,12 +333,10 @@ class Shard(torch.nn.Module):
     def _layer_fast(self, layer_idx: int, x: torch.Tensor, cos, sin, segments: list[Segment]) -> torch.Tensor:
         """`_layer` for the known families with the module wrappers peeled off: same ops, same order."""
         p = self._plan[layer_idx - self.start]
-        T = x.shape[0]
-        D = self.spec.head_dim
+        spec = self.spec
+        D = spec.head_dim
         h = rms_norm(x, p.input_norm)
-        q = linear(h, *p.q).view(T, -1, D)  # [T, nH, D]
-        k = linear(h, *p.k).view(T, -1, D)  # [T, nKV, D]
-        v = linear(h, *p.v).view(T, -1, D)
+        q, k, v = qkv_of(h, p, spec.num_heads * D, spec.num_kv_heads * D, D)  # [T, nH | nKV, D]
         if p.q_norm is not None:  # Qwen3: per-head RMSNorm before RoPE
             q, k = rms_norm(q, p.q_norm), rms_norm(k, p.k_norm)
         q, k = rope(q, k, cos, sin)
@@ -328,12 +344,7 @@ class Shard(torch.nn.Module):
         # In-place ops below only touch tensors made in this call (never the input x), and
         # a + b == b + a, a * b == b * a bit for bit.
         x = linear(o, *p.o).add_(x)  # x + o_proj(o)
-        h = rms_norm(x, p.post_norm)
-        if p.act is None:  # SiLU
-            a = F.silu(linear(h, *p.gate), inplace=True).mul_(linear(h, *p.up))
-        else:
-            a = p.act(linear(h, *p.gate)) * linear(h, *p.up)
-        return x.add_(linear(a, *p.down))  # x + down(act(gate(h)) * up(h))
+        return x.add_(gated_mlp(rms_norm(x, p.post_norm), p))  # x + down(act(gate(h)) * up(h))
 
     def _attention(self, layer_idx: int, q, k, v, segments: list[Segment], scaling: float) -> torch.Tensor:
         """Append k, v to each segment's cache and attend; q, k, v [T, heads, D] -> [T, nH * D]."""

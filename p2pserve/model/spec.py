@@ -12,15 +12,18 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from p2pserve.errors import UnknownModelError
+from p2pserve.errors import UnknownModelError, UnsupportedModelError
 
 # model_type -> (transformers module, class-name prefix). These families share the Llama
-# decoder layout (pre-norm, RoPE, GQA, gated MLP); Qwen3 adds per-head q/k RMSNorm.
+# decoder layout (pre-norm, RoPE, GQA, gated MLP); Qwen2 adds q/k/v biases, Qwen3 per-head q/k
+# RMSNorm, Mistral a sliding window, and Phi-3 fuses q/k/v and gate/up into one matrix each
+# (docs/models.md says what each family's checkpoints look like and what the tests prove).
 SUPPORTED_FAMILIES: dict[str, tuple[str, str]] = {
     "llama": ("transformers.models.llama.modeling_llama", "Llama"),
     "mistral": ("transformers.models.mistral.modeling_mistral", "Mistral"),
     "qwen2": ("transformers.models.qwen2.modeling_qwen2", "Qwen2"),
     "qwen3": ("transformers.models.qwen3.modeling_qwen3", "Qwen3"),
+    "phi3": ("transformers.models.phi3.modeling_phi3", "Phi3"),
 }
 
 _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
@@ -46,6 +49,9 @@ class ModelSpec:
     dtype: str
     tie_word_embeddings: bool
     max_position_embeddings: int
+    # Phi-3 longrope: rotary factors switch from short to long once a sequence is longer than
+    # this, and transformers then recomputes the whole cache (the client re-sends the history).
+    recompute_past: int | None = None
 
     @property
     def dtype_bytes(self) -> int:
@@ -91,12 +97,7 @@ def load_spec(model_path: str | os.PathLike, dtype: str | None = None) -> ModelS
     cfg_file = _config_path(model_path)
     raw = cfg_file.read_bytes()
     cfg = json.loads(raw)
-    family = cfg.get("model_type")
-    if family not in SUPPORTED_FAMILIES:
-        raise UnknownModelError(
-            f"model type {family!r} at {model_path} is not supported; "
-            f"supported: {', '.join(sorted(SUPPORTED_FAMILIES))}"
-        )
+    family = check_supported(cfg, model_path)
     num_heads = int(cfg["num_attention_heads"])
     hidden = int(cfg["hidden_size"])
     dtype = dtype or "float32"
@@ -116,4 +117,41 @@ def load_spec(model_path: str | os.PathLike, dtype: str | None = None) -> ModelS
         dtype=dtype,
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
+        recompute_past=_longrope_switch(cfg),
     )
+
+
+def _longrope_switch(cfg: dict) -> int | None:
+    """Phi-3's ``original_max_position_embeddings`` when its rope type is longrope ("su" in the
+    first releases), else None."""
+    rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    kind = rope.get("rope_type", rope.get("type")) if isinstance(rope, dict) else None
+    if kind not in ("longrope", "su"):
+        return None
+    original = rope.get("original_max_position_embeddings", cfg.get("original_max_position_embeddings"))
+    return int(original) if original else None
+
+
+def check_supported(cfg: dict, model_path: str | os.PathLike = "") -> str:
+    """The family (``model_type``) of a parsed config.json, or `UnsupportedModelError` naming it.
+
+    Beyond the family, a feature the shard's attention does not reproduce is refused here too,
+    so a peer and a client fail at start with the reason instead of serving wrong tokens:
+    partial rotary embeddings (Phi-4-mini's ``partial_rotary_factor`` 0.75).
+    """
+    family = cfg.get("model_type")
+    where = f" at {model_path}" if str(model_path) else ""
+    if family not in SUPPORTED_FAMILIES:
+        raise UnsupportedModelError(
+            f"model family {family!r}{where} is not supported (config.json model_type); "
+            f"supported families: {', '.join(sorted(SUPPORTED_FAMILIES))}",
+            family=family if isinstance(family, str) else None,
+        )
+    rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    partial = cfg.get("partial_rotary_factor", rope.get("partial_rotary_factor", 1.0) if isinstance(rope, dict) else 1.0)
+    if partial not in (None, 1, 1.0):
+        raise UnsupportedModelError(
+            f"model family {family!r}{where}: partial rotary embeddings (partial_rotary_factor={partial}) "
+            "are not supported", family=family,
+        )
+    return family

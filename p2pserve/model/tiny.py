@@ -27,8 +27,14 @@ CHAT_TEMPLATE = (
 )
 
 
-def build_tokenizer(vocab_size: int = 384):
-    """Train a byte-level BPE tokenizer on a fixed corpus; returns a transformers tokenizer."""
+def build_tokenizer(vocab_size: int = 384, special_tokens: tuple[str, ...] = ("<|endoftext|>", "<|im_start|>", "<|im_end|>"),
+                    bos: str | None = "<|im_start|>", eos: str = "<|im_end|>", pad: str = "<|endoftext|>",
+                    chat_template: str = CHAT_TEMPLATE):
+    """Train a byte-level BPE tokenizer on a fixed corpus; returns a transformers tokenizer.
+
+    ``special_tokens`` get the first ids, in order; ``bos``/``eos``/``pad`` name three of them,
+    and ``chat_template`` is the Jinja template ``apply_chat_template`` renders.
+    """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -37,18 +43,13 @@ def build_tokenizer(vocab_size: int = 384):
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        special_tokens=list(special_tokens),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tok.train_from_iterator(_CORPUS, trainer=trainer)
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        bos_token="<|im_start|>",
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-    )
-    fast.chat_template = CHAT_TEMPLATE
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=bos, eos_token=eos, pad_token=pad)
+    fast.chat_template = chat_template
     return fast
 
 

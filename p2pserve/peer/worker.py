@@ -233,6 +233,7 @@ class ComputeWorker:
                     end=job.session.end,
                     cache=job.session.cache,
                     want_logits=job.sample and last,
+                    rope_end=job.position + ch.pending.total,  # length-dependent rotary: the whole Forward's
                 )
             )
         t0 = time.perf_counter()

@@ -1,0 +1,274 @@
+"""Real checkpoints' config.json and generation_config.json facts, one per supported family.
+
+Each entry is the published configuration of one model on the Hugging Face hub, in the hub's own
+format (``rope_scaling``/``rope_theta`` keys, ``torch_dtype``), written here as facts so that
+`tiny_families` can build small random models with the same rope settings, attention layout,
+biases, norms and tie flags, and tests read folders shaped like the real ones. Token ids are the
+real ones; the tiny builder maps them to its own tokenizer by the tokens' names (``tokens``).
+The chat templates are short templates of each family's prompt format (not the full
+tool-calling templates the hub ships).
+"""
+
+from __future__ import annotations
+
+# Llama 3.2 1B Instruct: GQA 32:8, head_dim 64, tied embeddings, rope_type llama3.
+LLAMA_3_2_1B_INSTRUCT = {
+    "architectures": ["LlamaForCausalLM"],
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "bos_token_id": 128000,
+    "eos_token_id": [128001, 128008, 128009],
+    "head_dim": 64,
+    "hidden_act": "silu",
+    "hidden_size": 2048,
+    "initializer_range": 0.02,
+    "intermediate_size": 8192,
+    "max_position_embeddings": 131072,
+    "mlp_bias": False,
+    "model_type": "llama",
+    "num_attention_heads": 32,
+    "num_hidden_layers": 16,
+    "num_key_value_heads": 8,
+    "pretraining_tp": 1,
+    "rms_norm_eps": 1e-05,
+    "rope_scaling": {
+        "factor": 32.0,
+        "high_freq_factor": 4.0,
+        "low_freq_factor": 1.0,
+        "original_max_position_embeddings": 8192,
+        "rope_type": "llama3",
+    },
+    "rope_theta": 500000.0,
+    "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16",
+    "use_cache": True,
+    "vocab_size": 128256,
+}
+
+# Qwen2.5 0.5B Instruct: GQA 14:2, q/k/v biases, rope_theta 1e6, tied, sliding window off.
+QWEN2_5_0_5B_INSTRUCT = {
+    "architectures": ["Qwen2ForCausalLM"],
+    "attention_dropout": 0.0,
+    "bos_token_id": 151643,
+    "eos_token_id": 151645,
+    "hidden_act": "silu",
+    "hidden_size": 896,
+    "initializer_range": 0.02,
+    "intermediate_size": 4864,
+    "max_position_embeddings": 32768,
+    "max_window_layers": 21,
+    "model_type": "qwen2",
+    "num_attention_heads": 14,
+    "num_hidden_layers": 24,
+    "num_key_value_heads": 2,
+    "rms_norm_eps": 1e-06,
+    "rope_theta": 1000000.0,
+    "sliding_window": 32768,
+    "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16",
+    "use_cache": True,
+    "use_sliding_window": False,
+    "vocab_size": 151936,
+}
+
+# Qwen3 0.6B: per-head q/k RMSNorm, head_dim 128 decoupled from hidden 1024 / 16 heads, GQA 16:8.
+QWEN3_0_6B = {
+    "architectures": ["Qwen3ForCausalLM"],
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "bos_token_id": 151643,
+    "eos_token_id": 151645,
+    "head_dim": 128,
+    "hidden_act": "silu",
+    "hidden_size": 1024,
+    "initializer_range": 0.02,
+    "intermediate_size": 3072,
+    "max_position_embeddings": 40960,
+    "max_window_layers": 28,
+    "model_type": "qwen3",
+    "num_attention_heads": 16,
+    "num_hidden_layers": 28,
+    "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-06,
+    "rope_scaling": None,
+    "rope_theta": 1000000,
+    "sliding_window": None,
+    "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16",
+    "use_cache": True,
+    "use_sliding_window": False,
+    "vocab_size": 151936,
+}
+
+# Mistral 7B Instruct v0.3: GQA 32:8, head_dim 128, untied. v0.3 has no sliding window; the
+# v0.1 checkpoints had sliding_window 4096, which the tiny builder keeps (scaled) so that
+# windowed attention is exercised.
+MISTRAL_7B_INSTRUCT_V0_3 = {
+    "architectures": ["MistralForCausalLM"],
+    "attention_dropout": 0.0,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "hidden_act": "silu",
+    "hidden_size": 4096,
+    "initializer_range": 0.02,
+    "intermediate_size": 14336,
+    "max_position_embeddings": 32768,
+    "model_type": "mistral",
+    "num_attention_heads": 32,
+    "num_hidden_layers": 32,
+    "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-05,
+    "rope_theta": 1000000.0,
+    "sliding_window": None,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "use_cache": True,
+    "vocab_size": 32768,
+}
+MISTRAL_V0_1_SLIDING_WINDOW = 4096
+
+# Phi-3.5 mini instruct (model_type phi3): fused qkv_proj and gate_up_proj, 32 heads of 96 with
+# no GQA, longrope scaling from 4096 to 131072 positions (48 = head_dim / 2 factors each).
+PHI_3_5_MINI_INSTRUCT = {
+    "architectures": ["Phi3ForCausalLM"],
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "bos_token_id": 1,
+    "embd_pdrop": 0.0,
+    "eos_token_id": 32000,
+    "hidden_act": "silu",
+    "hidden_size": 3072,
+    "initializer_range": 0.02,
+    "intermediate_size": 8192,
+    "max_position_embeddings": 131072,
+    "model_type": "phi3",
+    "num_attention_heads": 32,
+    "num_hidden_layers": 32,
+    "num_key_value_heads": 32,
+    "original_max_position_embeddings": 4096,
+    "pad_token_id": 32000,
+    "resid_pdrop": 0.0,
+    "rms_norm_eps": 1e-05,
+    "rope_scaling": {
+        "long_factor": [
+            1.0800000429153442, 1.1100000143051147, 1.1399999856948853, 1.340000033378601,
+            1.5899999141693115, 1.600000023841858, 1.6200000047683716, 2.620000123977661,
+            3.2300000190734863, 3.2300000190734863, 4.789999961853027, 7.400000095367432,
+            7.700000286102295, 9.09000015258789, 12.199999809265137, 17.670000076293945,
+            24.46000099182129, 28.57000160217285, 30.420001983642578, 30.840002059936523,
+            32.590003967285156, 32.93000411987305, 42.320003509521484, 44.96000289916992,
+            50.340003967285156, 50.45000457763672, 57.55000305175781, 57.93000411987305,
+            58.21000289916992, 60.1400032043457, 62.61000442504883, 62.62000274658203,
+            62.71000289916992, 63.1400032043457, 63.1400032043457, 63.77000427246094,
+            63.93000411987305, 63.96000289916992, 63.970001220703125, 64.02999877929688,
+            64.06999969482422, 64.08000183105469, 64.12000274658203, 64.41000366210938,
+            64.4800033569336, 64.51000213623047, 64.52999877929688, 64.83999633789062,
+        ],
+        "short_factor": [
+            1.0, 1.0199999809265137, 1.0299999713897705, 1.0299999713897705,
+            1.0499999523162842, 1.0499999523162842, 1.0499999523162842, 1.0499999523162842,
+            1.0499999523162842, 1.0699999332427979, 1.0999999046325684, 1.1099998950958252,
+            1.1599998474121094, 1.1599998474121094, 1.1699998378753662, 1.2899998426437378,
+            1.339999794960022, 1.679999828338623, 1.7899998426437378, 1.8199998140335083,
+            1.8499997854232788, 1.8799997568130493, 1.9099997282028198, 1.9399996995925903,
+            1.9899996519088745, 2.0199997425079346, 2.0199997425079346, 2.0199997425079346,
+            2.0199997425079346, 2.0199997425079346, 2.0199997425079346, 2.0299997329711914,
+            2.0299997329711914, 2.0299997329711914, 2.0299997329711914, 2.0299997329711914,
+            2.0299997329711914, 2.0299997329711914, 2.0299997329711914, 2.0299997329711914,
+            2.0799996852874756, 2.0899996757507324, 2.189999580383301, 2.2199995517730713,
+            2.5899994373321533, 2.729999542236328, 2.749999523162842, 2.8399994373321533,
+        ],
+        "type": "longrope",
+    },
+    "rope_theta": 10000.0,
+    "sliding_window": 262144,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "use_cache": True,
+    "vocab_size": 32064,
+}
+
+# Phi-3 mini 4k instruct: the same layout without rope scaling, and a sliding window of 2047.
+PHI_3_MINI_4K_INSTRUCT = {
+    **{k: v for k, v in PHI_3_5_MINI_INSTRUCT.items() if k != "rope_scaling"},
+    "max_position_embeddings": 4096,
+    "rope_scaling": None,
+    "sliding_window": 2047,
+}
+
+# Gemma 2 2B it: a family this version does not run (tests check the refusal names it).
+GEMMA_2_2B_IT = {
+    "architectures": ["Gemma2ForCausalLM"],
+    "attn_logit_softcapping": 50.0,
+    "final_logit_softcapping": 30.0,
+    "head_dim": 256,
+    "hidden_activation": "gelu_pytorch_tanh",
+    "hidden_size": 2304,
+    "intermediate_size": 9216,
+    "max_position_embeddings": 8192,
+    "model_type": "gemma2",
+    "num_attention_heads": 8,
+    "num_hidden_layers": 26,
+    "num_key_value_heads": 4,
+    "query_pre_attn_scalar": 256,
+    "rms_norm_eps": 1e-06,
+    "rope_theta": 10000.0,
+    "sliding_window": 4096,
+    "vocab_size": 256000,
+}
+
+_CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+# name -> (hub id, config.json, generation_config.json, tokens: real id -> token text, the
+# tokenizer's bos/eos/pad token texts, chat template)
+FAMILIES: dict[str, dict] = {
+    "llama3": dict(
+        hub="meta-llama/Llama-3.2-1B-Instruct", config=LLAMA_3_2_1B_INSTRUCT,
+        generation={"bos_token_id": 128000, "do_sample": True, "eos_token_id": [128001, 128008, 128009],
+                    "temperature": 0.6, "top_p": 0.9},
+        tokens={128000: "<|begin_of_text|>", 128001: "<|end_of_text|>", 128006: "<|start_header_id|>",
+                128007: "<|end_header_id|>", 128008: "<|eom_id|>", 128009: "<|eot_id|>"},
+        bos="<|begin_of_text|>", eos="<|eot_id|>", pad="<|end_of_text|>",
+        template=("{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
+                  "{{ m['content'] | trim }}<|eot_id|>{% endfor %}"
+                  "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"),
+    ),
+    "qwen2.5": dict(
+        hub="Qwen/Qwen2.5-0.5B-Instruct", config=QWEN2_5_0_5B_INSTRUCT,
+        generation={"bos_token_id": 151643, "pad_token_id": 151643, "do_sample": True,
+                    "eos_token_id": [151645, 151643], "repetition_penalty": 1.1, "temperature": 0.7,
+                    "top_p": 0.8, "top_k": 20},
+        tokens={151643: "<|endoftext|>", 151644: "<|im_start|>", 151645: "<|im_end|>"},
+        bos=None, eos="<|im_end|>", pad="<|endoftext|>", template=_CHATML,
+    ),
+    "qwen3": dict(
+        hub="Qwen/Qwen3-0.6B", config=QWEN3_0_6B,
+        generation={"bos_token_id": 151643, "do_sample": True, "eos_token_id": [151645, 151643],
+                    "pad_token_id": 151643, "temperature": 0.6, "top_k": 20, "top_p": 0.95},
+        tokens={151643: "<|endoftext|>", 151644: "<|im_start|>", 151645: "<|im_end|>", 151667: "<think>",
+                151668: "</think>"},
+        bos=None, eos="<|im_end|>", pad="<|endoftext|>", template=_CHATML,
+    ),
+    "mistral": dict(
+        hub="mistralai/Mistral-7B-Instruct-v0.3", config=MISTRAL_7B_INSTRUCT_V0_3,
+        generation={"bos_token_id": 1, "eos_token_id": 2},
+        tokens={0: "<unk>", 1: "<s>", 2: "</s>", 3: "[INST]", 4: "[/INST]"},
+        bos="<s>", eos="</s>", pad="<unk>",
+        template=("{{ bos_token }}{% for m in messages %}{% if m['role'] == 'assistant' %}{{ m['content'] }}"
+                  "{{ eos_token }}{% else %}[INST] {{ m['content'] }}[/INST]{% endif %}{% endfor %}"),
+    ),
+    "phi3.5": dict(
+        hub="microsoft/Phi-3.5-mini-instruct", config=PHI_3_5_MINI_INSTRUCT,
+        generation={"bos_token_id": 1, "eos_token_id": [32007, 32001, 32000], "pad_token_id": 32000},
+        tokens={0: "<unk>", 1: "<s>", 2: "</s>", 32000: "<|endoftext|>", 32001: "<|assistant|>",
+                32006: "<|system|>", 32007: "<|end|>", 32010: "<|user|>"},
+        bos="<s>", eos="<|endoftext|>", pad="<|endoftext|>",
+        template=("{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}<|end|>\n{% endfor %}"
+                  "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"),
+    ),
+}
+FAMILIES["phi3-4k"] = dict(FAMILIES["phi3.5"], hub="microsoft/Phi-3-mini-4k-instruct", config=PHI_3_MINI_4K_INSTRUCT,
+                           generation={"bos_token_id": 1, "eos_token_id": [32000, 32001, 32007], "pad_token_id": 32000})
