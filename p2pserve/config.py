@@ -2,7 +2,8 @@
 
 Defaults and their documentation live only here: ``PeerConfig`` (with ``BatchingConfig``),
 ``ClientConfig``, ``DHTConfig`` (every member's view of the swarm), ``ProberConfig`` (link
-probes), ``CoordinatorConfig`` and ``BootstrapConfig``. The planner's ``PlannerConfig`` stays in
+probes), ``CoordinatorConfig`` and ``BootstrapConfig``; ``MetricsConfig`` is the ``/metrics``
+endpoint a peer or a coordinator may serve. The planner's ``PlannerConfig`` stays in
 ``p2pserve.placement.planner``, next to the solver that reads it.
 
 A command builds its role's config from the swarm file and its flags with
@@ -59,6 +60,18 @@ class BatchingConfig:
 
 
 @dataclass(frozen=True)
+class MetricsConfig:
+    """A Prometheus ``/metrics`` endpoint of a peer or a coordinator (``p2pserve.metrics``, ``docs/metrics.md``)."""
+
+    port: Optional[int] = None  # None: no endpoint (the default); 0 picks a free port
+    host: str = "127.0.0.1"  # loopback unless opened on purpose: the numbers describe this node's load
+
+    def __post_init__(self) -> None:
+        if self.port is not None and not 0 <= self.port <= 65535:
+            raise ConfigError(f"the metrics port must be in [0, 65535], got {self.port}")
+
+
+@dataclass(frozen=True)
 class PeerConfig:
     """Everything a peer process needs; built from CLI flags by ``p2pserve peer``."""
 
@@ -88,6 +101,7 @@ class PeerConfig:
     # announced as draining) until the step ends; a dead compute thread is restarted at once.
     stuck_step_s: float = 60.0
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)  # off unless a port is given
 
 
 @dataclass(frozen=True)
@@ -332,6 +346,7 @@ class CoordinatorConfig:
     # Open swarms: at most this many peers per IP (of their announced addresses) get layers and
     # flow; the rest are left out with a logged reason. 0: no cap. Addresses are self-announced.
     max_peers_per_address: int = 0
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)  # served by `p2pserve coordinator`
 
     def __post_init__(self) -> None:
         if self.claim_slack <= 0 or self.claim_batch < 1 or self.min_report_samples < 1:

@@ -12,7 +12,7 @@ import dataclasses
 import logging
 import signal
 
-from p2pserve.cli.common import add_dht_arguments, dht_config, setup_logging
+from p2pserve.cli.common import add_dht_arguments, add_metrics_arguments, dht_config, metrics_config, setup_logging
 from p2pserve.config import CoordinatorConfig
 from p2pserve.swarm_file import SwarmFile, merge
 from p2pserve.errors import ConfigError
@@ -69,6 +69,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="distinct clients whose holding evidence excludes a peer (default 3)")
     v.add_argument("--exclusion-s", type=float, default=None,
                    help="how long an exclusion lasts after its last evidence (default 3600 s)")
+    add_metrics_arguments(parser, "the p2pserve_coordinator_* series of docs/metrics.md; off by default")
 
 
 def coordinator_config(args: argparse.Namespace, file: SwarmFile, model: str) -> CoordinatorConfig:
@@ -78,7 +79,7 @@ def coordinator_config(args: argparse.Namespace, file: SwarmFile, model: str) ->
         raise ConfigError(f"number of layers of {model} unknown: pass --num-layers or set [models.\"{model}\"] num_layers")
     if kw.get("trusted_verifiers") is not None:
         kw["trusted_verifiers"] = tuple(kw["trusted_verifiers"])
-    return CoordinatorConfig(**kw)
+    return CoordinatorConfig(**kw, metrics=metrics_config(args))
 
 
 def _print_public_key(key_path: str | None) -> int:
@@ -98,6 +99,7 @@ def run(args: argparse.Namespace) -> int:
         return _print_public_key(args.key_path)
     from p2pserve.coordinator.service import CoordinatorService
     from p2pserve.dht.swarm import Swarm
+    from p2pserve.metrics import serve_metrics
 
     try:
         file = SwarmFile.load(args.config)
@@ -109,8 +111,12 @@ def run(args: argparse.Namespace) -> int:
         return 2
 
     swarm = Swarm.create(dcfg)
+    metrics = None
     try:
         service = CoordinatorService(swarm, ccfg)
+        if ccfg.metrics.port is not None:
+            metrics = serve_metrics(service.metrics.registry, ccfg.metrics.host, ccfg.metrics.port)
+            print(f"P2PSERVE_METRICS_READY url={metrics.url}", flush=True)
         logger.info(
             f"coordinator {service.coordinator_id} for {dcfg.model} (priority {ccfg.priority}); "
             f"public key {swarm.public_key[:40]}...; listening on {' '.join(swarm.visible_maddrs())}"
@@ -125,5 +131,7 @@ def run(args: argparse.Namespace) -> int:
 
         asyncio.run(main())
     finally:
+        if metrics is not None:
+            metrics.close()
         swarm.shutdown()
     return 0

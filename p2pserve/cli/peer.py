@@ -37,7 +37,7 @@ def parse_layers(text: str) -> tuple[int, int]:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Register the peer's flags (swarm flags come from the DHT layer)."""
-    from p2pserve.cli.common import add_dht_arguments
+    from p2pserve.cli.common import add_dht_arguments, add_metrics_arguments
 
     d = PeerConfig()
     b = BatchingConfig()
@@ -80,6 +80,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a compute step running longer announces this peer draining until it ends")
     p.add_argument("--probe-max-mb", type=float, default=d.probe_max_bytes / 1024**2,
                    help="largest link-probe transfer; fast links stop here (less CPU, coarser reading)")
+    add_metrics_arguments(p, "the p2pserve_peer_* series of docs/metrics.md; off by default")
     add_dht_arguments(p, need_model=False)
 
 
@@ -92,6 +93,8 @@ def config_from_args(args: argparse.Namespace) -> PeerConfig:
         if not torch.cuda.is_available():
             raise ConfigError("--device cuda / --gpu was given but no CUDA device is available")
         device = f"cuda:{args.gpu or 0}"
+    from p2pserve.cli.common import metrics_config
+
     start, end = args.layers if args.layers else (None, None)
     return PeerConfig(
         model=args.model,
@@ -114,6 +117,7 @@ def config_from_args(args: argparse.Namespace) -> PeerConfig:
         direct_port=None if args.no_direct else args.direct_port,
         request_timeout_s=args.request_timeout,
         stuck_step_s=args.stuck_step,
+        metrics=metrics_config(args),
         admission=AdmissionConfig(
             max_sessions_per_owner=args.max_sessions_per_owner,
             max_kv_fraction_per_owner=args.max_kv_fraction_per_owner,
@@ -149,6 +153,8 @@ async def serve(config: PeerConfig, args: argparse.Namespace) -> None:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         layers = f"{peer.served[0]}:{peer.served[1]}" if peer.served else "none"
+        if peer.metrics_server is not None:
+            print(f"P2PSERVE_METRICS_READY url={peer.metrics_server.url}", flush=True)
         print(f"P2PSERVE_PEER_READY peer_id={peer.peer_id} layers={layers} maddrs={','.join(peer.visible_maddrs())}",
               flush=True)
         await stop.wait()

@@ -50,11 +50,12 @@ class Generation:
     """One reply being generated after ``prompt_ids``: an async iterator of :class:`GenerationEvent`.
 
     ``result`` fills in as it goes (``finish_reason`` once it ends); ``first_token_s`` and
-    ``elapsed_s`` are seconds from construction to the first token and to the end.
+    ``elapsed_s`` are seconds from construction to the first token and to the end. ``metrics``
+    (a ``ClientMetrics``) counts the tokens and times the first one.
     """
 
     def __init__(self, pipeline, prompt_ids: list[int], params: GenerationParams, eos_token_ids: set[int],
-                 tokenizer=None, clock: Clock = time.perf_counter):
+                 tokenizer=None, clock: Clock = time.perf_counter, metrics=None):
         params.validate()
         if not prompt_ids:
             raise BadRequestError("the prompt is empty")
@@ -65,6 +66,7 @@ class Generation:
         self.first_token_s: Optional[float] = None
         self.elapsed_s = 0.0
         self._clock = clock
+        self._metrics = metrics
         self._t0 = clock()
         self._prompt = list(prompt_ids)
         self._pending: Optional[list[int]] = None  # tokens the next step sends; None before the first
@@ -87,8 +89,12 @@ class Generation:
         token = await self.pipeline.step(self._pending)
         self._pending = [token]
         self.result.tokens.append(token)
+        if self._metrics is not None:
+            self._metrics.tokens.inc()
         if self.first_token_s is None:
             self.first_token_s = self._clock() - self._t0
+            if self._metrics is not None:
+                self._metrics.first_token.observe(self.first_token_s)
         if token in self.eos_token_ids and not self.params.ignore_eos:
             return self._finish("stop")
         text = self._stops.feed(self._detok.push(token)) if self._detok else ""
