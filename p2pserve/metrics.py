@@ -32,6 +32,7 @@ from p2pserve.errors import (
     ConfigError,
     ErrorCode,
     GenerationFailedError,
+    NoRouteError,
     ProtocolError,
     RequestError,
     RoutingError,
@@ -59,6 +60,8 @@ def error_code(exc: BaseException) -> str:
         return "all_routes_overloaded"
     if isinstance(exc, GenerationFailedError):
         return "generation_failed"
+    if isinstance(exc, NoRouteError) and exc.overloaded:  # load alone blocks every route (HTTP 429)
+        return "all_routes_overloaded"
     if isinstance(exc, RoutingError):
         return "no_route"
     if isinstance(exc, (TimeoutError, asyncio.TimeoutError)):
@@ -162,7 +165,8 @@ class ClientMetrics:
         self.first_token = Histogram("p2pserve_client_time_to_first_token_seconds",
                                      "From the generation's start (prompt tokenised) to its first token",
                                      buckets=SECONDS_FIRST_TOKEN, registry=r)
-        self.failovers = Counter("p2pserve_client_failovers", "Routes rebuilt after a failed hop", registry=r)
+        self.failovers = Counter("p2pserve_client_failovers", "Routes opened in place of one whose hop failed",
+                                 registry=r)
         self.hop_errors = _errors(r, "p2pserve_client_hop_errors", "Failed hops, by code",
                                   WIRE_CODES + CLIENT_CODES)
         self.request_errors = _errors(r, "p2pserve_client_request_errors", "Failed generations, by code",

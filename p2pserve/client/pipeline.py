@@ -65,6 +65,7 @@ class Pipeline:
         self.vocab_size = vocab_size  # when known, a last hop's token outside it is malformed
         self.observer = observer  # times decode hops for the service reports (client/observer.py)
         self.metrics = metrics  # hop times, failed hops, failovers and failed requests, when given
+        self._rerouting = False  # a hop failed and no route has been opened since (a failover under way)
         self.routes = routes
         self.model_id = model_id
         self.num_layers = num_layers
@@ -206,6 +207,10 @@ class Pipeline:
                 raise exc
             raise HopFailure(link.hop, exc) from exc
         self._links, self._held, self._steps = links, 0, 0
+        if self._rerouting:  # a failover that found a route (one that found none ends the request)
+            self._rerouting = False
+            if self.metrics is not None:
+                self.metrics.failovers.inc()
         if self.verifier is not None and cfg.verify_share > 0:
             self._tapes = [HopTape(c.hop, c.session_id) for c in links]
         if self.observer is not None:
@@ -226,8 +231,7 @@ class Pipeline:
             raise self._failed(failure.cause)
         if move == "give up":
             raise self._failed(GenerationFailedError(failure_message(self.failures, attempts))) from failure
-        if self.metrics is not None:
-            self.metrics.failovers.inc()
+        self._rerouting = True
         if move == "re-read":
             self.routes.invalidate()
             await asyncio.sleep(self.config.stale_route_pause_s)

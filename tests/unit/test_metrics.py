@@ -58,6 +58,7 @@ def test_error_codes_are_the_wire_codes_or_a_fixed_few():
         assert error_code(error_from_reply(code.value, "x", peer="p")) == code.value
     assert error_code(error_from_reply("made-up-by-a-hostile-peer", "x")) == "internal"
     assert error_code(NoRouteError("no")) == "no_route"
+    assert error_code(NoRouteError("only load blocks it", overloaded=True)) == "all_routes_overloaded"
     assert error_code(AllRoutesOverloadedError("full")) == "all_routes_overloaded"
     assert error_code(GenerationFailedError("gave up")) == "generation_failed"
     assert error_code(TimeoutError()) == "timeout"
