@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping, Optional
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
-from prometheus_client.metrics_core import GaugeMetricFamily
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from p2pserve.errors import (
@@ -72,27 +72,33 @@ def error_code(exc: BaseException) -> str:
 
 
 class StateCollector(Collector):
-    """Gauges read together from the owner's state at scrape time: ``read()`` returns one value
-    per name of ``gauges`` (name -> help text), so related values (KV used and free) are
-    consistent with each other and nothing is paid between scrapes."""
+    """Series read together from the owner's state at scrape time: ``read()`` returns one value
+    per name of ``series`` (name -> help text), so related values (KV used and free) are
+    consistent with each other and nothing is paid between scrapes. Names in ``counters`` are
+    counts the owner keeps anyway (exported as counters, ``_total``); the rest are gauges."""
 
-    def __init__(self, gauges: Mapping[str, str], read: Callable[[], Mapping[str, float]]):
-        self.gauges = dict(gauges)
+    def __init__(self, series: Mapping[str, str], read: Callable[[], Mapping[str, float]],
+                 counters: Iterable[str] = ()):
+        self.series = dict(series)
         self.read = read
+        self.counters = frozenset(counters)
 
-    def describe(self) -> Iterable[GaugeMetricFamily]:
+    def _family(self, name: str, value: Optional[float] = None) -> Metric:
+        kind = CounterMetricFamily if name in self.counters else GaugeMetricFamily
+        return kind(name, self.series[name], value=value)
+
+    def describe(self) -> Iterable[Metric]:
         """The families, without reading the state (what the registry checks names with)."""
-        return [GaugeMetricFamily(name, text) for name, text in self.gauges.items()]
+        return [self._family(name) for name in self.series]
 
-    def collect(self) -> Iterable[GaugeMetricFamily]:
+    def collect(self) -> Iterable[Metric]:
         """The current values; nothing (and a log line) if the owner's state cannot be read."""
         try:
             values = self.read()
         except Exception:  # a scrape must not take the role down, nor fail the other series
             log.exception("reading metrics state failed")
             return []
-        return [GaugeMetricFamily(name, text, value=float(values[name]))
-                for name, text in self.gauges.items() if name in values]
+        return [self._family(name, float(values[name])) for name in self.series if name in values]
 
 
 def _errors(registry: CollectorRegistry, name: str, text: str, codes: Iterable[str]) -> Counter:
@@ -117,6 +123,7 @@ PEER_STATE = {
     "p2pserve_peer_served_end_layer": "End of the served layer range (exclusive)",
     "p2pserve_peer_compute_restarts": "Compute threads restarted by the watchdog",
 }
+PEER_STATE_COUNTERS = ("p2pserve_peer_compute_restarts",)
 
 
 class PeerMetrics:
@@ -135,7 +142,7 @@ class PeerMetrics:
         self.step_seconds = Histogram("p2pserve_peer_step_seconds", "Shard forward time of one compute step",
                                       buckets=SECONDS_FAST, registry=r)
         self.errors = _errors(r, "p2pserve_peer_errors", "Error replies sent, by code", WIRE_CODES)
-        r.register(StateCollector(PEER_STATE, state))
+        r.register(StateCollector(PEER_STATE, state, PEER_STATE_COUNTERS))
 
     def step(self, tokens: int, sessions: int, seconds: float) -> None:
         """One compute step ran ``tokens`` tokens of ``sessions`` sessions in ``seconds``."""

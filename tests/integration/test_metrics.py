@@ -221,6 +221,7 @@ def test_metrics_of_a_small_swarm(swarm):
     assert get(a, "p2pserve_peer_batch_tokens_sum") == get(a, "p2pserve_peer_tokens_total")
     assert get(a, "p2pserve_peer_batch_sessions_count") == get(a, "p2pserve_peer_batch_tokens_count") > 0
     assert get(a, "p2pserve_peer_step_seconds_count") == get(a, "p2pserve_peer_batch_tokens_count")
+    assert get(a, "p2pserve_peer_compute_restarts_total") == 0 and get(a, "p2pserve_peer_sessions") == 0
     assert (get(a, "p2pserve_peer_served_start_layer"), get(a, "p2pserve_peer_served_end_layer")) == (0, 4)
     b = wait_for(lambda: settled(seen["survivor"]), "the surviving replica's sessions to close")
     assert get(b, "p2pserve_peer_kv_used_token_layers") + get(b, "p2pserve_peer_kv_free_token_layers") \

@@ -98,7 +98,9 @@ def test_state_gauges_are_read_at_scrape_time_and_a_failing_read_spares_the_rest
     state = {name: 0.0 for name in PEER_STATE}
     metrics = PeerMetrics(lambda: state)
     state["p2pserve_peer_kv_used_token_layers"] = 7
+    state["p2pserve_peer_compute_restarts"] = 2
     assert value(metrics.registry, "p2pserve_peer_kv_used_token_layers") == 7
+    assert value(metrics.registry, "p2pserve_peer_compute_restarts_total") == 2  # a count: a counter
 
     def broken():
         raise RuntimeError("state gone")
