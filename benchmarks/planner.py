@@ -22,6 +22,9 @@ Sections:
 * ``unseen`` -- generated clusters (random GPU mix, heterogeneous links) never used to tune.
 * ``backends`` -- when the ``ortools`` extra is installed: HiGHS against CP-SAT on the placement
   MILP with the same warm starts (incumbent, bound, status, time).
+* ``reproducibility`` -- (``planner_repro.py``) ``--runs`` solves at one seed with a ``--work``
+  budget while ``--burners`` processes load the machine: how many distinct placements (goal: 1);
+  then ``--seeds`` seeds simulated: worst over median (goal: >= 0.9), median over Helix's placement.
 * ``simulator`` -- simulated decode throughput (offline, IWRR, 600 s window) of the authors' Helix
   placement and of our throughput plan on cluster24.
 """
@@ -53,6 +56,7 @@ from p2pserve.sim.run import SimConfig, simulate  # noqa: E402
 from p2pserve.sim.scenario import Part, build_scenario  # noqa: E402
 from p2pserve.types import SINK_INDEX, SOURCE_INDEX  # noqa: E402
 from planner_churn import churn_section  # noqa: E402  (this directory is on sys.path when run)
+from planner_repro import print_reproducibility, reproducibility_section  # noqa: E402
 
 BEST_KNOWN = {"cluster24": 1289.56, "cluster10": 286.587}
 CLUSTERS = {
@@ -219,7 +223,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--quick", action="store_true", help="10 s solves, 120 s simulator window")
     ap.add_argument("--time-limit", type=float, default=None)
     ap.add_argument("--skip", nargs="*", default=[],
-                    choices=["methods", "churn", "unseen", "simulator", "backends"])
+                    choices=["methods", "churn", "unseen", "simulator", "backends", "reproducibility"])
+    ap.add_argument("--runs", type=int, default=10, help="reproducibility: solves at one seed")
+    ap.add_argument("--seeds", type=int, default=10, help="reproducibility: seeds simulated")
+    ap.add_argument("--work", type=int, default=20000, help="reproducibility: evaluations per solve")
+    ap.add_argument("--burners", type=int, default=2, help="reproducibility: busy processes loading the machine")
     ap.add_argument("--reload-share", type=float, nargs="+", default=[5e-3],
                     help="churn: reload cost per moved layer, as a share of the objective (several: a sweep)")
     ap.add_argument("--tolerance", type=float, nargs="+", default=[0.0],
@@ -262,6 +270,10 @@ def main(argv: list[str] | None = None) -> int:
                          "mean_depth", "valid"])
     if "simulator" not in args.skip:
         report["simulator"] = simulator_section(report, args.quick)
+    if "reproducibility" not in args.skip:
+        report["reproducibility"] = reproducibility_section(args.runs, args.seeds, args.work, args.burners,
+                                                            120.0 if args.quick else 600.0)
+        print_reproducibility(report["reproducibility"], print_table)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2))

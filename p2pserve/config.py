@@ -2,9 +2,9 @@
 
 Defaults and their documentation live only here: ``PeerConfig`` (with ``BatchingConfig``),
 ``ClientConfig``, ``DHTConfig`` (every member's view of the swarm), ``ProberConfig`` (link
-probes), ``CoordinatorConfig`` and ``BootstrapConfig``; ``MetricsConfig`` is the ``/metrics``
-endpoint a peer or a coordinator may serve. The planner's ``PlannerConfig`` stays in
-``p2pserve.placement.planner``, next to the solver that reads it.
+probes), ``CoordinatorConfig``, ``BootstrapConfig`` and ``DashboardConfig`` (the web view).
+``PlannerConfig`` stays in ``p2pserve.placement.planner`` and ``MetricsConfig`` in
+``p2pserve.metrics``, next to the code that reads them.
 
 A command builds its role's config from the swarm file and its flags with
 :func:`p2pserve.swarm_file.merge`; a value neither gives keeps the dataclass default here.
@@ -60,18 +60,6 @@ class BatchingConfig:
 
 
 @dataclass(frozen=True)
-class MetricsConfig:
-    """A Prometheus ``/metrics`` endpoint of a peer or a coordinator (``p2pserve.metrics``, ``docs/metrics.md``)."""
-
-    port: Optional[int] = None  # None: no endpoint (the default); 0 picks a free port
-    host: str = "127.0.0.1"  # loopback unless opened on purpose: the numbers describe this node's load
-
-    def __post_init__(self) -> None:
-        if self.port is not None and not 0 <= self.port <= 65535:
-            raise ConfigError(f"the metrics port must be in [0, 65535], got {self.port}")
-
-
-@dataclass(frozen=True)
 class PeerConfig:
     """Everything a peer process needs; built from CLI flags by ``p2pserve peer``."""
 
@@ -101,7 +89,6 @@ class PeerConfig:
     # announced as draining) until the step ends; a dead compute thread is restarted at once.
     stuck_step_s: float = 60.0
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
-    metrics: MetricsConfig = field(default_factory=MetricsConfig)  # off unless a port is given
 
 
 @dataclass(frozen=True)
@@ -135,6 +122,17 @@ class ClientConfig:
     # by them (docs/trust.md, "Claims"). 0 turns reporting off.
     report_period_s: float = 30.0
     report_window: int = 64
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.verify_share <= 1.0:
+            raise ConfigError(f"verify_share is a share of steps, in [0, 1], not {self.verify_share}")
+        for name in ("hop_timeout_s", "connect_timeout_s", "direct_connect_timeout_s", "ban_base_s", "ban_max_s"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be positive, not {getattr(self, name)}")
+        for name in ("max_retries", "no_route_wait_s", "verify_max_inflight", "report_period_s", "report_window",
+                     "stale_route_pause_s"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must not be negative, not {getattr(self, name)}")
 
 
 @dataclass(frozen=True)
@@ -346,7 +344,6 @@ class CoordinatorConfig:
     # Open swarms: at most this many peers per IP (of their announced addresses) get layers and
     # flow; the rest are left out with a logged reason. 0: no cap. Addresses are self-announced.
     max_peers_per_address: int = 0
-    metrics: MetricsConfig = field(default_factory=MetricsConfig)  # served by `p2pserve coordinator`
 
     def __post_init__(self) -> None:
         if self.claim_slack <= 0 or self.claim_batch < 1 or self.min_report_samples < 1:
@@ -376,3 +373,28 @@ class BootstrapConfig:
     identity_path: Optional[str] = None
     use_relay: bool = True
     maddrs_file: Optional[str] = None  # also write the multiaddrs here (scripts, tests)
+
+
+@dataclass(frozen=True)
+class DashboardConfig:
+    """The web dashboard (``p2pserve status --web``, ``coordinator --web-port``, ``api
+    --dashboard``; ``docs/dashboard.md``): where it listens and how much it remembers. Its HTTP
+    connections are bounded like the API's (``ApiConfig``'s header/body timeouts and connection
+    cap, through the same guarded protocol)."""
+
+    host: str = "127.0.0.1"  # the page shows the whole swarm and this process's routes: local by default
+    port: int = 8787
+    refresh_s: float = 2.0  # one DHT read per refresh, however many browsers poll /api/swarm
+    history_samples: int = 300  # tokens/s samples kept (10 minutes at the default refresh)
+    history_peers: int = 16  # peers whose observed rate is charted (the fastest)
+    recent_requests: int = 50  # requests listed with their routes (api only)
+    max_links: int = 4096  # links listed, between live peers
+
+    def __post_init__(self) -> None:
+        if not self.refresh_s > 0:
+            raise ConfigError(f"DashboardConfig.refresh_s must be > 0, got {self.refresh_s!r}")
+        for name in ("history_samples", "history_peers", "recent_requests", "max_links"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"DashboardConfig.{name} must be >= 1, got {getattr(self, name)!r}")
+        if not 0 <= self.port < 65536:
+            raise ConfigError(f"DashboardConfig.port must be in [0, 65535], got {self.port}")

@@ -204,6 +204,23 @@ class CoordinatorMetrics:
                                      registry=r)
 
 
+@dataclass(frozen=True)
+class MetricsConfig:
+    """The ``/metrics`` endpoint of a peer or a coordinator (``--metrics-port``, ``--metrics-host``).
+
+    It lives here rather than in ``p2pserve/config.py`` because only the code here reads it. It
+    is not part of the role's own config, because serving the numbers changes nothing the role
+    does.
+    """
+
+    port: Optional[int] = None  # None: no endpoint (the default); 0 picks a free port
+    host: str = "127.0.0.1"  # loopback unless opened on purpose: the numbers describe this node's load
+
+    def __post_init__(self) -> None:
+        if self.port is not None and not 0 <= self.port <= 65535:
+            raise ConfigError(f"the metrics port must be in [0, 65535], got {self.port}")
+
+
 @dataclass
 class MetricsServer:
     """A running ``/metrics`` endpoint (prometheus-client's threaded HTTP server)."""
@@ -225,12 +242,13 @@ class MetricsServer:
         self._httpd.server_close()
 
 
-def serve_metrics(registry: CollectorRegistry, host: str, port: int) -> MetricsServer:
-    """Serve ``registry`` at ``http://host:port/metrics`` (any path answers) from a daemon thread.
+def serve_metrics(registry: CollectorRegistry, config: MetricsConfig) -> MetricsServer:
+    """Serve ``registry`` at ``http://HOST:PORT/metrics`` (any path answers) from a daemon thread.
 
     A thread of its own, not the role's event loop: the numbers stay readable while that loop is
-    busy or stuck, which is when an operator looks. ``port`` 0 picks a free one.
+    busy or stuck, which is when an operator looks. Port 0 picks a free one.
     """
+    host, port = config.host, config.port
     try:
         httpd, thread = start_http_server(port, addr=host, registry=registry)
     except OSError as e:

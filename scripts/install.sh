@@ -6,8 +6,32 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 $PY -m pip install --quiet "torch==2.13.0"
+# The dashboard's browser test (tests/integration/test_dashboard.py) drives Debian's chromium
+# through chromium-driver. Installed only for --test, only as root, only when missing; without
+# apt (another distribution, no network) the test skips itself and says why.
+install_chromium() {
+  if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then
+    return 0
+  fi
+  if [[ "$(id -u)" != "0" ]]; then
+    echo "install.sh: chromium/chromedriver missing and not root: the dashboard browser test will skip" \
+         "(as root: apt-get install chromium chromium-driver)" >&2
+    return 0
+  fi
+  if ! command -v apt-get >/dev/null; then
+    echo "install.sh: no apt-get here: install chromium and its chromedriver yourself, or the dashboard" \
+         "browser test will skip" >&2
+    return 0
+  fi
+  if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; } \
+       >/dev/null; then
+    echo "install.sh: apt-get could not install chromium chromium-driver: the dashboard browser test will skip" >&2
+  fi
+}
+
 if [[ "${1:-}" == "--test" ]]; then
   $PY -m pip install --quiet -e ".[test]"
+  install_chromium
 else
   $PY -m pip install --quiet -e .
 fi

@@ -99,6 +99,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"require 'Authorization: Bearer KEY' on every /v1 request and /metrics (401 otherwise); default "
                              f"${API_KEY_ENV}, which keeps the key out of the process list. With neither, the API "
                              f"is OPEN to anyone who can connect (logged at start)")
+    parser.add_argument("--dashboard", action="store_true",
+                        help="also serve the live swarm dashboard at /dashboard/ and its JSON at /api/swarm, with "
+                             "this server's recent routes (docs/dashboard.md); not behind --api-key")
     h = parser.add_argument_group("HTTP limits")
     h.add_argument("--header-timeout", type=float, default=d.header_timeout_s,
                    help="seconds from connecting (or the last response) to a complete request head; then closed (default %(default)s)")
@@ -140,7 +143,17 @@ def run(args: argparse.Namespace) -> int:
     async def main() -> int:
         config = api_config_from_args(args)  # bad limits fail here, before the swarm is joined
         client = await start_client(args)
-        server = OpenAIServer(client, config)
+        served, watch, refresher = client, None, None
+        if args.dashboard:
+            from p2pserve.dashboard.app import mount_dashboard
+            from p2pserve.dashboard.watch import client_dashboard
+
+            served, watch = client_dashboard(client)
+        server = OpenAIServer(served, config)
+        if watch is not None:
+            mount_dashboard(server.app, watch)
+            await watch.refresh()
+            refresher = asyncio.create_task(watch.run())
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -148,8 +161,12 @@ def run(args: argparse.Namespace) -> int:
         try:
             port = await server.start()
             print(f"P2PSERVE_API_READY url=http://{config.host}:{port} model={server.primary_model}", flush=True)
+            if watch is not None:
+                print(f"P2PSERVE_DASHBOARD_READY url=http://{config.host}:{port}/dashboard/", flush=True)
             await stop.wait()
         finally:
+            if refresher is not None:
+                refresher.cancel()
             await server.close()
             await client.close()
         return 0

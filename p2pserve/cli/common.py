@@ -15,7 +15,7 @@ from typing import Any, Optional
 
 import msgspec
 
-from p2pserve.config import DHTConfig, MetricsConfig
+from p2pserve.config import DHTConfig
 from p2pserve.swarm_file import ModelSettings, SwarmFile, Timing, merge
 from p2pserve.errors import ConfigError
 
@@ -144,10 +144,12 @@ def add_metrics_arguments(p: argparse.ArgumentParser, what: str) -> None:
     m = p.add_argument_group("metrics")
     m.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
                    help=f"serve Prometheus metrics at http://HOST:PORT/metrics ({what}); 0 picks a free port")
-    m.add_argument("--metrics-host", default=MetricsConfig.host,
+    m.add_argument("--metrics-host", default="127.0.0.1",
                    help="address the metrics endpoint listens on (default %(default)s; 0.0.0.0 opens it)")
 
 
-def metrics_config(args: argparse.Namespace) -> MetricsConfig:
-    """The ``MetricsConfig`` of the flags of :func:`add_metrics_arguments`."""
+def metrics_config(args: argparse.Namespace):
+    """The ``p2pserve.metrics.MetricsConfig`` of the flags of :func:`add_metrics_arguments`."""
+    from p2pserve.metrics import MetricsConfig
+
     return MetricsConfig(port=args.metrics_port, host=args.metrics_host)

@@ -69,6 +69,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="distinct clients whose holding evidence excludes a peer (default 3)")
     v.add_argument("--exclusion-s", type=float, default=None,
                    help="how long an exclusion lasts after its last evidence (default 3600 s)")
+    w = parser.add_argument_group("web dashboard (docs/dashboard.md)")
+    w.add_argument("--web-port", type=int, default=None,
+                   help="also serve the live swarm dashboard on this TCP port (0 = a free one; page at /, "
+                        "JSON at /api/swarm)")
+    w.add_argument("--web-host", default="127.0.0.1", help="address the dashboard listens on (default %(default)s)")
     add_metrics_arguments(parser, "the p2pserve_coordinator_* series of docs/metrics.md; off by default")
 
 
@@ -79,7 +84,7 @@ def coordinator_config(args: argparse.Namespace, file: SwarmFile, model: str) ->
         raise ConfigError(f"number of layers of {model} unknown: pass --num-layers or set [models.\"{model}\"] num_layers")
     if kw.get("trusted_verifiers") is not None:
         kw["trusted_verifiers"] = tuple(kw["trusted_verifiers"])
-    return CoordinatorConfig(**kw, metrics=metrics_config(args))
+    return CoordinatorConfig(**kw)
 
 
 def _print_public_key(key_path: str | None) -> int:
@@ -90,6 +95,19 @@ def _print_public_key(key_path: str | None) -> int:
         return 2
     print(public_key_text(load_or_create_key(key_path)))
     return 0
+
+
+def web_dashboard(args: argparse.Namespace, swarm, dcfg, ccfg: CoordinatorConfig):
+    """The dashboard of ``--web-port`` over this coordinator's swarm view (an async context)."""
+    from p2pserve.config import DashboardConfig
+    from p2pserve.dashboard.server import serving
+    from p2pserve.dashboard.watch import SwarmWatch
+
+    config = DashboardConfig(host=args.web_host, port=args.web_port)
+    trusted = tuple(ccfg.trusted_verifiers) if ccfg.trust_verifiers else ()
+    watch = SwarmWatch(swarm, config, source="coordinator", model=dcfg.model, swarm_id=dcfg.swarm_id,
+                       num_layers=ccfg.num_layers, trusted_verifiers=trusted, min_reporters=ccfg.evidence_min_reporters)
+    return serving(watch, config)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -106,6 +124,7 @@ def run(args: argparse.Namespace) -> int:
         dcfg = dht_config(args, file)
         ccfg = coordinator_config(args, file, dcfg.model)
         dcfg = dataclasses.replace(dcfg, num_layers=ccfg.num_layers)
+        mcfg = metrics_config(args)
     except ConfigError as e:
         print(f"error: {e}")
         return 2
@@ -114,8 +133,8 @@ def run(args: argparse.Namespace) -> int:
     metrics = None
     try:
         service = CoordinatorService(swarm, ccfg)
-        if ccfg.metrics.port is not None:
-            metrics = serve_metrics(service.metrics.registry, ccfg.metrics.host, ccfg.metrics.port)
+        if mcfg.port is not None:
+            metrics = serve_metrics(service.metrics.registry, mcfg)
             print(f"P2PSERVE_METRICS_READY url={metrics.url}", flush=True)
         logger.info(
             f"coordinator {service.coordinator_id} for {dcfg.model} (priority {ccfg.priority}); "
@@ -127,7 +146,11 @@ def run(args: argparse.Namespace) -> int:
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(sig, stop.set)
-            await service.run(stop)
+            if args.web_port is None:
+                await service.run(stop)
+                return
+            async with web_dashboard(args, swarm, dcfg, ccfg):
+                await service.run(stop)
 
         asyncio.run(main())
     finally:

@@ -93,8 +93,6 @@ def config_from_args(args: argparse.Namespace) -> PeerConfig:
         if not torch.cuda.is_available():
             raise ConfigError("--device cuda / --gpu was given but no CUDA device is available")
         device = f"cuda:{args.gpu or 0}"
-    from p2pserve.cli.common import metrics_config
-
     start, end = args.layers if args.layers else (None, None)
     return PeerConfig(
         model=args.model,
@@ -117,7 +115,6 @@ def config_from_args(args: argparse.Namespace) -> PeerConfig:
         direct_port=None if args.no_direct else args.direct_port,
         request_timeout_s=args.request_timeout,
         stuck_step_s=args.stuck_step,
-        metrics=metrics_config(args),
         admission=AdmissionConfig(
             max_sessions_per_owner=args.max_sessions_per_owner,
             max_kv_fraction_per_owner=args.max_kv_fraction_per_owner,
@@ -130,7 +127,7 @@ def config_from_args(args: argparse.Namespace) -> PeerConfig:
 
 async def serve(config: PeerConfig, args: argparse.Namespace) -> None:
     """Start DHT node and peer (and the control-plane agent), print the ready line, serve until signalled."""
-    from p2pserve.cli.common import dht_config
+    from p2pserve.cli.common import dht_config, metrics_config
     from p2pserve.swarm_file import SwarmFile
     from p2pserve.dht.swarm import Swarm
     from p2pserve.model.default import resolve_model
@@ -138,6 +135,7 @@ async def serve(config: PeerConfig, args: argparse.Namespace) -> None:
     from p2pserve.peer.server import Peer
 
     spec = load_spec(resolve_model(config.model), dtype=config.dtype)  # fail fast on a bad model
+    metrics = metrics_config(args) if args.metrics_port is not None else None  # and on a bad port
     # The model's name in DHT keys: --swarm-model, else the swarm file's model, else the
     # checkpoint's own id. (Sessions still check the checkpoint id itself when they open.)
     dcfg = dht_config(args, SwarmFile.load(args.config), model_flag="swarm_model", default_model=spec.model_id)
@@ -146,6 +144,8 @@ async def serve(config: PeerConfig, args: argparse.Namespace) -> None:
     agent = None
     try:
         peer = await Peer.create(config, swarm.dht)
+        if metrics is not None:
+            peer.export_metrics(metrics)
         if config.announce:
             agent = await _start_agent(peer, swarm, config)
         loop = asyncio.get_running_loop()

@@ -13,9 +13,9 @@ see :mod:`p2pserve.helix.root`).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
+from p2pserve.cli.machine_output import print_json, stdout_to_stderr
 from p2pserve.errors import P2PServeError
 from p2pserve.helix.root import data_root, resolve_file
 from p2pserve.helix.topology import load_helix_topology
@@ -31,7 +31,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", default=None, metavar="DIR",
                         help="Helix data root (default: $P2PSERVE_HELIX_DATA, else the packaged copy)")
     parser.add_argument("--model", required=True, choices=["llama2-70b", "llama1-30b"])
-    parser.add_argument("--time-limit", type=float, default=60.0, help="wall-clock seconds (default 60)")
+    parser.add_argument("--time-limit", type=float, default=60.0,
+                        help="wall-clock seconds (default 60; an outer safety limit when --work is given)")
+    parser.add_argument("--work", type=int, default=None, metavar="EVALS",
+                        help="search budget in evaluations: the same inputs and --seed give the same "
+                             "placement on any machine, however loaded")
     parser.add_argument("--objective", choices=OBJECTIVES, default="throughput",
                         help="throughput: depth/KV-aware decode estimate (default); max-flow: Helix's")
     parser.add_argument("--no-partial", action="store_true", help="disallow partial inference")
@@ -57,7 +61,16 @@ def write_solution(path: str, assignments: dict[int, tuple[int, int]]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Solve and print; exit code 0 on success, 2 on a planning/config error."""
+    """Solve and print; exit code 0 on success, 2 on a planning/config error.
+
+    With ``--json``, standard output carries the one JSON document and nothing else: whatever the
+    solver prints goes to standard error (see :mod:`p2pserve.cli.machine_output`).
+    """
+    with stdout_to_stderr(args.json) as out:
+        return _run(args, out)
+
+
+def _run(args: argparse.Namespace, out) -> int:
     try:
         root = data_root(args.data)
         cluster = resolve_file(args.cluster, "clusters", root)
@@ -71,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
             max_depth=args.max_depth,
             max_latency_s=args.max_latency,
             seed=args.seed,
+            work=args.work,
         )
         solution = plan_for_topology(topo, config)
     except P2PServeError as exc:
@@ -79,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     if args.write_solution:
         write_solution(args.write_solution, solution.assignments)
     if args.json:
-        print(json.dumps(solution.to_json(), indent=2))
+        print_json(solution.to_json(), out)
         return 0
     print_solution(topo, args.model, solution)
     return 0

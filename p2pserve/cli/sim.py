@@ -17,11 +17,11 @@ setup measures the peak and the rate is set to ``ONLINE_LOAD_FACTOR`` of it (see
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from pathlib import Path
 
+from p2pserve.cli.machine_output import print_json, stdout_to_stderr
 from p2pserve.errors import ConfigError
 from p2pserve.helix.root import data_root, resolve_file
 
@@ -63,7 +63,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bandwidth-convention", choices=["helix", "bits"], default="helix",
                         help="helix: file number read as bytes/s (the authors'); bits: divide by 8")
     parser.add_argument("--planner-time", type=float, default=20.0,
-                        help="seconds our planner may search when --placement planner")
+                        help="seconds our planner may search when --placement planner (an outer limit "
+                             "when --planner-work is given)")
+    parser.add_argument("--planner-work", type=int, default=None, metavar="EVALS",
+                        help="our planner's budget in evaluations: same seed and inputs, same placement "
+                             "on any machine")
     parser.add_argument("--no-layout-kv", action="store_true",
                         help="ignore a layout's simulator_cluster.ini KV capacities")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -79,7 +83,8 @@ def build_parts(args: argparse.Namespace, root: Path):
     for name, placement in zip(args.cluster, args.placement):
         cluster = resolve_file(name, "clusters", root)
         if placement == "planner":
-            parts.append(planner_part(cluster, args.model, time_limit_s=args.planner_time, seed=args.seed, root=root))
+            parts.append(planner_part(cluster, args.model, time_limit_s=args.planner_time, seed=args.seed, root=root,
+                                       work=args.planner_work))
         else:
             layout = resolve_file(placement, "layouts", root)
             parts.append(helix_part(cluster, layout, kv_from_layout=not args.no_layout_kv))
@@ -87,7 +92,12 @@ def build_parts(args: argparse.Namespace, root: Path):
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the simulation and print a summary (or JSON)."""
+    """Run the simulation and print a summary (or JSON: one document on stdout, all else on stderr)."""
+    with stdout_to_stderr(args.json) as out:
+        return _run(args, out)
+
+
+def _run(args: argparse.Namespace, out) -> int:
     from p2pserve.placement.topology import BandwidthConvention
     from p2pserve.sim.run import SimConfig, simulate
     from p2pserve.sim.scenario import build_scenario
@@ -125,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
     if calibration is not None:
         result.extra["rate_calibrated_from_offline_decode_tokens_per_s"] = calibration.decode_throughput_tokens_per_s
     if args.json:
-        print(json.dumps(_clean(result.to_dict()), indent=2))
+        print_json(_clean(result.to_dict()), out)
     else:
         print(format_result(result))
     return 0

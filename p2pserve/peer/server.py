@@ -16,7 +16,7 @@ import torch
 
 from p2pserve.config import PeerConfig
 from p2pserve.errors import ConfigError
-from p2pserve.metrics import MetricsServer, PeerMetrics, serve_metrics
+from p2pserve.metrics import MetricsConfig, MetricsServer, PeerMetrics, serve_metrics
 from p2pserve.model.default import resolve_model
 from p2pserve.model.shard import TORCH_DTYPES, Shard
 from p2pserve.model.spec import ModelSpec, load_spec
@@ -48,7 +48,7 @@ class Peer:
     _reaper: asyncio.Task | None = None
     _watchdog: asyncio.Task | None = None
     _stopped: asyncio.Event | None = None
-    metrics_server: MetricsServer | None = None  # the /metrics endpoint, when config.metrics has a port
+    metrics_server: MetricsServer | None = None  # the /metrics endpoint, once export_metrics ran
 
     @classmethod
     async def create(cls, config: PeerConfig, dht) -> "Peer":
@@ -83,8 +83,6 @@ class Peer:
             if not (0 <= start < end <= spec.num_layers):
                 raise ConfigError(f"--layers {start}:{end} is not inside [0, {spec.num_layers}] for this model")
             await peer.load_range(start, end)
-        if config.metrics.port is not None:
-            peer._export_metrics()
         worker.start()
         if config.direct_port is not None:
             hosts = maddr_hosts([str(m) for m in dht.get_visible_maddrs()])
@@ -98,11 +96,14 @@ class Peer:
         log.info("KV budget %d token-layers", capacity)
         return peer
 
-    def _export_metrics(self) -> None:
-        """Count compute steps and error replies, and serve them with the state gauges."""
+    def export_metrics(self, config: MetricsConfig) -> MetricsServer:
+        """Count compute steps and error replies from now on, and serve them with the state
+        gauges at ``config``'s address (``p2pserve peer --metrics-port``); without this call the
+        peer keeps no metrics at all."""
         metrics = PeerMetrics(self.metric_state)
+        self.metrics_server = serve_metrics(metrics.registry, config)
         self.worker.metrics = self.handler.metrics = metrics
-        self.metrics_server = serve_metrics(metrics.registry, self.config.metrics.host, self.config.metrics.port)
+        return self.metrics_server
 
     def metric_state(self) -> dict[str, float]:
         """The values of ``metrics.PEER_STATE`` now (read by the scrape thread: plain reads only)."""

@@ -43,7 +43,11 @@ class PlannerConfig:
     MILP (HiGHS by default; ``backend`` picks another). ``milp_share``: that part.
     ``early_stop_gap``: stop once within this fraction of the upper bound. ``max_depth`` /
     ``max_latency_s``: reject placements whose flow paths are deeper / slower (throughput
-    objective). ``seed``: search seed (same seed + same evaluation count = same plan).
+    objective). ``seed``: search seed. ``work``: the search's budget in score evaluations; when
+    set, the same inputs and seed give the same placement on any machine, however loaded, and
+    ``time_limit_s`` is only an outer safety limit (``stats["search"]["stopped_by"]`` says
+    ``"time"`` if it fired first). With ``work`` the max-flow objective gives the MILP only to
+    small clusters, where it is exact.
     """
 
     objective: str = "throughput"
@@ -56,6 +60,7 @@ class PlannerConfig:
     max_depth: int | None = None
     max_latency_s: float | None = None
     seed: int = 0
+    work: int | None = None
     workload: WorkloadModel = field(default_factory=WorkloadModel)
 
     def __post_init__(self) -> None:
@@ -63,6 +68,8 @@ class PlannerConfig:
             raise ConfigError(f"objective must be one of {OBJECTIVES}, not {self.objective!r}")
         if self.time_limit_s <= 0:
             raise ConfigError("time limit must be positive")
+        if self.work is not None and self.work < 1:
+            raise ConfigError("work (evaluations) must be at least 1")
 
 
 def throughput_score(
@@ -215,17 +222,18 @@ def _solve_max_flow(topo: Topology, config: PlannerConfig, starts: dict, stats: 
     # large ones: the search finds good flows fast and the MILP gets what is left.
     small = topo.num_nodes <= SMALL_CLUSTER
     share = 0.75 if small else config.milp_share
-    search_time = budget * (1.0 - share) if config.use_milp else budget
+    use_milp = config.use_milp and (small or config.work is None)
+    search_time = budget * (1.0 - share) if use_milp else budget
     method, solver_bound = "search", None
     best = max(starts.values(), key=flow)
-    if not (config.use_milp and small):
+    if not (use_milp and small):
         best, st = improve(topo, list(starts.values()), score, search_time, seed=config.seed, target=target,
-                           clock=clock)
+                           max_evals=config.work, clock=clock)
         stats["search"] = asdict(st)
     # Keep a margin for building the model and finishing the solution (flows, estimates).
     margin = 0.5 + 0.06 * topo.num_nodes
     left = budget * (share if small else 1.0) - (clock() - t0) - margin
-    if config.use_milp and left > 0.2 and flow(best) < target:
+    if use_milp and left > 0.2 and flow(best) < target:
         res = _run_milp(topo, config, best, left, stats)
         if res.bound and res.bound < float("inf"):
             solver_bound = res.bound
@@ -233,7 +241,7 @@ def _solve_max_flow(topo: Topology, config: PlannerConfig, starts: dict, stats: 
             best, method = res.placement, "search+milp" if not small else "milp"
         if small and res.status != "Optimal":
             more, st = improve(topo, [best] + list(starts.values()), score, max(0.0, budget - (clock() - t0)),
-                               seed=config.seed, target=target, clock=clock)
+                               seed=config.seed, target=target, max_evals=config.work, clock=clock)
             stats["search"] = asdict(st)
             if flow(more) > flow(best) + 1e-6:
                 best, method = more, "milp+search"
@@ -265,16 +273,17 @@ def _solve_throughput(topo: Topology, config: PlannerConfig, starts: dict, stats
     budget = config.time_limit_s
     score = throughput_score(topo, config)
     # First a short max-flow phase so that high-flow structures are among the starts.
+    work = config.work
     mf_best, _ = improve(
         topo, list(starts.values()), max_flow_score(topo, config.partial),
-        budget * 0.1, seed=config.seed, clock=clock,
+        budget * 0.1, seed=config.seed, max_evals=None if work is None else max(1, work // 10), clock=clock,
     )
     tiers = sorted(tiered_candidates(topo), key=score, reverse=True)[:4]
     stats["tiered_starts"] = len(tiers)
     pool = list(starts.values()) + [mf_best] + tiers
     best, st = improve(
         topo, pool, score, max(0.0, budget * 0.95 - (clock() - t0) - 0.05 * topo.num_nodes),
-        seed=config.seed + 1, clock=clock,
+        seed=config.seed + 1, max_evals=None if work is None else max(1, work - work // 10), clock=clock,
     )
     stats["search"] = asdict(st)
     best = fill_idle(topo, best, score)

@@ -183,6 +183,7 @@ class SearchStats:
     best_score: float = float("-inf")
     time_to_best_s: float = 0.0
     elapsed_s: float = 0.0
+    stopped_by: str = ""  # "work", "time" or "target"; "" if there was nothing to anneal
 
 
 def _weakest_layer(topo: Topology, p: PlacementDict) -> int:
@@ -348,11 +349,17 @@ def _anneal(topo: Topology, best: PlacementDict, best_s: float, score: Score, bu
     clock, t0, limit = budget.clock, budget.t0, budget.time_limit_s
     while True:
         now = clock() - t0
-        if now >= limit or (budget.max_evals is not None and stats.evaluations >= budget.max_evals):
+        stop = _stop_reason(budget, now, stats.evaluations, best_s)
+        if stop:
+            stats.stopped_by = stop
             break
-        if budget.target is not None and best_s >= budget.target:
-            break
-        frac = now / limit if limit > 0 else 1.0
+        # The schedule follows the budget that ends the run: with an evaluation budget the
+        # temperature depends on evaluations only, so the same seed gives the same walk however
+        # busy the machine is (wall time then only guards, as an outer limit).
+        if budget.max_evals:
+            frac = stats.evaluations / budget.max_evals
+        else:
+            frac = now / limit if limit > 0 else 1.0
         temp = temp0 * (1.0 - frac) ** 2 + 1e-9
         cand = _neighbour(topo, cur, rng, movable)
         if cand is None:
@@ -372,3 +379,14 @@ def _anneal(topo: Topology, best: PlacementDict, best_s: float, score: Score, bu
             cur, cur_s, since = dict(best), best_s, 0
     stats.best_score = best_s
     return best
+
+
+def _stop_reason(budget: _Budget, now: float, evaluations: int, best_s: float) -> str:
+    """Why the annealing stops now ("time", "work" or "target"), or "" to go on."""
+    if budget.max_evals is not None and evaluations >= budget.max_evals:
+        return "work"
+    if now >= budget.time_limit_s:
+        return "time"
+    if budget.target is not None and best_s >= budget.target:
+        return "target"
+    return ""

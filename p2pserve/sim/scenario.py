@@ -25,7 +25,7 @@ from p2pserve.errors import ConfigError
 from p2pserve.helix import format as hf
 from p2pserve.helix.topology import topology_from_helix
 from p2pserve.placement.maxflow import max_flow
-from p2pserve.placement.planner import plan_for_topology
+from p2pserve.placement.planner import PlannerConfig, plan_for_topology
 from p2pserve.placement.topology import BandwidthConvention, LinkSpec, Topology
 from p2pserve.sim.batching import BatchCaps
 from p2pserve.sim.graph import Assignment, StageGraph
@@ -202,10 +202,11 @@ def helix_part(cluster_path: str | Path, placement_path: str | Path, kv_from_lay
 
 
 def planner_part(cluster_path: str | Path, model: str, time_limit_s: float = 20.0, seed: int = 0,
-                 root: Path | None = None) -> Part:
+                 root: Path | None = None, work: int | None = None) -> Part:
     """A part whose placement comes from our planner (``placement.planner.plan_for_topology``,
-    default objective), solved on the cluster's Helix topology."""
+    default objective), solved on the cluster's Helix topology (``work``: evaluation budget,
+    see ``PlannerConfig.work``)."""
     cluster = hf.load_cluster(cluster_path)
     topo = topology_from_helix(cluster, model, root=root)
-    solution = plan_for_topology(topo, time_limit_s=time_limit_s, seed=seed)
+    solution = plan_for_topology(topo, PlannerConfig(time_limit_s=time_limit_s, seed=seed, work=work))
     return Part(cluster, dict(solution.assignments), None)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
+import pytest
+
 from p2pserve.cli.api import add_client_arguments, apply_swarm_file
 
 
@@ -53,3 +55,13 @@ def test_api_flags_build_one_api_config(monkeypatch):
             cfg.max_generations) == ("sk-env", 0, 2**20, 2.0, ("tiny",), 3)
     assert "sk-env" not in repr(cfg)  # a logged config does not leak the key
     assert api_config_from_args(parser.parse_args(["--api-key", "sk-flag"])).api_key == "sk-flag"
+
+
+@pytest.mark.parametrize("kw", [{"verify_share": 1.5}, {"verify_share": -0.1}, {"hop_timeout_s": 0},
+                                {"max_retries": -1}])
+def test_client_config_refuses_out_of_range_values(kw):
+    from p2pserve.config import ClientConfig
+    from p2pserve.errors import ConfigError
+
+    with pytest.raises(ConfigError):
+        ClientConfig(**kw)

@@ -16,7 +16,7 @@ from p2pserve.client.generation import Generation
 from p2pserve.client.params import GenerationParams
 from p2pserve.client.pipeline import Pipeline
 from p2pserve.client.route_providers import PeerListRoutes
-from p2pserve.config import ClientConfig, CoordinatorConfig, DHTConfig, MetricsConfig
+from p2pserve.config import ClientConfig, CoordinatorConfig, DHTConfig
 from p2pserve.coordinator.service import CoordinatorService
 from p2pserve.dht.records import PeerInfo
 from p2pserve.errors import (
@@ -33,6 +33,7 @@ from p2pserve.metrics import (
     PEER_STATE,
     ClientMetrics,
     CoordinatorMetrics,
+    MetricsConfig,
     PeerMetrics,
     StateCollector,
     error_code,
@@ -116,7 +117,7 @@ def test_state_gauges_are_read_at_scrape_time_and_a_failing_read_spares_the_rest
 def test_the_endpoint_serves_one_registry_and_frees_its_port():
     metrics = CoordinatorMetrics()
     metrics.epoch.set(3)
-    server = serve_metrics(metrics.registry, "127.0.0.1", 0)
+    server = serve_metrics(metrics.registry, MetricsConfig(port=0))
     try:
         assert server.url == f"http://127.0.0.1:{server.port}/metrics"
         with urllib.request.urlopen(server.url, timeout=10) as r:
@@ -125,7 +126,7 @@ def test_the_endpoint_serves_one_registry_and_frees_its_port():
                  if s.name == "p2pserve_coordinator_plan_epoch"]
         assert epoch == [3.0]
         with pytest.raises(ConfigError, match="cannot serve metrics"):
-            serve_metrics(metrics.registry, "127.0.0.1", server.port)  # in use
+            serve_metrics(metrics.registry, MetricsConfig(port=server.port))  # in use
     finally:
         server.close()
     with socket.create_server(("127.0.0.1", server.port)):  # closed: the port is free again
@@ -143,18 +144,18 @@ def test_peer_and_coordinator_flags():
 
     from p2pserve.cli import coordinator as coordinator_cli
     from p2pserve.cli import peer as peer_cli
+    from p2pserve.cli.common import metrics_config
 
     parser = argparse.ArgumentParser()
     peer_cli.add_arguments(parser)
-    assert peer_cli.config_from_args(parser.parse_args([])).metrics == MetricsConfig()  # off by default
-    cfg = peer_cli.config_from_args(parser.parse_args(["--metrics-port", "0", "--metrics-host", "0.0.0.0"]))
-    assert cfg.metrics == MetricsConfig(port=0, host="0.0.0.0")
+    assert parser.parse_args([]).metrics_port is None  # off by default
+    args = parser.parse_args(["--metrics-port", "0", "--metrics-host", "0.0.0.0"])
+    assert metrics_config(args) == MetricsConfig(port=0, host="0.0.0.0")
     parser = argparse.ArgumentParser()
     coordinator_cli.add_arguments(parser)
-    from p2pserve.swarm_file import SwarmFile
-
-    args = parser.parse_args(["--num-layers", "4", "--metrics-port", "9100"])
-    assert coordinator_cli.coordinator_config(args, SwarmFile(), "m").metrics.port == 9100
+    assert metrics_config(parser.parse_args(["--metrics-port", "9100"])) == MetricsConfig(port=9100)
+    with pytest.raises(ConfigError):
+        metrics_config(parser.parse_args(["--metrics-port", "70000"]))
 
 
 SPANS = {"a": (0, 4), "b1": (4, 8), "b2": (4, 8)}

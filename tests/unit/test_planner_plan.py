@@ -101,7 +101,7 @@ def test_chain_estimate_is_worse_than_helix(cluster24):
     assert e_chain.per_token_latency_s > e_helix.per_token_latency_s
 
 
-def test_cli_json(capsys, tmp_path):
+def test_cli_json(capfd, tmp_path):
     import argparse
 
     parser = argparse.ArgumentParser()
@@ -113,7 +113,7 @@ def test_cli_json(capsys, tmp_path):
         "--write-solution", str(sol),
     ])
     assert plan_command.run(args) == 0
-    out = json.loads(capsys.readouterr().out)
+    out = json.loads(capfd.readouterr().out)
     for key in ("max_flow_tokens_per_s", "upper_bound_tokens_per_s", "solve_time_s", "assignments"):
         assert key in out
     assert len(out["assignments"]) >= 1

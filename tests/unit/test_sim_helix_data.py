@@ -63,7 +63,7 @@ def test_short_online_run():
     assert on.queries_submitted > 5 and on.prompt_latency_s.count > 0
 
 
-def test_cli_json(capsys):
+def test_cli_json(capfd):
     import argparse
     import json
 
@@ -78,7 +78,7 @@ def test_cli_json(capsys):
         "--mode", "online", "--rate", "700", "--duration", "20", "--warmup", "0", "--json",
     ])
     assert command.run(args) == 0
-    out = json.loads(capsys.readouterr().out)
+    out = json.loads(capfd.readouterr().out)
     assert out["decode_throughput_tokens_per_s"] > 0
     for key in ("prompt_latency_s", "decode_latency_s"):
         assert set(out[key]) >= {"mean", "p50", "p95"}
