@@ -2,9 +2,9 @@
 
 Defaults and their documentation live only here: ``PeerConfig`` (with ``BatchingConfig``),
 ``ClientConfig``, ``DHTConfig`` (every member's view of the swarm), ``ProberConfig`` (link
-probes), ``CoordinatorConfig``, ``BootstrapConfig`` and ``DashboardConfig`` (the web view). The
-planner's ``PlannerConfig`` stays in ``p2pserve.placement.planner``, next to the solver that
-reads it.
+probes), ``CoordinatorConfig``, ``BootstrapConfig`` and ``DashboardConfig`` (the web view).
+``PlannerConfig`` stays in ``p2pserve.placement.planner`` and ``MetricsConfig`` in
+``p2pserve.metrics``, next to the code that reads them.
 
 A command builds its role's config from the swarm file and its flags with
 :func:`p2pserve.swarm_file.merge`; a value neither gives keeps the dataclass default here.

@@ -96,7 +96,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--served-model-name", action="append", default=[],
                         help="extra model name requests may use (repeatable; the checkpoint id always works)")
     parser.add_argument("--api-key", default=None, metavar="KEY",
-                        help=f"require 'Authorization: Bearer KEY' on every /v1 request (401 otherwise); default "
+                        help=f"require 'Authorization: Bearer KEY' on every /v1 request and /metrics (401 otherwise); default "
                              f"${API_KEY_ENV}, which keeps the key out of the process list. With neither, the API "
                              f"is OPEN to anyone who can connect (logged at start)")
     parser.add_argument("--dashboard", action="store_true",

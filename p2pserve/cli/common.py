@@ -137,3 +137,19 @@ def write_local_swarm_file(path, spec, boot: list[str], swarm_id: str, host_madd
     )
     with open(path, "wb") as f:
         f.write(file.to_json())
+
+
+def add_metrics_arguments(p: argparse.ArgumentParser, what: str) -> None:
+    """``--metrics-port`` / ``--metrics-host``: a Prometheus endpoint (``MetricsConfig``)."""
+    m = p.add_argument_group("metrics")
+    m.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
+                   help=f"serve Prometheus metrics at http://HOST:PORT/metrics ({what}); 0 picks a free port")
+    m.add_argument("--metrics-host", default="127.0.0.1",
+                   help="address the metrics endpoint listens on (default %(default)s; 0.0.0.0 opens it)")
+
+
+def metrics_config(args: argparse.Namespace):
+    """The ``p2pserve.metrics.MetricsConfig`` of the flags of :func:`add_metrics_arguments`."""
+    from p2pserve.metrics import MetricsConfig
+
+    return MetricsConfig(port=args.metrics_port, host=args.metrics_host)

@@ -12,7 +12,7 @@ import dataclasses
 import logging
 import signal
 
-from p2pserve.cli.common import add_dht_arguments, dht_config, setup_logging
+from p2pserve.cli.common import add_dht_arguments, add_metrics_arguments, dht_config, metrics_config, setup_logging
 from p2pserve.config import CoordinatorConfig
 from p2pserve.swarm_file import SwarmFile, merge
 from p2pserve.errors import ConfigError
@@ -74,6 +74,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="also serve the live swarm dashboard on this TCP port (0 = a free one; page at /, "
                         "JSON at /api/swarm)")
     w.add_argument("--web-host", default="127.0.0.1", help="address the dashboard listens on (default %(default)s)")
+    add_metrics_arguments(parser, "the p2pserve_coordinator_* series of docs/metrics.md; off by default")
 
 
 def coordinator_config(args: argparse.Namespace, file: SwarmFile, model: str) -> CoordinatorConfig:
@@ -116,19 +117,25 @@ def run(args: argparse.Namespace) -> int:
         return _print_public_key(args.key_path)
     from p2pserve.coordinator.service import CoordinatorService
     from p2pserve.dht.swarm import Swarm
+    from p2pserve.metrics import serve_metrics
 
     try:
         file = SwarmFile.load(args.config)
         dcfg = dht_config(args, file)
         ccfg = coordinator_config(args, file, dcfg.model)
         dcfg = dataclasses.replace(dcfg, num_layers=ccfg.num_layers)
+        mcfg = metrics_config(args)
     except ConfigError as e:
         print(f"error: {e}")
         return 2
 
     swarm = Swarm.create(dcfg)
+    metrics = None
     try:
         service = CoordinatorService(swarm, ccfg)
+        if mcfg.port is not None:
+            metrics = serve_metrics(service.metrics.registry, mcfg)
+            print(f"P2PSERVE_METRICS_READY url={metrics.url}", flush=True)
         logger.info(
             f"coordinator {service.coordinator_id} for {dcfg.model} (priority {ccfg.priority}); "
             f"public key {swarm.public_key[:40]}...; listening on {' '.join(swarm.visible_maddrs())}"
@@ -147,5 +154,7 @@ def run(args: argparse.Namespace) -> int:
 
         asyncio.run(main())
     finally:
+        if metrics is not None:
+            metrics.close()
         swarm.shutdown()
     return 0

@@ -37,7 +37,7 @@ def parse_layers(text: str) -> tuple[int, int]:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Register the peer's flags (swarm flags come from the DHT layer)."""
-    from p2pserve.cli.common import add_dht_arguments
+    from p2pserve.cli.common import add_dht_arguments, add_metrics_arguments
 
     d = PeerConfig()
     b = BatchingConfig()
@@ -80,6 +80,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a compute step running longer announces this peer draining until it ends")
     p.add_argument("--probe-max-mb", type=float, default=d.probe_max_bytes / 1024**2,
                    help="largest link-probe transfer; fast links stop here (less CPU, coarser reading)")
+    add_metrics_arguments(p, "the p2pserve_peer_* series of docs/metrics.md; off by default")
     add_dht_arguments(p, need_model=False)
 
 
@@ -126,7 +127,7 @@ def config_from_args(args: argparse.Namespace) -> PeerConfig:
 
 async def serve(config: PeerConfig, args: argparse.Namespace) -> None:
     """Start DHT node and peer (and the control-plane agent), print the ready line, serve until signalled."""
-    from p2pserve.cli.common import dht_config
+    from p2pserve.cli.common import dht_config, metrics_config
     from p2pserve.swarm_file import SwarmFile
     from p2pserve.dht.swarm import Swarm
     from p2pserve.model.default import resolve_model
@@ -134,6 +135,7 @@ async def serve(config: PeerConfig, args: argparse.Namespace) -> None:
     from p2pserve.peer.server import Peer
 
     spec = load_spec(resolve_model(config.model), dtype=config.dtype)  # fail fast on a bad model
+    metrics = metrics_config(args) if args.metrics_port is not None else None  # and on a bad port
     # The model's name in DHT keys: --swarm-model, else the swarm file's model, else the
     # checkpoint's own id. (Sessions still check the checkpoint id itself when they open.)
     dcfg = dht_config(args, SwarmFile.load(args.config), model_flag="swarm_model", default_model=spec.model_id)
@@ -142,6 +144,8 @@ async def serve(config: PeerConfig, args: argparse.Namespace) -> None:
     agent = None
     try:
         peer = await Peer.create(config, swarm.dht)
+        if metrics is not None:
+            peer.export_metrics(metrics)
         if config.announce:
             agent = await _start_agent(peer, swarm, config)
         loop = asyncio.get_running_loop()
@@ -149,6 +153,8 @@ async def serve(config: PeerConfig, args: argparse.Namespace) -> None:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         layers = f"{peer.served[0]}:{peer.served[1]}" if peer.served else "none"
+        if peer.metrics_server is not None:
+            print(f"P2PSERVE_METRICS_READY url={peer.metrics_server.url}", flush=True)
         print(f"P2PSERVE_PEER_READY peer_id={peer.peer_id} layers={layers} maddrs={','.join(peer.visible_maddrs())}",
               flush=True)
         await stop.wait()

@@ -43,6 +43,7 @@ from p2pserve.client.reply import Reply, ReplyStream
 from p2pserve.client.route_providers import PeerListRoutes, RouteProvider
 from p2pserve.config import ClientConfig
 from p2pserve.errors import BadRequestError, ConfigError
+from p2pserve.metrics import ClientMetrics
 from p2pserve.transport import Transport
 
 __all__ = ["AsyncClient", "Client", "Reply", "ReplyStream", "SyncReplyStream"]
@@ -98,6 +99,7 @@ class AsyncClient:
         self._swarm = None
         self._peer_routes: Optional[PeerListRoutes] = None
         self.observer = None  # a ServiceObserver in swarm mode (client/observer.py)
+        self.metrics = ClientMetrics()  # this client's series (docs/metrics.md); `p2pserve api` serves them
         self._reporting: Optional[asyncio.Task] = None
         self._started = False
 
@@ -232,9 +234,10 @@ class AsyncClient:
         spec = self.info.spec
         pipeline = Pipeline(self._transport, self._routes_for(max_length), spec.model_id, spec.num_layers,
                             max_length, sampling, self.config, self.failover, vocab_size=spec.vocab_size,
-                            observer=self.observer, verifier=self.verifier)
+                            observer=self.observer, verifier=self.verifier, metrics=self.metrics)
+        self.metrics.requests.inc()
         return Generation(pipeline, prompt_ids, params, self.info.eos_ids, self.info.tokenizer,
-                          recompute_past=spec.recompute_past)
+                          recompute_past=spec.recompute_past, metrics=self.metrics)
 
     def _routes_for(self, max_length: int) -> RouteProvider:
         if self._peer_routes is not None:

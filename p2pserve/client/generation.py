@@ -54,10 +54,12 @@ class Generation:
     ``recompute_past`` is the model's `ModelSpec.recompute_past` (Phi-3's longrope switch): the
     step that takes the sequence past that length re-sends the whole history, so every peer
     recomputes its cache with the long-context rotary factors, as transformers' ``generate`` does.
+    ``metrics`` (a ``ClientMetrics``) counts the tokens and times the first one.
     """
 
     def __init__(self, pipeline, prompt_ids: list[int], params: GenerationParams, eos_token_ids: set[int],
-                 tokenizer=None, clock: Clock = time.perf_counter, recompute_past: Optional[int] = None):
+                 tokenizer=None, clock: Clock = time.perf_counter, recompute_past: Optional[int] = None,
+                 metrics=None):
         params.validate()
         if not prompt_ids:
             raise BadRequestError("the prompt is empty")
@@ -69,6 +71,7 @@ class Generation:
         self.first_token_s: Optional[float] = None
         self.elapsed_s = 0.0
         self._clock = clock
+        self._metrics = metrics
         self._t0 = clock()
         self._prompt = list(prompt_ids)
         self._pending: Optional[list[int]] = None  # tokens the next step sends; None before the first
@@ -95,8 +98,12 @@ class Generation:
         token = await self.pipeline.step(self._pending)
         self._pending = [token]
         self.result.tokens.append(token)
+        if self._metrics is not None:
+            self._metrics.tokens.inc()
         if self.first_token_s is None:
             self.first_token_s = self._clock() - self._t0
+            if self._metrics is not None:
+                self._metrics.first_token.observe(self.first_token_s)
         if token in self.eos_token_ids and not self.params.ignore_eos:
             return self._finish("stop")
         text = self._stops.feed(self._detok.push(token)) if self._detok else ""

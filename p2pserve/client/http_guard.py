@@ -148,8 +148,8 @@ def _header(scope, name: bytes) -> Optional[bytes]:
 
 
 class ApiGuard:
-    """ASGI middleware in front of the app: the API key on ``/v1/...`` (compared in constant
-    time) and the declared body size, both checked before the body is read."""
+    """ASGI middleware in front of the app: the API key on ``/v1/...`` and ``/metrics`` (compared
+    in constant time) and the declared body size, both checked before the body is read."""
 
     def __init__(self, app, limits: ApiConfig):
         self.app = app
@@ -164,7 +164,7 @@ class ApiGuard:
         await self.app(scope, receive, send)
 
     def _refusal(self, scope) -> Optional[HTTPError]:
-        if self._expected is not None and scope["path"].startswith("/v1"):
+        if self._expected is not None and scope["path"].startswith(("/v1", "/metrics")):
             given = _header(scope, b"authorization") or b""
             if not hmac.compare_digest(given, self._expected):
                 return HTTPError(401, "invalid or missing API key: send 'Authorization: Bearer <key>'",

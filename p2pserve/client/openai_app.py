@@ -1,7 +1,9 @@
 """The OpenAI API as a FastAPI app over an ``AsyncClient``.
 
 Endpoints: ``GET /v1/models``, ``POST /v1/chat/completions``, ``POST /v1/completions`` (both with
-``"stream": true`` as server-sent events, ending in ``data: [DONE]``), and ``GET /health``.
+``"stream": true`` as server-sent events, ending in ``data: [DONE]``), ``GET /health``, and
+``GET /metrics``: the client's Prometheus series (``docs/metrics.md``), behind the API key when
+one is set.
 
 Errors use OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``:
 
@@ -32,8 +34,10 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 from fastapi import FastAPI, Request
+from prometheus_client import make_asgi_app
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
 
 from p2pserve.client.http_guard import ApiGuard, BodyBudget, ClientGone, error_response, read_body
 from p2pserve.client.openai_schema import (
@@ -47,6 +51,7 @@ from p2pserve.client.openai_schema import (
 )
 from p2pserve.config import ApiConfig
 from p2pserve.errors import HTTPError
+from p2pserve.metrics import ClientMetrics
 
 log = logging.getLogger(__name__)
 
@@ -264,6 +269,18 @@ class OpenAIApi:
         return error_response(err)
 
 
+class _Metrics:
+    """prometheus-client's ASGI app at exactly ``/metrics`` (a Starlette ``Mount`` would answer
+    ``/metrics/`` only, and redirect ``/metrics`` there); an object, not a function, so that the
+    route hands it the raw ASGI call."""
+
+    def __init__(self, registry):
+        self.app = make_asgi_app(registry)
+
+    async def __call__(self, scope, receive, send) -> None:
+        await self.app(scope, receive, send)
+
+
 async def _http_exception(request: Request, exc: StarletteHTTPException) -> JSONResponse:
     """Routing errors (404, 405) in the OpenAI shape."""
     if exc.status_code == 404:
@@ -282,6 +299,9 @@ def create_app(client, limits: ApiConfig = ApiConfig(), clock=time.time) -> Fast
     app.add_api_route("/health", api.health, methods=["GET"])
     app.add_api_route("/v1/chat/completions", api.chat, methods=["POST"])
     app.add_api_route("/v1/completions", api.completions, methods=["POST"])
+    # the client's series; a stand-in client without any gets an empty set, still scrapable
+    metrics = getattr(client, "metrics", None) or ClientMetrics()
+    app.router.routes.append(Route("/metrics", _Metrics(metrics.registry), methods=["GET"]))
     app.add_exception_handler(StarletteHTTPException, _http_exception)
     app.add_middleware(ApiGuard, limits=limits)
     return app

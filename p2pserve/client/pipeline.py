@@ -41,6 +41,7 @@ from p2pserve.client.route_providers import ChainListRoutes, RouteProvider
 from p2pserve.client.tape import HopTape
 from p2pserve.config import ClientConfig
 from p2pserve.errors import BadRequestError, GenerationFailedError, RoutingError
+from p2pserve.metrics import ClientMetrics, error_code
 from p2pserve.protocol import Forward, SamplingParams
 from p2pserve.transport import Transport
 from p2pserve.transport.frames import tensor_to_wire
@@ -52,16 +53,19 @@ class Pipeline:
     """One generation session of ``model_id`` through whatever route ``routes`` provides.
 
     ``state`` holds the bans, shared by every pipeline of one client; ``max_length`` bounds the
-    positions the session will hold (the peers reserve KV cache for it).
+    positions the session will hold (the peers reserve KV cache for it). ``metrics`` (the
+    client's) counts hop times, failed hops, failovers and the errors a request ends with.
     """
 
     def __init__(self, transport: Transport, routes: RouteProvider, model_id: str, num_layers: int, max_length: int,
                  sampling: SamplingParams = SamplingParams(), config: ClientConfig = ClientConfig(),
                  state: Optional[FailoverState] = None, vocab_size: Optional[int] = None,
-                 observer: Optional[ServiceObserver] = None, verifier=None):
+                 observer: Optional[ServiceObserver] = None, verifier=None, metrics: Optional[ClientMetrics] = None):
         self.transport = transport
         self.vocab_size = vocab_size  # when known, a last hop's token outside it is malformed
         self.observer = observer  # times decode hops for the service reports (client/observer.py)
+        self.metrics = metrics  # hop times, failed hops, failovers and failed requests, when given
+        self._rerouting = False  # a hop failed and no route has been opened since (a failover under way)
         self.routes = routes
         self.model_id = model_id
         self.num_layers = num_layers
@@ -127,14 +131,19 @@ class Pipeline:
                 sent = self.history[self._held:] + list(token_ids)
                 meta, data = tensor_to_wire(torch.tensor(sent, dtype=torch.int64))
                 observe = self.observer if len(sent) == 1 else None  # decode steps only
+                timed = None if self.metrics is None else (
+                    self.metrics.hop_decode if len(sent) == 1 else self.metrics.hop_prefill)
                 for i, link in enumerate(self._links):
                     try:
                         msg = Forward(session_id=link.session_id, step=self._steps, position=self._held, tensor=meta)
                         inputs = data
                         t0 = time.perf_counter()
                         reply, data = await link.call(msg, data)
+                        elapsed = time.perf_counter() - t0
                         if observe is not None:
-                            observe.decode(link.hop.peer_id, link.hop.end - link.hop.start, time.perf_counter() - t0)
+                            observe.decode(link.hop.peer_id, link.hop.end - link.hop.start, elapsed)
+                        if timed is not None:
+                            timed.observe(elapsed)
                         meta = link.check_forward(reply, data, len(sent), self._steps, self._held,  # handed on undecoded
                                                   link.hop.end == self.num_layers, self.vocab_size)
                         if self._tapes:  # kept for re-execution: references, not copies
@@ -198,6 +207,10 @@ class Pipeline:
                 raise exc
             raise HopFailure(link.hop, exc) from exc
         self._links, self._held, self._steps = links, 0, 0
+        if self._rerouting:  # a failover that found a route (one that found none ends the request)
+            self._rerouting = False
+            if self.metrics is not None:
+                self.metrics.failovers.inc()
         if self.verifier is not None and cfg.verify_share > 0:
             self._tapes = [HopTape(c.hop, c.session_id) for c in links]
         if self.observer is not None:
@@ -210,12 +223,15 @@ class Pipeline:
         record = self.state.record(failure.hop, failure.cause)
         self.failures.append(record)
         log.warning("hop failed: %s", record)
+        if self.metrics is not None:
+            self.metrics.hop_errors.labels(error_code(failure.cause)).inc()
         await self._drop_route()
         move = next_move(failure.cause, attempts, self.config.max_retries)
         if move == "raise":
-            raise failure.cause
+            raise self._failed(failure.cause)
         if move == "give up":
-            raise GenerationFailedError(failure_message(self.failures, attempts)) from failure
+            raise self._failed(GenerationFailedError(failure_message(self.failures, attempts))) from failure
+        self._rerouting = True
         if move == "re-read":
             self.routes.invalidate()
             await asyncio.sleep(self.config.stale_route_pause_s)
@@ -226,12 +242,18 @@ class Pipeline:
         pause = route_pause(exc, waited, self.config.no_route_wait_s)
         if pause is None:
             if not self.failures:
-                raise exc  # nothing failed yet: the swarm simply has no route (503 / 429)
-            raise routes_exhausted(exc, self.failures, attempts) from exc
+                raise self._failed(exc)  # nothing failed yet: the swarm simply has no route (503 / 429)
+            raise self._failed(routes_exhausted(exc, self.failures, attempts)) from exc
         log.info("no usable route (%s); re-reading the swarm in %.2f s", exc, pause)
         self.routes.invalidate()
         await asyncio.sleep(pause)
         return waited + pause
+
+    def _failed(self, exc: BaseException) -> BaseException:
+        """``exc``, which ends the request, counted by its code."""
+        if self.metrics is not None:
+            self.metrics.request_errors.labels(error_code(exc)).inc()
+        return exc
 
     async def _drop_route(self) -> None:
         if self._tapes:  # checks drawn for this route's hops run now, in the background

@@ -71,6 +71,7 @@ class Decision:
     state: LeaderState
     reason: Optional[Reason] = None  # None: nothing triggered a re-plan
     publish: Optional[Plan] = None  # a plan under a new epoch; None: keep (and refresh) the current one
+    solve_s: Optional[float] = None  # how long the re-plan took, when one ran (published or not)
 
 
 def why_replan(
@@ -115,7 +116,7 @@ def replan(
                      reason=reason, now=now)
     state = replace(state, summary=summary, planned_at=now)
     if not (reason.trigger.bumps_epoch or plan_changed(state.plan, plan)):
-        return Decision(state, reason)
+        return Decision(state, reason, solve_s=plan.solve_time)
     seen = [p.epoch for p in (latest_seen, state.plan) if p is not None]
     plan = with_epoch(plan, next_epoch(seen))
-    return Decision(replace(state, plan=plan), reason, plan)
+    return Decision(replace(state, plan=plan), reason, plan, plan.solve_time)

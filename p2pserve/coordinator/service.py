@@ -28,6 +28,7 @@ from p2pserve.dht.keys import RecordKind
 from p2pserve.dht.records import CoordinatorCandidate, Plan
 from p2pserve.dht.reports import ServiceReports
 from p2pserve.dht.view import SwarmView
+from p2pserve.metrics import CoordinatorMetrics
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +76,7 @@ class CoordinatorService:
         self._peers = LivePeers()
         self.exclusions = ExclusionBook(config.exclusion_s)
         self.verdicts: dict[str, claims.Verdict] = {}  # of the last round, by peer id
+        self.metrics = CoordinatorMetrics()  # served by `p2pserve coordinator --metrics-port`
 
     @property
     def plan(self) -> Optional[Plan]:
@@ -165,6 +167,9 @@ class CoordinatorService:
         was_leader = self.is_leader
         leader = await self._elect(now)
         await self._watch_plans()
+        self.metrics.leader.set(1 if self.is_leader else 0)
+        if self._latest_seen is not None:
+            self.metrics.seen_epoch.set(self._latest_seen.epoch)
         if not self.is_leader:
             if was_leader:
                 logger.info(f"stepping down: {leader.coordinator_id if leader else 'nobody'} leads now")
@@ -178,6 +183,8 @@ class CoordinatorService:
             cfg=self.config, leader_id=self.coordinator_id, model=self.swarm.config.model,
         )
         self._state = decision.state
+        if decision.solve_s is not None:
+            self.metrics.solve_seconds.observe(decision.solve_s)
         if decision.publish is not None:
             await self._publish(decision, now)
             return f"published: {decision.reason}"
@@ -191,6 +198,11 @@ class CoordinatorService:
         plan = decision.publish
         await self.swarm.publish_plan(plan)
         self._last_publish_at = now
+        m = self.metrics
+        m.epoch.set(plan.epoch)
+        m.max_flow.set(plan.max_flow)
+        m.serving.set(len(plan.spans))
+        m.published.labels(decision.reason.trigger.name.lower() if decision.reason else "unknown").inc()
         logger.info(
             f"published plan epoch {plan.epoch} ({plan.reason}): {len(plan.targets)} targets, "
             f"{len(plan.spans)} serving, max-flow {plan.max_flow:.1f} tok/s, solve {plan.solve_time * 1e3:.1f} ms"
@@ -228,8 +240,10 @@ class CoordinatorService:
                 try:
                     await self.step()
                 except (asyncio.TimeoutError, OSError) as e:  # DHT hiccup: try again next tick
+                    self.metrics.failed_rounds.inc()
                     logger.warning(f"coordinator round failed: {e!r}")
                 except Exception:  # one bad round (a hostile record, a bug) must not end the service
+                    self.metrics.failed_rounds.inc()
                     logger.exception("coordinator round failed; trying again next tick")
                 try:
                     await asyncio.wait_for(stop.wait(), self.tick)

@@ -99,6 +99,7 @@ class SessionHandler:
         self.payloads = PayloadBudget(admission.max_inflight_payload_bytes)
         self.streams_open = 0
         self.direct = None  # a DirectListener when this peer offers the direct TCP path
+        self.metrics = None  # a p2pserve.metrics.PeerMetrics when the peer exports metrics
         self.inline_window_s = worker.throttle.config.inline_lone_decode_s
         self._last_session: str | None = None  # the session of the latest Forward
         self._alone_since = 0.0  # when that session became the only one sending
@@ -179,7 +180,7 @@ class SessionHandler:
                     return False
                 if payload_len:
                     await reader.readexactly(payload_len)
-                await write_frame(writer, _error_for(refusal, msg))
+                await write_frame(writer, self._error(refusal, msg))
                 return True
             await self.payloads.acquire(payload_len)
         try:
@@ -216,7 +217,15 @@ class SessionHandler:
             return msg, e
         return msg, None
 
+    def _error(self, exc: P2PServeError, msg) -> ErrorReply:
+        """The ErrorReply answering ``msg`` with ``exc``, counted in the metrics."""
+        if self.metrics is not None:
+            self.metrics.error(exc)
+        return _error_for(exc, msg)
+
     async def _reply_error(self, writer, exc: P2PServeError) -> None:
+        if self.metrics is not None:
+            self.metrics.error(exc)
         try:
             async with asyncio.timeout(self.admission.frame_read_timeout_s):
                 await write_frame(writer, error_reply(exc.code, exc.message))
@@ -239,10 +248,10 @@ class SessionHandler:
             raise BadRequestError(f"unexpected message {type(msg).__name__}")
         except WIRE_ERRORS as e:
             log.info("rejected request (%s): %s", e.code.value, e.message)
-            return _error_for(e, msg), b""
+            return self._error(e, msg), b""
         except Exception as e:  # never crash on input: report and keep serving
             log.exception("internal error while handling a request")
-            return _error_for(P2PServeError(f"{type(e).__name__}: {e}"), msg), b""
+            return self._error(P2PServeError(f"{type(e).__name__}: {e}"), msg), b""
 
     def stats(self) -> PeerStats:
         """Current load and batching counters."""

@@ -16,6 +16,7 @@ import torch
 
 from p2pserve.config import PeerConfig
 from p2pserve.errors import ConfigError
+from p2pserve.metrics import MetricsConfig, MetricsServer, PeerMetrics, serve_metrics
 from p2pserve.model.default import resolve_model
 from p2pserve.model.shard import TORCH_DTYPES, Shard
 from p2pserve.model.spec import ModelSpec, load_spec
@@ -47,6 +48,7 @@ class Peer:
     _reaper: asyncio.Task | None = None
     _watchdog: asyncio.Task | None = None
     _stopped: asyncio.Event | None = None
+    metrics_server: MetricsServer | None = None  # the /metrics endpoint, once export_metrics ran
 
     @classmethod
     async def create(cls, config: PeerConfig, dht) -> "Peer":
@@ -93,6 +95,32 @@ class Peer:
         peer._watchdog = asyncio.create_task(peer._watch_compute())
         log.info("KV budget %d token-layers", capacity)
         return peer
+
+    def export_metrics(self, config: MetricsConfig) -> MetricsServer:
+        """Count compute steps and error replies from now on, and serve them with the state
+        gauges at ``config``'s address (``p2pserve peer --metrics-port``); without this call the
+        peer keeps no metrics at all."""
+        metrics = PeerMetrics(self.metric_state)
+        self.metrics_server = serve_metrics(metrics.registry, config)
+        self.worker.metrics = self.handler.metrics = metrics
+        return self.metrics_server
+
+    def metric_state(self) -> dict[str, float]:
+        """The values of ``metrics.PEER_STATE`` now (read by the scrape thread: plain reads only)."""
+        budget, worker, served = self.table.budget, self.worker, self.table.served or (0, 0)
+        used = budget.used  # read once: used + free = capacity in every scrape
+        return {
+            "p2pserve_peer_kv_capacity_token_layers": budget.capacity,
+            "p2pserve_peer_kv_used_token_layers": used,
+            "p2pserve_peer_kv_free_token_layers": budget.capacity - used,
+            "p2pserve_peer_queue_jobs": worker.queued_jobs,
+            "p2pserve_peer_queue_tokens": worker.queued_tokens,
+            "p2pserve_peer_sessions": len(self.table),
+            "p2pserve_peer_streams": self.handler.streams_open,
+            "p2pserve_peer_served_start_layer": served[0],
+            "p2pserve_peer_served_end_layer": served[1],
+            "p2pserve_peer_compute_restarts": worker.restarts,
+        }
 
     @property
     def served(self) -> tuple[int, int] | None:
@@ -172,4 +200,6 @@ class Peer:
         if self.handler.direct is not None:
             await self.handler.direct.stop()
         self.worker.stop()
+        if self.metrics_server is not None:  # its serving loop polls twice a second: not on this loop
+            await asyncio.to_thread(self.metrics_server.close)
         self._stopped.set()

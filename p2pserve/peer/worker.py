@@ -81,6 +81,7 @@ class ComputeWorker:
         self._busy = False  # a step is running (on this thread or inline on the caller's)
         self._step_since: float | None = None  # time.monotonic() when the running step began
         self.restarts = 0  # compute threads started again by ``revive``
+        self.metrics = None  # a p2pserve.metrics.PeerMetrics when the peer exports metrics
         self._thread = self._new_thread()
 
     def _new_thread(self) -> threading.Thread:
@@ -127,6 +128,11 @@ class ComputeWorker:
             self._stop = True
             self._cv.notify()
         self._thread.join(timeout=10)
+
+    @property
+    def queued_jobs(self) -> int:
+        """Forwards submitted and not yet finished (the queue depth)."""
+        return len(self._waiting) + len(self._incoming)
 
     @property
     def queued_tokens(self) -> int:
@@ -243,8 +249,11 @@ class ComputeWorker:
             log.warning("batch of %d failed; re-running its chunks one by one", len(chunks), exc_info=True)
             outputs = self._forward_each(shard, chunks, segments)
         st = self.stats
-        st.compute.add(time.perf_counter() - t0)
+        elapsed = time.perf_counter() - t0
+        st.compute.add(elapsed)
         n_tokens = sum(c.n for c in chunks)
+        if self.metrics is not None:
+            self.metrics.step(n_tokens, len(chunks), elapsed)
         st.steps += 1
         st.tokens += n_tokens
         st.max_batch_tokens = max(st.max_batch_tokens, n_tokens)
