@@ -1,6 +1,12 @@
 """``p2pserve coordinator``: run a placement coordinator (an election candidate).
 
     p2pserve coordinator --config bootstrap/swarm.toml --model M --key-path ~/.p2pserve/coord.key
+    p2pserve coordinator --model /models/Llama-3.1-8B-Instruct --initial-peers /ip4/.../p2p/Qm...
+
+``--model`` names the model as every role does (``p2pserve/model/identity.py``): a checkpoint
+folder, whose config.json also gives the layer count and activation size, or a bare name, whose
+shape comes from ``--num-layers``/``--activation-bytes``, the swarm file, or else the peers' signed
+announcements (``p2pserve/coordinator/shape.py``).
     p2pserve coordinator --print-public-key --key-path ~/.p2pserve/coord.key   # for trusted_coordinators
 """
 
@@ -12,10 +18,10 @@ import dataclasses
 import logging
 import signal
 
-from p2pserve.cli.common import add_dht_arguments, dht_config, setup_logging
+from p2pserve.cli.common import add_dht_arguments, dht_config, model_name_from_args, setup_logging
 from p2pserve.config import CoordinatorConfig
 from p2pserve.swarm_file import SwarmFile, merge
-from p2pserve.errors import ConfigError
+from p2pserve.errors import ConfigError, UnknownModelError
 
 logger = logging.getLogger("p2pserve.coordinator")
 
@@ -76,14 +82,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     w.add_argument("--web-host", default="127.0.0.1", help="address the dashboard listens on (default %(default)s)")
 
 
-def coordinator_config(args: argparse.Namespace, file: SwarmFile, model: str) -> CoordinatorConfig:
-    """The file's ``[models."<model>"]`` settings, overridden by every flag given."""
-    kw = merge(file.model_settings(model).values(), {name: getattr(args, name, None) for name in _FLAGS})
+def coordinator_config(args: argparse.Namespace, file: SwarmFile, model: str, shape=None) -> CoordinatorConfig:
+    """The file's ``[models."<model>"]`` settings, overridden by every flag given; ``shape`` (a
+    ``coordinator.shape.Shape``: the model folder's, or the peers') fills what neither sets."""
+    base = {"num_layers": shape.num_layers, "activation_bytes": shape.activation_bytes} if shape else {}
+    kw = merge(base, merge(file.model_settings(model).values(), {name: getattr(args, name, None) for name in _FLAGS}))
     if "num_layers" not in kw:
         raise ConfigError(f"number of layers of {model} unknown: pass --num-layers or set [models.\"{model}\"] num_layers")
     if kw.get("trusted_verifiers") is not None:
         kw["trusted_verifiers"] = tuple(kw["trusted_verifiers"])
     return CoordinatorConfig(**kw)
+
+
+def operator_shape(args: argparse.Namespace, file: SwarmFile, model: str) -> dict:
+    """The shape fields the flags or the swarm file set (they win over the folder and the peers)."""
+    kw = merge(file.model_settings(model).values(), {name: getattr(args, name, None) for name in _FLAGS})
+    return {k: kw[k] for k in ("num_layers", "activation_bytes") if k in kw}
+
+
+def folder_shape(model: str | None):
+    """The ``Shape`` of the checkpoint folder ``--model`` names (fp32 activations, as a peer's
+    default dtype), or None for a bare name (``p2pserve/model/identity.py``)."""
+    from p2pserve.coordinator.shape import Shape
+    from p2pserve.model.identity import checkpoint_of
+    from p2pserve.model.spec import load_spec
+
+    folder = checkpoint_of(model) if model is not None else None
+    if folder is None:
+        return None
+    spec = load_spec(folder)
+    return Shape(spec.num_layers, spec.activation_bytes_per_token)
 
 
 def _print_public_key(key_path: str | None) -> int:
@@ -114,38 +142,60 @@ def run(args: argparse.Namespace) -> int:
     setup_logging(args.log_level)
     if args.print_public_key:
         return _print_public_key(args.key_path)
-    from p2pserve.coordinator.service import CoordinatorService
     from p2pserve.dht.swarm import Swarm
 
     try:
         file = SwarmFile.load(args.config)
-        dcfg = dht_config(args, file)
-        ccfg = coordinator_config(args, file, dcfg.model)
-        dcfg = dataclasses.replace(dcfg, num_layers=ccfg.num_layers)
-    except ConfigError as e:
+        name = model_name_from_args(args, file)
+        dcfg = dht_config(args, file, name)
+        given = operator_shape(args, file, name)
+        # the shape: flags and file, else the folder --model names, else the peers' announcements
+        shape = folder_shape(args.model)
+        ccfg = coordinator_config(args, file, name, shape) if shape or "num_layers" in given else None
+        if ccfg is not None:
+            dcfg = dataclasses.replace(dcfg, num_layers=ccfg.num_layers)
+    except (ConfigError, UnknownModelError) as e:
         print(f"error: {e}")
         return 2
 
     swarm = Swarm.create(dcfg)
     try:
-        service = CoordinatorService(swarm, ccfg)
-        logger.info(
-            f"coordinator {service.coordinator_id} for {dcfg.model} (priority {ccfg.priority}); "
-            f"public key {swarm.public_key[:40]}...; listening on {' '.join(swarm.visible_maddrs())}"
-        )
-
-        async def main() -> None:
-            stop = asyncio.Event()
-            loop = asyncio.get_running_loop()
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                loop.add_signal_handler(sig, stop.set)
-            if args.web_port is None:
-                await service.run(stop)
-                return
-            async with web_dashboard(args, swarm, dcfg, ccfg):
-                await service.run(stop)
-
-        asyncio.run(main())
+        asyncio.run(_serve(swarm, args, file, name, given, ccfg))
     finally:
         swarm.shutdown()
     return 0
+
+
+async def _serve(swarm, args: argparse.Namespace, file: SwarmFile, name: str, given: dict,
+                 cfg: CoordinatorConfig | None) -> None:
+    """Run the service until signalled; with no ``cfg`` yet, learn the shape from the peers first."""
+    from p2pserve.coordinator.service import CoordinatorService, learn_shape
+    from p2pserve.coordinator.shape import Shape
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    from_model = cfg is None or "num_layers" not in given  # the folder's shape, or the peers'
+    if cfg is None:
+        logger.info(f"{name} is not a model folder and no --num-layers is set: taking the model's shape from the "
+                    "peers' announcements")
+        learned = await learn_shape(swarm, stop, swarm.config.peer_refresh, settle=swarm.config.peer_ttl)
+        if learned is None:
+            return
+        cfg = coordinator_config(args, file, name, learned)
+        swarm.config = dataclasses.replace(swarm.config, num_layers=cfg.num_layers)
+    # Peers announcing another shape are left out of the plan (readers drop other depths anyway);
+    # an activation size the operator set is theirs to choose and is not compared.
+    checked = from_model and "activation_bytes" not in given
+    service = CoordinatorService(swarm, cfg, shape=Shape(cfg.num_layers, cfg.activation_bytes if checked else 0))
+    logger.info(
+        f"coordinator {service.coordinator_id} for {name} ({cfg.num_layers} layers, {cfg.activation_bytes} "
+        f"activation bytes/token; priority {cfg.priority}); public key {swarm.public_key[:40]}...; "
+        f"listening on {' '.join(swarm.visible_maddrs())}"
+    )
+    if args.web_port is None:
+        await service.run(stop)
+        return
+    async with web_dashboard(args, swarm, swarm.config, cfg):
+        await service.run(stop)

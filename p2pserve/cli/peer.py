@@ -47,7 +47,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=None, choices=["cpu", "cuda"], help="compute device (default: cuda if --gpu given, else cpu)")
     p.add_argument("--gpu", type=int, default=None, metavar="N", help="CUDA device index; implies --device cuda")
     p.add_argument("--dtype", default=d.dtype, choices=["float32", "float16", "bfloat16"])
-    p.add_argument("--swarm-model", default=None, help="model name in the swarm's DHT keys (default: the checkpoint's model id)")
+    p.add_argument("--swarm-model", default=None, help="model name in the swarm's DHT keys (default: the swarm file's 'model', else the checkpoint "
+                        "id; the rule every role shares: p2pserve/model/identity.py)")
     p.add_argument("--num-threads", type=int, default=None, help="torch intra-op threads")
     p.add_argument("--max-layers", type=int, default=None, help="most layers this peer may hold (default: from --weights-memory-gb)")
     p.add_argument("--weights-memory-gb", type=float, default=d.weights_memory_bytes / 1024**3, help="memory for weights")
@@ -126,7 +127,7 @@ def config_from_args(args: argparse.Namespace) -> PeerConfig:
 
 async def serve(config: PeerConfig, args: argparse.Namespace) -> None:
     """Start DHT node and peer (and the control-plane agent), print the ready line, serve until signalled."""
-    from p2pserve.cli.common import dht_config
+    from p2pserve.cli.common import dht_config, model_name_from_args
     from p2pserve.swarm_file import SwarmFile
     from p2pserve.dht.swarm import Swarm
     from p2pserve.model.default import resolve_model
@@ -134,9 +135,11 @@ async def serve(config: PeerConfig, args: argparse.Namespace) -> None:
     from p2pserve.peer.server import Peer
 
     spec = load_spec(resolve_model(config.model), dtype=config.dtype)  # fail fast on a bad model
-    # The model's name in DHT keys: --swarm-model, else the swarm file's model, else the
-    # checkpoint's own id. (Sessions still check the checkpoint id itself when they open.)
-    dcfg = dht_config(args, SwarmFile.load(args.config), model_flag="swarm_model", default_model=spec.model_id)
+    # The model's name in DHT keys, by the rule every role shares (p2pserve/model/identity.py):
+    # --swarm-model, else the swarm file's model, else the checkpoint's own id. (Sessions still
+    # check the checkpoint id itself when they open.)
+    file = SwarmFile.load(args.config)
+    dcfg = dht_config(args, file, model_name_from_args(args, file, spec))
     dcfg = dataclasses.replace(dcfg, num_layers=spec.num_layers)
     swarm = Swarm.create(dcfg)  # forks the DHT process before weights are loaded
     agent = None
