@@ -39,8 +39,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     c = parser.add_argument_group("coordinator")
     c.add_argument("--priority", type=int, default=None, help="election priority (higher leads; default 0)")
     c.add_argument("--coordinator-id", default=None, help="election id (default: libp2p peer id)")
-    c.add_argument("--num-layers", type=int, default=None, help="model layers (default from the swarm file)")
-    c.add_argument("--activation-bytes", type=int, default=None, help="bytes per token of hidden state")
+    c.add_argument("--num-layers", type=int, default=None,
+                   help="model layers (default: the swarm file, else the --model folder's config.json, else what "
+                        "a majority of the peers announce)")
+    c.add_argument("--activation-bytes", type=int, default=None,
+                   help="bytes per token of hidden state (default: as --num-layers; the folder's at fp32)")
     c.add_argument("--replan-period", type=float, default=None, help="re-plan at least this often (s)")
     c.add_argument("--link-change-threshold", type=float, default=None, help="relative bandwidth change that re-plans")
     c.add_argument("--objective", choices=("throughput", "max-flow"), default=None, help="planner objective")
