@@ -179,7 +179,9 @@ async def _serve(swarm, args: argparse.Namespace, file: SwarmFile, name: str, gi
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    from_model = cfg is None or "num_layers" not in given  # the folder's shape, or the peers'
+    # the peers' agreed shape holds the rest to their activation size; a folder's is a guess at
+    # fp32 (peers may run bf16), and one the operator set is theirs: neither is compared
+    from_peers = cfg is None
     if cfg is None:
         logger.info(f"{name} is not a model folder and no --num-layers is set: taking the model's shape from the "
                     "peers' announcements")
@@ -188,9 +190,8 @@ async def _serve(swarm, args: argparse.Namespace, file: SwarmFile, name: str, gi
             return
         cfg = coordinator_config(args, file, name, learned)
         swarm.config = dataclasses.replace(swarm.config, num_layers=cfg.num_layers)
-    # Peers announcing another shape are left out of the plan (readers drop other depths anyway);
-    # an activation size the operator set is theirs to choose and is not compared.
-    checked = from_model and "activation_bytes" not in given
+    # Peers announcing another shape are left out of the plan (readers drop other depths anyway).
+    checked = from_peers and "activation_bytes" not in given
     service = CoordinatorService(swarm, cfg, shape=Shape(cfg.num_layers, cfg.activation_bytes if checked else 0))
     logger.info(
         f"coordinator {service.coordinator_id} for {name} ({cfg.num_layers} layers, {cfg.activation_bytes} "
