@@ -31,7 +31,8 @@ def add_client_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--initial-peers", nargs="*", default=None, help="DHT multiaddrs of the swarm (routes follow the plan)")
     g.add_argument("--peers", nargs="*", default=None, metavar="MADDR@START:END",
                    help="a fixed set of peers instead of the swarm (MADDR ends with /p2p/<peer id>)")
-    g.add_argument("--swarm-model", default=None, help="model name of the swarm's DHT keys (default: the checkpoint id)")
+    g.add_argument("--swarm-model", default=None,
+                   help="model name of the swarm's DHT keys (default: the swarm file's 'model', else the checkpoint id)")
     g.add_argument("--swarm-id", default=None, help="swarm id prefixing DHT keys (default from the file, else 'p2pserve')")
     g.add_argument("--trusted-coordinator", action="append", default=None, metavar="PUBKEY",
                    help="OpenSSH public key of a coordinator whose plans to follow (repeatable; none = open swarm)")
@@ -52,6 +53,7 @@ def apply_swarm_file(args: argparse.Namespace) -> None:
     even empty ones (``swarm_file.merge``)."""
     from p2pserve.cli.common import dht_flags
     from p2pserve.config import DHTConfig
+    from p2pserve.model.identity import explicit_name
     from p2pserve.swarm_file import SwarmFile, merge
 
     file = SwarmFile.load(args.config)
@@ -59,8 +61,9 @@ def apply_swarm_file(args: argparse.Namespace) -> None:
     args.swarm_id = m.get("swarm_id") or DHTConfig.swarm_id
     args.initial_peers = list(m.get("initial_peers") or ())
     args.trusted_coordinator = list(m.get("trusted_coordinators") or ())
-    if args.swarm_model is None:
-        args.swarm_model = file.model
+    # --swarm-model, else the file's model; else the client derives the name from its checkpoint
+    # when it has loaded it (the one rule of p2pserve/model/identity.py)
+    args.swarm_model = explicit_name(args.swarm_model, file.model)
 
 
 def client_from_args(args: argparse.Namespace):

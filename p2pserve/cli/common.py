@@ -47,7 +47,11 @@ def add_dht_arguments(parser: argparse.ArgumentParser, *, need_model: bool = Tru
     g = parser.add_argument_group("swarm")
     g.add_argument("--config", help="swarm config file (.toml or .json): initial peers, trusted coordinators, models")
     if need_model:
-        g.add_argument("--model", help="model name (must match across the swarm; default: the file's 'model')")
+        g.add_argument("--model", help="the model: a checkpoint folder, 'default' (the embedded SmolLM2), or a bare "
+                                       "name; every role derives the swarm's model name from it the same way")
+        g.add_argument("--swarm-model", default=None,
+                       help="the model's name in the swarm's DHT keys (overrides the swarm file's 'model', which "
+                            "overrides the name --model gives: a folder's checkpoint id, a bare name as is)")
     g.add_argument("--initial-peers", nargs="*", default=None, help="multiaddrs of running DHT nodes")
     g.add_argument("--swarm-id", default=None, help="swarm id prefixing every DHT key (default from file or 'p2pserve')")
     g.add_argument("--host-maddrs", nargs="*", default=None, help="listen multiaddrs (default /ip4/0.0.0.0/tcp/0)")
@@ -97,29 +101,36 @@ def dht_flags(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-def dht_config(args: argparse.Namespace, file: SwarmFile, *, model_flag: Optional[str] = "model",
-               default_model: Optional[str] = None) -> DHTConfig:
-    """The DHTConfig of a command: ``default_model`` < the swarm file < the flags given.
-
-    ``model_flag`` names the flag holding the swarm's model name (``swarm_model`` for a peer,
-    whose ``--model`` is a checkpoint), or None if the command has none.
-    """
-    flags = dht_flags(args)
-    flags["model"] = getattr(args, model_flag, None) if model_flag else None
-    kw = merge(merge({"model": default_model}, file.dht_values()), flags)
-    if not kw.get("model"):
-        raise ConfigError("no model: pass --model or set 'model' in the swarm config")
+def dht_config(args: argparse.Namespace, file: SwarmFile, model_name: str) -> DHTConfig:
+    """The DHTConfig of a command: the swarm file overlaid by the flags given, under the swarm's
+    model name ``model_name`` (from :func:`p2pserve.model.identity.swarm_model_name`)."""
+    kw = merge(file.dht_values(), dht_flags(args))
+    kw["model"] = model_name
     for p in ("identity_path", "key_path"):
         if kw.get(p):
             kw[p] = os.path.expanduser(kw[p])
     return DHTConfig(**kw)
 
 
+def model_name_from_args(args: argparse.Namespace, file: SwarmFile, spec=None) -> str:
+    """The swarm's model name from ``--model``, ``--swarm-model`` and the file's ``model``, by
+    the one rule of :mod:`p2pserve.model.identity` (``spec``: the checkpoint's, if loaded).
+
+    A command without a default model (coordinator, status) must be given one of the three.
+    """
+    from p2pserve.model.identity import swarm_model_name
+
+    model, swarm_model = getattr(args, "model", None), getattr(args, "swarm_model", None)
+    if model is None and swarm_model is None and not file.model and spec is None:
+        raise ConfigError("no model: pass --model PATH|NAME|default, --swarm-model NAME, or set 'model' in the swarm config")
+    return swarm_model_name(model, swarm_model=swarm_model, file_model=file.model, spec=spec)
+
+
 def dht_config_from_args(args: argparse.Namespace) -> tuple[DHTConfig, SwarmFile]:
     """Load ``--config`` and build the DHTConfig of a command with ``--model``; also returns the
     loaded swarm file."""
     file = SwarmFile.load(getattr(args, "config", None))
-    return dht_config(args, file), file
+    return dht_config(args, file, model_name_from_args(args, file)), file
 
 
 def write_local_swarm_file(path, spec, boot: list[str], swarm_id: str, host_maddr: str,

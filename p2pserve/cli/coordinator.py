@@ -1,6 +1,12 @@
 """``p2pserve coordinator``: run a placement coordinator (an election candidate).
 
     p2pserve coordinator --config bootstrap/swarm.toml --model M --key-path ~/.p2pserve/coord.key
+    p2pserve coordinator --model /models/Llama-3.1-8B-Instruct --initial-peers /ip4/.../p2p/Qm...
+
+``--model`` names the model as every role does (``p2pserve/model/identity.py``): a checkpoint
+folder, whose config.json also gives the layer count and activation size, or a bare name, whose
+shape comes from ``--num-layers``/``--activation-bytes``, the swarm file, or else the peers' signed
+announcements (``p2pserve/coordinator/shape.py``).
     p2pserve coordinator --print-public-key --key-path ~/.p2pserve/coord.key   # for trusted_coordinators
 """
 
@@ -12,10 +18,11 @@ import dataclasses
 import logging
 import signal
 
-from p2pserve.cli.common import add_dht_arguments, add_metrics_arguments, dht_config, metrics_config, setup_logging
+from p2pserve.cli.common import (add_dht_arguments, add_metrics_arguments, dht_config, metrics_config,
+                                 model_name_from_args, setup_logging)
 from p2pserve.config import CoordinatorConfig
 from p2pserve.swarm_file import SwarmFile, merge
-from p2pserve.errors import ConfigError
+from p2pserve.errors import ConfigError, UnknownModelError
 
 logger = logging.getLogger("p2pserve.coordinator")
 
@@ -33,8 +40,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     c = parser.add_argument_group("coordinator")
     c.add_argument("--priority", type=int, default=None, help="election priority (higher leads; default 0)")
     c.add_argument("--coordinator-id", default=None, help="election id (default: libp2p peer id)")
-    c.add_argument("--num-layers", type=int, default=None, help="model layers (default from the swarm file)")
-    c.add_argument("--activation-bytes", type=int, default=None, help="bytes per token of hidden state")
+    c.add_argument("--num-layers", type=int, default=None,
+                   help="model layers (default: the swarm file, else the --model folder's config.json, else what "
+                        "a majority of the peers announce)")
+    c.add_argument("--activation-bytes", type=int, default=None,
+                   help="bytes per token of hidden state (default: as --num-layers; the folder's at fp32)")
     c.add_argument("--replan-period", type=float, default=None, help="re-plan at least this often (s)")
     c.add_argument("--link-change-threshold", type=float, default=None, help="relative bandwidth change that re-plans")
     c.add_argument("--objective", choices=("throughput", "max-flow"), default=None, help="planner objective")
@@ -77,14 +87,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_metrics_arguments(parser, "the p2pserve_coordinator_* series of docs/metrics.md; off by default")
 
 
-def coordinator_config(args: argparse.Namespace, file: SwarmFile, model: str) -> CoordinatorConfig:
-    """The file's ``[models."<model>"]`` settings, overridden by every flag given."""
-    kw = merge(file.model_settings(model).values(), {name: getattr(args, name, None) for name in _FLAGS})
+def coordinator_config(args: argparse.Namespace, file: SwarmFile, model: str, shape=None) -> CoordinatorConfig:
+    """The file's ``[models."<model>"]`` settings, overridden by every flag given; ``shape`` (a
+    ``coordinator.shape.Shape``: the model folder's, or the peers') fills what neither sets."""
+    base = {"num_layers": shape.num_layers, "activation_bytes": shape.activation_bytes} if shape else {}
+    kw = merge(base, merge(file.model_settings(model).values(), {name: getattr(args, name, None) for name in _FLAGS}))
     if "num_layers" not in kw:
         raise ConfigError(f"number of layers of {model} unknown: pass --num-layers or set [models.\"{model}\"] num_layers")
     if kw.get("trusted_verifiers") is not None:
         kw["trusted_verifiers"] = tuple(kw["trusted_verifiers"])
     return CoordinatorConfig(**kw)
+
+
+def operator_shape(args: argparse.Namespace, file: SwarmFile, model: str) -> dict:
+    """The shape fields the flags or the swarm file set (they win over the folder and the peers)."""
+    kw = merge(file.model_settings(model).values(), {name: getattr(args, name, None) for name in _FLAGS})
+    return {k: kw[k] for k in ("num_layers", "activation_bytes") if k in kw}
+
+
+def folder_shape(model: str | None):
+    """The ``Shape`` of the checkpoint folder ``--model`` names (fp32 activations, as a peer's
+    default dtype), or None for a bare name (``p2pserve/model/identity.py``)."""
+    from p2pserve.coordinator.shape import Shape
+    from p2pserve.model.identity import checkpoint_of
+    from p2pserve.model.spec import load_spec
+
+    folder = checkpoint_of(model) if model is not None else None
+    if folder is None:
+        return None
+    spec = load_spec(folder)
+    return Shape(spec.num_layers, spec.activation_bytes_per_token)
 
 
 def _print_public_key(key_path: str | None) -> int:
@@ -115,46 +147,70 @@ def run(args: argparse.Namespace) -> int:
     setup_logging(args.log_level)
     if args.print_public_key:
         return _print_public_key(args.key_path)
-    from p2pserve.coordinator.service import CoordinatorService
     from p2pserve.dht.swarm import Swarm
-    from p2pserve.metrics import serve_metrics
 
     try:
         file = SwarmFile.load(args.config)
-        dcfg = dht_config(args, file)
-        ccfg = coordinator_config(args, file, dcfg.model)
-        dcfg = dataclasses.replace(dcfg, num_layers=ccfg.num_layers)
+        name = model_name_from_args(args, file)
+        dcfg = dht_config(args, file, name)
+        given = operator_shape(args, file, name)
+        # the shape: flags and file, else the folder --model names, else the peers' announcements
+        shape = folder_shape(args.model)
+        ccfg = coordinator_config(args, file, name, shape) if shape or "num_layers" in given else None
+        if ccfg is not None:
+            dcfg = dataclasses.replace(dcfg, num_layers=ccfg.num_layers)
         mcfg = metrics_config(args)
-    except ConfigError as e:
+    except (ConfigError, UnknownModelError) as e:
         print(f"error: {e}")
         return 2
 
     swarm = Swarm.create(dcfg)
-    metrics = None
     try:
-        service = CoordinatorService(swarm, ccfg)
-        if mcfg.port is not None:
-            metrics = serve_metrics(service.metrics.registry, mcfg)
-            print(f"P2PSERVE_METRICS_READY url={metrics.url}", flush=True)
-        logger.info(
-            f"coordinator {service.coordinator_id} for {dcfg.model} (priority {ccfg.priority}); "
-            f"public key {swarm.public_key[:40]}...; listening on {' '.join(swarm.visible_maddrs())}"
-        )
+        asyncio.run(_serve(swarm, args, file, name, given, ccfg, mcfg))
+    finally:
+        swarm.shutdown()
+    return 0
 
-        async def main() -> None:
-            stop = asyncio.Event()
-            loop = asyncio.get_running_loop()
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                loop.add_signal_handler(sig, stop.set)
-            if args.web_port is None:
-                await service.run(stop)
-                return
-            async with web_dashboard(args, swarm, dcfg, ccfg):
-                await service.run(stop)
 
-        asyncio.run(main())
+async def _serve(swarm, args: argparse.Namespace, file: SwarmFile, name: str, given: dict,
+                 cfg: CoordinatorConfig | None, mcfg) -> None:
+    """Run the service until signalled; with no ``cfg`` yet, learn the shape from the peers first."""
+    from p2pserve.coordinator.service import CoordinatorService, learn_shape
+    from p2pserve.coordinator.shape import Shape
+    from p2pserve.metrics import serve_metrics
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    # the peers' agreed shape holds the rest to their activation size; a folder's is a guess at
+    # fp32 (peers may run bf16), and one the operator set is theirs: neither is compared
+    from_peers = cfg is None
+    if cfg is None:
+        logger.info(f"{name} is not a model folder and no --num-layers is set: taking the model's shape from the "
+                    "peers' announcements")
+        learned = await learn_shape(swarm, stop, swarm.config.peer_refresh, settle=swarm.config.peer_ttl)
+        if learned is None:
+            return
+        cfg = coordinator_config(args, file, name, learned)
+        swarm.config = dataclasses.replace(swarm.config, num_layers=cfg.num_layers)
+    # Peers announcing another shape are left out of the plan (readers drop other depths anyway).
+    checked = from_peers and "activation_bytes" not in given
+    service = CoordinatorService(swarm, cfg, shape=Shape(cfg.num_layers, cfg.activation_bytes if checked else 0))
+    metrics = serve_metrics(service.metrics.registry, mcfg) if mcfg.port is not None else None
+    if metrics is not None:
+        print(f"P2PSERVE_METRICS_READY url={metrics.url}", flush=True)
+    logger.info(
+        f"coordinator {service.coordinator_id} for {name} ({cfg.num_layers} layers, {cfg.activation_bytes} "
+        f"activation bytes/token; priority {cfg.priority}); public key {swarm.public_key[:40]}...; "
+        f"listening on {' '.join(swarm.visible_maddrs())}"
+    )
+    try:
+        if args.web_port is None:
+            await service.run(stop)
+            return
+        async with web_dashboard(args, swarm, swarm.config, cfg):
+            await service.run(stop)
     finally:
         if metrics is not None:
             metrics.close()
-        swarm.shutdown()
-    return 0

@@ -117,12 +117,12 @@ def _start_swarm(children: Children, model, boot: list[str], args) -> int:
     return n
 
 
-def _await_plan(children: Children, spec, boot: list[str], n: int, timeout: float):
+def _await_plan(children: Children, swarm_model: str, boot: list[str], n: int, timeout: float):
     """Watch the swarm until the plan's loaded ranges cover every layer; returns that plan."""
     from p2pserve.config import DHTConfig
     from p2pserve.dht.swarm import Swarm
 
-    observer = Swarm.create(DHTConfig(model=spec.model_id, swarm_id=SWARM_ID, initial_peers=tuple(boot),
+    observer = Swarm.create(DHTConfig(model=swarm_model, swarm_id=SWARM_ID, initial_peers=tuple(boot),
                                       host_maddrs=(LOOPBACK,), client_mode=True, **TIMING))
     try:
         def ready_plan():
@@ -142,18 +142,20 @@ def run(args: argparse.Namespace) -> int:
     """Entry point of `p2pserve demo`."""
     from p2pserve.client.model_info import LocalModelInfo
     from p2pserve.errors import P2PServeError
+    from p2pserve.model.identity import swarm_model_name
 
     children = Children(Path(tempfile.mkdtemp(prefix="p2pserve-demo-")))
     try:
         print(f"logs: {children.logdir}", flush=True)
         print("[1/5] preparing the model (the first run converts the embedded SmolLM2 GGUF, ~30 s)...", flush=True)
         model = LocalModelInfo.load(args.model)
+        name = swarm_model_name(args.model, spec=model.spec)  # what every member derives from --model
         boot = _start_bootstrap(children)
         n = _start_swarm(children, model, boot, args)
-        plan = _await_plan(children, model.spec, boot, n, args.timeout)
+        plan = _await_plan(children, name, boot, n, args.timeout)
         _print_plan(plan, lambda pid: pid if pid in (SOURCE, SINK) else pid[-6:])
         print("[5/5] chatting through the swarm", flush=True)
-        asyncio.run(_chat(model, boot, model.spec.model_id, args))
+        asyncio.run(_chat(model, boot, name, args))
         return 0
     except KeyboardInterrupt:
         print("\ninterrupted; stopping the swarm", file=sys.stderr)

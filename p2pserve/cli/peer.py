@@ -47,7 +47,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=None, choices=["cpu", "cuda"], help="compute device (default: cuda if --gpu given, else cpu)")
     p.add_argument("--gpu", type=int, default=None, metavar="N", help="CUDA device index; implies --device cuda")
     p.add_argument("--dtype", default=d.dtype, choices=["float32", "float16", "bfloat16"])
-    p.add_argument("--swarm-model", default=None, help="model name in the swarm's DHT keys (default: the checkpoint's model id)")
+    p.add_argument("--swarm-model", default=None, help="model name in the swarm's DHT keys (default: the swarm file's 'model', else the checkpoint "
+                        "id; the rule every role shares: p2pserve/model/identity.py)")
     p.add_argument("--num-threads", type=int, default=None, help="torch intra-op threads")
     p.add_argument("--max-layers", type=int, default=None, help="most layers this peer may hold (default: from --weights-memory-gb)")
     p.add_argument("--weights-memory-gb", type=float, default=d.weights_memory_bytes / 1024**3, help="memory for weights")
@@ -127,27 +128,37 @@ def config_from_args(args: argparse.Namespace) -> PeerConfig:
 
 async def serve(config: PeerConfig, args: argparse.Namespace) -> None:
     """Start DHT node and peer (and the control-plane agent), print the ready line, serve until signalled."""
-    from p2pserve.cli.common import dht_config, metrics_config
+    from p2pserve.cli.common import dht_config, metrics_config, model_name_from_args
+    from p2pserve.cli.progress import Progress, describe
     from p2pserve.swarm_file import SwarmFile
     from p2pserve.dht.swarm import Swarm
     from p2pserve.model.default import resolve_model
     from p2pserve.model.spec import load_spec
     from p2pserve.peer.server import Peer
 
-    spec = load_spec(resolve_model(config.model), dtype=config.dtype)  # fail fast on a bad model
+    progress = Progress()
+    spec = load_spec(resolve_model(config.model, progress.step), dtype=config.dtype)  # fail fast on a bad model
     metrics = metrics_config(args) if args.metrics_port is not None else None  # and on a bad port
-    # The model's name in DHT keys: --swarm-model, else the swarm file's model, else the
-    # checkpoint's own id. (Sessions still check the checkpoint id itself when they open.)
-    dcfg = dht_config(args, SwarmFile.load(args.config), model_flag="swarm_model", default_model=spec.model_id)
+    # The model's name in DHT keys, by the rule every role shares (p2pserve/model/identity.py):
+    # --swarm-model, else the swarm file's model, else the checkpoint's own id. (Sessions still
+    # check the checkpoint id itself when they open.)
+    file = SwarmFile.load(args.config)
+    dcfg = dht_config(args, file, model_name_from_args(args, file, spec))
     dcfg = dataclasses.replace(dcfg, num_layers=spec.num_layers)
     swarm = Swarm.create(dcfg)  # forks the DHT process before weights are loaded
-    agent = None
+    agent = watch = None
     try:
-        peer = await Peer.create(config, swarm.dht)
+        fixed = config.start is not None or not config.announce
+        with progress.step(f"loading layers {config.start or 0}:{config.end or spec.num_layers}" if fixed
+                           else "starting the peer"):
+            peer = await Peer.create(config, swarm.dht)
         if metrics is not None:
             peer.export_metrics(metrics)
         if config.announce:
-            agent = await _start_agent(peer, swarm, config)
+            agent = await _start_agent(peer, swarm, config, progress)
+            if agent.follow_plan:  # say what the peer waits for: the plan, a load, a handover
+                watch = asyncio.create_task(progress.follow(
+                    lambda: describe(agent.state, agent.loading, agent.loaded, peer.served)))
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -158,6 +169,8 @@ async def serve(config: PeerConfig, args: argparse.Namespace) -> None:
         print(f"P2PSERVE_PEER_READY peer_id={peer.peer_id} layers={layers} maddrs={','.join(peer.visible_maddrs())}",
               flush=True)
         await stop.wait()
+        if watch:
+            watch.cancel()
         if agent:
             await agent.shutdown()
         await peer.shutdown()
@@ -165,7 +178,7 @@ async def serve(config: PeerConfig, args: argparse.Namespace) -> None:
         swarm.shutdown()
 
 
-async def _start_agent(peer, swarm, config: PeerConfig):
+async def _start_agent(peer, swarm, config: PeerConfig, progress):
     from p2pserve.config import ProberConfig
     from p2pserve.dht.prober import LinkProber
     from p2pserve.peer.agent import SwarmAgent
@@ -174,8 +187,9 @@ async def _start_agent(peer, swarm, config: PeerConfig):
     spec = peer.spec
     # Never more than the model has: readers reject a record claiming more (dht/records.py).
     max_layers = min(spec.num_layers, config.max_layers or max(1, config.weights_memory_bytes // spec.layer_bytes))
-    profile = await asyncio.to_thread(load_or_measure, peer.model_path, spec, config.device, max_layers,
-                                      config.profile_batch)
+    with progress.step(f"profiling {config.device} for up to {max_layers} layers (cached after the first run)"):
+        profile = await asyncio.to_thread(load_or_measure, peer.model_path, spec, config.device, max_layers,
+                                          config.profile_batch)
     # Probe transfers of ~0.25 s: long enough that TCP ramp-up and a shaper's burst allowance
     # are a small part of the measured time (a 20 Mbit/s link then reads within a few percent).
     # Each link is re-probed every link_refresh, and announced as the best of its recent rounds.

@@ -56,7 +56,7 @@ class AsyncClient:
     plane, or ``peers`` for a fixed set. ``model`` is the local checkpoint (tokenizer + shapes;
     ``None`` = the embedded default), loaded by :meth:`start` unless ``model_info`` is given.
     ``swarm_model`` is the model name used for DHT keys (defaults to the checkpoint's
-    ``model_id``); ``swarm_id`` and ``trusted_coordinators`` complete the swarm membership, or
+    ``model_id``, by the rule every role shares: ``p2pserve/model/identity.py``); ``swarm_id`` and ``trusted_coordinators`` complete the swarm membership, or
     ``dht_config`` gives all of it. ``seed`` decorrelates this client's IWRR cycles from other
     clients' (random by default; pass one for reproducible routes). ``transport`` is used as
     given instead of a libp2p node of the client's own (tests pass an in-memory one).
@@ -127,12 +127,14 @@ class AsyncClient:
         from p2pserve.client.swarm_routes import SwarmRoutes
         from p2pserve.config import DHTConfig
         from p2pserve.dht.swarm import Swarm
+        from p2pserve.model.identity import swarm_model_name
 
         spec = self.info.spec
         cfg = self.dht_config
         if cfg is None:
             membership = {"swarm_id": self.swarm_id} if self.swarm_id else {}
-            cfg = DHTConfig(model=self.swarm_model or spec.model_id, initial_peers=self.initial_peers,
+            name = swarm_model_name(self.model, swarm_model=self.swarm_model, spec=spec)
+            cfg = DHTConfig(model=name, initial_peers=self.initial_peers,
                             client_mode=True, trusted_coordinators=self.trusted_coordinators, **membership)
         cfg = dataclasses.replace(cfg, num_layers=spec.num_layers)
         self._swarm = await asyncio.to_thread(Swarm.create, cfg)

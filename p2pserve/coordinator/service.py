@@ -21,6 +21,7 @@ from p2pserve.errors import ConfigError
 from p2pserve.coordinator.exclusion import ExclusionBook, judge
 from p2pserve.coordinator import claims
 from p2pserve.coordinator.replan import Decision, LeaderState, replan
+from p2pserve.coordinator.shape import Shape, agree, mismatched
 from p2pserve.coordinator.snapshot import LivePeers, Snapshot
 from p2pserve.dht.election import elect_leader
 from p2pserve.dht.evidence import Evidence
@@ -61,9 +62,14 @@ class CoordinatorService:
         *,
         clock: Clock = clocks.wall,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        shape: Optional[Shape] = None,
     ):
         self.swarm = swarm
         self.config = config
+        # peers announcing another shape than this are left out of the plan (None: no check;
+        # readers knowing num_layers drop other depths anyway)
+        self.shape = shape
+        self.shape_refused: dict[str, str] = {}  # of the last round, by peer id
         self._clock = clock
         self._sleep = sleep
         self.coordinator_id = config.coordinator_id or swarm.peer_id
@@ -126,9 +132,20 @@ class CoordinatorService:
     async def _snapshot(self, now: float) -> Snapshot:
         fresh = await self.swarm.get_peers()
         peers = self._peers.update(fresh, self.swarm.withdrawn.get(RecordKind.PEERS, set()), now)
-        peers = await self._without_excluded(peers, now)
+        peers = await self._without_excluded(self._with_shape(peers), now)
         link_infos = [s.record for s in (await self.swarm.get_links()).values()]
         return await self._police(Snapshot.from_records(peers, link_infos))
+
+    def _with_shape(self, peers: dict) -> dict:
+        """``peers`` less those announcing another model shape (``coordinator/shape.py``)."""
+        if self.shape is None:
+            return peers
+        refused = mismatched(peers, self.shape)
+        for pid, reason in refused.items():
+            if self.shape_refused.get(pid) != reason:  # once per change, not every round
+                logger.warning(f"leaving peer {pid} out of the plan: {reason}")
+        self.shape_refused = refused
+        return {pid: info for pid, info in peers.items() if pid not in refused}
 
     async def _police(self, snap: Snapshot) -> Snapshot:
         """Claims capped by observed service rates, peers capped per address (coordinator/claims.py)."""
@@ -253,3 +270,39 @@ class CoordinatorService:
             stop.set()
             await asyncio.gather(candidacy, return_exceptions=True)
             await asyncio.shield(self.swarm.withdraw(RecordKind.COORDINATORS))
+
+
+async def learn_shape(swarm: SwarmView, stop: asyncio.Event, period: float, settle: float, *,
+                      log_every: float = 10.0, clock: Clock = clocks.monotonic) -> Optional[Shape]:
+    """Read the peers' records until their announcements agree on the model's shape
+    (:func:`~p2pserve.coordinator.shape.agree`) and the same shape has won every read for
+    ``settle`` seconds (so that peers starting together are all counted, not the first one
+    heard); None if ``stop`` is set first.
+
+    Logs what it waits for when that changes and at least every ``log_every`` seconds, and the
+    peers whose conflicting announcements it refuses.
+    """
+    said, said_at, leading, since = None, 0.0, None, 0.0
+    while not stop.is_set():
+        try:
+            verdict = agree({pid: s.record for pid, s in (await swarm.get_peers()).items()})
+        except (asyncio.TimeoutError, OSError) as e:  # DHT hiccup: read again next period
+            logger.warning(f"reading peers for the model's shape failed: {e!r}")
+            verdict = None
+        if verdict is not None:
+            now = clock()
+            if verdict.shape != leading:
+                leading, since = verdict.shape, now
+            if leading is not None and now - since >= settle:
+                for pid, reason in verdict.refused.items():
+                    logger.warning(f"refusing peer {pid}'s shape: {reason}")
+                logger.info(f"model shape from the peers' announcements: {verdict.reason}")
+                return leading
+            if verdict.reason != said or now - said_at >= log_every:
+                logger.info(f"waiting for the model's shape: {verdict.reason}")
+                said, said_at = verdict.reason, now
+        try:
+            await asyncio.wait_for(stop.wait(), period)
+        except asyncio.TimeoutError:
+            pass
+    return None

@@ -27,6 +27,7 @@ SCHEMA_VERSION = 1
 # they stop a single buggy or hostile peer from poisoning the planner with figures that would
 # dominate any max-flow (10^12 tokens/s) or break arithmetic (negative memory, NaN).
 MAX_LAYERS = 4096
+MAX_ACTIVATION_BYTES = 1 << 20  # one token's hidden state: hidden size 262144 in fp32
 MAX_MEMORY_BYTES = 1 << 50  # 1 PiB: far beyond any single peer
 MAX_TOKENS_PER_S = 1e8  # per peer, for one layer: ~1000x a fast GPU today
 MAX_BANDWIDTH_BYTES_S = 1e12  # 8 Tbit/s
@@ -106,10 +107,21 @@ class PeerInfo(msgspec.Struct, kw_only=True, frozen=True):
     # hex Ed25519 public key that signs this peer's ForwardResults ("" = none); derived from the
     # identity key that signs this record (p2pserve.dht.evidence.derive_reply_key)
     reply_key: str = ""
+    # The model's shape as the peer's checkpoint gives it (0: not announced, as by older peers).
+    # A coordinator that knows the model only by name plans with the shape its peers agree on
+    # (coordinator/shape.py); a reader that knows the depth drops a peer announcing another.
+    num_layers: int = 0
+    activation_bytes: int = 0  # bytes of one token's hidden state on the wire (hidden size x dtype bytes)
 
     def validate(self, num_layers: Optional[int] = None) -> None:
-        """Raise :class:`RecordRejected` if any figure is absurd or inconsistent."""
+        """Raise :class:`RecordRejected` if any figure is absurd or inconsistent (with the
+        model's ``num_layers`` when the reader knows it, else with the depth the peer announces)."""
         _check_schema(self.schema)
+        _int("num_layers", self.num_layers, 0, MAX_LAYERS)
+        _int("activation_bytes", self.activation_bytes, 0, MAX_ACTIVATION_BYTES)
+        if num_layers is not None and self.num_layers and self.num_layers != num_layers:
+            raise RecordRejected(f"announces a model of {self.num_layers} layers; this model has {num_layers}")
+        num_layers = num_layers if num_layers is not None else (self.num_layers or None)
         _str("model", self.model)
         _str("peer_id", self.peer_id)
         if len(self.addrs) > MAX_ADDRS:

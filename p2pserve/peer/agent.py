@@ -100,6 +100,8 @@ class SwarmAgent:
             version=__version__,
             timestamp=self._wall(),
             reply_key=self.peer.handler.signer.public_text,
+            num_layers=spec.num_layers,
+            activation_bytes=spec.activation_bytes_per_token,
         )
 
     def link_info(self) -> LinkInfo | None:
