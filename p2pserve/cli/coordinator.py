@@ -167,6 +167,9 @@ def run(args: argparse.Namespace) -> int:
     swarm = Swarm.create(dcfg)
     try:
         asyncio.run(_serve(swarm, args, file, name, given, ccfg, mcfg))
+    except ConfigError as e:  # found only once serving: a dashboard or metrics port already in use
+        print(f"error: {e}")
+        return 2
     finally:
         swarm.shutdown()
     return 0

@@ -229,3 +229,20 @@ def test_status_page_shows_every_peer_and_follows_a_crash(swarm, browser):
     state = wait_until(victim_gone, "the killed peer to leave the page and the coverage to drop", DEADLINE)
     assert sorted(state["peers"]) == sorted(ids[:-1])
     browser.save_screenshot(str(artifacts() / "dashboard_peer_killed.png"))
+
+
+def test_a_dashboard_port_in_use_is_a_clean_error():
+    """``coordinator --web-port`` on a taken port exits with code 2 and one line, not a traceback."""
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        p = subprocess.run([sys.executable, "-m", "p2pserve.cli", "coordinator", "--swarm-model", "x", "--num-layers",
+                            "4", "--web-port", str(port), "--host-maddrs", "/ip4/127.0.0.1/tcp/0"],
+                           capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert p.returncode == 2, p.stderr[-2000:]
+    assert "cannot listen" in p.stdout and "Traceback" not in p.stderr
