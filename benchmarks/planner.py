@@ -27,6 +27,10 @@ Sections:
   then ``--seeds`` seeds simulated: worst over median (goal: >= 0.9), median over Helix's placement.
 * ``simulator`` -- simulated decode throughput (offline, IWRR, 600 s window) of the authors' Helix
   placement and of our throughput plan on cluster24.
+* ``versus_helix`` -- (``planner_repro.py``) our plan against Helix's on cluster24 and the paper's
+  geo-distributed and high-heterogeneity clusters, ``--versus-seeds`` seeds at ``--work``: Helix =
+  our planner with the max-flow objective (same seed and work), and the authors' placement on
+  cluster24. The reproducibility section covers these two clusters too.
 """
 
 from __future__ import annotations
@@ -56,7 +60,7 @@ from p2pserve.sim.run import SimConfig, simulate  # noqa: E402
 from p2pserve.sim.scenario import Part, build_scenario  # noqa: E402
 from p2pserve.types import SINK_INDEX, SOURCE_INDEX  # noqa: E402
 from planner_churn import churn_section  # noqa: E402  (this directory is on sys.path when run)
-from planner_repro import print_reproducibility, reproducibility_section  # noqa: E402
+from planner_repro import print_reproducibility, reproducibility_section, versus_helix_section  # noqa: E402
 
 BEST_KNOWN = {"cluster24": 1289.56, "cluster10": 286.587}
 CLUSTERS = {
@@ -223,10 +227,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--quick", action="store_true", help="10 s solves, 120 s simulator window")
     ap.add_argument("--time-limit", type=float, default=None)
     ap.add_argument("--skip", nargs="*", default=[],
-                    choices=["methods", "churn", "unseen", "simulator", "backends", "reproducibility"])
+                    choices=["methods", "churn", "unseen", "simulator", "backends", "reproducibility", "versus_helix"])
     ap.add_argument("--runs", type=int, default=10, help="reproducibility: solves at one seed")
     ap.add_argument("--seeds", type=int, default=10, help="reproducibility: seeds simulated")
     ap.add_argument("--work", type=int, default=20000, help="reproducibility: evaluations per solve")
+    ap.add_argument("--versus-seeds", type=int, default=3, help="versus_helix: seeds per cluster")
     ap.add_argument("--burners", type=int, default=2, help="reproducibility: busy processes loading the machine")
     ap.add_argument("--reload-share", type=float, nargs="+", default=[5e-3],
                     help="churn: reload cost per moved layer, as a share of the objective (several: a sweep)")
@@ -274,6 +279,9 @@ def main(argv: list[str] | None = None) -> int:
         report["reproducibility"] = reproducibility_section(args.runs, args.seeds, args.work, args.burners,
                                                             120.0 if args.quick else 600.0)
         print_reproducibility(report["reproducibility"], print_table)
+    if "versus_helix" not in args.skip:
+        print("\n== ours vs Helix, simulated decode tok/s (70B offline IWRR), per seed ==")
+        report["versus_helix"] = versus_helix_section(args.versus_seeds, args.work, 120.0 if args.quick else 600.0)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2))

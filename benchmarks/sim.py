@@ -291,14 +291,24 @@ def swarm_rule(args, seeds) -> dict:
     return out
 
 
+def clusters(args, seeds) -> dict:
+    """Section 8: every method on the single, geo-distributed and high-heterogeneity clusters
+    against the ratios the paper gives (``sim_clusters.py``)."""
+    from sim_clusters import clusters_section  # this directory is on sys.path when run
+
+    return clusters_section(seeds, args.offline_s, args.work)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="short windows and one seed")
     ap.add_argument("--seeds", type=int, default=2, help="seeds averaged for offline runs")
     ap.add_argument("--planner-s", type=float, default=60.0, help="planner search budget")
+    ap.add_argument("--work", type=int, default=20000,
+                    help="clusters: evaluations of the max-flow planner standing in for Helix's MILP")
     ap.add_argument("--only", nargs="*", default=None,
                     choices=["reproduction", "ablation", "planner", "throttling", "speed", "sensitivity",
-                             "swarm_rule"])
+                             "swarm_rule", "clusters"])
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "sim.json"))
     args = ap.parse_args(argv)
     args.offline_s = 120.0 if args.quick else 600.0
@@ -307,7 +317,7 @@ def main(argv=None) -> int:
     if args.quick:
         args.planner_s = min(args.planner_s, 10.0)
     sections = args.only or ["reproduction", "ablation", "planner", "throttling", "sensitivity", "swarm_rule",
-                             "speed"]
+                             "clusters", "speed"]
     t0 = time.perf_counter()
     result = {"settings": {"offline_window_s": args.offline_s, "online_window_s": args.online_s, "seeds": seeds,
                            "online_load_factor": ONLINE_LOAD_FACTOR, "quick": args.quick}}

@@ -202,11 +202,12 @@ def helix_part(cluster_path: str | Path, placement_path: str | Path, kv_from_lay
 
 
 def planner_part(cluster_path: str | Path, model: str, time_limit_s: float = 20.0, seed: int = 0,
-                 root: Path | None = None, work: int | None = None) -> Part:
-    """A part whose placement comes from our planner (``placement.planner.plan_for_topology``,
-    default objective), solved on the cluster's Helix topology (``work``: evaluation budget,
-    see ``PlannerConfig.work``)."""
+                 root: Path | None = None, work: int | None = None, objective: str = "throughput") -> Part:
+    """A part whose placement comes from our planner (``placement.planner.plan_for_topology``;
+    ``objective``: ``throughput``, the default, or Helix's ``max-flow``), solved on the cluster's
+    Helix topology (``work``: evaluation budget, see ``PlannerConfig.work``)."""
     cluster = hf.load_cluster(cluster_path)
     topo = topology_from_helix(cluster, model, root=root)
-    solution = plan_for_topology(topo, PlannerConfig(time_limit_s=time_limit_s, seed=seed, work=work))
+    cfg = PlannerConfig(objective=objective, time_limit_s=time_limit_s, seed=seed, work=work)
+    solution = plan_for_topology(topo, cfg)
     return Part(cluster, dict(solution.assignments), None)
