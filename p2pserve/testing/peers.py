@@ -144,7 +144,11 @@ class FakePeerNetwork:
             position += 1
         if session["end"] == self.num_layers:
             self.sampled.append(len(ids))
-            token = fake_next_token(session["tokens"])
+            history = session["tokens"]
+            if msg.outputs > 1:  # speculative verification: the token after each of the last positions
+                tokens = [fake_next_token(history[:len(history) - msg.outputs + 1 + i]) for i in range(msg.outputs)]
+                return ForwardResult(session_id=msg.session_id, step=msg.step, position=position, tokens=tokens), b""
+            token = fake_next_token(history)
             return ForwardResult(session_id=msg.session_id, step=msg.step, position=position, token=token), b""
         hidden = torch.zeros(len(ids), self.hidden_size)
         hidden[:, 0] = torch.tensor(ids, dtype=torch.float32)
