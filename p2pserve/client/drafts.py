@@ -12,6 +12,7 @@ Both propose deterministically (q is a point mass), which ``client/speculative.p
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from typing import Optional, Protocol, Sequence
 
@@ -85,11 +86,13 @@ class DraftModel:
         self.model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
         self._cache = None
         self._ids: list[int] = []  # the tokens self._cache holds
+        # transformers 5.2x renamed ``past_key_values`` to ``cache`` (argument and output field)
+        self._cache_arg = "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
 
     def session(self) -> "DraftModel":
         """A drafter on the same weights with a cache of its own."""
         twin = object.__new__(DraftModel)
-        twin.model, twin._cache, twin._ids = self.model, None, []
+        twin.model, twin._cache, twin._ids, twin._cache_arg = self.model, None, [], self._cache_arg
         return twin
 
     def propose(self, context: Sequence[int], k: int) -> list[int]:
@@ -103,13 +106,13 @@ class DraftModel:
         while keep < min(len(ctx) - 1, len(self._ids)) and ctx[keep] == self._ids[keep]:
             keep += 1
         if self._cache is not None and keep < len(self._ids):
-            self._cache.crop(keep)
+            self._cache.crop(keep - len(self._ids))  # a negative count drops that many (transformers 4 and 5)
         self._ids = ctx[:keep]
         feed, out = ctx[keep:], []
         with torch.inference_mode():
             for _ in range(k):
-                result = self.model(torch.tensor([feed]), past_key_values=self._cache, use_cache=True)
-                self._cache = result.past_key_values
+                result = self.model(torch.tensor([feed]), use_cache=True, **{self._cache_arg: self._cache})
+                self._cache = getattr(result, self._cache_arg)
                 self._ids += feed
                 token = int(result.logits[0, -1].argmax())
                 out.append(token)

@@ -40,7 +40,8 @@ class SpeculativeConfig:
     ``prior_acceptance`` and ``prior_token_cost`` (t_tok / t0) stand in for measurements until
     the first steps give them; ``smoothing`` is the weight of each new measurement (an EWMA);
     after ``probe_every`` steps drafting nothing, one step drafts a token again, so a rate
-    measured low on one passage can recover on the next.
+    measured low on one passage can recover on the next. ``adaptive=False`` always drafts
+    ``max_k`` (benchmarks, and tests that must not depend on measured times).
     """
 
     max_k: int = 8
@@ -50,6 +51,7 @@ class SpeculativeConfig:
     prior_token_cost: float = 0.1
     smoothing: float = 0.2
     probe_every: int = 16
+    adaptive: bool = True
 
     def __post_init__(self):
         if not 1 <= self.max_k < MAX_VERIFY_OUTPUTS:
@@ -127,8 +129,8 @@ class SpeculationTuner:
     def next_k(self, room: int) -> int:
         """How many tokens to draft next, given ``room`` (what max_new_tokens and max_length allow)."""
         limit = min(self.config.max_k, room)
-        if limit <= 0:
-            return 0
+        if limit <= 0 or not self.config.adaptive:
+            return max(limit, 0)
         t0, t_tok = self.step_time()
         k = choose_k(min(self.acceptance, 0.999), t0, t_tok, limit)
         if k == 0 and self._idle >= self.config.probe_every:

@@ -196,3 +196,29 @@ class FixedRoutes:
     def invalidate(self) -> None:
         """Count the call."""
         self.invalidated += 1
+
+
+class OracleDrafter:
+    """A draft for the fake peers' model (``client/drafts.py``'s ``Drafter``): it proposes what
+    :func:`fake_next_token` will answer, except that every ``wrong_every``-th token it proposes is
+    off by one, so that verification both accepts and rejects."""
+
+    blocking = False
+
+    def __init__(self, wrong_every: int = 4):
+        self.wrong_every = wrong_every
+        self.proposed = 0
+
+    def session(self) -> "OracleDrafter":
+        return self
+
+    def propose(self, context, k: int) -> list[int]:
+        history, out = list(context), []
+        for _ in range(k):
+            token = fake_next_token(history)
+            self.proposed += 1
+            if self.wrong_every and self.proposed % self.wrong_every == 0:
+                token = (token + 1) % 1000
+            out.append(token)
+            history.append(token)
+        return out
