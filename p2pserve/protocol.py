@@ -41,6 +41,10 @@ MAX_TENSOR_DIMS = 4
 #: 2**40 elements is far past any payload limit and keeps every stride inside int64.
 MAX_TENSOR_EXTENT = 1 << 40
 INT64_MAX = (1 << 63) - 1
+#: The most positions whose next token one Forward may ask the last hop for (speculative decoding
+#: verifies k draft tokens with k + 1 of them; docs/speculative.md). A bound on the wire, so that a
+#: hostile value is refused by the decoder before any work: 64 is far past any useful draft.
+MAX_VERIFY_OUTPUTS = 64
 
 
 @dataclass(frozen=True)
@@ -124,17 +128,26 @@ class OpenSession(msgspec.Struct, frozen=True, tag_field="t", tag="open"):
     sampling: SamplingParams = SamplingParams()
 
 
-class Forward(msgspec.Struct, frozen=True, tag_field="t", tag="forward"):
+#: How many trailing positions of a Forward the last hop returns a next token for.
+Outputs = Annotated[int, msgspec.Meta(ge=1, le=MAX_VERIFY_OUTPUTS)]
+
+
+class Forward(msgspec.Struct, frozen=True, omit_defaults=True, tag_field="t", tag="forward"):
     """Run tokens [position, position + n) of a session through its span.
 
     The payload is token ids (int64 [n]) when the span starts at layer 0, else hidden states
     [n, hidden]. ``position`` below the session's length rewinds the cache to it first.
+    ``outputs`` (1 to ``MAX_VERIFY_OUTPUTS``, at most n) asks the hop holding the last layer for
+    the token after each of the last ``outputs`` positions (greedy or seeded per position, as for
+    one token): speculative decoding verifies k draft tokens with k + 1 of them. Hops before the
+    last only accept 1. Left at 1 it is not encoded at all, so the one-token path is unchanged.
     """
 
     session_id: str
     step: NonNegative
     position: NonNegative
     tensor: TensorMeta
+    outputs: Outputs = 1
 
 
 class CloseSession(msgspec.Struct, frozen=True, tag_field="t", tag="close"):
@@ -192,6 +205,8 @@ class SessionOpened(msgspec.Struct, frozen=True, tag_field="t", tag="opened"):
 class ForwardResult(msgspec.Struct, frozen=True, tag_field="t", tag="result"):
     """Output of one Forward: hidden states (payload) or, at the last layer, a sampled token.
 
+    A Forward with ``outputs`` m > 1 gets ``tokens`` (m of them, the token after each of its last
+    m positions, in order) instead of ``token``; their digest is that of :func:`tokens_bytes`.
     ``signature`` is the peer's Ed25519 reply-key signature over the reply's claim (the span,
     positions, a commitment to every input the session consumed, the output's digest:
     ``p2pserve.dht.evidence.ReplyClaim``); empty from a peer that does not sign.
@@ -203,6 +218,7 @@ class ForwardResult(msgspec.Struct, frozen=True, tag_field="t", tag="result"):
     tensor: TensorMeta | None = None
     token: NonNegative | None = None
     signature: Annotated[bytes, msgspec.Meta(max_length=64)] = b""
+    tokens: Annotated[list[NonNegative], msgspec.Meta(max_length=MAX_VERIFY_OUTPUTS)] | None = None
 
 
 class SessionClosed(msgspec.Struct, frozen=True, tag_field="t", tag="closed"):
@@ -299,6 +315,11 @@ def decode_reply(header: bytes) -> Reply:
         return _reply_decoder.decode(header)
     except _DECODE_ERRORS as e:
         raise MalformedFrameError(f"cannot decode reply: {e}") from None
+
+
+def tokens_bytes(tokens: list[int]) -> bytes:
+    """The bytes a reply's ``tokens`` are signed as: each an int64, big-endian."""
+    return struct.pack(f">{len(tokens)}q", *tokens)
 
 
 def error_reply(code: ErrorCode, message: str, session_id: str | None = None, step: int | None = None) -> ErrorReply:

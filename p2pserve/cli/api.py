@@ -44,6 +44,11 @@ def add_client_arguments(parser: argparse.ArgumentParser) -> None:
     r.add_argument("--verify-share", type=float, default=ClientConfig.verify_share,
                    help="share of each hop's steps re-executed on another replica in the background "
                         "(0 = off; docs/trust.md)")
+    r.add_argument("--speculative", default=None, metavar="prompt-lookup|draft:PATH",
+                   help="speculative decoding (docs/speculative.md): draft tokens by prompt lookup or with a small "
+                        "local model sharing the tokenizer, verify several per step. Off by default: it helps "
+                        "replies that copy (code edits, summaries) on slow links, and costs compute elsewhere")
+    r.add_argument("--speculative-max-k", type=int, default=8, help="most draft tokens per step (k is adaptive)")
     parser.add_argument("--log-level", default="WARNING")
 
 
@@ -69,6 +74,7 @@ def apply_swarm_file(args: argparse.Namespace) -> None:
 def client_from_args(args: argparse.Namespace):
     """An (unstarted) ``AsyncClient`` from the flags of :func:`add_client_arguments` and ``--config``."""
     from p2pserve.client.api import AsyncClient
+    from p2pserve.client.speculative import SpeculativeConfig
     from p2pserve.errors import ConfigError
 
     apply_swarm_file(args)
@@ -80,7 +86,8 @@ def client_from_args(args: argparse.Namespace):
     return AsyncClient(initial_peers=tuple(args.initial_peers or ()), model=args.model, peers=args.peers or None,
                        config=config, swarm_model=args.swarm_model, swarm_id=args.swarm_id,
                        trusted_coordinators=tuple(args.trusted_coordinator or ()), seed=args.seed,
-                       max_length=args.max_length)
+                       max_length=args.max_length, speculative=args.speculative,
+                       speculative_config=SpeculativeConfig(max_k=args.speculative_max_k))
 
 
 async def start_client(args: argparse.Namespace):

@@ -32,6 +32,7 @@ import random
 import threading
 from typing import Iterator, Optional, Sequence
 
+from p2pserve.client.drafts import Drafter, check_speculative, make_drafter
 from p2pserve.client.failover import FailoverState
 from p2pserve.client.generation import Generation
 from p2pserve.client.hop import PeerEntry, parse_peer
@@ -41,6 +42,7 @@ from p2pserve.client.params import GenerationParams
 from p2pserve.client.pipeline import Pipeline
 from p2pserve.client.reply import Reply, ReplyStream
 from p2pserve.client.route_providers import PeerListRoutes, RouteProvider
+from p2pserve.client.speculative import SpeculativeConfig
 from p2pserve.config import ClientConfig
 from p2pserve.errors import BadRequestError, ConfigError
 from p2pserve.metrics import ClientMetrics
@@ -60,6 +62,8 @@ class AsyncClient:
     ``dht_config`` gives all of it. ``seed`` decorrelates this client's IWRR cycles from other
     clients' (random by default; pass one for reproducible routes). ``transport`` is used as
     given instead of a libp2p node of the client's own (tests pass an in-memory one).
+    ``speculative`` turns on speculative decoding (docs/speculative.md): ``"prompt-lookup"``,
+    ``"draft:PATH"`` (a small local model sharing the tokenizer) or None (off, the default).
     """
 
     def __init__(
@@ -77,9 +81,14 @@ class AsyncClient:
         max_length: int = 4096,
         model_info: Optional[LocalModelInfo] = None,
         transport: Optional[Transport] = None,
+        speculative: Optional[str] = None,
+        speculative_config: SpeculativeConfig = SpeculativeConfig(),
     ):
         if not initial_peers and not peers and dht_config is None:
             raise ConfigError("give initial_peers (a swarm) or peers (a fixed set of peers)")
+        check_speculative(speculative)
+        self.speculative, self.speculative_config = speculative, speculative_config
+        self.drafter: Optional[Drafter] = None  # made by start() when speculative is on
         self.initial_peers = tuple(initial_peers)
         self.model = model
         self.peers = [parse_peer(p) for p in peers] if peers else None
@@ -119,6 +128,9 @@ class AsyncClient:
         else:
             await self._join_swarm()
         self._start_verifier()
+        if self.speculative:
+            self.drafter = await asyncio.to_thread(make_drafter, self.speculative, spec.vocab_size,
+                                                   self.info.tokenizer, self.speculative_config)
         self._started = True
         return self
 
@@ -239,7 +251,9 @@ class AsyncClient:
                             observer=self.observer, verifier=self.verifier, metrics=self.metrics)
         self.metrics.requests.inc()
         return Generation(pipeline, prompt_ids, params, self.info.eos_ids, self.info.tokenizer,
-                          recompute_past=spec.recompute_past, metrics=self.metrics)
+                          recompute_past=spec.recompute_past, metrics=self.metrics,
+                          drafter=self.drafter.session() if self.drafter is not None else None,
+                          speculative=self.speculative_config)
 
     def _routes_for(self, max_length: int) -> RouteProvider:
         if self._peer_routes is not None:

@@ -120,14 +120,15 @@ class HopConnection:
         return reply.tensor
 
     def check_forward(self, reply, payload: bytes, n: int, step: int, position: int, last: bool,
-                      vocab_size: Optional[int] = None) -> Optional[TensorMeta]:
+                      vocab_size: Optional[int] = None, outputs: int = 1) -> Optional[TensorMeta]:
         """Check a reply to ``Forward(step, position)`` of ``n`` positions in full; returns its
         hidden states' header (None from the ``last`` hop, which returns a token).
 
         Whatever a peer returns is hostile until checked: the step and position it answers, a
         tensor from a hop before the last (without it the client would pass the previous hop's
-        activations on and skip this hop's layers), a token in ``[0, vocab_size)`` from the last,
-        and finite hidden states. Each failure is a ``MalformedFrameError`` blamed on this hop.
+        activations on and skip this hop's layers), a token in ``[0, vocab_size)`` from the last
+        (``outputs`` > 1: exactly that many ``tokens``, each in the vocabulary), and finite hidden
+        states. Each failure is a ``MalformedFrameError`` blamed on this hop.
         """
         meta = self.hidden_of(reply, payload, n)
         if reply.step != step or reply.position != position + n:
@@ -136,10 +137,11 @@ class HopConnection:
                 f"expected step {step} at position {position + n}"
             )
         if last:
-            if reply.token is None or meta is not None:
-                raise MalformedFrameError(f"{self.hop} holds the last layer but returned no token")
-            if reply.token < 0 or (vocab_size is not None and reply.token >= vocab_size):
-                raise MalformedFrameError(f"{self.hop} returned token {reply.token}, outside the vocabulary")
+            tokens = [reply.token] if outputs == 1 else reply.tokens
+            if meta is not None or tokens is None or None in tokens or len(tokens) != outputs:
+                raise MalformedFrameError(f"{self.hop} holds the last layer but did not return {outputs} token(s)")
+            if vocab_size is not None and max(tokens) >= vocab_size:  # the decoder made sure they are >= 0
+                raise MalformedFrameError(f"{self.hop} returned token {max(tokens)}, outside the vocabulary")
             return None
         if meta is None:
             raise MalformedFrameError(f"{self.hop} returned no hidden states for layers [{self.hop.start}, {self.hop.end})")

@@ -9,14 +9,17 @@ it: a generation never does, so a pipeline can carry several turns.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass, field
 from typing import Optional
 
 from p2pserve.client.params import GenerationParams
+from p2pserve.client.speculative import SpeculationTuner, SpeculativeConfig, accept
 from p2pserve.client.textstream import IncrementalDetokenizer, StopStringMatcher
 from p2pserve.clock import Clock
 from p2pserve.errors import BadRequestError
+from p2pserve.protocol import MAX_VERIFY_OUTPUTS
 
 
 @dataclass
@@ -55,11 +58,13 @@ class Generation:
     step that takes the sequence past that length re-sends the whole history, so every peer
     recomputes its cache with the long-context rotary factors, as transformers' ``generate`` does.
     ``metrics`` (a ``ClientMetrics``) counts the tokens and times the first one.
+    ``drafter`` (``client/drafts.py``) turns on speculative decoding: each step verifies up to
+    k draft tokens, k chosen by ``tuner`` (``client/speculative.py``), and may yield several tokens.
     """
 
     def __init__(self, pipeline, prompt_ids: list[int], params: GenerationParams, eos_token_ids: set[int],
                  tokenizer=None, clock: Clock = time.perf_counter, recompute_past: Optional[int] = None,
-                 metrics=None):
+                 metrics=None, drafter=None, speculative: SpeculativeConfig = SpeculativeConfig()):
         params.validate()
         if not prompt_ids:
             raise BadRequestError("the prompt is empty")
@@ -78,6 +83,9 @@ class Generation:
         self._detok = IncrementalDetokenizer(tokenizer) if tokenizer is not None else None
         self._stops = StopStringMatcher(tuple(params.stop))
         self._done = False
+        self._drafter = drafter
+        self.tuner = SpeculationTuner(speculative) if drafter is not None else None
+        self._ready: list[int] = []  # tokens a speculative step yielded that are not returned yet
 
     def __aiter__(self) -> "Generation":
         return self
@@ -86,17 +94,24 @@ class Generation:
         """The next token and its newly final text (the last event may flush held-back text)."""
         if self._done:
             raise StopAsyncIteration
-        if self._pending is None:
-            self._pending = self._resume()
-        if (len(self.result.tokens) >= self.params.max_new_tokens
-                or self.pipeline.position + len(self._pending) > self.pipeline.max_length):
-            return self._finish("length")
-        if self.recompute_past is not None and 0 < self.pipeline.position <= self.recompute_past < (
-                self.pipeline.position + len(self._pending)):
-            self._pending = self.pipeline.history + self._pending
-            self.pipeline.rewind(0)
-        token = await self.pipeline.step(self._pending)
-        self._pending = [token]
+        if self._ready:
+            token = self._ready.pop(0)
+        else:
+            if self._pending is None:
+                self._pending = self._resume()
+            if (len(self.result.tokens) >= self.params.max_new_tokens
+                    or self.pipeline.position + len(self._pending) > self.pipeline.max_length):
+                return self._finish("length")
+            if self.recompute_past is not None and 0 < self.pipeline.position <= self.recompute_past < (
+                    self.pipeline.position + len(self._pending)):
+                self._pending = self.pipeline.history + self._pending
+                self.pipeline.rewind(0)
+            if self._drafter is None:
+                token = await self.pipeline.step(self._pending)
+            else:
+                self._ready = await self._speculate()
+                token = self._ready.pop(0)
+            self._pending = [token] if not self._ready else [self._ready[-1]]
         self.result.tokens.append(token)
         if self._metrics is not None:
             self._metrics.tokens.inc()
@@ -113,6 +128,34 @@ class Generation:
             self._done = True
             self.elapsed_s = self._clock() - self._t0
         return GenerationEvent(token, text)
+
+    async def _speculate(self) -> list[int]:
+        """One speculative step: draft k tokens, verify them with the pending ones in one Forward,
+        keep what :func:`accept` keeps, and rewind the peers past the rest; the tokens it yields."""
+        pipeline, pending = self.pipeline, self._pending
+        end = pipeline.position + len(pending)
+        room = min(self.params.max_new_tokens - len(self.result.tokens) - 1, pipeline.max_length - end,
+                   MAX_VERIFY_OUTPUTS - 1)
+        if self.recompute_past is not None and end <= self.recompute_past:
+            room = min(room, self.recompute_past - end)  # one Forward never crosses the rotary switch
+        k = self.tuner.next_k(room)
+        draft: list[int] = []
+        if k > 0:
+            context = pipeline.history + pending
+            propose = self._drafter.propose
+            draft = (await asyncio.to_thread(propose, context, k) if self._drafter.blocking
+                     else propose(context, k))[:k]
+        failures, t0 = len(pipeline.failures), self._clock()
+        if draft:
+            tokens = accept(draft, await pipeline.verify(pending + draft, len(draft) + 1))
+            rejected = len(draft) + 1 - len(tokens)
+            if rejected:  # the next step's position drops them from every peer's cache
+                pipeline.rewind(pipeline.position - rejected)
+        else:
+            tokens = [await pipeline.step(pending)]
+        plain = len(pending) == 1 and len(pipeline.failures) == failures  # a decode step, no replay
+        self.tuner.observe(len(draft), len(tokens) - 1, self._clock() - t0 if plain else None)
+        return tokens
 
     def _resume(self) -> list[int]:
         """Reuse the pipeline's cache for the shared prefix; the tokens the first step must send.
@@ -139,9 +182,10 @@ class Generation:
 
 
 async def generate(pipeline, prompt_ids: list[int], params: GenerationParams, eos_token_ids: set[int],
-                   tokenizer=None, recompute_past: Optional[int] = None) -> GenerationResult:
+                   tokenizer=None, recompute_past: Optional[int] = None, drafter=None) -> GenerationResult:
     """Non-streaming convenience: run a :class:`Generation` to completion."""
-    gen = Generation(pipeline, prompt_ids, params, eos_token_ids, tokenizer, recompute_past=recompute_past)
+    gen = Generation(pipeline, prompt_ids, params, eos_token_ids, tokenizer, recompute_past=recompute_past,
+                     drafter=drafter)
     async for _ in gen:
         pass
     return gen.result

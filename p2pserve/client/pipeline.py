@@ -42,7 +42,7 @@ from p2pserve.client.tape import HopTape
 from p2pserve.config import ClientConfig
 from p2pserve.errors import BadRequestError, GenerationFailedError, RoutingError
 from p2pserve.metrics import ClientMetrics, error_code
-from p2pserve.protocol import Forward, SamplingParams
+from p2pserve.protocol import MAX_VERIFY_OUTPUTS, Forward, SamplingParams
 from p2pserve.transport import Transport
 from p2pserve.transport.frames import tensor_to_wire
 
@@ -81,6 +81,7 @@ class Pipeline:
         self._steps = 0  # Forward counter of the current route
         self.verifier = verifier  # a client.verifier.Verifier when outputs are verified, else None
         self._tapes: list[HopTape] = []  # per hop of the route: what it consumed and returned (verifier)
+        self.verified: list[int] = []  # the last hop's tokens of the latest step with outputs > 1
 
     @property
     def position(self) -> int:
@@ -111,15 +112,17 @@ class Pipeline:
             except RoutingError as e:
                 waited = await self._await_route(e, waited, attempts)
 
-    async def step(self, token_ids: Sequence[int]) -> int:
+    async def step(self, token_ids: Sequence[int], outputs: int = 1) -> int:
         """Feed ``token_ids`` after the history; returns the next token, whatever fails below.
 
         The route first gets the history it does not hold: after a re-route that is all of it,
         sent with ``token_ids`` as one prefill. This is the one hot path of a decode token, so it
         drives the hops itself (no per-hop helper call between it and the connection).
+        ``outputs`` > 1 (speculative verification, :meth:`verify`) asks the last hop for the token
+        after each of the last ``outputs`` of ``token_ids``; they are left in ``self.verified``.
         """
-        if not token_ids:
-            raise BadRequestError("step needs at least one token")
+        if not 1 <= outputs <= min(len(token_ids), MAX_VERIFY_OUTPUTS):
+            raise BadRequestError(f"a step needs at least one token and {outputs} output(s), got {len(token_ids)} tokens")
         if self.position + len(token_ids) > self.max_length:
             raise BadRequestError(f"session would exceed max_length {self.max_length}")
         base, waited = len(self.failures), 0.0
@@ -133,9 +136,11 @@ class Pipeline:
                 observe = self.observer if len(sent) == 1 else None  # decode steps only
                 timed = None if self.metrics is None else (
                     self.metrics.hop_decode if len(sent) == 1 else self.metrics.hop_prefill)
+                last = len(self._links) - 1
                 for i, link in enumerate(self._links):
                     try:
-                        msg = Forward(session_id=link.session_id, step=self._steps, position=self._held, tensor=meta)
+                        msg = Forward(session_id=link.session_id, step=self._steps, position=self._held, tensor=meta,
+                                      outputs=outputs if i == last else 1)
                         inputs = data
                         t0 = time.perf_counter()
                         reply, data = await link.call(msg, data)
@@ -145,7 +150,7 @@ class Pipeline:
                         if timed is not None:
                             timed.observe(elapsed)
                         meta = link.check_forward(reply, data, len(sent), self._steps, self._held,  # handed on undecoded
-                                                  link.hop.end == self.num_layers, self.vocab_size)
+                                                  link.hop.end == self.num_layers, self.vocab_size, msg.outputs)
                         if self._tapes:  # kept for re-execution: references, not copies
                             self._tapes[i].record(self._held, len(sent), msg.tensor.dtype, inputs, reply, data)
                     except Exception as e:  # whatever broke on this hop is this hop's failure
@@ -163,7 +168,20 @@ class Pipeline:
             self.verifier.after_step(self._tapes, self.sampling)
         self.history.extend(token_ids)
         self._held = len(self.history)
+        if outputs > 1:
+            self.verified = list(reply.tokens)  # check_forward made sure there are ``outputs``
+            return self.verified[-1]
         return int(reply.token)  # check_forward made sure the last hop sent one
+
+    async def verify(self, token_ids: Sequence[int], outputs: int) -> list[int]:
+        """Feed ``token_ids`` (the pending token and k draft tokens, ``outputs`` = k + 1) and
+        return the token the model picks after each of the last ``outputs`` of them.
+
+        The whole of ``token_ids`` joins the history; the caller rewinds past the draft tokens
+        it rejects (:meth:`rewind`), so a later replay sends only accepted tokens.
+        """
+        token = await self.step(token_ids, outputs)
+        return self.verified if outputs > 1 else [token]
 
     def rewind(self, position: int) -> None:
         """Make the next step start at ``position`` (peers drop their later cache entries)."""

@@ -14,6 +14,7 @@ from typing import Optional
 
 from p2pserve.client.hop import Hop
 from p2pserve.dht.evidence import InputChain, output_digest, row_digests
+from p2pserve.protocol import tokens_bytes
 
 
 @dataclass
@@ -80,7 +81,11 @@ class HopTape:
 
 
 def reply_output_digest(step: Step) -> bytes:
-    """The digest a step's reply signed over: its token, or its hidden-state bytes."""
+    """The digest a step's reply signed over: its token, its tokens (a speculative step), or its
+    hidden-state bytes."""
+    tokens = getattr(step.reply, "tokens", None)
+    if tokens is not None:
+        return output_digest(tokens_bytes(tokens))
     return output_digest(step.output, getattr(step.reply, "token", None))
 
 

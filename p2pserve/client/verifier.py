@@ -147,6 +147,12 @@ class Verifier:
             if self.rng.random() >= self.config.verify_share or tape.last is None:
                 continue
             self.stats.sampled += 1
+            if tape.hop.end == self.num_layers and tape.last.reply.tokens is not None:
+                # A speculative step's tokens (docs/speculative.md) are not re-executed yet: the
+                # witness would have to run the same multi-output Forward. The hops before the last
+                # are still checked on these steps, and the last hop on its one-token steps.
+                self.stats.skipped += 1
+                continue
             if tape.hop.end == self.num_layers:
                 self._start(tape, sampling)
             else:

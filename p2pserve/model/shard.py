@@ -55,7 +55,9 @@ class Segment:
 
     ``inputs`` is token ids [n] when start == 0, else hidden states [n, H].
     ``position`` is the absolute position of the first token. When ``want_logits`` is set and
-    the span ends at the model's last layer, the result is the last token's logits [V].
+    the span ends at the model's last layer, the result is the last token's logits [V], or the
+    last ``logit_rows`` tokens' logits [logit_rows, V] when that is above 1 (speculative
+    verification).
     ``rope_end`` is the end position of the whole request this segment is a chunk of (None: its
     own end): rotary types that depend on the sequence length (Phi-3's longrope) pick their
     frequencies from it, as transformers does from the whole forward call's positions.
@@ -68,6 +70,7 @@ class Segment:
     cache: LayerCache
     want_logits: bool = False
     hidden: torch.Tensor | None = field(default=None, repr=False)
+    logit_rows: int = 1
     rope_end: int | None = None
 
     @property
@@ -267,7 +270,7 @@ class Shard(torch.nn.Module):
                 raise BadRequestError("logits requested from a span that does not end at the last layer")
             # One head matmul for every sequence's last token: the vocabulary projection is the
             # largest matrix of small models, so doing it per sequence would dominate decode.
-            last = torch.cat([segments[i].hidden[-1:] for i in wanting])  # [S, H]
+            last = torch.cat([segments[i].hidden[-segments[i].logit_rows:] for i in wanting])  # [sum rows, H]
             if self._head is not None:
                 norm, head_t, head_bias = self._head
                 logits = linear(rms_norm(last, norm), head_t, head_bias)
@@ -275,9 +278,12 @@ class Shard(torch.nn.Module):
                 logits = self.lm_head(self.norm(last))
             if logits.dtype != torch.float32:
                 logits = logits.float()
-            logits = logits.cpu()  # [S, V]
-            for row, i in enumerate(wanting):
-                outputs[i] = logits[row]
+            logits = logits.cpu()  # [sum rows, V]
+            row = 0
+            for i in wanting:
+                rows = segments[i].logit_rows
+                outputs[i] = logits[row] if rows == 1 else logits[row:row + rows]
+                row += rows
         return outputs
 
     def _run_layers(self, segments: list[Segment], rope, layer) -> None:

@@ -18,7 +18,6 @@ import asyncio
 import logging
 import time
 
-import torch
 
 from p2pserve import __version__
 from p2pserve.config import AdmissionConfig
@@ -33,6 +32,7 @@ from p2pserve.errors import (
 )
 from p2pserve.model.spec import ModelSpec
 from p2pserve.peer.admission import PayloadBudget, StreamQuota, payload_allowance
+from p2pserve.peer.forward_checks import check_forward
 from p2pserve.peer.reply_signer import ReplySigner
 from p2pserve.peer.sessions import SessionTable
 from p2pserve.peer.timing import RecentTimes
@@ -54,6 +54,7 @@ from p2pserve.protocol import (
     check_prefix,
     decode_request,
     error_reply,
+    tokens_bytes,
 )
 from p2pserve.transport.frames import read_frame, tensor_from_wire, tensor_to_wire, write_frame
 
@@ -298,34 +299,29 @@ class SessionHandler:
         if session.busy:
             raise BadRequestError(f"session {msg.session_id!r} already has a request in flight")
         inputs = tensor_from_wire(msg.tensor, payload)
-        self._check_inputs(session, inputs)
-        n = inputs.shape[0]
-        if msg.position > session.position:
-            raise BadRequestError(
-                f"position {msg.position} skips ahead of the session's {session.position} cached tokens"
-            )
-        if msg.position + n > session.max_length:
-            raise BadRequestError(
-                f"positions up to {msg.position + n} exceed the session's max_length {session.max_length}"
-            )
+        check_forward(self.spec, session, msg, inputs)
+        n, last = inputs.shape[0], session.end == self.spec.num_layers
         if msg.position < session.position:
-            session.cache.truncate(msg.position)  # the client rewinds (e.g. regenerates a turn)
+            # The client rewinds: it regenerates a turn, or drops draft tokens it did not accept.
+            session.cache.truncate(msg.position)
         commitment = self.signer.consume(session.chain, msg.position, payload, n)
         loop = asyncio.get_running_loop()
         job = Job(
             session=session,
             inputs=inputs,
             position=msg.position,
-            sample=session.end == self.spec.num_layers,
+            sample=last,
             future=loop.create_future(),
             loop=loop,
+            logit_rows=msg.outputs,
         )
         # The session is busy until the worker is done with this job (``SessionTable.settle``),
         # not merely until this handler stops waiting: a retry after a timeout must not put a
         # second job on the same cache, nor a Close release KV the worker still writes into.
         job.on_settled = self.table.settle
         session.job = job
-        if not (n == 1 and self._alone(session.id) and self.worker.run_inline(job)):
+        # A lone decode token, or a lone speculative step (only the tokens it verifies), runs inline.
+        if not (n == msg.outputs and self._alone(session.id) and self.worker.run_inline(job)):
             self.worker.submit(job)
         try:
             # asyncio.timeout wraps no extra task around the future (wait_for would): this is
@@ -340,8 +336,13 @@ class SessionHandler:
         return self._reply(session, msg, n, commitment, result)
 
     def _reply(self, session, msg: Forward, n: int, commitment: bytes, result) -> tuple[ForwardResult, bytes]:
-        """The signed ForwardResult of a step's ``result`` (a token, or hidden states [n, hidden])."""
+        """The signed ForwardResult of a step's ``result`` (a token, a list of tokens for a Forward
+    with ``outputs`` > 1, or hidden states [n, hidden])."""
         position = msg.position + n
+        if isinstance(result, list):  # speculative verification: the token after each of the last positions
+            sig = self.signer.sign(session, msg.position, n, commitment, tokens_bytes(result))
+            return ForwardResult(session_id=session.id, step=msg.step, position=position, tokens=result,
+                                 signature=sig), b""
         if isinstance(result, int):
             sig = self.signer.sign(session, msg.position, n, commitment, token=result)
             return ForwardResult(session_id=session.id, step=msg.step, position=position, token=result,
@@ -357,27 +358,6 @@ class SessionHandler:
         if session_id != self._last_session:
             self._last_session, self._alone_since = session_id, now
         return self.inline_window_s > 0 and now - self._alone_since >= self.inline_window_s
-
-    def _check_inputs(self, session, inputs: torch.Tensor) -> None:
-        if session.start == 0:
-            if inputs.dtype != torch.int64 or inputs.dim() != 1:
-                raise BadRequestError(
-                    f"a span starting at layer 0 takes token ids int64 [n], got {inputs.dtype} {list(inputs.shape)}"
-                )
-            if inputs.numel() and (int(inputs.min()) < 0 or int(inputs.max()) >= self.spec.vocab_size):
-                raise BadRequestError(f"token ids must be in [0, {self.spec.vocab_size})")
-        else:
-            expected = str(inputs.dtype).removeprefix("torch.")
-            if inputs.dim() != 2 or inputs.shape[1] != self.spec.hidden_size:
-                raise BadRequestError(
-                    f"hidden states must be [n, {self.spec.hidden_size}], got {list(inputs.shape)}"
-                )
-            if expected != self.spec.dtype:
-                raise BadRequestError(f"hidden states must be {self.spec.dtype}, got {expected}")
-            if not bool(torch.isfinite(inputs).all()):  # refused here, not passed down the chain
-                raise BadRequestError("hidden states must be finite (they hold NaN or inf)")
-        if inputs.shape[0] == 0:
-            raise BadRequestError("a Forward must carry at least one token")
 
 
 def _error_for(exc: P2PServeError, msg) -> ErrorReply:

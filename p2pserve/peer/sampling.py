@@ -49,3 +49,14 @@ def sample_token(logits: torch.Tensor, params: SamplingParams, position: int) ->
         raise BadRequestError(f"temperature {params.temperature:g} makes the probabilities not finite")
     gen = torch.Generator().manual_seed(position_seed(params.seed, position))
     return int(torch.multinomial(probs, 1, generator=gen))
+
+
+def sample_tokens(logits: torch.Tensor, params: SamplingParams, first_position: int) -> list[int]:
+    """The token after each of several positions, from fp32 logits [m, V]: row i picks the token
+    at absolute position ``first_position + i`` exactly as :func:`sample_token` would there.
+
+    This is how a speculative step is verified (docs/speculative.md): the client accepts its
+    draft tokens while they equal these, so the accepted tokens are the very tokens one-token
+    steps would have produced, greedy or seeded.
+    """
+    return [sample_token(row, params, first_position + i) for i, row in enumerate(logits)]

@@ -28,7 +28,7 @@ from p2pserve.errors import OverloadedError, P2PServeError, RangeMovedError, Req
 from p2pserve.model.shard import Segment, Shard
 from p2pserve.peer.batcher import Pending, TokenThrottle
 from p2pserve.peer.kv_cache import KVBudget
-from p2pserve.peer.sampling import sample_token
+from p2pserve.peer.sampling import sample_token, sample_tokens
 from p2pserve.peer.sessions import Session
 from p2pserve.peer.timing import RecentTimes
 
@@ -51,6 +51,10 @@ class Job:
     # future is still awaited (``SessionTable.settle``: the session may take its next Forward).
     on_settled: Callable[["Job"], None] | None = None
     abandoned: bool = False  # nobody awaits the result any more (the handler timed out): skip it
+    # With ``sample``: how many trailing positions get a next token (``Forward.outputs``); above 1
+    # the result is a list of tokens, and ``logits`` collects their rows [r, V] chunk by chunk.
+    logit_rows: int = 1
+    logits: list = field(default_factory=list)
 
 
 @dataclass
@@ -230,7 +234,7 @@ class ComputeWorker:
         segments = []
         for ch in chunks:
             job: Job = ch.pending.key
-            last = ch.offset + ch.n == ch.pending.total
+            rows = _logit_rows(job, ch.offset, ch.n, ch.pending.total)
             segments.append(
                 Segment(
                     inputs=job.inputs[ch.offset : ch.offset + ch.n],
@@ -238,7 +242,8 @@ class ComputeWorker:
                     start=job.session.start,
                     end=job.session.end,
                     cache=job.session.cache,
-                    want_logits=job.sample and last,
+                    want_logits=rows > 0,
+                    logit_rows=max(rows, 1),
                     rope_end=job.position + ch.pending.total,  # length-dependent rotary: the whole Forward's
                 )
             )
@@ -258,13 +263,13 @@ class ComputeWorker:
         st.tokens += n_tokens
         st.max_batch_tokens = max(st.max_batch_tokens, n_tokens)
         st.max_batch_sessions = max(st.max_batch_sessions, len(chunks))
-        for ch, out in zip(chunks, outputs):
+        for ch, seg, out in zip(chunks, segments, outputs):
             job = ch.pending.key
             if isinstance(out, BaseException):
                 self._waiting.remove(ch.pending)
                 done.append((job, None, out))
                 continue
-            job.outputs.append(out)
+            (job.logits if seg.want_logits and job.logit_rows > 1 else job.outputs).append(out)
             if ch.pending.advance(ch.n):
                 self._waiting.remove(ch.pending)
                 done.append(_finish(job, out, job.position + ch.pending.total))
@@ -302,12 +307,24 @@ class ComputeWorker:
         return outputs
 
 
+def _logit_rows(job: Job, offset: int, n: int, total: int) -> int:
+    """How many of a chunk's rows [offset, offset + n) of a job of ``total`` rows are among the
+    last ``job.logit_rows`` (whose next tokens the job returns); 0 for a job that samples nothing."""
+    if not job.sample:
+        return 0
+    return max(0, min(n, offset + n - (total - job.logit_rows)))
+
+
 def _finish(job: Job, out: torch.Tensor, position: int) -> "Delivery":
     """The result of a job whose last chunk ran: a sampled token for the token at ``position``
-    (the span ends at the last layer) or the hidden states of all its chunks."""
+    (the span ends at the last layer), the ``logit_rows`` tokens up to it, or the hidden states
+    of all its chunks."""
     if not job.sample:
         return job, (job.outputs[0] if len(job.outputs) == 1 else torch.cat(job.outputs)), None
     try:
+        if job.logit_rows > 1:  # logits [logit_rows, V]: the token after each verified position
+            logits = torch.cat([o.reshape(-1, o.shape[-1]) for o in job.logits])
+            return job, sample_tokens(logits, job.session.sampling, position - job.logit_rows + 1), None
         return job, sample_token(out, job.session.sampling, position), None
     except P2PServeError as e:
         job.session.cache.truncate(job.position)

@@ -144,7 +144,11 @@ class FakePeerNetwork:
             position += 1
         if session["end"] == self.num_layers:
             self.sampled.append(len(ids))
-            token = fake_next_token(session["tokens"])
+            history = session["tokens"]
+            if msg.outputs > 1:  # speculative verification: the token after each of the last positions
+                tokens = [fake_next_token(history[:len(history) - msg.outputs + 1 + i]) for i in range(msg.outputs)]
+                return ForwardResult(session_id=msg.session_id, step=msg.step, position=position, tokens=tokens), b""
+            token = fake_next_token(history)
             return ForwardResult(session_id=msg.session_id, step=msg.step, position=position, token=token), b""
         hidden = torch.zeros(len(ids), self.hidden_size)
         hidden[:, 0] = torch.tensor(ids, dtype=torch.float32)
@@ -192,3 +196,29 @@ class FixedRoutes:
     def invalidate(self) -> None:
         """Count the call."""
         self.invalidated += 1
+
+
+class OracleDrafter:
+    """A draft for the fake peers' model (``client/drafts.py``'s ``Drafter``): it proposes what
+    :func:`fake_next_token` will answer, except that every ``wrong_every``-th token it proposes is
+    off by one, so that verification both accepts and rejects."""
+
+    blocking = False
+
+    def __init__(self, wrong_every: int = 4):
+        self.wrong_every = wrong_every
+        self.proposed = 0
+
+    def session(self) -> "OracleDrafter":
+        return self
+
+    def propose(self, context, k: int) -> list[int]:
+        history, out = list(context), []
+        for _ in range(k):
+            token = fake_next_token(history)
+            self.proposed += 1
+            if self.wrong_every and self.proposed % self.wrong_every == 0:
+                token = (token + 1) % 1000
+            out.append(token)
+            history.append(token)
+        return out
