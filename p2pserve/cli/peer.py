@@ -64,6 +64,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="TCP port of the direct path, which clients that reach this host use instead of "
                         "libp2p (lower latency; TLS 1.3 pinned through libp2p); 0 picks a free port")
     p.add_argument("--no-direct", action="store_true", help="serve sessions over libp2p only")
+    p.add_argument("--direct-announce-port", type=int, default=None, metavar="PORT",
+                   help="port that direct offers name instead of --direct-port: a relay or a port forward on the hosts "
+                        "of --announce-maddrs that leads to it (needs a fixed --direct-port); with --announce-maddrs "
+                        "the direct path binds the --host-maddrs hosts")
     a = d.admission
     p.add_argument("--max-sessions-per-owner", type=int, default=a.max_sessions_per_owner,
                    help="sessions one remote peer id may hold here")
@@ -126,6 +130,19 @@ def config_from_args(args: argparse.Namespace) -> PeerConfig:
     )
 
 
+def direct_address_from(args: argparse.Namespace, dcfg):
+    """Where the direct path binds and which port it offers: behind announced addresses (a relay,
+    a NAT's port forward) it binds the libp2p listen hosts, since the announced ones may not be
+    this machine's, and offers ``--direct-announce-port`` if given."""
+    from p2pserve.transport.tcp import DirectAddress, maddr_hosts
+
+    if args.direct_announce_port is not None and (args.no_direct or not args.direct_port):
+        raise ConfigError("--direct-announce-port needs a fixed --direct-port: what listens at the announced "
+                          "port must know where to forward")
+    listen = tuple(maddr_hosts(dcfg.host_maddrs)) if dcfg.announce_maddrs else ()
+    return DirectAddress(listen_hosts=listen, announce_port=args.direct_announce_port)
+
+
 async def serve(config: PeerConfig, args: argparse.Namespace) -> None:
     """Start DHT node and peer (and the control-plane agent), print the ready line, serve until signalled."""
     from p2pserve.cli.common import dht_config, metrics_config, model_name_from_args
@@ -145,13 +162,14 @@ async def serve(config: PeerConfig, args: argparse.Namespace) -> None:
     file = SwarmFile.load(args.config)
     dcfg = dht_config(args, file, model_name_from_args(args, file, spec))
     dcfg = dataclasses.replace(dcfg, num_layers=spec.num_layers)
+    direct_address = direct_address_from(args, dcfg)
     swarm = Swarm.create(dcfg)  # forks the DHT process before weights are loaded
     agent = watch = None
     try:
         fixed = config.start is not None or not config.announce
         with progress.step(f"loading layers {config.start or 0}:{config.end or spec.num_layers}" if fixed
                            else "starting the peer"):
-            peer = await Peer.create(config, swarm.dht)
+            peer = await Peer.create(config, swarm.dht, direct_address)
         if metrics is not None:
             peer.export_metrics(metrics)
         if config.announce:

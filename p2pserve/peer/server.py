@@ -27,7 +27,7 @@ from p2pserve.peer.sessions import SessionTable
 from p2pserve.peer.worker import ComputeWorker
 from p2pserve.protocol import SESSION_PROTOCOL
 from p2pserve.transport.libp2p import Libp2pTransport
-from p2pserve.transport.tcp import DirectListener, maddr_hosts
+from p2pserve.transport.tcp import DirectAddress, DirectListener, maddr_hosts
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +51,9 @@ class Peer:
     metrics_server: MetricsServer | None = None  # the /metrics endpoint, once export_metrics ran
 
     @classmethod
-    async def create(cls, config: PeerConfig, dht) -> "Peer":
-        """Load the fixed range (if any) and serve the session protocol on ``dht``'s libp2p node."""
+    async def create(cls, config: PeerConfig, dht, direct_address: DirectAddress = DirectAddress()) -> "Peer":
+        """Load the fixed range (if any) and serve the session protocol on ``dht``'s libp2p node
+        (and on the direct path, bound and offered as ``direct_address`` says)."""
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         model_path = str(resolve_model(config.model))
@@ -85,9 +86,10 @@ class Peer:
             await peer.load_range(start, end)
         worker.start()
         if config.direct_port is not None:
-            hosts = maddr_hosts([str(m) for m in dht.get_visible_maddrs()])
+            hosts = list(direct_address.listen_hosts) or maddr_hosts([str(m) for m in dht.get_visible_maddrs()])
             if hosts:
-                handler.direct = DirectListener(handler.handle_stream, str(p2p.peer_id), hosts, config.direct_port)
+                handler.direct = DirectListener(handler.handle_stream, str(p2p.peer_id), hosts, config.direct_port,
+                                                announce_port=direct_address.announce_port)
                 await handler.direct.start()
         await peer.transport.serve(SESSION_PROTOCOL, handler.handle_stream)
         peer._stopped = asyncio.Event()

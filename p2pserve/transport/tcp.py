@@ -23,6 +23,10 @@ id it dialled (the pin came over the authenticated stream), the peer knows which
 serves (the token came over it too), and the token and activations are encrypted. There is no
 plaintext mode: an offer without a fingerprint is not taken, and the stream stays on libp2p.
 
+Behind a relay or a port forward (``p2pserve peer --announce-maddrs ... --direct-announce-port``,
+:class:`DirectAddress`), the listener binds the libp2p listen hosts and offers the port that
+clients must dial, while the hosts clients try stay those of the announced libp2p addresses.
+
 Client side: :class:`DirectTransport` wraps the libp2p transport and performs that upgrade on
 every session stream it opens (falling back to the libp2p stream when the peer offers no port or
 none of its addresses answers with the pinned certificate). Peer side: :class:`DirectListener`
@@ -37,9 +41,10 @@ import secrets
 import socket
 import time
 import weakref
+from dataclasses import dataclass
 from typing import Optional, Sequence
 
-from p2pserve.errors import WIRE_ERRORS, P2PServeError
+from p2pserve.errors import WIRE_ERRORS, ConfigError, P2PServeError
 from p2pserve.protocol import (
     SESSION_PROTOCOL,
     AttachDirect,
@@ -72,6 +77,22 @@ def maddr_hosts(maddrs) -> list[str]:
         if parts[2] not in hosts:
             hosts.append(parts[2])
     return hosts
+
+
+@dataclass(frozen=True)
+class DirectAddress:
+    """Where a peer's direct listener binds and which port its offers name, when a relay or a
+    port forward stands in front of it (the defaults: bind the hosts of the node's visible
+    libp2p addresses, offer the bound port)."""
+
+    listen_hosts: tuple[str, ...] = ()  # hosts to bind; empty: the hosts of the visible addresses
+    # The port offered to clients instead of the bound one. They dial it on the hosts of the
+    # peer's announced libp2p addresses, so whatever listens there must lead to the bound port.
+    announce_port: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        if self.announce_port is not None and not 0 < self.announce_port < 65536:
+            raise ConfigError(f"the direct path's announced port must be in [1, 65535], got {self.announce_port}")
 
 
 def set_nodelay(writer: asyncio.StreamWriter) -> None:
@@ -218,15 +239,19 @@ class DirectListener:
     """Accepts direct TLS connections and hands attached ones to ``handler(reader, writer, remote)``.
 
     ``tls`` is the listener's TLS identity; by default a fresh one is made at :meth:`start`.
+    ``announce_port``, if given, is the port offers name instead of the bound one (a relay or a
+    port forward in front of this listener, see :class:`DirectAddress`).
     """
 
     def __init__(self, handler: StreamHandler, peer_id: str, hosts: list[str], port: int = 0,
-                 token_ttl_s: float = 30.0, attach_timeout_s: float = 10.0, tls: Optional[DirectTLS] = None):
+                 token_ttl_s: float = 30.0, attach_timeout_s: float = 10.0, tls: Optional[DirectTLS] = None,
+                 announce_port: Optional[int] = None):
         self.handler = handler
         self.tls = tls
         self.peer_id = peer_id
         self.hosts = hosts
         self.port = port
+        self.announce_port = announce_port
         self.tokens = TokenBook(token_ttl_s)
         self.attach_timeout_s = attach_timeout_s
         self._servers: list[asyncio.base_events.Server] = []
@@ -251,12 +276,13 @@ class DirectListener:
         return self.port
 
     def offer(self, holder: str = "") -> DirectOffer:
-        """Answer to ``OpenDirect`` from ``holder`` (its peer id): the port, a fresh one-time token
-        (the connection that redeems it is served as ``holder``'s) and the certificate's pin.
-        Port 0 (no direct path) until the listener has started."""
+        """Answer to ``OpenDirect`` from ``holder`` (its peer id): the port (the announced one, if
+        set), a fresh one-time token (the connection that redeems it is served as ``holder``'s)
+        and the certificate's pin. Port 0 (no direct path) until the listener has started."""
         if self.tls is None or not self._servers:
             return DirectOffer(port=0)
-        return DirectOffer(port=self.port, token=self.tokens.issue(holder), tls_sha256=self.tls.fingerprint)
+        return DirectOffer(port=self.announce_port or self.port, token=self.tokens.issue(holder),
+                           tls_sha256=self.tls.fingerprint)
 
     async def stop(self) -> None:
         """Stop accepting (attached connections end with their clients)."""

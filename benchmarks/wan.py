@@ -1,0 +1,172 @@
+"""Across a slow network: decode through 3 peers with a real one-way delay on every link.
+
+Every peer runs behind its own delay relay (``p2pserve/testing/delay_relay.py``, started by
+``p2pserve/testing/wan.py``) and announces only the relay's addresses, so every link, client to
+peer and peer to peer, carries the relay's one-way delay in each direction and its rate. For
+each delay (default 5, 25 and 50 ms) the benchmark starts 3 fresh peers holding a third of the
+model each, and a client drives greedy decoding hop by hop (client-driven: each token costs one
+client -> peer -> client round trip per hop). Against a loopback baseline (the same 3 peers, no
+relay) measured in the same run, it reports:
+
+* ``client_ms_per_token``: median time between decode tokens; ``client_tokens_per_s``: tokens
+  over the whole request (prefill included, connection set-up not);
+* ``ratio_vs_loopback`` of both, and ``network_floor_ms``: the round trips alone
+  (hops x 2 x delay), the least any client-driven step can cost at that delay;
+* ``identical``: the greedy tokens equal the loopback run's.
+
+Slots other work fills in (``null`` until then): ``push_vs_client_ms_per_token`` (peer-to-peer
+forwarding's ms/token over client-driven's, at the same delay) and ``speculative_speedup``
+(tokens/s with prompt-lookup drafting over without, on a copying workload).
+
+Usage: PYTHONPATH=. python benchmarks/wan.py [--model default] [--delays 5,25,50] [--tokens 32]
+       [--rate-mbps 100] [--repeats 2] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Optional
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from p2pserve.client.generation import Generation  # noqa: E402
+from p2pserve.client.model_info import LocalModelInfo  # noqa: E402
+from p2pserve.client.node import client_transport  # noqa: E402
+from p2pserve.client.params import GenerationParams  # noqa: E402
+from p2pserve.client.pipeline import open_chain  # noqa: E402
+from p2pserve.config import ClientConfig  # noqa: E402
+from p2pserve.launch import start_peers  # noqa: E402
+from p2pserve.model.default import resolve_model  # noqa: E402
+from p2pserve.testing.wan import start_relayed_peers, stop_relayed_peers  # noqa: E402
+
+PROMPT = "Explain in a few sentences why splitting a model across machines on the internet makes it slower."
+CONFIG = ClientConfig(hop_timeout_s=60.0)
+
+
+def thirds(num_layers: int) -> list[tuple[int, int]]:
+    """Three contiguous ranges covering [0, num_layers)."""
+    cut = [round(i * num_layers / 3) for i in range(4)]
+    return [(cut[i], cut[i + 1]) for i in range(3)]
+
+
+async def client_run(model: LocalModelInfo, hops, prompt_ids: list[int], tokens: int) -> dict:
+    """One greedy request through ``hops``: token times after the pipeline is open."""
+    params = GenerationParams(max_new_tokens=tokens, ignore_eos=True)
+    transport = await client_transport(CONFIG)
+    try:
+        pipeline = await open_chain(transport, hops, model.spec.model_id, model.spec.num_layers,
+                                    len(prompt_ids) + tokens + 8, params.validate(), CONFIG)
+        try:
+            t0 = time.perf_counter()
+            stamps = []
+            gen = Generation(pipeline, prompt_ids, params, model.eos_ids)
+            async for _ in gen:
+                stamps.append(time.perf_counter())
+            total = stamps[-1] - t0
+        finally:
+            await pipeline.close()
+    finally:
+        await transport.close()
+    gaps = [b - a for a, b in zip(stamps, stamps[1:])]
+    return dict(tokens=gen.result.tokens, ms_per_token=1e3 * statistics.median(gaps),
+                tokens_per_s=len(gen.result.tokens) / total, first_token_ms=1e3 * (stamps[0] - t0))
+
+
+def best_of(model, hops, prompt_ids, tokens: int, repeats: int) -> dict:
+    """A warm-up request, then the fastest of ``repeats`` (a busy host only slows a run down)."""
+    asyncio.run(client_run(model, hops, prompt_ids, 4))
+    runs = [asyncio.run(client_run(model, hops, prompt_ids, tokens)) for _ in range(repeats)]
+    best = min(runs, key=lambda r: r["ms_per_token"])
+    best["identical_across_repeats"] = all(r["tokens"] == runs[0]["tokens"] for r in runs)
+    return best
+
+
+def measure_push(model, hops, prompt_ids, tokens: int) -> Optional[float]:
+    """SLOT (peer-to-peer push forwarding): its ms/token over client-driven's at this delay.
+    ``None`` until push forwarding exists."""
+    return None
+
+
+def measure_speculative(model, hops, tokens: int) -> Optional[dict]:
+    """SLOT (speculative decoding): tokens/s with prompt-lookup drafting over without on a
+    copying workload, with ``identical``. ``None`` until speculative decoding exists."""
+    return None
+
+
+def loopback(model_path: str, model, ranges, prompt_ids, args) -> dict:
+    """The baseline: the same 3 peers on loopback, no relay."""
+    peers = start_peers(model_path, ranges)
+    try:
+        return best_of(model, [p.hop() for p in peers], prompt_ids, args.tokens, args.repeats)
+    finally:
+        for p in peers:
+            p.stop()
+
+
+def at_delay(model_path: str, model, ranges, prompt_ids, delay_ms: float, base: dict, args, workdir: Path) -> dict:
+    """Fresh relayed peers at ``delay_ms``; the client-driven figures and their ratios to ``base``."""
+    peers = start_relayed_peers(model_path, ranges, delay_ms=delay_ms, rate_mbps=args.rate_mbps, workdir=workdir)
+    try:
+        hops = [rp.peer.hop() for rp in peers]
+        run = best_of(model, hops, prompt_ids, args.tokens, args.repeats)
+        return dict(
+            delay_ms=delay_ms,
+            client_ms_per_token=round(run["ms_per_token"], 2),
+            client_tokens_per_s=round(run["tokens_per_s"], 2),
+            client_first_token_ms=round(run["first_token_ms"], 1),
+            ratio_vs_loopback=dict(ms_per_token=round(run["ms_per_token"] / base["ms_per_token"], 2),
+                                   tokens_per_s=round(run["tokens_per_s"] / base["tokens_per_s"], 3)),
+            network_floor_ms=len(hops) * 2 * delay_ms,
+            identical=run["tokens"] == base["tokens"] and run["identical_across_repeats"],
+            push_vs_client_ms_per_token=measure_push(model, hops, prompt_ids, args.tokens),
+            speculative_speedup=measure_speculative(model, hops, args.tokens),
+            relay_bytes=[sum(rp.bytes_relayed(0)) + sum(rp.bytes_relayed(1)) for rp in peers],
+        )
+    finally:
+        stop_relayed_peers(peers)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="default", help="checkpoint folder, or 'default' (SmolLM2-135M-Instruct)")
+    ap.add_argument("--delays", default="5,25,50", help="one-way delays in ms, comma-separated")
+    ap.add_argument("--tokens", type=int, default=32, help="greedy tokens per request")
+    ap.add_argument("--rate-mbps", type=float, default=100.0, help="each relay direction's rate (0: unlimited)")
+    ap.add_argument("--repeats", type=int, default=2, help="measured requests per setting (the fastest counts)")
+    ap.add_argument("--json", default=None, metavar="PATH", help="write the results here")
+    args = ap.parse_args()
+    model_path = str(resolve_model(args.model))
+    model = LocalModelInfo.load(model_path)
+    ranges = thirds(model.spec.num_layers)
+    prompt_ids = model.chat_ids([{"role": "user", "content": PROMPT}])
+    base = loopback(model_path, model, ranges, prompt_ids, args)
+    result = dict(model=model.spec.model_id, peers=ranges, tokens=args.tokens, prompt_tokens=len(prompt_ids),
+                  rate_mbps=args.rate_mbps, mode="client-driven",
+                  loopback=dict(client_ms_per_token=round(base["ms_per_token"], 2),
+                                client_tokens_per_s=round(base["tokens_per_s"], 2)),
+                  delays={})
+    print(f"loopback: {base['ms_per_token']:.1f} ms/token, {base['tokens_per_s']:.2f} tokens/s", flush=True)
+    with tempfile.TemporaryDirectory(prefix="p2pserve-wan-") as workdir:
+        for delay in (float(d) for d in args.delays.split(",")):
+            row = at_delay(model_path, model, ranges, prompt_ids, delay, base, args, Path(workdir))
+            result["delays"][f"{delay:g}"] = row
+            print(f"{delay:g} ms one-way: {row['client_ms_per_token']:.1f} ms/token "
+                  f"({row['ratio_vs_loopback']['ms_per_token']:.1f}x loopback; round trips alone "
+                  f"{row['network_floor_ms']:.0f} ms), {row['client_tokens_per_s']:.2f} tokens/s "
+                  f"({row['ratio_vs_loopback']['tokens_per_s']:.3f}x), identical={row['identical']}", flush=True)
+    text = json.dumps(result, indent=2)
+    print(text)
+    if args.json:
+        Path(args.json).write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
