@@ -14,9 +14,11 @@ relay) measured in the same run, it reports:
   (hops x 2 x delay), the least any client-driven step can cost at that delay;
 * ``identical``: the greedy tokens equal the loopback run's.
 
-Slots other work fills in (``null`` until then): ``push_vs_client_ms_per_token`` (peer-to-peer
-forwarding's ms/token over client-driven's, at the same delay) and ``speculative_speedup``
-(tokens/s with prompt-lookup drafting over without, on a copying workload).
+``speculative_speedup``: tokens/s with prompt-lookup drafting over plain decoding on a copying
+workload (a code edit returning the code; ``benchmarks/speculative.py``'s ``measure``) over the
+same relayed hops, with ``identical`` and the draft's acceptance. A slot other work fills in
+(``null`` until then): ``push_vs_client_ms_per_token`` (peer-to-peer forwarding's ms/token over
+client-driven's, at the same delay).
 
 Usage: PYTHONPATH=. python benchmarks/wan.py [--model default] [--delays 5,25,50] [--tokens 32]
        [--rate-mbps 100] [--repeats 2] [--json PATH]
@@ -94,10 +96,15 @@ def measure_push(model, hops, prompt_ids, tokens: int) -> Optional[float]:
     return None
 
 
-def measure_speculative(model, hops, tokens: int) -> Optional[dict]:
-    """SLOT (speculative decoding): tokens/s with prompt-lookup drafting over without on a
-    copying workload, with ``identical``. ``None`` until speculative decoding exists."""
-    return None
+def measure_speculative(model, hops, tokens: int, rounds: int = 2) -> Optional[dict]:
+    """Speculative decoding (``benchmarks/speculative.py``): tokens/s with prompt-lookup drafting
+    over plain one-token steps on a copying workload (a code edit that returns the code), over
+    the same relayed hops, alternating in ``rounds``; with ``identical`` and the acceptance."""
+    from speculative import PROMPT as COPY_PROMPT, measure  # benchmarks/ is sys.path[0] when run
+
+    ids = model.chat_ids([{"role": "user", "content": COPY_PROMPT}])
+    res = measure(model, hops, ids, tokens=max(tokens, 64), rounds=rounds)
+    return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in res.items()}
 
 
 def loopback(model_path: str, model, ranges, prompt_ids, args) -> dict:
@@ -116,6 +123,7 @@ def at_delay(model_path: str, model, ranges, prompt_ids, delay_ms: float, base: 
     try:
         hops = [rp.peer.hop() for rp in peers]
         run = best_of(model, hops, prompt_ids, args.tokens, args.repeats)
+        spec = None if args.no_speculative else measure_speculative(model, hops, args.tokens)
         return dict(
             delay_ms=delay_ms,
             client_ms_per_token=round(run["ms_per_token"], 2),
@@ -126,7 +134,8 @@ def at_delay(model_path: str, model, ranges, prompt_ids, delay_ms: float, base: 
             network_floor_ms=len(hops) * 2 * delay_ms,
             identical=run["tokens"] == base["tokens"] and run["identical_across_repeats"],
             push_vs_client_ms_per_token=measure_push(model, hops, prompt_ids, args.tokens),
-            speculative_speedup=measure_speculative(model, hops, args.tokens),
+            speculative_speedup=spec["speculative_speedup"] if spec else None,
+            speculative=spec,
             relay_bytes=[sum(rp.bytes_relayed(0)) + sum(rp.bytes_relayed(1)) for rp in peers],
         )
     finally:
@@ -140,6 +149,7 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=32, help="greedy tokens per request")
     ap.add_argument("--rate-mbps", type=float, default=100.0, help="each relay direction's rate (0: unlimited)")
     ap.add_argument("--repeats", type=int, default=2, help="measured requests per setting (the fastest counts)")
+    ap.add_argument("--no-speculative", action="store_true", help="skip the speculative decoding measurement")
     ap.add_argument("--json", default=None, metavar="PATH", help="write the results here")
     args = ap.parse_args()
     model_path = str(resolve_model(args.model))
@@ -161,6 +171,11 @@ def main() -> int:
                   f"({row['ratio_vs_loopback']['ms_per_token']:.1f}x loopback; round trips alone "
                   f"{row['network_floor_ms']:.0f} ms), {row['client_tokens_per_s']:.2f} tokens/s "
                   f"({row['ratio_vs_loopback']['tokens_per_s']:.3f}x), identical={row['identical']}", flush=True)
+            if row["speculative"]:
+                sp = row["speculative"]
+                print(f"  prompt-lookup speculation: {sp['speculative_speedup']:.2f}x tokens/s "
+                      f"({sp['plain_tokens_per_s']:.2f} -> {sp['speculative_tokens_per_s']:.2f}), acceptance "
+                      f"{sp['acceptance']:.2f}, identical={sp['identical']}", flush=True)
     text = json.dumps(result, indent=2)
     print(text)
     if args.json:
