@@ -23,7 +23,7 @@ import sys
 
 from p2pserve.config import AdmissionConfig, BatchingConfig, PeerConfig
 from p2pserve.errors import ConfigError, P2PServeError
-from p2pserve.model.quant import check_quant
+from p2pserve.model.quant import require_backend
 from p2pserve.protocol import FrameLimits
 
 
@@ -109,7 +109,7 @@ def config_from_args(args: argparse.Namespace) -> PeerConfig:
         end=end,
         device=device,
         dtype=args.dtype,
-        quant=check_quant(args.quant),
+        quant=require_backend(args.quant),
         num_threads=args.num_threads,
         kv_budget_token_layers=args.kv_token_layers,
         kv_memory_bytes=int(args.kv_memory_gb * 1024**3),

@@ -20,30 +20,39 @@ a route never mixes quantizations.
 
 from __future__ import annotations
 
-import importlib.util
-import re
+import importlib
 from typing import Optional
 
 from p2pserve.errors import ConfigError
 
 # scheme -> the module it needs (what `pip install 'p2pserve[quant]'` brings)
 SCHEMES: dict[str, str] = {"int8": "torchao", "int4": "torchao", "nf4": "bitsandbytes"}
-QUANT_RE = re.compile(r"[a-z0-9_]{1,16}")  # what a quantization name may look like on the wire
 INT4_GROUP = 32  # int4 weights share one scale per 32 input columns
 NF4_BLOCK = 64  # bitsandbytes' default NF4 block size
 
 
 def check_quant(quant: Optional[str]) -> Optional[str]:
-    """The scheme ``--quant`` names (None for none/""), or a :class:`ConfigError` saying why it
-    cannot run here: an unknown name, or the ``quant`` extra not installed."""
+    """The scheme ``--quant`` names (None for none/""), or a :class:`ConfigError` for an unknown
+    name. A client asking for a scheme needs no library: only the peers compute."""
     if quant in (None, "", "none"):
         return None
     if quant not in SCHEMES:
         raise ConfigError(f"--quant {quant!r} is not a scheme; use one of none, {', '.join(SCHEMES)}")
+    return quant
+
+
+def require_backend(quant: Optional[str]) -> Optional[str]:
+    """``check_quant``, and for a scheme, a :class:`ConfigError` unless its library imports here
+    (the optional ``quant`` extra): a peer refuses ``--quant`` before it loads anything."""
+    quant = check_quant(quant)
+    if quant is None:
+        return None
     module = SCHEMES[quant]
-    if importlib.util.find_spec(module) is None:
-        raise ConfigError(f"--quant {quant} needs {module}, which is not installed: "
-                          f"pip install 'p2pserve[quant]'")
+    try:
+        importlib.import_module(module)
+    except ImportError as e:
+        raise ConfigError(f"--quant {quant} needs {module}, which does not import here ({e}): "
+                          f"pip install 'p2pserve[quant]'") from None
     return quant
 
 
@@ -60,7 +69,7 @@ def quantize_layers(layers, quant: Optional[str]) -> None:
     transformers model's decoder ``ModuleList``) by ``quant``'s weight-only form. The layers must
     already sit on their device; compute stays in the weights' original dtype. ``quant=None``
     leaves them as they are."""
-    quant = check_quant(quant)
+    quant = require_backend(quant)
     if quant is None:
         return
     if quant == "nf4":
