@@ -29,6 +29,10 @@ from p2pserve.errors import ConfigError
 SCHEMES: dict[str, str] = {"int8": "torchao", "int4": "torchao", "nf4": "bitsandbytes"}
 INT4_GROUP = 32  # int4 weights share one scale per 32 input columns
 NF4_BLOCK = 64  # bitsandbytes' default NF4 block size
+# Bytes per weight of a quantized projection, scales included, as measured on SmolLM2's layers
+# (benchmarks/quantization.py): what a peer's layer budget counts. int4 on an x86 CPU is stored
+# one value per int8 (torchao's packed int4 layouts need CUDA or ARM).
+BYTES_PER_WEIGHT: dict[str, float] = {"int8": 1.01, "int4": 1.16, "nf4": 0.52}
 
 
 def check_quant(quant: Optional[str]) -> Optional[str]:

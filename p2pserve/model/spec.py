@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from p2pserve.errors import UnknownModelError, UnsupportedModelError
-from p2pserve.model.quant import check_quant, with_quant
+from p2pserve.model.quant import BYTES_PER_WEIGHT, check_quant, with_quant
 
 # model_type -> (transformers module, class-name prefix). These families share the Llama
 # decoder layout (pre-norm, RoPE, GQA, gated MLP); Qwen2 adds q/k/v biases, Qwen3 per-head q/k
@@ -82,8 +82,9 @@ class ModelSpec:
 
     @property
     def layer_bytes(self) -> int:
-        """Bytes one decoder layer's weights take in the compute dtype."""
-        return self.layer_param_count * self.dtype_bytes
+        """Bytes one decoder layer's weights take: in the compute dtype, or quantized (``quant``)."""
+        per_weight = BYTES_PER_WEIGHT[self.quant] if self.quant else self.dtype_bytes
+        return int(self.layer_param_count * per_weight)
 
 
 def _config_path(model_path: str | os.PathLike) -> Path:

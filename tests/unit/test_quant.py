@@ -43,6 +43,7 @@ def test_name_suffix_is_part_of_every_naming_step(model_dir):
     assert int8.model_id == full.model_id + "@int8" and int8.quant == "int8" and full.quant is None
     assert swarm_model_name(path, quant="int8") == int8.model_id == swarm_model_name(path, spec=int8)
     assert swarm_model_name(path) == full.model_id  # another model: the two never meet
+    assert int8.layer_bytes < full.layer_bytes / 3  # a peer's layer budget counts quantized bytes
 
 
 def parse(*argv: str):
