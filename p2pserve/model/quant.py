@@ -8,9 +8,9 @@ that measured best for it on CPU (``docs/quantization.md`` has the side-by-side 
 * ``int8``: torchao ``Int8WeightOnlyConfig`` (per-channel symmetric int8; fastest int8 kernel of
   torchao, bitsandbytes, optimum-quanto and HQQ on this CPU);
 * ``int4``: torchao ``IntxWeightOnlyConfig(torch.int4, PerGroup(32))`` (torchao's packed int4
-  layouts need CUDA or an extra kernel package; this one runs everywhere);
-* ``nf4``: bitsandbytes ``Linear4bit(quant_type="nf4")`` (torchao's NF4 tensor runs on CPU but
-  ~40x slower per matmul).
+  layouts need CUDA or ARM; this one runs everywhere, but on x86 stores each value in an int8);
+* ``nf4``: bitsandbytes ``Linear4bit(quant_type="nf4")`` (torchao's NF4 tensor runs on CPU at
+  13x its time per token).
 
 Both libraries come with the optional ``quant`` extra (``pip install 'p2pserve[quant]'``); without
 it ``--quant`` is refused with a :class:`ConfigError` before anything loads. The scheme is part of
