@@ -10,6 +10,8 @@ flipped in these tests.
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -18,6 +20,7 @@ from p2pserve.client.generation import Generation
 from p2pserve.client.model_info import LocalModelInfo
 from p2pserve.client.params import GenerationParams
 from p2pserve.model.tiny import build_tiny_model
+from p2pserve.launch import Child, PeerProcess
 from tests.harness import client_node, reference_generate, run_chain, start_peers
 from tests.integration.processes import wait_until
 from tests.integration.test_failover import CONFIG, pipeline_over
@@ -62,9 +65,11 @@ def test_tp2_and_tp1_peers_in_one_route_match_generate(model_dir):
 def test_tp4_tp2_tp1_route_matches_generate(tmp_path):
     # 4 KV heads so that TP 4 splits them; one route crosses groups of 4, 2 and 1
     path = str(build_tiny_model("llama", tmp_path / "llama-kv4", seed=0, num_key_value_heads=4))
-    tp4, tp2, tp1 = (start_peers(path, [r], *x)[0] for r, x in
-                     (((0, 3), ("--tp", "4")), ((3, 6), ("--tp", "2")), ((6, 8), ())))
+    tp4, tp2, tp1 = peers = [PeerProcess.launch(path, r, *x) for r, x in
+                             (((0, 3), ("--tp", "4")), ((3, 6), ("--tp", "2")), ((6, 8), ()))]
     try:
+        for p in peers:
+            p.wait_ready(240)
         model = LocalModelInfo.load(path)
         ids = prompt(path, "One route, three kinds of peer.")
         ref = reference_generate(path, ids, GREEDY.max_new_tokens)
@@ -97,9 +102,6 @@ def test_killed_member_takes_the_group_down_and_the_client_fails_over(model_dir)
 
 async def _generate_killing(path, peers, ids, tp_peer_id: str, child: int, after: int = 5):
     """Greedy generation whose route starts at the TP peer; SIGKILL its child rank after ``after`` tokens."""
-    import os
-    import signal
-
     model = LocalModelInfo.load(path)
     for seed in range(20):  # a route provider that starts on the TP peer
         async with client_node(CONFIG) as transport:
@@ -118,3 +120,49 @@ async def _generate_killing(path, peers, ids, tp_peer_id: str, child: int, after
             finally:
                 await pipeline.close()
     raise AssertionError("no route started at the TP peer")
+
+
+TIMING = dict(peer_refresh=0.5, candidate_refresh=0.5, plan_refresh=2.0, link_refresh=2.0, max_clock_skew=2.0)
+
+
+def test_group_announces_one_record_and_withdraws_when_a_member_dies(model_dir, tmp_path):
+    from p2pserve.cli.common import write_local_swarm_file
+    from p2pserve.config import DHTConfig
+    from p2pserve.dht.swarm import Swarm
+    from p2pserve.model.default import cache_dir
+
+    path = model_dir("llama")
+    spec = LocalModelInfo.load(path).spec
+    boot_file = tmp_path / "boot.maddrs"
+    boot_proc = Child.spawn("boot", ["bootstrap", "--host-maddrs", "/ip4/127.0.0.1/tcp/0",
+                                     "--maddrs-file", str(boot_file)])
+    peer = observer = None
+    try:
+        wait_until(boot_file.exists, "bootstrap")
+        boot = boot_file.read_text().split()
+        cfg = tmp_path / "swarm.json"
+        write_local_swarm_file(cfg, spec, boot, "tp-swarm", "/ip4/127.0.0.1/tcp/0", TIMING, 0.5)
+        peer = PeerProcess.launch(path, (0, 4), "--config", str(cfg), "--tp", "2", "--max-layers", "4",
+                                  "--profile-batch", "4").wait_ready(240)
+        observer = Swarm.create(DHTConfig(model=spec.model_id, swarm_id="tp-swarm", initial_peers=tuple(boot),
+                                          host_maddrs=("/ip4/127.0.0.1/tcp/0",), client_mode=True, **TIMING))
+
+        def records():
+            return {pid: s.record for pid, s in asyncio.run(observer.get_peers()).items()}
+
+        info = wait_until(lambda: records().get(peer.peer_id), "the group's record", timeout=60)
+        assert tuple(info.serving) == (0, 4) and info.state == "serving"
+        assert len(info.throughput_decode) == 4 and min(info.throughput_decode) > 0
+        assert list((cache_dir() / "profiles").glob(f"cpu-tp2-*{spec.dtype}-4-b4.json"))  # timed on the group
+        assert len(records()) == 1  # one logical node, not one per rank
+        (child,) = rank_children(peer.proc.pid)
+        os.kill(child, signal.SIGKILL)
+        wait_until(lambda: not peer.alive, "the group's rank 0 exits", timeout=60)
+        assert peer.proc.returncode not in (0, None) and "tensor-parallel group failed" in peer.output()
+        wait_until(lambda: peer.peer_id not in records(), "the record is gone", timeout=30)
+    finally:
+        if observer is not None:
+            observer.shutdown()
+        for p in (peer, boot_proc):
+            if p is not None:
+                p.stop()
