@@ -61,6 +61,22 @@ def test_device_flags():
         tp_devices("cuda:0", (0, 1), 4)
 
 
+def test_peer_flags_build_the_tp_config():
+    import argparse
+
+    from p2pserve.cli.peer import add_arguments, config_from_args, tp_from_args
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--device", "cpu", "--tp", "2", "--num-threads", "1"])
+    tp = tp_from_args(args, config_from_args(args))
+    assert tp == TPConfig(devices=("cpu", "cpu"), num_threads=1) and tp.world == 2
+    args = parser.parse_args([])
+    assert tp_from_args(args, config_from_args(args)) is None
+    with pytest.raises(ConfigError):  # --tp on CUDA must name its devices
+        tp_from_args(parser.parse_args(["--tp", "2"]), dataclasses.replace(config_from_args(args), device="cuda:0"))
+
+
 def _caches(spec, n, kv_heads):
     return [SequenceCache(0, spec.num_layers, kv_heads, spec.head_dim, 64, torch.float32) for _ in range(n)]
 
