@@ -166,3 +166,22 @@ def test_group_announces_one_record_and_withdraws_when_a_member_dies(model_dir, 
         for p in (peer, boot_proc):
             if p is not None:
                 p.stop()
+
+
+def test_ranks_exit_when_rank_0_dies(model_dir):
+    tp2, = start_peers(model_dir("llama"), [(0, 8)], "--tp", "2")
+    try:
+        (child,) = rank_children(tp2.proc.pid)
+        os.kill(tp2.proc.pid, signal.SIGKILL)  # rank 0 alone, not its process group
+        tp2.proc.wait(10)
+        wait_until(lambda: not Path(f"/proc/{child}").exists() or b"zombie" in _status(child),
+                   "the child rank exits with its parent", timeout=30)
+    finally:
+        tp2.stop()
+
+
+def _status(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/status").read_bytes().lower()
+    except FileNotFoundError:
+        return b"zombie"
