@@ -83,8 +83,8 @@ def _caches(spec, n, kv_heads):
 
 @pytest.mark.parametrize("family", ["llama", "qwen3", "mistral", "phi3.5"])
 def test_tp2_group_matches_the_unsplit_shard(model_dir, tmp_path, family):
-    # (qwen2's q/k/v biases: the slicing test above) qwen3: per-head q/k norms; mistral: a 24-token window the prompts pass;
-    # phi3.5 (shaped like the real checkpoint): fused qkv and gate_up, longrope
+    # qwen3: per-head q/k norms; mistral: a 24-token window the prompts pass; phi3.5 (shaped like
+    # the real checkpoint): fused qkv and gate_up, longrope. (Qwen2's q/k/v biases: the slicing test.)
     if family == "phi3.5":
         from p2pserve.model.tiny_families import build_family_model
 
