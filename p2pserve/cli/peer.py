@@ -60,10 +60,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "id; the rule every role shares: p2pserve/model/identity.py)")
     p.add_argument("--num-threads", type=int, default=None, help="torch intra-op threads")
     p.add_argument("--max-layers", type=int, default=None, help="most layers this peer may hold (default: from --weights-memory-gb)")
-    p.add_argument("--weights-memory-gb", type=float, default=d.weights_memory_bytes / 1024**3, help="memory for weights")
+    p.add_argument("--weights-memory-gb", type=float, default=d.weights_memory_bytes / 1024**3, help="memory for weights (a tensor-parallel group's total)")
     p.add_argument("--profile-batch", type=int, default=d.profile_batch,
                    help="concurrent sessions the announced decode throughput T[j] assumes")
-    p.add_argument("--kv-memory-gb", type=float, default=d.kv_memory_bytes / 1024**3, help="memory for the KV cache")
+    p.add_argument("--kv-memory-gb", type=float, default=d.kv_memory_bytes / 1024**3, help="memory for the KV cache (a tensor-parallel group's total)")
     p.add_argument("--kv-token-layers", type=int, default=None, help="KV budget in token-layer slots (overrides --kv-memory-gb)")
     p.add_argument("--session-idle-timeout", type=float, default=d.session_idle_timeout_s, help="seconds before an idle session is freed")
     p.add_argument("--max-payload-mb", type=float, default=d.frame_limits.max_payload_bytes / 1024**2, help="largest accepted frame payload")

@@ -9,6 +9,7 @@ The result is cached per (device, model, dtype) so a restart does not re-profile
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -91,15 +92,16 @@ def load_or_measure(model_path: str, spec: ModelSpec, device: str, max_layers: i
     stream (Helix profiles nodes the same way). ``tp`` (a ``TPGroup``) times the group instead.
     """
     name = torch.cuda.get_device_name(device) if device.startswith("cuda") else "cpu"
-    extra = {}
-    if tp is not None:
+    extra, label = {}, device
+    if tp is not None:  # announced as the group's device: "cpu x2", "cuda:0 x4"
+        label = f"{device} x{tp.config.world}"
         name = f"{name}-tp{tp.config.world}"
         extra = dict(load=tp.load, kv_heads=spec.num_kv_heads // tp.config.world)
     key = f"{name}-{spec.model_id}-{spec.dtype}-{max_layers}-b{decode_batch}".replace("/", "_").replace(" ", "_")
     path = cache_dir() / "profiles" / f"{key}.json"
     if path.is_file():
         try:
-            return Profile(**json.loads(path.read_text()))
+            return dataclasses.replace(Profile(**json.loads(path.read_text())), device=label)
         except (TypeError, ValueError):
             log.warning("ignoring unreadable profile cache %s", path)
     t = time.perf_counter()
@@ -108,4 +110,4 @@ def load_or_measure(model_path: str, spec: ModelSpec, device: str, max_layers: i
              profile.decode[0], max_layers, profile.decode[-1])
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(asdict(profile)))
-    return profile
+    return dataclasses.replace(profile, device=label)
