@@ -4,6 +4,7 @@ over gloo) against the unsplit shard on the same tiny model."""
 from __future__ import annotations
 
 import dataclasses
+import weakref
 
 import pytest
 import torch
@@ -118,7 +119,26 @@ def test_tp2_group_matches_the_unsplit_shard(model_dir, tmp_path, family):
         torch.testing.assert_close(again[0], got[0], rtol=1e-5, atol=1e-5)
         with pytest.raises(BadRequestError):  # refused before the step reaches the child
             run(tp, tp_caches[:1], [nxt[0]], [positions[0] + 3])
+        if family == "llama":
+            old = weakref.ref(tp)
+            del tp  # the peer moves on: nothing holds the first shard any more
+            _load_another_range(group, path, spec, old)
         assert group.comm.failed is None and all(c.poll() is None for c in group.children)
     finally:
         group.stop()
     assert all(c.returncode == 0 for c in group.children)
+
+
+def _load_another_range(group, path, spec, old) -> None:
+    """A plan moves the peer: a second range loads on every rank, the first is dropped once
+    collected, and the new one computes hidden states [n, H] equal to the unsplit shard's."""
+    import gc
+
+    new = group.load(path, spec, 0, 4)
+    gc.collect()
+    assert old() is None  # collected: its id goes to the child with the next message (or ping)
+    ids = torch.arange(3, 13)
+    ref = Shard.load(path, spec, 0, 4).forward_batch([Segment(ids, 0, 0, 4, _caches(spec, 1, spec.num_kv_heads)[0])])
+    got = new.forward_batch([Segment(ids, 0, 0, 4, _caches(spec, 1, spec.num_kv_heads // 2)[0])])
+    assert not group.comm.dropped_shards  # sent
+    torch.testing.assert_close(got[0], ref[0], rtol=1e-4, atol=1e-5)
