@@ -198,6 +198,8 @@ async def serve(config: PeerConfig, args: argparse.Namespace, tp=None) -> None:
         stop = asyncio.Event()
         if peer.tp is not None:  # a dead rank takes the group down: withdraw, exit non-zero
             peer.tp.on_failure = lambda reason: loop.call_soon_threadsafe(stop.set)
+            if peer.tp.comm.failed:  # failed before the callback was set
+                stop.set()
         if metrics is not None:
             peer.export_metrics(metrics)
         if config.announce:
