@@ -6,7 +6,11 @@ heads, :func:`machine_groupings`). For a choice of grouping per machine, the exi
 (:func:`~p2pserve.placement.planner.plan_for_topology`) places layers on the resulting nodes
 and scores the placement by its decode-throughput estimate; :func:`plan_grouping` searches the
 groupings by coordinate ascent (one machine at a time, every alternative, keep the best),
-starting from the best *uniform* choice (one TP degree for every machine). Every planner call
+starting from the best *uniform* choice (one TP degree for every machine). The score of a
+choice is pluggable (``score(topology, solution)``): by default the planner's own decode
+estimate; a caller that may run the simulator (``p2pserve.sim.tp_groups.sim_score``) passes
+that instead -- the estimate's constants were fitted to single-GPU Helix nodes and misjudge
+large TP groups (docs/hexgen.md gives the figures). Every planner call
 runs on a fixed evaluation budget (``PlannerConfig.work``), so the same inputs and seed give
 the same grouping and placement on any machine. Machines with one GPU have one grouping and
 are left to the planner as they are. Pure.
@@ -127,13 +131,22 @@ def plan_choice(cluster: MachineCluster, choice: Sequence[Grouping], config: Gro
     return groups, topo, plan_for_topology(topo, cfg)
 
 
-def _score(cluster: MachineCluster, choice: tuple[Grouping, ...], config: GroupingConfig) -> float:
-    """Estimated decode tokens/s of the planner's placement on ``choice`` (-1 if infeasible)."""
+#: Scores a grouping by the planner's placement on it: ``score(topology, solution)``, higher is better.
+Score = Callable[[Topology, Solution], float]
+
+
+def estimate_score(topo: Topology, solution: Solution) -> float:
+    """The planner's decode-throughput estimate of its placement (the default score)."""
+    return solution.estimate.decode_tokens_per_s
+
+
+def _score(cluster: MachineCluster, choice: tuple[Grouping, ...], config: GroupingConfig, score: Score) -> float:
+    """``score`` of the planner's placement on ``choice`` (-1 if no placement exists)."""
     try:
-        _, _, sol = plan_choice(cluster, choice, config, config.eval_work)
+        _, topo, sol = plan_choice(cluster, choice, config, config.eval_work)
     except PlanningError:  # InsufficientMemoryError included: the grouping cannot hold a copy
         return -1.0
-    return sol.estimate.decode_tokens_per_s
+    return score(topo, sol)
 
 
 def uniform_choices(cluster: MachineCluster, config: GroupingConfig) -> dict[int, tuple[Grouping, ...]]:
@@ -148,19 +161,20 @@ def uniform_choices(cluster: MachineCluster, config: GroupingConfig) -> dict[int
     return out
 
 
-def plan_grouping(cluster: MachineCluster, config: GroupingConfig | None = None,
+def plan_grouping(cluster: MachineCluster, config: GroupingConfig | None = None, score: Score | None = None,
                   clock: Callable[[], float] = time.perf_counter) -> GroupingResult:
     """Choose every machine's grouping and the placement together (module docstring)."""
     config = config or GroupingConfig()
+    score_fn = score or estimate_score
     t0 = clock()
     tried: dict[tuple[Grouping, ...], float] = {}
 
-    def score(choice: tuple[Grouping, ...]) -> float:
+    def value(choice: tuple[Grouping, ...]) -> float:
         if choice not in tried:
-            tried[choice] = _score(cluster, choice, config)
+            tried[choice] = _score(cluster, choice, config, score_fn)
         return tried[choice]
 
-    best = max(uniform_choices(cluster, config).values(), key=score)
+    best = max(uniform_choices(cluster, config).values(), key=value)
     options = [machine_groupings(x.count, cluster.model, config.max_degree) for x in cluster.machines]
     improved = True
     while improved and len(tried) < config.max_candidates:
@@ -170,9 +184,9 @@ def plan_grouping(cluster: MachineCluster, config: GroupingConfig | None = None,
                 if len(tried) >= config.max_candidates:
                     break
                 cand = best[:m] + (opt,) + best[m + 1:]
-                if score(cand) > score(best) + 1e-9:
+                if value(cand) > value(best) + 1e-9:
                     best, improved = cand, True
-    if score(best) < 0:
+    if value(best) < 0:
         raise PlanningError("no grouping of the machines holds a copy of the model")
     groups, topo, sol = plan_choice(cluster, best, config, config.final_work)
     return GroupingResult(best, groups, topo, sol, {"|".join(map(str, k)): v for k, v in tried.items()},

@@ -67,3 +67,16 @@ def fixed_lengths_file(input_len: int, output_len: int, directory: str | None = 
         f.write("input,output\n")
         f.write(f"{int(input_len)},{int(output_len)}\n")
     return path
+
+
+def sim_score(duration: float = 60.0, seed: int = 0):
+    """A grouping score for :func:`p2pserve.placement.grouping.plan_grouping`: the simulated
+    offline decode tokens/s (Helix's rule, Azure conversation lengths, IWRR) of the planner's
+    placement, over a ``duration``-second window after a ``duration / 5`` warm-up."""
+    from p2pserve.sim.run import SimConfig, simulate  # run imports scenario; keep this module light
+
+    def score(topo: Topology, solution) -> float:
+        cfg = SimConfig(mode="offline", duration=duration, warmup=duration / 5, seed=seed)
+        return simulate(group_scenario(topo, solution.assignments), cfg).decode_throughput_tokens_per_s
+
+    return score
