@@ -93,19 +93,19 @@ def groups_of(cluster: MachineCluster, choice: Sequence[Grouping]) -> list[Group
 
 @dataclass(frozen=True)
 class GroupingConfig:
-    """Search settings. ``eval_work``: planner evaluations per candidate grouping;
-    ``final_work``: for the chosen grouping's final placement; ``max_candidates``: groupings
-    tried in all (the search's work budget); ``max_degree``: largest TP degree considered."""
+    """Search settings. ``eval_work``: planner evaluations per candidate grouping (the chosen
+    grouping's placement is the one that was scored: the planner is deterministic on a work
+    budget); ``max_candidates``: groupings tried in all (the search's work budget);
+    ``max_degree``: largest TP degree considered."""
 
     planner: PlannerConfig = field(default_factory=lambda: PlannerConfig(time_limit_s=600.0))
-    eval_work: int = 150
-    final_work: int = 600
+    eval_work: int = 300
     max_candidates: int = 60
     max_degree: int = 8
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.eval_work < 1 or self.final_work < 1 or self.max_candidates < 1:
+        if self.eval_work < 1 or self.max_candidates < 1:
             raise ConfigError("grouping search budgets must be at least 1")
 
 
@@ -188,6 +188,6 @@ def plan_grouping(cluster: MachineCluster, config: GroupingConfig | None = None,
                     best, improved = cand, True
     if value(best) < 0:
         raise PlanningError("no grouping of the machines holds a copy of the model")
-    groups, topo, sol = plan_choice(cluster, best, config, config.final_work)
+    groups, topo, sol = plan_choice(cluster, best, config, config.eval_work)  # the scored placement
     return GroupingResult(best, groups, topo, sol, {"|".join(map(str, k)): v for k, v in tried.items()},
                           clock() - t0)

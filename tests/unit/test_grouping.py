@@ -52,7 +52,7 @@ def test_groups_and_topology_of_a_choice():
 
 
 def test_search_is_deterministic_and_never_worse_than_uniform():
-    cfg = GroupingConfig(eval_work=40, final_work=80, max_candidates=12)
+    cfg = GroupingConfig(eval_work=40, max_candidates=12)
     a = plan_grouping(case_study(), cfg)
     b = plan_grouping(case_study(), cfg)
     assert a.choice == b.choice and a.solution.assignments == b.solution.assignments
@@ -66,7 +66,7 @@ def test_search_reports_a_cluster_that_cannot_hold_the_model():
     small = case_study()
     small = type(small)(small.name, small.machines[2:], small.lan, small.wan, small.client, memory=small.memory)
     with pytest.raises(PlanningError):
-        plan_grouping(small, GroupingConfig(eval_work=10, final_work=10, max_candidates=4))
+        plan_grouping(small, GroupingConfig(eval_work=10, max_candidates=4))
 
 
 def test_full_price_cluster_shape():
