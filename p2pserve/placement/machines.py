@@ -56,6 +56,7 @@ class MachineCluster:
     regions: dict = field(default_factory=dict)
     decode_cap: int = 480
     memory: MemoryModel = MemoryModel()
+    measured: dict = field(default_factory=dict)
 
     def net(self, a: int, b: int) -> NetLink:
         """The network path between machines ``a`` and ``b``."""
@@ -110,7 +111,9 @@ def group_cost(cluster: MachineCluster, group: Group) -> GroupCost:
     members = [cluster.machines[m] for m, _ in group.gpus]
     if not cluster.model.tp_ok(group.d):
         raise ConfigError(f"TP degree {group.d} does not divide {cluster.model.name}'s heads")
-    prof = tp_profile([m.profile for m in members], group_link(cluster, group), cluster.model.act_bytes)
+    prof = cluster.measured.get(group.gpus)
+    if prof is None:  # not measured yet: HexGen's estimate from the single-GPU profiles
+        prof = tp_profile([m.profile for m in members], group_link(cluster, group), cluster.model.act_bytes)
     mem = min(m.gpu.memory_bytes for m in members)
     return GroupCost(group.d, mem, prof, cluster.model, cluster.memory, decode_cap=cluster.decode_cap)
 

@@ -51,6 +51,18 @@ def test_groups_and_topology_of_a_choice():
         groups_of(c, ((2,), (2,), (2,)))
 
 
+def test_a_measured_group_replaces_the_estimate():
+    c = case_study()
+    groups = groups_of(c, ((4,), (2,), (2,)))
+    est = group_topology(c, groups).nodes[0].profile
+    slow = type(est)(est.prompt_tokens, tuple(2 * y for y in est.prompt_ms_values),
+                     est.decode_tokens, tuple(2 * y for y in est.decode_ms_values))
+    measured = type(c)(c.name, c.machines, c.lan, c.wan, c.client, memory=c.memory, measured={groups[0].gpus: slow})
+    topo = group_topology(measured, groups)
+    assert topo.nodes[0].profile is slow and topo.nodes[1].profile == group_topology(c, groups).nodes[1].profile
+    assert topo.nodes[0].throughput[10] < group_topology(c, groups).nodes[0].throughput[10]
+
+
 def test_search_is_deterministic_and_never_worse_than_uniform():
     cfg = GroupingConfig(eval_work=40, max_candidates=12)
     a = plan_grouping(case_study(), cfg)
