@@ -1,4 +1,5 @@
-"""Typed DHT records: ``PeerInfo``, ``LinkInfo``, ``CoordinatorCandidate``, ``Plan``.
+"""Typed DHT records: ``PeerInfo``, ``LinkInfo``, ``CoordinatorCandidate``, ``Plan`` (and
+``MachineInfo`` in :mod:`p2pserve.dht.machine_info`).
 
 Records are ``msgspec.Struct``s encoded as MessagePack (never pickle). Decoding untrusted bytes
 goes through :func:`decode_record`, which checks field types (msgspec) and then the record's own
@@ -40,6 +41,7 @@ MAX_QUANT = 16  # a quantization scheme's name (int8, nf4, ...)
 MAX_LINKS = 4096
 MAX_PEERS_IN_PLAN = 4096
 MAX_FLOWS = 1 << 17
+MAX_TP = 8  # tensor-parallel degree of one peer (a TP group inside one machine)
 
 PeerState = Literal["joining", "loading", "serving", "draining"]
 PEER_STATES: tuple[str, ...] = ("joining", "loading", "serving", "draining")
@@ -128,6 +130,9 @@ class PeerInfo(msgspec.Struct, kw_only=True, frozen=True):
     # model's identity, so it must match the model name's "@SCHEME" suffix; clients route only
     # over peers announcing the quantization they asked for (client/swarm_routes.py).
     quant: str = ""
+    # Tensor-parallel degree: the peer is a TP group of this many GPUs of one machine (its
+    # throughput tables are the group's); 1 for a single-GPU peer and for older peers.
+    tp: int = 1
 
     def validate(self, num_layers: Optional[int] = None) -> None:
         """Raise :class:`RecordRejected` if any figure is absurd or inconsistent (with the
@@ -169,6 +174,7 @@ class PeerInfo(msgspec.Struct, kw_only=True, frozen=True):
         _finite("timestamp", self.timestamp, 0.0, 1e11)
         check_reply_key(self.reply_key)
         _check_quant(self.quant, self.model)
+        _int("tp", self.tp, 1, MAX_TP)
 
     def decode_rate(self, n_layers: int) -> float:
         """Decode tokens/s when holding ``n_layers`` layers (0 if unknown)."""
