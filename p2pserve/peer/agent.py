@@ -103,6 +103,7 @@ class SwarmAgent:
             num_layers=spec.num_layers,
             activation_bytes=spec.activation_bytes_per_token,
             quant=spec.quant or "",
+            tp=self.peer.tp.config.world if self.peer.tp is not None else 1,
         )
 
     def link_info(self) -> LinkInfo | None:
