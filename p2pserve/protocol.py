@@ -6,9 +6,9 @@ MessagePack map decoded by msgspec straight into one of the typed structs below 
 are checked against limits before anything is allocated, and nothing is ever unpickled.
 
 Client -> peer: ``OpenSession``, ``Forward``, ``CloseSession``, ``GetStats``, ``OpenDirect``,
-``AttachDirect``.
+``AttachDirect``, ``AllowPush``, ``PushForward`` (also peer -> next peer, push mode).
 Peer -> client: ``SessionOpened``, ``ForwardResult``, ``SessionClosed``, ``PeerStats``,
-``DirectOffer``, ``DirectAttached``, ``ErrorReply``.
+``DirectOffer``, ``DirectAttached``, ``PushAllowed``, ``ErrorReply``.
 
 The same frames travel on a libp2p stream or, after ``OpenDirect``/``AttachDirect``, on a TLS
 connection to the peer pinned by the offer (the direct path; see ``p2pserve/transport/tcp.py``).
@@ -255,16 +255,59 @@ class PeerStats(msgspec.Struct, frozen=True, tag_field="t", tag="stats"):
 
 
 class ErrorReply(msgspec.Struct, frozen=True, tag_field="t", tag="error"):
-    """A typed error: ``code`` is an ErrorCode value; ``message`` says what to do about it."""
+    """A typed error: ``code`` is an ErrorCode value; ``message`` says what to do about it.
+    ``failed_peer`` (push mode only): the later hop of the route that failed or could not be
+    reached, as the hop relaying this error saw it; None: the peer answering failed itself."""
 
     code: str
     message: str
     session_id: str | None = None
     step: NonNegative | None = None
+    failed_peer: str | None = None
 
 
-Request = Union[OpenSession, Forward, CloseSession, GetStats, OpenDirect, AttachDirect]
-Reply = Union[SessionOpened, ForwardResult, SessionClosed, PeerStats, DirectOffer, DirectAttached, ErrorReply]
+#: The most hops a PushForward may name after the one receiving it (a model's route is far shorter).
+MAX_PUSH_HOPS = 16
+#: A libp2p peer id in base58 (what ``Hop.peer_id`` holds); bounded so a route stays small.
+PeerIdText = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern="^[1-9A-HJ-NP-Za-km-z]+$")]
+SessionIdText = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
+
+
+class PushHop(msgspec.Struct, frozen=True):
+    """A later hop of a pushed step: the peer, the session the client opened there, and at most 4
+    multiaddrs to dial it at (each ending with ``/p2p/<peer_id>``; checked by ``peer/forwarding.py``)."""
+
+    peer_id: PeerIdText
+    session_id: SessionIdText
+    maddrs: Annotated[list[Annotated[str, msgspec.Meta(max_length=256)]], msgspec.Meta(max_length=4)] = []
+
+
+class AllowPush(msgspec.Struct, frozen=True, tag_field="t", tag="allow_push"):
+    """Sent by a session's owner: accept ``PushForward`` for this session from ``from_peer`` (the
+    previous hop, authenticated by its peer id on the stream it opens). Answered by ``PushAllowed``."""
+
+    session_id: SessionIdText
+    from_peer: PeerIdText
+
+
+class PushAllowed(msgspec.Struct, frozen=True, tag_field="t", tag="push_allowed"):
+    """Acknowledges AllowPush."""
+
+    session_id: str
+
+
+class PushForward(msgspec.Struct, frozen=True, tag_field="t", tag="push_forward"):
+    """Push mode: run ``forward`` here, then send its output on to ``route[0]`` with the rest of
+    ``route``; the reply is the last hop's ForwardResult, relayed back along the chain.
+    ``forward.outputs`` is what the last hop returns (hops before it run with 1)."""
+
+    forward: Forward
+    route: Annotated[list[PushHop], msgspec.Meta(max_length=MAX_PUSH_HOPS)] = []
+
+
+Request = Union[OpenSession, Forward, CloseSession, GetStats, OpenDirect, AttachDirect, AllowPush, PushForward]
+Reply = Union[SessionOpened, ForwardResult, SessionClosed, PeerStats, DirectOffer, DirectAttached, ErrorReply,
+              PushAllowed]
 
 _request_decoder = msgspec.msgpack.Decoder(Request)
 _reply_decoder = msgspec.msgpack.Decoder(Reply)
@@ -322,6 +365,7 @@ def tokens_bytes(tokens: list[int]) -> bytes:
     return struct.pack(f">{len(tokens)}q", *tokens)
 
 
-def error_reply(code: ErrorCode, message: str, session_id: str | None = None, step: int | None = None) -> ErrorReply:
+def error_reply(code: ErrorCode, message: str, session_id: str | None = None, step: int | None = None,
+                failed_peer: str | None = None) -> ErrorReply:
     """Build an ErrorReply from an ErrorCode."""
-    return ErrorReply(code=code.value, message=message, session_id=session_id, step=step)
+    return ErrorReply(code=code.value, message=message, session_id=session_id, step=step, failed_peer=failed_peer)

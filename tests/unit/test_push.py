@@ -1,0 +1,254 @@
+"""Push mode: the wire structs' bounds, the peer's route checks, and hostile pushes.
+
+Three real peer handlers, each holding one layer of a real tiny Llama (real shards and compute
+workers), run on an in-memory transport: greedy output pushed peer to peer equals client-driven
+output; a route naming an unknown session, another owner's session, or a peer twice gets a typed
+error naming the hop at fault; a peer the owner did not allow cannot push into a session; and a
+dead next hop is reported back, banned and routed around with the output unchanged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import msgspec
+import pytest
+import torch
+
+from p2pserve.client.connection import HopConnection
+from p2pserve.client.failover import FailoverState
+from p2pserve.client.hop import Hop
+from p2pserve.client.pipeline import Pipeline
+from p2pserve.client.push import PushConfig
+from p2pserve.client.route_providers import ChainListRoutes
+from p2pserve.config import BatchingConfig, ClientConfig
+from p2pserve.errors import BadRequestError, MalformedFrameError
+from p2pserve.model.shard import Shard
+from p2pserve.peer.batcher import TokenThrottle
+from p2pserve.peer.forwarding import Forwarder, check_route
+from p2pserve.peer.handlers import SessionHandler
+from p2pserve.peer.sessions import SessionTable
+from p2pserve.peer.worker import ComputeWorker
+from p2pserve.protocol import (
+    MAX_PUSH_HOPS,
+    SESSION_PROTOCOL,
+    AllowPush,
+    ErrorReply,
+    Forward,
+    FrameLimits,
+    PushForward,
+    PushHop,
+    SamplingParams,
+    decode_request,
+)
+from p2pserve.protocol import decode_reply
+from p2pserve.transport.frames import read_frame, tensor_to_wire, write_frame
+from p2pserve.transport.memory import MemoryNetwork
+from tests.harness import tiny_session_table
+
+# base58 peer ids (no 0, O, I, l), as libp2p's
+A, B, C, C2 = "QmPeerA", "QmPeerB", "QmPeerC", "QmPeerD"
+CONFIG = ClientConfig(max_retries=3, stale_route_pause_s=0.0, hop_timeout_s=20.0)
+PUSH = PushConfig(enabled=True)
+
+
+def _encode(msg) -> bytes:
+    return msgspec.msgpack.encode(msg)
+
+
+def test_a_route_longer_than_the_bound_is_refused_by_the_decoder():
+    meta, _ = tensor_to_wire(torch.tensor([1], dtype=torch.int64))
+    fwd = Forward(session_id="s", step=0, position=0, tensor=meta)
+    hops = [PushHop(peer_id="Qm" + "z" * i, session_id=f"s{i}") for i in range(1, MAX_PUSH_HOPS + 2)]
+    ok = PushForward(forward=fwd, route=hops[:MAX_PUSH_HOPS])
+    assert decode_request(_encode(ok)) == ok
+    with pytest.raises(MalformedFrameError):
+        decode_request(_encode(PushForward(forward=fwd, route=hops)))
+
+
+@pytest.mark.parametrize("hop", [
+    {"peer_id": "not a peer id!", "session_id": "s"},  # outside base58
+    {"peer_id": "Qm" + "a" * 200, "session_id": "s"},  # too long
+    {"peer_id": "QmX", "session_id": ""},  # empty session id
+    {"peer_id": "QmX", "session_id": "s", "maddrs": ["/ip4/1.2.3.4/tcp/1/p2p/QmX"] * 5},  # too many addresses
+])
+def test_hostile_hops_are_refused_by_the_decoder(hop):
+    meta, _ = tensor_to_wire(torch.tensor([1], dtype=torch.int64))
+    raw = {"t": "push_forward", "forward": {"t": "forward", "session_id": "s", "step": 0, "position": 0,
+                                            "tensor": msgspec.to_builtins(meta)}, "route": [hop]}
+    with pytest.raises(MalformedFrameError):
+        decode_request(msgspec.msgpack.encode(raw))
+
+
+@pytest.mark.parametrize("grant", [{"session_id": "s", "from_peer": "not a peer id!"},
+                                   {"session_id": "", "from_peer": "QmX"},
+                                   {"session_id": "s" * 129, "from_peer": "QmX"}])
+def test_hostile_grants_are_refused_by_the_decoder(grant):
+    with pytest.raises(MalformedFrameError):
+        decode_request(msgspec.msgpack.encode({"t": "allow_push", **grant}))
+
+
+def test_check_route_refuses_repeats_this_peer_and_foreign_addresses():
+    check_route([PushHop(B, "s1"), PushHop(C, "s2", ["/ip4/1.2.3.4/tcp/1/p2p/" + C])], A)
+    with pytest.raises(BadRequestError, match="twice"):
+        check_route([PushHop(B, "s1"), PushHop(B, "s2")], A)
+    with pytest.raises(BadRequestError, match="twice"):
+        check_route([PushHop(B, "s1"), PushHop(A, "s2")], A)
+    with pytest.raises(BadRequestError, match="session twice"):
+        check_route([PushHop(B, "s1"), PushHop(C, "s1")], A)
+    with pytest.raises(BadRequestError, match="multiaddr"):
+        check_route([PushHop(B, "s1", ["/ip4/1.2.3.4/tcp/1/p2p/" + C])], A)
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    """A 3-layer tiny Llama: its path and spec."""
+    path, spec, _, _ = tiny_session_table(tmp_path_factory.mktemp("tiny"), num_layers=3)
+    return path, spec
+
+
+class Swarm:
+    """Real handlers on an in-memory network: ``spans`` maps peer id -> (start, end)."""
+
+    def __init__(self, model, spans: dict[str, tuple[int, int]]):
+        path, spec = model
+        self.spec, self.net, self.workers, self.handlers = spec, MemoryNetwork(), [], {}
+        for pid, (start, end) in spans.items():
+            _, _, budget, table = tiny_session_table_for(model, start, end)
+            worker = ComputeWorker(Shard.load(path, spec, start, end), TokenThrottle(BatchingConfig()), budget)
+            worker.start()
+            handler = SessionHandler(spec, table, worker, FrameLimits(), request_timeout_s=20)
+            handler.forwarder = Forwarder(table, self.net.transport(pid), pid, FrameLimits())
+            self.net.serve(pid, SESSION_PROTOCOL, handler.handle_stream)
+            self.workers.append(worker)
+            self.handlers[pid] = handler
+        self.hops = {pid: Hop(pid, *span, (f"/memory/p2p/{pid}",)) for pid, span in spans.items()}
+
+    def stop(self):
+        for w in self.workers:
+            w.stop()
+
+
+def tiny_session_table_for(model, start, end):
+    from p2pserve.peer.kv_cache import KVBudget
+
+    path, spec = model
+    budget = KVBudget(1_000_000)
+    table = SessionTable(spec=spec, served=(start, end), budget=budget, idle_timeout_s=60.0, torch_dtype=torch.float32)
+    return path, spec, budget, table
+
+
+@pytest.fixture
+def swarm(model):
+    s = Swarm(model, {A: (0, 1), B: (1, 2), C: (2, 3), C2: (2, 3)})
+    yield s
+    s.stop()
+
+
+async def _generate(swarm, routes, push: PushConfig, prompt, n, kill_after=None):
+    pipeline = Pipeline(swarm.net.transport("QmClient"), routes, swarm.spec.model_id, 3, 64, SamplingParams(),
+                        CONFIG, FailoverState(CONFIG), vocab_size=swarm.spec.vocab_size)
+    pipeline.push = push
+    out, pending = [], list(prompt)
+    try:
+        for i in range(n):
+            tok = await pipeline.step(pending)
+            out.append(tok)
+            pending = [tok]
+            if kill_after is not None and i + 1 == kill_after[0]:
+                swarm.net.disconnect(kill_after[1])
+        return out, pipeline
+    finally:
+        await pipeline.close()
+
+
+def test_pushed_greedy_output_equals_client_driven(swarm):
+    route = [swarm.hops[A], swarm.hops[B], swarm.hops[C]]
+
+    async def main():
+        driven, _ = await _generate(swarm, ChainListRoutes([route]), PushConfig(), [5, 6, 7, 8], 8)
+        pushed, p = await _generate(swarm, ChainListRoutes([route]), PUSH, [5, 6, 7, 8], 8)
+        return driven, pushed, p
+
+    driven, pushed, pipeline = asyncio.run(main())
+    assert pushed == driven and not pipeline.failures
+    assert swarm.handlers[B].forwarder._links  # A -> ... really went peer to peer (B forwarded to C)
+
+
+def test_a_dead_next_hop_is_reported_banned_and_routed_around(swarm):
+    routes = ChainListRoutes([[swarm.hops[A], swarm.hops[B], swarm.hops[C]],
+                              [swarm.hops[A], swarm.hops[B], swarm.hops[C2]]])
+
+    async def main():
+        ref, _ = await _generate(swarm, ChainListRoutes([routes.chains[1]]), PushConfig(), [3, 1, 4], 8)
+        got, p = await _generate(swarm, routes, PUSH, [3, 1, 4], 8, kill_after=(3, C))
+        return ref, got, p
+
+    ref, got, pipeline = asyncio.run(main())
+    assert got == ref
+    assert [f.hop.peer_id for f in pipeline.failures] == [C]  # B named C; the client banned C, not A
+    assert pipeline.route[-1].peer_id == C2
+
+
+async def _raw(transport, peer, msg, payload=b""):
+    """One frame on a fresh stream from ``transport`` to ``peer``; the decoded reply."""
+    stream = await transport.open_stream(peer, [], SESSION_PROTOCOL, 5)
+    await write_frame(stream.writer, msg, payload)
+    header, _ = await read_frame(stream.reader, FrameLimits())
+    stream.close()
+    return decode_reply(header)
+
+
+async def _open(swarm, client, pid, sid):
+    conn = HopConnection(swarm.net.transport(client), swarm.hops[pid], FrameLimits(), 10)
+    await conn.open(swarm.spec.model_id, sid, 16, SamplingParams())
+    return conn
+
+
+def test_hostile_routes_get_typed_errors_naming_the_hop(swarm):
+    async def main():
+        a = await _open(swarm, "QmClient", A, "sa")
+        b = await _open(swarm, "QmClient", B, "sb")
+        eve_b = await _open(swarm, "QmEve", B, "victim-of-nobody")
+        await b.call(AllowPush(session_id="sb", from_peer=A))
+        meta, data = tensor_to_wire(torch.tensor([1, 2], dtype=torch.int64))
+
+        async def push(route):
+            """A PushForward on the client's own stream to A; the raw reply (with ``failed_peer``)."""
+            fwd = Forward(session_id="sa", step=0, position=0, tensor=meta)
+            await write_frame(a.stream.writer, PushForward(forward=fwd, route=route), data)
+            header, _ = await read_frame(a.stream.reader, FrameLimits())
+            return decode_reply(header)
+
+        unknown = await push([PushHop(B, "never-opened")])
+        # another owner's session on B: A was never allowed into it, and it does not exist for A
+        foreign = await push([PushHop(B, "victim-of-nobody")])
+        twice = await push([PushHop(B, "sb"), PushHop(B, "sc")])
+        fine = await push([PushHop(B, "sb")])  # B holds layer 1 of 3: its hidden states come back
+        return unknown, foreign, twice, fine
+
+    unknown, foreign, twice, fine = asyncio.run(main())
+    for err in (unknown, foreign):
+        assert isinstance(err, ErrorReply) and err.code == "unknown_session" and err.failed_peer == B
+    assert foreign.message.replace("victim-of-nobody", "X") == unknown.message.replace("never-opened", "X")
+    # refused by A itself before any work: failed_peer None (the hop answering is at fault)
+    assert twice.code == "bad_request" and "twice" in twice.message and twice.failed_peer is None
+    assert fine.tensor is not None and fine.position == 2 and fine.session_id == "sb"
+
+
+def test_only_the_allowed_peer_can_push_and_only_the_owner_can_allow(swarm):
+    async def main():
+        await _open(swarm, "QmClient", A, "sa")
+        b = await _open(swarm, "QmClient", B, "sb")
+        meta, data = tensor_to_wire(torch.zeros(1, swarm.spec.hidden_size))
+        fwd = PushForward(forward=Forward(session_id="sb", step=0, position=0, tensor=meta))
+        before = await _raw(swarm.net.transport(A), B, fwd, data)  # A not allowed yet
+        stranger = await _raw(swarm.net.transport("QmEve"), B, AllowPush(session_id="sb", from_peer="QmEve"))
+        await b.call(AllowPush(session_id="sb", from_peer=A))
+        eve = await _raw(swarm.net.transport("QmEve"), B, fwd, data)
+        allowed = await _raw(swarm.net.transport(A), B, fwd, data)
+        return before, stranger, eve, allowed
+
+    before, stranger, eve, allowed = asyncio.run(main())
+    assert before.code == stranger.code == eve.code == "unknown_session"
+    assert allowed.tensor is not None and allowed.position == 1
