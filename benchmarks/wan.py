@@ -16,12 +16,15 @@ relay) measured in the same run, it reports:
 
 ``speculative_speedup``: tokens/s with prompt-lookup drafting over plain decoding on a copying
 workload (a code edit returning the code; ``benchmarks/speculative.py``'s ``measure``) over the
-same relayed hops, with ``identical`` and the draft's acceptance. A slot other work fills in
-(``null`` until then): ``push_vs_client_ms_per_token`` (peer-to-peer forwarding's ms/token over
-client-driven's, at the same delay).
+same relayed hops, with ``identical`` and the draft's acceptance.
+``push_vs_client_ms_per_token``: push mode's (``p2pserve/client/push.py``: the client sends each
+step to the first hop, the peers forward it, the token comes back along the chain) median
+ms/token over client-driven's at the same delay, measured the same way right after it over the
+same peers; ``push`` holds its ms/token, tokens/s and ``identical`` (its greedy tokens equal the
+client-driven run's).
 
 Usage: PYTHONPATH=. python benchmarks/wan.py [--model default] [--delays 5,25,50] [--tokens 32]
-       [--rate-mbps 100] [--repeats 2] [--json PATH]
+       [--rate-mbps 100] [--repeats 2] [--no-push] [--no-speculative] [--json PATH]
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from p2pserve.client.model_info import LocalModelInfo  # noqa: E402
 from p2pserve.client.node import client_transport  # noqa: E402
 from p2pserve.client.params import GenerationParams  # noqa: E402
 from p2pserve.client.pipeline import open_chain  # noqa: E402
+from p2pserve.client.push import PushConfig  # noqa: E402
 from p2pserve.config import ClientConfig  # noqa: E402
 from p2pserve.launch import start_peers  # noqa: E402
 from p2pserve.model.default import resolve_model  # noqa: E402
@@ -58,13 +62,15 @@ def thirds(num_layers: int) -> list[tuple[int, int]]:
     return [(cut[i], cut[i + 1]) for i in range(3)]
 
 
-async def client_run(model: LocalModelInfo, hops, prompt_ids: list[int], tokens: int) -> dict:
-    """One greedy request through ``hops``: token times after the pipeline is open."""
+async def client_run(model: LocalModelInfo, hops, prompt_ids: list[int], tokens: int,
+                     push: PushConfig = PushConfig()) -> dict:
+    """One greedy request through ``hops`` (pushed when ``push`` says so): token times after the
+    pipeline is open."""
     params = GenerationParams(max_new_tokens=tokens, ignore_eos=True)
     transport = await client_transport(CONFIG)
     try:
         pipeline = await open_chain(transport, hops, model.spec.model_id, model.spec.num_layers,
-                                    len(prompt_ids) + tokens + 8, params.validate(), CONFIG)
+                                    len(prompt_ids) + tokens + 8, params.validate(), CONFIG, push)
         try:
             t0 = time.perf_counter()
             stamps = []
@@ -81,19 +87,22 @@ async def client_run(model: LocalModelInfo, hops, prompt_ids: list[int], tokens:
                 tokens_per_s=len(gen.result.tokens) / total, first_token_ms=1e3 * (stamps[0] - t0))
 
 
-def best_of(model, hops, prompt_ids, tokens: int, repeats: int) -> dict:
+def best_of(model, hops, prompt_ids, tokens: int, repeats: int, push: PushConfig = PushConfig()) -> dict:
     """A warm-up request, then the fastest of ``repeats`` (a busy host only slows a run down)."""
-    asyncio.run(client_run(model, hops, prompt_ids, 4))
-    runs = [asyncio.run(client_run(model, hops, prompt_ids, tokens)) for _ in range(repeats)]
+    asyncio.run(client_run(model, hops, prompt_ids, 4, push))
+    runs = [asyncio.run(client_run(model, hops, prompt_ids, tokens, push)) for _ in range(repeats)]
     best = min(runs, key=lambda r: r["ms_per_token"])
     best["identical_across_repeats"] = all(r["tokens"] == runs[0]["tokens"] for r in runs)
     return best
 
 
-def measure_push(model, hops, prompt_ids, tokens: int) -> Optional[float]:
-    """SLOT (peer-to-peer push forwarding): its ms/token over client-driven's at this delay.
-    ``None`` until push forwarding exists."""
-    return None
+def measure_push(model, hops, prompt_ids, tokens: int, repeats: int, client: dict) -> dict:
+    """Push mode over ``hops``: its figures, and its ms/token over ``client``'s (the client-driven
+    run over the same hops)."""
+    run = best_of(model, hops, prompt_ids, tokens, repeats, PushConfig(enabled=True))
+    return dict(ms_per_token=round(run["ms_per_token"], 2), tokens_per_s=round(run["tokens_per_s"], 2),
+                vs_client_ms_per_token=round(run["ms_per_token"] / client["ms_per_token"], 3),
+                identical=run["tokens"] == client["tokens"] and run["identical_across_repeats"])
 
 
 def measure_speculative(model, hops, tokens: int, rounds: int = 2) -> Optional[dict]:
@@ -123,6 +132,7 @@ def at_delay(model_path: str, model, ranges, prompt_ids, delay_ms: float, base: 
     try:
         hops = [rp.peer.hop() for rp in peers]
         run = best_of(model, hops, prompt_ids, args.tokens, args.repeats)
+        push = None if args.no_push else measure_push(model, hops, prompt_ids, args.tokens, args.repeats, run)
         spec = None if args.no_speculative else measure_speculative(model, hops, args.tokens)
         return dict(
             delay_ms=delay_ms,
@@ -133,7 +143,8 @@ def at_delay(model_path: str, model, ranges, prompt_ids, delay_ms: float, base: 
                                    tokens_per_s=round(run["tokens_per_s"] / base["tokens_per_s"], 3)),
             network_floor_ms=len(hops) * 2 * delay_ms,
             identical=run["tokens"] == base["tokens"] and run["identical_across_repeats"],
-            push_vs_client_ms_per_token=measure_push(model, hops, prompt_ids, args.tokens),
+            push_vs_client_ms_per_token=push["vs_client_ms_per_token"] if push else None,
+            push=push,
             speculative_speedup=spec["speculative_speedup"] if spec else None,
             speculative=spec,
             relay_bytes=[sum(rp.bytes_relayed(0)) + sum(rp.bytes_relayed(1)) for rp in peers],
@@ -150,6 +161,7 @@ def main() -> int:
     ap.add_argument("--rate-mbps", type=float, default=100.0, help="each relay direction's rate (0: unlimited)")
     ap.add_argument("--repeats", type=int, default=2, help="measured requests per setting (the fastest counts)")
     ap.add_argument("--no-speculative", action="store_true", help="skip the speculative decoding measurement")
+    ap.add_argument("--no-push", action="store_true", help="skip the push mode measurement")
     ap.add_argument("--json", default=None, metavar="PATH", help="write the results here")
     args = ap.parse_args()
     model_path = str(resolve_model(args.model))
@@ -171,6 +183,10 @@ def main() -> int:
                   f"({row['ratio_vs_loopback']['ms_per_token']:.1f}x loopback; round trips alone "
                   f"{row['network_floor_ms']:.0f} ms), {row['client_tokens_per_s']:.2f} tokens/s "
                   f"({row['ratio_vs_loopback']['tokens_per_s']:.3f}x), identical={row['identical']}", flush=True)
+            if row["push"]:
+                pu = row["push"]
+                print(f"  push: {pu['ms_per_token']:.1f} ms/token ({pu['vs_client_ms_per_token']:.2f}x client-driven), "
+                      f"identical={pu['identical']}", flush=True)
             if row["speculative"]:
                 sp = row["speculative"]
                 print(f"  prompt-lookup speculation: {sp['speculative_speedup']:.2f}x tokens/s "
