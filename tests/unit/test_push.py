@@ -145,8 +145,8 @@ def swarm(model):
     s.stop()
 
 
-async def _generate(swarm, routes, push: PushConfig, prompt, n, kill_after=None):
-    pipeline = Pipeline(swarm.net.transport("QmClient"), routes, swarm.spec.model_id, 3, 64, SamplingParams(),
+async def _generate(swarm, routes, push: PushConfig, prompt, n, kill_after=None, sampling=SamplingParams()):
+    pipeline = Pipeline(swarm.net.transport("QmClient"), routes, swarm.spec.model_id, 3, 64, sampling,
                         CONFIG, FailoverState(CONFIG), vocab_size=swarm.spec.vocab_size)
     pipeline.push = push
     out, pending = [], list(prompt)
@@ -173,6 +173,19 @@ def test_pushed_greedy_output_equals_client_driven(swarm):
     driven, pushed, pipeline = asyncio.run(main())
     assert pushed == driven and not pipeline.failures
     assert swarm.handlers[B].forwarder._links  # A -> ... really went peer to peer (B forwarded to C)
+
+
+def test_pushed_seeded_sampling_reproduces_client_driven_with_a_failure(swarm):
+    sampling = SamplingParams(temperature=1.0, top_k=50, seed=7)
+    routes = [[swarm.hops[A], swarm.hops[B], swarm.hops[C]], [swarm.hops[A], swarm.hops[B], swarm.hops[C2]]]
+
+    async def main():
+        ref, _ = await _generate(swarm, ChainListRoutes([routes[1]]), PushConfig(), [2, 7, 1], 8, sampling=sampling)
+        got, p = await _generate(swarm, ChainListRoutes(routes), PUSH, [2, 7, 1], 8, (4, C), sampling)
+        return ref, got, p
+
+    ref, got, pipeline = asyncio.run(main())
+    assert got == ref and len(pipeline.failures) == 1
 
 
 def test_a_dead_next_hop_is_reported_banned_and_routed_around(swarm):
