@@ -22,8 +22,16 @@ from typing import Optional, Sequence
 from p2pserve.client.connection import HopConnection
 from p2pserve.client.failover import HopFailure
 from p2pserve.errors import MalformedFrameError, error_from_reply
-from p2pserve.protocol import MAX_PUSH_HOPS, AllowPush, ErrorReply, Forward, PushAllowed, PushForward, PushHop, \
-    decode_reply
+from p2pserve.protocol import (
+    MAX_PUSH_HOPS,
+    AllowPush,
+    ErrorReply,
+    Forward,
+    PushAllowed,
+    PushForward,
+    PushHop,
+    decode_reply,
+)
 from p2pserve.transport.frames import read_frame, write_frame
 
 

@@ -134,10 +134,17 @@ class Forwarder:
     async def _call_next(self, session, nxt: PushHop, onward: PushForward, payload: bytes):
         """Send ``onward`` to ``nxt`` and return its reply to relay: a ForwardResult as received (the
         client checks the last hop's answer), or an ErrorReply naming the hop at fault."""
-        link = await self._link(session, nxt)
-        async with link.lock, asyncio.timeout(self.config.call_timeout_s):
-            await write_frame(link.stream.writer, onward, payload)
-            header, body = await read_frame(link.stream.reader, self.limits)
+        link, fresh = await self._link(session, nxt)
+        try:
+            header, body = await self._exchange(link, onward, payload)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            if fresh:
+                raise
+            # A link idle past the next peer's stream timeout was closed by it: that is not the
+            # next hop failing. Once more on a new stream (a repeated Forward rewinds, so it is safe).
+            self._drop_link(session.id)
+            link, _ = await self._link(session, nxt)
+            header, body = await self._exchange(link, onward, payload)
         reply = decode_reply(header)
         if isinstance(reply, ErrorReply):
             # A later hop's own blame is relayed only if it names a hop after the next one.
@@ -148,17 +155,24 @@ class Forwarder:
             raise MalformedFrameError(f"expected ForwardResult, got {type(reply).__name__}")
         return reply, body
 
-    async def _link(self, session, nxt: PushHop) -> _Link:
-        """The stream to ``nxt`` for ``session``, opened on first use (authenticated to its id)."""
+    async def _exchange(self, link: _Link, msg: PushForward, payload: bytes) -> tuple[bytes, bytes]:
+        """One frame to the next hop and its reply frame, under the call timeout."""
+        async with link.lock, asyncio.timeout(self.config.call_timeout_s):
+            await write_frame(link.stream.writer, msg, payload)
+            return await read_frame(link.stream.reader, self.limits)
+
+    async def _link(self, session, nxt: PushHop) -> tuple[_Link, bool]:
+        """The stream to ``nxt`` for ``session``, opened on first use (authenticated to its id),
+        and whether it was opened just now."""
         link = self._links.get(session.id)
         if link is not None and link.peer_id == nxt.peer_id and link.session is session:
-            return link
+            return link, False
         self._drop_link(session.id)
         self._prune()
         stream = await self.transport.open_stream(nxt.peer_id, list(nxt.maddrs), SESSION_PROTOCOL,
                                                   self.config.connect_timeout_s)
         link = self._links[session.id] = _Link(nxt.peer_id, stream, session)
-        return link
+        return link, True
 
     def _drop_link(self, session_id: str) -> None:
         link: Optional[_Link] = self._links.pop(session_id, None)

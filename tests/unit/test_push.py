@@ -39,9 +39,9 @@ from p2pserve.protocol import (
     PushForward,
     PushHop,
     SamplingParams,
+    decode_reply,
     decode_request,
 )
-from p2pserve.protocol import decode_reply
 from p2pserve.transport.frames import read_frame, tensor_to_wire, write_frame
 from p2pserve.transport.memory import MemoryNetwork
 from tests.harness import tiny_session_table
@@ -156,7 +156,10 @@ async def _generate(swarm, routes, push: PushConfig, prompt, n, kill_after=None,
             out.append(tok)
             pending = [tok]
             if kill_after is not None and i + 1 == kill_after[0]:
-                swarm.net.disconnect(kill_after[1])
+                if callable(kill_after[1]):
+                    kill_after[1]()
+                else:
+                    swarm.net.disconnect(kill_after[1])
         return out, pipeline
     finally:
         await pipeline.close()
@@ -186,6 +189,26 @@ def test_pushed_seeded_sampling_reproduces_client_driven_with_a_failure(swarm):
 
     ref, got, pipeline = asyncio.run(main())
     assert got == ref and len(pipeline.failures) == 1
+
+
+def test_a_link_closed_while_idle_is_reopened_not_blamed(swarm):
+    """The next peer closes a stream that held no session after its idle timeout: the forwarding
+    peer opens a new one instead of reporting the next hop as failed."""
+    route = [swarm.hops[A], swarm.hops[B], swarm.hops[C]]
+
+    def close_links():
+        links = [link for h in swarm.handlers.values() for link in h.forwarder._links.values()]
+        assert len(links) == 2  # A -> B and B -> C
+        for link in links:
+            link.stream.close()
+
+    async def main():
+        ref, _ = await _generate(swarm, ChainListRoutes([route]), PushConfig(), [9, 8, 7], 8)
+        got, p = await _generate(swarm, ChainListRoutes([route]), PUSH, [9, 8, 7], 8, (3, close_links))
+        return ref, got, p
+
+    ref, got, pipeline = asyncio.run(main())
+    assert got == ref and not pipeline.failures
 
 
 def test_a_dead_next_hop_is_reported_banned_and_routed_around(swarm):
@@ -222,7 +245,7 @@ def test_hostile_routes_get_typed_errors_naming_the_hop(swarm):
     async def main():
         a = await _open(swarm, "QmClient", A, "sa")
         b = await _open(swarm, "QmClient", B, "sb")
-        eve_b = await _open(swarm, "QmEve", B, "victim-of-nobody")
+        await _open(swarm, "QmEve", B, "victim-of-nobody")  # another client's session on B
         await b.call(AllowPush(session_id="sb", from_peer=A))
         meta, data = tensor_to_wire(torch.tensor([1, 2], dtype=torch.int64))
 
