@@ -10,6 +10,7 @@ its header was decoded and checked against what the session may still legally se
 against the peer's in-flight byte budget). A payload that is refused unread leaves the stream
 out of sync, so that stream alone is closed after the error reply (a small one is read and
 dropped instead, so that an honest client whose session expired keeps its stream).
+Push mode's ``AllowPush`` and ``PushForward`` are handed to ``peer/forwarding.py``.
 """
 
 from __future__ import annotations

@@ -191,6 +191,27 @@ def test_pushed_seeded_sampling_reproduces_client_driven_with_a_failure(swarm):
     assert got == ref and len(pipeline.failures) == 1
 
 
+def test_a_pushed_verification_step_carries_outputs_to_the_last_hop(swarm):
+    """Speculative verification (``outputs`` > 1) through push: the hops before the last run with
+    1, the last returns one token per verified position, as client-driven."""
+    route = [swarm.hops[A], swarm.hops[B], swarm.hops[C]]
+
+    async def verify(push):
+        pipeline = Pipeline(swarm.net.transport("QmClient"), ChainListRoutes([route]), swarm.spec.model_id, 3, 64,
+                            config=CONFIG, vocab_size=swarm.spec.vocab_size)
+        pipeline.push = push
+        try:
+            return await pipeline.verify([4, 5, 6, 7, 8], outputs=3)
+        finally:
+            await pipeline.close()
+
+    async def main():
+        return await verify(PushConfig()), await verify(PUSH)
+
+    driven, pushed = asyncio.run(main())
+    assert len(pushed) == 3 and pushed == driven
+
+
 def test_a_link_closed_while_idle_is_reopened_not_blamed(swarm):
     """The next peer closes a stream that held no session after its idle timeout: the forwarding
     peer opens a new one instead of reporting the next hop as failed."""
