@@ -137,7 +137,7 @@ class Pipeline:
                     await self._open_route()
                 sent = self.history[self._held:] + list(token_ids)
                 meta, data = tensor_to_wire(torch.tensor(sent, dtype=torch.int64))
-                if self.push.use_push(len(self._links), bool(self._tapes)):
+                if self.push.use_push(len(self._links), bool(self._tapes), [c.open_rtt_s for c in self._links]):
                     reply = await self._push(sent, meta, data, outputs)
                 else:
                     reply = await self._drive(sent, meta, data, outputs)

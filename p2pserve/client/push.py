@@ -40,17 +40,25 @@ class PushConfig:
     """When a pipeline pushes its steps peer to peer instead of driving every hop.
 
     ``enabled`` False (the default) keeps client-driven hops everywhere: push is not measured to
-    win yet on every link (docs/wan.md). With it on, a route of at least ``min_hops`` hops is
-    pushed, unless outputs are verified (the verifier re-executes each hop's recorded exchange,
-    which push does not show the client).
+    win on every link (docs/wan.md, "Push mode"). With it on, a route is pushed when it has at
+    least ``min_hops`` hops and the median round trip the client measured opening its sessions
+    (no compute behind it: the link) is at least ``min_rtt_ms``, unless outputs are verified (the
+    verifier re-executes each hop's recorded exchange, which push does not show the client).
     """
 
     enabled: bool = False
     min_hops: int = 2
+    min_rtt_ms: float = 40.0  # measured: 0.80x at 50 ms RTT, 1.31x at 10 ms (docs/wan.md)
 
-    def use_push(self, hops: int, verified: bool) -> bool:
-        """Whether a route of ``hops`` hops is pushed."""
-        return self.enabled and not verified and self.min_hops <= hops <= MAX_PUSH_HOPS + 1
+    def use_push(self, hops: int, verified: bool, rtts_s: Sequence[float | None] = ()) -> bool:
+        """Whether a route of ``hops`` hops, whose sessions opened in ``rtts_s`` seconds (None:
+        not measured, counted as 0), is pushed."""
+        if not self.enabled or verified or not self.min_hops <= hops <= MAX_PUSH_HOPS + 1:
+            return False
+        if self.min_rtt_ms <= 0:
+            return True
+        rtts = sorted(r or 0.0 for r in rtts_s)
+        return bool(rtts) and 1e3 * rtts[len(rtts) // 2] >= self.min_rtt_ms
 
 
 async def grant(links: Sequence[HopConnection]) -> None:

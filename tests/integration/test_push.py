@@ -49,7 +49,7 @@ async def _generate(path, peers, prompt_ids, kill_after: int | None = None):
     async with client_node(CONFIG) as transport:
         pipeline = Pipeline(transport, routes, model.spec.model_id, model.spec.num_layers, 256, GREEDY.validate(),
                             CONFIG, FailoverState(CONFIG), vocab_size=model.spec.vocab_size)
-        pipeline.push = PushConfig(enabled=True)
+        pipeline.push = PushConfig(enabled=True, min_rtt_ms=0)  # loopback: forced
         gen = Generation(pipeline, prompt_ids, GREEDY, model.eos_ids)
         try:
             n = 0

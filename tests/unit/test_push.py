@@ -49,7 +49,7 @@ from tests.harness import tiny_session_table
 # base58 peer ids (no 0, O, I, l), as libp2p's
 A, B, C, C2 = "QmPeerA", "QmPeerB", "QmPeerC", "QmPeerD"
 CONFIG = ClientConfig(max_retries=3, stale_route_pause_s=0.0, hop_timeout_s=20.0)
-PUSH = PushConfig(enabled=True)
+PUSH = PushConfig(enabled=True, min_rtt_ms=0)  # pushed whatever the links
 
 
 def _encode(msg) -> bytes:
@@ -86,6 +86,16 @@ def test_hostile_hops_are_refused_by_the_decoder(hop):
 def test_hostile_grants_are_refused_by_the_decoder(grant):
     with pytest.raises(MalformedFrameError):
         decode_request(msgspec.msgpack.encode({"t": "allow_push", **grant}))
+
+
+def test_the_rule_pushes_enabled_slow_unverified_routes_only():
+    slow, fast = [0.06, 0.05, 0.07], [0.002, 0.001, 0.003]
+    assert not PushConfig().use_push(3, False, slow)  # off by default
+    on = PushConfig(enabled=True)
+    assert on.use_push(3, False, slow) and not on.use_push(3, False, fast)
+    assert not on.use_push(3, True, slow)  # verified outputs stay client-driven
+    assert not on.use_push(1, False, slow[:1]) and not on.use_push(MAX_PUSH_HOPS + 2, False, slow)
+    assert not on.use_push(3, False, [None, None, None]) and PUSH.use_push(3, False, fast)
 
 
 def test_check_route_refuses_repeats_this_peer_and_foreign_addresses():
