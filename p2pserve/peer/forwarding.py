@@ -169,8 +169,13 @@ class Forwarder:
             return link, False
         self._drop_link(session.id)
         self._prune()
-        stream = await self.transport.open_stream(nxt.peer_id, list(nxt.maddrs), SESSION_PROTOCOL,
-                                                  self.config.connect_timeout_s)
+        try:
+            stream = await self.transport.open_stream(nxt.peer_id, list(nxt.maddrs), SESSION_PROTOCOL,
+                                                      self.config.connect_timeout_s)
+        except (ConnectionError, TimeoutError):
+            raise
+        except Exception as e:  # whatever dialling raised (the libp2p daemon's ControlFailure): unreachable
+            raise ConnectionError(f"{type(e).__name__}: {e}") from e
         link = self._links[session.id] = _Link(nxt.peer_id, stream, session)
         return link, True
 

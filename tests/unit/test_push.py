@@ -257,6 +257,35 @@ def test_a_dead_next_hop_is_reported_banned_and_routed_around(swarm):
     assert pipeline.route[-1].peer_id == C2
 
 
+class _DaemonRefuses:
+    """A transport whose dials to ``dead`` fail as the libp2p daemon's do: not with ConnectionError."""
+
+    def __init__(self, inner, dead: str):
+        self.inner, self.dead = inner, dead
+
+    async def open_stream(self, peer_id, maddrs, protocol, timeout_s):
+        if peer_id == self.dead:
+            raise RuntimeError("ControlFailure: failed to dial: all dials failed")
+        return await self.inner.open_stream(peer_id, maddrs, protocol, timeout_s)
+
+
+def test_a_next_hop_that_cannot_be_dialled_is_the_one_named(swarm):
+    """Any error dialling the next hop (the daemon raises its own ControlFailure) names that hop:
+    the peer reporting it is not banned for it."""
+    routes = ChainListRoutes([[swarm.hops[A], swarm.hops[B], swarm.hops[C]],
+                              [swarm.hops[A], swarm.hops[B], swarm.hops[C2]]])
+    forwarder = swarm.handlers[B].forwarder
+    forwarder.transport = _DaemonRefuses(forwarder.transport, C)
+
+    async def main():
+        ref, _ = await _generate(swarm, ChainListRoutes([routes.chains[1]]), PushConfig(), [3, 1, 4], 6)
+        got, p = await _generate(swarm, routes, PUSH, [3, 1, 4], 6)
+        return ref, got, p
+
+    ref, got, pipeline = asyncio.run(main())
+    assert got == ref and [f.hop.peer_id for f in pipeline.failures] == [C]
+
+
 async def _raw(transport, peer, msg, payload=b""):
     """One frame on a fresh stream from ``transport`` to ``peer``; the decoded reply."""
     stream = await transport.open_stream(peer, [], SESSION_PROTOCOL, 5)
