@@ -89,7 +89,7 @@ async def push_step(links: Sequence[HopConnection], forward: Forward, payload: b
     try:
         if first.stream is None:
             raise ConnectionError(f"stream to {first.hop} is closed")
-        async with asyncio.timeout(first.timeout_s):
+        async with asyncio.timeout(first.timeout_s * len(links)):  # a hop timeout per hop, as client-driven
             await write_frame(first.stream.writer, PushForward(forward=forward, route=route), payload)
             header, body = await read_frame(first.stream.reader, first.limits)
         reply = decode_reply(header)

@@ -46,8 +46,8 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class ForwardingConfig:
-    """Bounds on a peer's pushes to the next hop: dialling it, and the whole rest of the chain's
-    answer (which includes every later hop's compute and links)."""
+    """Bounds on a peer's pushes to the next hop: dialling it, and the rest of the chain's answer,
+    ``call_timeout_s`` per hop still to run (every later hop's compute and links)."""
 
     connect_timeout_s: float = 20.0
     call_timeout_s: float = 60.0
@@ -156,8 +156,9 @@ class Forwarder:
         return reply, body
 
     async def _exchange(self, link: _Link, msg: PushForward, payload: bytes) -> tuple[bytes, bytes]:
-        """One frame to the next hop and its reply frame, under the call timeout."""
-        async with link.lock, asyncio.timeout(self.config.call_timeout_s):
+        """One frame to the next hop and its reply frame, under the call timeout per hop still to
+        run: the hop nearest a hang times out first, so it is the one named."""
+        async with link.lock, asyncio.timeout(self.config.call_timeout_s * (1 + len(msg.route))):
             await write_frame(link.stream.writer, msg, payload)
             return await read_frame(link.stream.reader, self.limits)
 

@@ -25,7 +25,7 @@ from p2pserve.config import BatchingConfig, ClientConfig
 from p2pserve.errors import BadRequestError, MalformedFrameError
 from p2pserve.model.shard import Shard
 from p2pserve.peer.batcher import TokenThrottle
-from p2pserve.peer.forwarding import Forwarder, check_route
+from p2pserve.peer.forwarding import Forwarder, ForwardingConfig, check_route
 from p2pserve.peer.handlers import SessionHandler
 from p2pserve.peer.sessions import SessionTable
 from p2pserve.peer.worker import ComputeWorker
@@ -284,6 +284,29 @@ def test_a_next_hop_that_cannot_be_dialled_is_the_one_named(swarm):
 
     ref, got, pipeline = asyncio.run(main())
     assert got == ref and [f.hop.peer_id for f in pipeline.failures] == [C]
+
+
+def test_a_hung_hop_is_named_by_its_predecessor_not_blamed_on_the_first(swarm):
+    """Timeouts shrink along the chain (one ``call_timeout_s`` per hop still to run): when the last
+    hop hangs, its predecessor times out first and names it."""
+    routes = ChainListRoutes([[swarm.hops[A], swarm.hops[B], swarm.hops[C]],
+                              [swarm.hops[A], swarm.hops[B], swarm.hops[C2]]])
+    for pid in (A, B):
+        swarm.handlers[pid].forwarder.config = ForwardingConfig(call_timeout_s=0.5)
+
+    async def hang(*_args):
+        await asyncio.sleep(3600)
+
+    swarm.handlers[C].forwarder.push = hang
+
+    async def main():
+        ref, _ = await _generate(swarm, ChainListRoutes([routes.chains[1]]), PushConfig(), [2, 2, 2], 4)
+        got, p = await _generate(swarm, routes, PUSH, [2, 2, 2], 4)
+        return ref, got, p
+
+    ref, got, pipeline = asyncio.run(main())
+    assert got == ref and [f.hop.peer_id for f in pipeline.failures] == [C]
+    assert "TimeoutError" in pipeline.failures[0].reason
 
 
 async def _raw(transport, peer, msg, payload=b""):
