@@ -86,6 +86,7 @@ class Pipeline:
         self.verified: list[int] = []  # the last hop's tokens of the latest step with outputs > 1
         self.push = PushConfig()  # when steps are pushed peer to peer (client/push.py); default: never
         self._granted = False  # whether the current route's hops were allowed to push to each other
+        self.pushed_steps = 0  # steps that went peer to peer (push mode), for tests and reports
 
     @property
     def position(self) -> int:
@@ -196,6 +197,7 @@ class Pipeline:
                       outputs=outputs)
         t0 = time.perf_counter()
         reply = await push_step(self._links, msg, data, len(sent), self.vocab_size)
+        self.pushed_steps += 1
         if self.metrics is not None:
             (self.metrics.hop_decode if len(sent) == 1 else self.metrics.hop_prefill).observe(time.perf_counter() - t0)
         return reply

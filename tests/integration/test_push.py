@@ -1,11 +1,13 @@
 """Push mode with real peer processes: steps forwarded peer to peer over libp2p / the direct path.
 
-Four `p2pserve peer` processes on the tiny Llama: [0:3), [3:6) and two replicas of [6:8). The
-client opens a session on each hop of a 3-hop route, allows each hop's predecessor into it, and
+Four `p2pserve peer` processes on the tiny Llama: [0:3), [3:6) and two replicas of [6:8), each
+behind a delay relay adding 25 ms each way (``p2pserve/testing/wan.py``), so every link, client to
+peer and peer to peer, is a slow one. The client opens a session on each hop of a 3-hop route, allows each hop's predecessor into it, and
 sends each step to the first hop only; the peers forward hidden states to each other and the last
 hop's token comes back along the chain. Greedy output must equal `generate`, also when the
 route's last peer is SIGKILLed mid-generation: its predecessor reports it unreachable, the client
-bans it, re-routes to the replica and replays.
+bans it, re-routes to the replica and replays. The route is pushed by the rule itself
+(``PushConfig(enabled=True)``: the sessions' open round trips are over its 40 ms).
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from p2pserve.client.pipeline import Pipeline
 from p2pserve.client.push import PushConfig
 from p2pserve.client.route_providers import ChainListRoutes
 from p2pserve.config import ClientConfig
-from tests.harness import client_node, reference_generate, start_peers
+from p2pserve.testing.wan import start_relayed_peers, stop_relayed_peers
+from tests.harness import client_node, reference_generate
 
 pytestmark = pytest.mark.integration
 
@@ -32,12 +35,11 @@ GREEDY = GenerationParams(max_new_tokens=12, ignore_eos=True)
 
 
 @pytest.fixture(scope="module")
-def cluster(model_dir):
+def cluster(model_dir, tmp_path_factory):
     path = model_dir("llama")
-    peers = start_peers(path, RANGES)
-    yield path, peers
-    for p in peers:
-        p.stop()
+    relayed = start_relayed_peers(path, RANGES, delay_ms=25.0, workdir=tmp_path_factory.mktemp("push"))
+    yield path, [rp.peer for rp in relayed]
+    stop_relayed_peers(relayed)
 
 
 async def _generate(path, peers, prompt_ids, kill_after: int | None = None):
@@ -49,7 +51,7 @@ async def _generate(path, peers, prompt_ids, kill_after: int | None = None):
     async with client_node(CONFIG) as transport:
         pipeline = Pipeline(transport, routes, model.spec.model_id, model.spec.num_layers, 256, GREEDY.validate(),
                             CONFIG, FailoverState(CONFIG), vocab_size=model.spec.vocab_size)
-        pipeline.push = PushConfig(enabled=True, min_rtt_ms=0)  # loopback: forced
+        pipeline.push = PushConfig(enabled=True)  # pushed because the links are slow (the rule)
         gen = Generation(pipeline, prompt_ids, GREEDY, model.eos_ids)
         try:
             n = 0
@@ -72,6 +74,7 @@ def test_pushed_greedy_output_is_token_identical(cluster):
     tokens, pipeline = asyncio.run(_generate(path, peers, ids))
     assert tokens == reference_generate(path, ids, GREEDY.max_new_tokens)
     assert not pipeline.failures and len(pipeline.route_log) == 1
+    assert pipeline.pushed_steps == GREEDY.max_new_tokens  # the rule chose push for every step
 
 
 def test_a_peer_killed_mid_generation_is_reported_and_routed_around(cluster):
