@@ -6,9 +6,9 @@ MessagePack map decoded by msgspec straight into one of the typed structs below 
 are checked against limits before anything is allocated, and nothing is ever unpickled.
 
 Client -> peer: ``OpenSession``, ``Forward``, ``CloseSession``, ``GetStats``, ``OpenDirect``,
-``AttachDirect``, ``AllowPush``, ``PushForward`` (also peer -> next peer, push mode).
+``AttachDirect``, ``AllowPush``, ``PushForward`` (also peer -> next peer, push mode), ``AwaitResult``.
 Peer -> client: ``SessionOpened``, ``ForwardResult``, ``SessionClosed``, ``PeerStats``,
-``DirectOffer``, ``DirectAttached``, ``PushAllowed``, ``ErrorReply``.
+``DirectOffer``, ``DirectAttached``, ``PushAllowed``, ``PushAck`` (also peer -> previous peer), ``ErrorReply``.
 
 The same frames travel on a libp2p stream or, after ``OpenDirect``/``AttachDirect``, on a TLS
 connection to the peer pinned by the offer (the direct path; see ``p2pserve/transport/tcp.py``).
@@ -273,13 +273,14 @@ PeerIdText = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern="
 SessionIdText = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
 
 
-class PushHop(msgspec.Struct, frozen=True):
-    """A later hop of a pushed step: the peer, the session the client opened there, and at most 4
-    multiaddrs to dial it at (each ending with ``/p2p/<peer_id>``; checked by ``peer/forwarding.py``)."""
+class PushHop(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A later hop of a pushed step: the peer and the session the client opened there. No
+    addresses: a forwarding peer dials the next hop only where that peer announced itself in its
+    own signed PeerInfo (``peer/next_hop.py``), so a client cannot make a peer dial a host of its
+    choice; a hop carrying any other field is refused by the decoder."""
 
     peer_id: PeerIdText
     session_id: SessionIdText
-    maddrs: Annotated[list[Annotated[str, msgspec.Meta(max_length=256)]], msgspec.Meta(max_length=4)] = []
 
 
 class AllowPush(msgspec.Struct, frozen=True, tag_field="t", tag="allow_push"):
@@ -298,16 +299,35 @@ class PushAllowed(msgspec.Struct, frozen=True, tag_field="t", tag="push_allowed"
 
 class PushForward(msgspec.Struct, frozen=True, tag_field="t", tag="push_forward"):
     """Push mode: run ``forward`` here, then send its output on to ``route[0]`` with the rest of
-    ``route``; the reply is the last hop's ForwardResult, relayed back along the chain.
-    ``forward.outputs`` is what the last hop returns (hops before it run with 1)."""
+    ``route``. ``forward.outputs`` is what the last hop returns (hops before it run with 1). The
+    last hop hands its ForwardResult to the owner's ``AwaitResult``; every hop answers whoever
+    pushed to it with ``PushAck`` once the rest of the chain has acked (or an ErrorReply)."""
 
     forward: Forward
     route: Annotated[list[PushHop], msgspec.Meta(max_length=MAX_PUSH_HOPS)] = []
 
 
-Request = Union[OpenSession, Forward, CloseSession, GetStats, OpenDirect, AttachDirect, AllowPush, PushForward]
+class AwaitResult(msgspec.Struct, frozen=True, tag_field="t", tag="await_result"):
+    """Sent by a session's owner to the route's last hop, together with the step's PushForward to
+    the first hop: answered with that step's ForwardResult (or ErrorReply) as soon as the pushed
+    step has run here, so the token goes straight to the client, not back along the chain."""
+
+    session_id: SessionIdText
+    step: NonNegative
+
+
+class PushAck(msgspec.Struct, frozen=True, tag_field="t", tag="push_ack"):
+    """A pushed step ran on this hop and every later one (the last hop's result went to the
+    owner's AwaitResult)."""
+
+    session_id: str
+    step: NonNegative
+
+
+Request = Union[OpenSession, Forward, CloseSession, GetStats, OpenDirect, AttachDirect, AllowPush, PushForward,
+                AwaitResult]
 Reply = Union[SessionOpened, ForwardResult, SessionClosed, PeerStats, DirectOffer, DirectAttached, ErrorReply,
-              PushAllowed]
+              PushAllowed, PushAck]
 
 _request_decoder = msgspec.msgpack.Decoder(Request)
 _reply_decoder = msgspec.msgpack.Decoder(Reply)

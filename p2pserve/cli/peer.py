@@ -156,6 +156,7 @@ async def serve(config: PeerConfig, args: argparse.Namespace) -> None:
     from p2pserve.dht.swarm import Swarm
     from p2pserve.model.default import resolve_model
     from p2pserve.model.spec import load_spec
+    from p2pserve.peer.next_hop import AnnouncedAddresses
     from p2pserve.peer.server import Peer
 
     progress = Progress()
@@ -175,6 +176,7 @@ async def serve(config: PeerConfig, args: argparse.Namespace) -> None:
         with progress.step(f"loading layers {config.start or 0}:{config.end or spec.num_layers}" if fixed
                            else "starting the peer"):
             peer = await Peer.create(config, swarm.dht, direct_address)
+        peer.handler.forwarder.resolve = AnnouncedAddresses(swarm)  # push: next hops where they announced themselves
         if metrics is not None:
             peer.export_metrics(metrics)
         if config.announce:

@@ -38,7 +38,7 @@ from p2pserve.client.failover import (
 )
 from p2pserve.client.hop import Hop, check_chain
 from p2pserve.client.observer import ServiceObserver
-from p2pserve.client.push import PushConfig, grant, push_step
+from p2pserve.client.push import PushConfig, PushedRoute
 from p2pserve.client.route_providers import ChainListRoutes, RouteProvider
 from p2pserve.client.tape import HopTape
 from p2pserve.config import ClientConfig
@@ -84,8 +84,8 @@ class Pipeline:
         self.verifier = verifier  # a client.verifier.Verifier when outputs are verified, else None
         self._tapes: list[HopTape] = []  # per hop of the route: what it consumed and returned (verifier)
         self.verified: list[int] = []  # the last hop's tokens of the latest step with outputs > 1
-        self.push = PushConfig()  # when steps are pushed peer to peer (client/push.py); default: never
-        self._granted = False  # whether the current route's hops were allowed to push to each other
+        self.push = config.push or PushConfig()  # when steps are pushed peer to peer (client/push.py)
+        self._pushed: Optional[PushedRoute] = None  # the current route's push state, once it pushed
         self.pushed_steps = 0  # steps that went peer to peer (push mode), for tests and reports
 
     @property
@@ -190,13 +190,12 @@ class Pipeline:
     async def _push(self, sent: list[int], meta, data, outputs: int):
         """Push mode (:mod:`p2pserve.client.push`): one PushForward to the first hop, forwarded
         peer to peer; the hops are allowed to push into each other's sessions once per route."""
-        if not self._granted:
-            await grant(self._links)
-            self._granted = True
+        if self._pushed is None:
+            self._pushed = PushedRoute(self._links)
         msg = Forward(session_id=self._links[0].session_id, step=self._steps, position=self._held, tensor=meta,
                       outputs=outputs)
         t0 = time.perf_counter()
-        reply = await push_step(self._links, msg, data, len(sent), self.vocab_size)
+        reply = await self._pushed.step(msg, data, len(sent), self.vocab_size)
         self.pushed_steps += 1
         if self.metrics is not None:
             (self.metrics.hop_decode if len(sent) == 1 else self.metrics.hop_prefill).observe(time.perf_counter() - t0)
@@ -253,7 +252,7 @@ class Pipeline:
             if not isinstance(exc, Exception):  # interrupted: not the hop's failure
                 raise exc
             raise HopFailure(link.hop, exc) from exc
-        self._links, self._held, self._steps, self._granted = links, 0, 0, False
+        self._links, self._held, self._steps, self._pushed = links, 0, 0, None
         if self._rerouting:  # a failover that found a route (one that found none ends the request)
             self._rerouting = False
             if self.metrics is not None:
@@ -272,7 +271,7 @@ class Pipeline:
         log.warning("hop failed: %s", record)
         if self.metrics is not None:
             self.metrics.hop_errors.labels(error_code(failure.cause)).inc()
-        await self._drop_route()
+        await self._drop_route(settle_s=0.0)
         move = next_move(failure.cause, attempts, self.config.max_retries)
         if move == "raise":
             raise self._failed(failure.cause)
@@ -302,24 +301,26 @@ class Pipeline:
             self.metrics.request_errors.labels(error_code(exc)).inc()
         return exc
 
-    async def _drop_route(self) -> None:
+    async def _drop_route(self, settle_s: float = 2.0) -> None:
         if self._tapes:  # checks drawn for this route's hops run now, in the background
             self.verifier.route_done(self._tapes)
-        links, self._links, self._tapes = self._links, None, []
+        if self._pushed is not None:  # the first hop's last ack, read (up to settle_s) before CloseSession
+            await self._pushed.settle(settle_s)
+        links, self._links, self._tapes, self._pushed = self._links, None, [], None
         if links:  # best effort: the route is being abandoned
             await asyncio.gather(*(c.close() for c in links), return_exceptions=True)
 
 
 async def open_chain(transport: Transport, hops: Sequence[Hop], model_id: str, num_layers: int, max_length: int,
                      sampling: SamplingParams = SamplingParams(), config: ClientConfig = ClientConfig(),
-                     push: PushConfig = PushConfig()) -> Pipeline:
+                     push: Optional[PushConfig] = None) -> Pipeline:
     """An opened pipeline over one explicit chain (no control plane: the caller names the hops).
 
     There is no other route to fail over to: a hop that fails is banned and the next step
     reports that no route is left.
     """
     pipeline = Pipeline(transport, ChainListRoutes([list(hops)]), model_id, num_layers, max_length, sampling, config)
-    pipeline.push = push
+    pipeline.push = push or pipeline.push
     try:
         await pipeline.open()
     except BaseException:

@@ -10,7 +10,7 @@ its header was decoded and checked against what the session may still legally se
 against the peer's in-flight byte budget). A payload that is refused unread leaves the stream
 out of sync, so that stream alone is closed after the error reply (a small one is read and
 dropped instead, so that an honest client whose session expired keeps its stream).
-Push mode's ``AllowPush`` and ``PushForward`` are handed to ``peer/forwarding.py``.
+Push mode's ``AllowPush``, ``PushForward`` and ``AwaitResult`` are handed to ``peer/forwarding.py``.
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ from p2pserve.protocol import (
     PeerStats,
     OpenDirect,
     AllowPush,
+    AwaitResult,
     PushForward,
     OpenSession,
     SessionClosed,
@@ -198,7 +199,7 @@ class SessionHandler:
             await self.payloads.release(payload_len)
         if isinstance(reply, SessionOpened):
             stream.opened = True
-        elif isinstance(reply, ForwardResult):
+        elif isinstance(reply, ForwardResult) and isinstance(msg, Forward):  # not an AwaitResult's wait
             self._service.add(time.perf_counter() - t0)
         return True
 
@@ -247,12 +248,14 @@ class SessionHandler:
                 return await self._forward(msg, payload, stream)
             if isinstance(msg, GetStats):
                 return self.stats(), b""
-            if isinstance(msg, (AllowPush, PushForward)) and self.forwarder is None:
+            if isinstance(msg, (AllowPush, PushForward, AwaitResult)) and self.forwarder is None:
                 raise BadRequestError("this peer does not take push-mode steps")
             if isinstance(msg, AllowPush):
                 return self.forwarder.allow(msg, stream), b""
             if isinstance(msg, PushForward):
                 return await self.forwarder.push(msg, payload, stream, stream.remote, self._forward)
+            if isinstance(msg, AwaitResult):
+                return await self.forwarder.await_result(msg, stream)
             if isinstance(msg, OpenDirect):
                 return (self.direct.offer(stream.remote) if self.direct else DirectOffer(port=0)), b""
             if isinstance(msg, CloseSession):

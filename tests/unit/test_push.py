@@ -1,10 +1,13 @@
 """Push mode: the wire structs' bounds, the peer's route checks, and hostile pushes.
 
 Three real peer handlers, each holding one layer of a real tiny Llama (real shards and compute
-workers), run on an in-memory transport: greedy output pushed peer to peer equals client-driven
-output; a route naming an unknown session, another owner's session, or a peer twice gets a typed
-error naming the hop at fault; a peer the owner did not allow cannot push into a session; and a
-dead next hop is reported back, banned and routed around with the output unchanged.
+workers), run on an in-memory transport; each finds the next hop's addresses in its own view of
+an in-memory swarm (``FakeSwarm``, with the real reader's identity rules). Greedy output pushed
+peer to peer equals client-driven output, the token coming from the last hop's AwaitResult; a
+route naming an unknown session, another owner's session, or a peer twice gets a typed error
+naming the hop at fault; a route carrying addresses, or naming a peer the forwarding peer has no
+record of, is refused without dialling anything; a peer the owner did not allow cannot push into
+a session; and a dead next hop is reported back, banned and routed around with the output unchanged.
 """
 
 from __future__ import annotations
@@ -22,20 +25,26 @@ from p2pserve.client.pipeline import Pipeline
 from p2pserve.client.push import PushConfig
 from p2pserve.client.route_providers import ChainListRoutes
 from p2pserve.config import BatchingConfig, ClientConfig
+from p2pserve.dht.keys import RecordKind
+from p2pserve.dht.records import PeerInfo
 from p2pserve.errors import BadRequestError, MalformedFrameError
 from p2pserve.model.shard import Shard
 from p2pserve.peer.batcher import TokenThrottle
 from p2pserve.peer.forwarding import Forwarder, ForwardingConfig, check_route
 from p2pserve.peer.handlers import SessionHandler
+from p2pserve.peer.next_hop import AnnouncedAddresses
 from p2pserve.peer.sessions import SessionTable
 from p2pserve.peer.worker import ComputeWorker
 from p2pserve.protocol import (
+    FRAME_PREFIX,
     MAX_PUSH_HOPS,
     SESSION_PROTOCOL,
     AllowPush,
+    AwaitResult,
     ErrorReply,
     Forward,
     FrameLimits,
+    PushAck,
     PushForward,
     PushHop,
     SamplingParams,
@@ -43,6 +52,7 @@ from p2pserve.protocol import (
     decode_request,
 )
 from p2pserve.transport.frames import read_frame, tensor_to_wire, write_frame
+from p2pserve.testing.swarm import FakeSwarm, FakeSwarmStore
 from p2pserve.transport.memory import MemoryNetwork
 from tests.harness import tiny_session_table
 
@@ -70,7 +80,7 @@ def test_a_route_longer_than_the_bound_is_refused_by_the_decoder():
     {"peer_id": "not a peer id!", "session_id": "s"},  # outside base58
     {"peer_id": "Qm" + "a" * 200, "session_id": "s"},  # too long
     {"peer_id": "QmX", "session_id": ""},  # empty session id
-    {"peer_id": "QmX", "session_id": "s", "maddrs": ["/ip4/1.2.3.4/tcp/1/p2p/QmX"] * 5},  # too many addresses
+    {"peer_id": "QmX", "session_id": "s", "maddrs": ["/ip4/127.0.0.1/tcp/1/p2p/QmX"]},  # addresses: never taken
 ])
 def test_hostile_hops_are_refused_by_the_decoder(hop):
     meta, _ = tensor_to_wire(torch.tensor([1], dtype=torch.int64))
@@ -98,16 +108,14 @@ def test_the_rule_pushes_enabled_slow_unverified_routes_only():
     assert not on.use_push(3, False, [None, None, None]) and PUSH.use_push(3, False, fast)
 
 
-def test_check_route_refuses_repeats_this_peer_and_foreign_addresses():
-    check_route([PushHop(B, "s1"), PushHop(C, "s2", ["/ip4/1.2.3.4/tcp/1/p2p/" + C])], A)
+def test_check_route_refuses_repeats_and_this_peer():
+    check_route([PushHop(B, "s1"), PushHop(C, "s2")], A)
     with pytest.raises(BadRequestError, match="twice"):
         check_route([PushHop(B, "s1"), PushHop(B, "s2")], A)
     with pytest.raises(BadRequestError, match="twice"):
         check_route([PushHop(B, "s1"), PushHop(A, "s2")], A)
     with pytest.raises(BadRequestError, match="session twice"):
         check_route([PushHop(B, "s1"), PushHop(C, "s1")], A)
-    with pytest.raises(BadRequestError, match="multiaddr"):
-        check_route([PushHop(B, "s1", ["/ip4/1.2.3.4/tcp/1/p2p/" + C])], A)
 
 
 @pytest.fixture(scope="module")
@@ -123,12 +131,16 @@ class Swarm:
     def __init__(self, model, spans: dict[str, tuple[int, int]]):
         path, spec = model
         self.spec, self.net, self.workers, self.handlers = spec, MemoryNetwork(), [], {}
+        self.records = FakeSwarmStore()  # each peer's PeerInfo, signed by its own (fake) key
+        for pid in spans:
+            self.records.put(RecordKind.PEERS, f"key-{pid}", PeerInfo(model="tiny", peer_id=pid, addrs=[f"/memory/p2p/{pid}"]))
         for pid, (start, end) in spans.items():
             _, _, budget, table = tiny_session_table_for(model, start, end)
             worker = ComputeWorker(Shard.load(path, spec, start, end), TokenThrottle(BatchingConfig()), budget)
             worker.start()
             handler = SessionHandler(spec, table, worker, FrameLimits(), request_timeout_s=20)
-            handler.forwarder = Forwarder(table, self.net.transport(pid), pid, FrameLimits())
+            handler.forwarder = Forwarder(table, self.net.transport(pid), pid, FrameLimits(),
+                                          resolve=AnnouncedAddresses(FakeSwarm(self.records, name=pid)))
             self.net.serve(pid, SESSION_PROTOCOL, handler.handle_stream)
             self.workers.append(worker)
             self.handlers[pid] = handler
@@ -343,16 +355,57 @@ def test_hostile_routes_get_typed_errors_naming_the_hop(swarm):
         # another owner's session on B: A was never allowed into it, and it does not exist for A
         foreign = await push([PushHop(B, "victim-of-nobody")])
         twice = await push([PushHop(B, "sb"), PushHop(B, "sc")])
-        fine = await push([PushHop(B, "sb")])  # B holds layer 1 of 3: its hidden states come back
-        return unknown, foreign, twice, fine
+        fine = await push([PushHop(B, "sb")])  # B, the route's last hop, acks; its output is the owner's
+        result, _ = await b.call(AwaitResult(session_id="sb", step=0))  # held for the owner until asked
+        return unknown, foreign, twice, fine, result
 
-    unknown, foreign, twice, fine = asyncio.run(main())
+    unknown, foreign, twice, fine, result = asyncio.run(main())
     for err in (unknown, foreign):
         assert isinstance(err, ErrorReply) and err.code == "unknown_session" and err.failed_peer == B
     assert foreign.message.replace("victim-of-nobody", "X") == unknown.message.replace("never-opened", "X")
     # refused by A itself before any work: failed_peer None (the hop answering is at fault)
     assert twice.code == "bad_request" and "twice" in twice.message and twice.failed_peer is None
-    assert fine.tensor is not None and fine.position == 2 and fine.session_id == "sb"
+    assert isinstance(fine, PushAck) and fine.session_id == "sa" and fine.step == 0
+    assert result.tensor is not None and result.position == 2 and result.session_id == "sb"
+
+
+def test_a_route_cannot_make_a_peer_dial_where_the_client_says(swarm):
+    """The SSRF a route with addresses allowed: a client could make a peer dial any host. Now a
+    hop carrying addresses is refused by the decoder, and a hop naming a peer the forwarding peer
+    holds no self-signed record of (a record another peer put up for it does not count) gets a
+    typed error naming it, with nothing dialled: the peer exists on the network and sees no stream."""
+    dialled = []
+
+    async def mallory(reader, writer, remote):
+        dialled.append(remote)
+        writer.close()
+
+    mallory_id = "QmMa11ory"
+    swarm.net.serve(mallory_id, SESSION_PROTOCOL, mallory)
+    swarm.records.put(RecordKind.PEERS, f"key-{B}", PeerInfo(model="tiny", peer_id=mallory_id,
+                                                            addrs=[f"/memory/p2p/{mallory_id}"]))
+
+    async def main():
+        a = await _open(swarm, "QmClient", A, "sa")
+        meta, data = tensor_to_wire(torch.tensor([1, 2], dtype=torch.int64))
+        fwd = Forward(session_id="sa", step=0, position=0, tensor=meta)
+        raw = {**msgspec.to_builtins(PushForward(forward=fwd)),
+               "route": [{"peer_id": mallory_id, "session_id": "s", "maddrs": [f"/ip4/127.0.0.1/tcp/1/p2p/{mallory_id}"]}]}
+        replies = []
+        for frame in (msgspec.msgpack.encode(raw), PushForward(forward=fwd, route=[PushHop(mallory_id, "s")])):
+            if isinstance(frame, bytes):  # a hand-made header: the prefix and payload as write_frame lays them out
+                a.stream.writer.write(FRAME_PREFIX.pack(len(frame), len(data)) + frame + data)
+            else:
+                await write_frame(a.stream.writer, frame, data)
+            header, _ = await read_frame(a.stream.reader, FrameLimits())
+            replies.append(decode_reply(header))
+        return replies
+
+    with_addresses, unannounced = asyncio.run(main())
+    assert isinstance(with_addresses, ErrorReply) and with_addresses.code == "malformed"
+    assert isinstance(unannounced, ErrorReply) and unannounced.code == "internal"
+    assert unannounced.failed_peer == mallory_id and "not announced" in unannounced.message
+    assert dialled == []
 
 
 def test_only_the_allowed_peer_can_push_and_only_the_owner_can_allow(swarm):
@@ -366,8 +419,10 @@ def test_only_the_allowed_peer_can_push_and_only_the_owner_can_allow(swarm):
         await b.call(AllowPush(session_id="sb", from_peer=A))
         eve = await _raw(swarm.net.transport("QmEve"), B, fwd, data)
         allowed = await _raw(swarm.net.transport(A), B, fwd, data)
-        return before, stranger, eve, allowed
+        eve_waits = await _raw(swarm.net.transport("QmEve"), B, AwaitResult(session_id="sb", step=0))
+        result, _ = await b.call(AwaitResult(session_id="sb", step=0))
+        return before, stranger, eve, allowed, eve_waits, result
 
-    before, stranger, eve, allowed = asyncio.run(main())
-    assert before.code == stranger.code == eve.code == "unknown_session"
-    assert allowed.tensor is not None and allowed.position == 1
+    before, stranger, eve, allowed, eve_waits, result = asyncio.run(main())
+    assert before.code == stranger.code == eve.code == eve_waits.code == "unknown_session"
+    assert isinstance(allowed, PushAck) and result.tensor is not None and result.position == 1
