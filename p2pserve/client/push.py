@@ -73,7 +73,9 @@ class PushConfig:
     def use_push(self, hops: int, verified: bool, rtts_s: Sequence[float | None] = ()) -> bool:
         """Whether a route of ``hops`` hops, whose sessions opened in ``rtts_s`` seconds (None:
         not measured, counted as 0), is pushed."""
-        if not self.enabled or verified or not self.min_hops <= hops <= MAX_PUSH_HOPS + 1:
+        # at least 2 hops whatever min_hops says: a lone hop would get its AwaitResult and its
+        # PushForward on one stream, and its handler serves them in order
+        if not self.enabled or verified or not max(2, self.min_hops) <= hops <= MAX_PUSH_HOPS + 1:
             return False
         if self.min_rtt_ms <= 0:
             return True

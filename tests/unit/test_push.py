@@ -27,7 +27,7 @@ from p2pserve.client.route_providers import ChainListRoutes
 from p2pserve.config import BatchingConfig, ClientConfig
 from p2pserve.dht.keys import RecordKind
 from p2pserve.dht.records import PeerInfo
-from p2pserve.errors import BadRequestError, MalformedFrameError
+from p2pserve.errors import BadRequestError, ConfigError, MalformedFrameError
 from p2pserve.model.shard import Shard
 from p2pserve.peer.batcher import TokenThrottle
 from p2pserve.peer.forwarding import Forwarder, ForwardingConfig, check_route
@@ -106,6 +106,36 @@ def test_the_rule_pushes_enabled_slow_unverified_routes_only():
     assert not on.use_push(3, True, slow)  # verified outputs stay client-driven
     assert not on.use_push(1, False, slow[:1]) and not on.use_push(MAX_PUSH_HOPS + 2, False, slow)
     assert not on.use_push(3, False, [None, None, None]) and PUSH.use_push(3, False, fast)
+    assert not PushConfig(enabled=True, min_hops=1, min_rtt_ms=0).use_push(1, False, slow[:1])  # never one hop
+
+
+def test_the_push_flag_maps_to_the_rule():
+    assert PushConfig.from_mode("off") == PushConfig()
+    assert PushConfig.from_mode("auto") == PushConfig(enabled=True)
+    assert PushConfig.from_mode("on").use_push(2, False, [0.0, 0.0])
+    with pytest.raises(ConfigError):
+        PushConfig.from_mode("sometimes")
+    assert ClientConfig().push is None and ClientConfig(push=PUSH).push is PUSH
+
+
+def test_announced_addresses_are_the_peers_own_and_re_read_sparingly():
+    """Only a record signed by the peer it names gives addresses; a miss re-reads the swarm at
+    most every ``miss_refresh_s``, a hit every ``refresh_s``."""
+    store, now = FakeSwarmStore(), [0.0]
+    store.put(RecordKind.PEERS, f"key-{B}", PeerInfo(model="tiny", peer_id=B, addrs=["/ip4/10.0.0.2/tcp/1"]))
+    store.put(RecordKind.PEERS, f"key-{A}", PeerInfo(model="tiny", peer_id=C, addrs=["/ip4/127.0.0.1/tcp/2"]))
+    view = FakeSwarm(store, name=A)
+    addresses = AnnouncedAddresses(view, refresh_s=10.0, miss_refresh_s=0.5, clock=lambda: now[0])
+
+    async def main():
+        got = [await addresses(B), await addresses(C), await addresses(C)]
+        now[0] = 1.0
+        got.append(await addresses(C))  # a miss, later: read again
+        got.append(await addresses(B))  # a hit: not read again
+        return got
+
+    assert asyncio.run(main()) == [("/ip4/10.0.0.2/tcp/1",), (), (), (), ("/ip4/10.0.0.2/tcp/1",)]
+    assert view.calls["get_peers"] == 2
 
 
 def test_check_route_refuses_repeats_and_this_peer():
