@@ -18,6 +18,8 @@ import msgspec
 import pytest
 import torch
 
+from p2pserve.cli import build_parser
+from p2pserve.cli.api import client_from_args
 from p2pserve.client.connection import HopConnection
 from p2pserve.client.failover import FailoverState
 from p2pserve.client.hop import Hop
@@ -116,6 +118,13 @@ def test_the_push_flag_maps_to_the_rule():
     with pytest.raises(ConfigError):
         PushConfig.from_mode("sometimes")
     assert ClientConfig().push is None and ClientConfig(push=PUSH).push is PUSH
+    for command in ("chat", "api"):
+        fixed = (command, "--initial-peers", "/ip4/127.0.0.1/tcp/1/p2p/QmA")
+        assert client_from_args(build_parser(command).parse_args(fixed)).config.push == PushConfig()
+        auto = build_parser(command).parse_args([*fixed, "--push", "auto", "--verify-share", "0"])
+        assert client_from_args(auto).config.push == PushConfig(enabled=True)
+        with pytest.raises(ConfigError, match="verify-share"):  # verified routes are never pushed
+            client_from_args(build_parser(command).parse_args([*fixed, "--push", "on"]))
 
 
 def test_announced_addresses_are_the_peers_own_and_re_read_sparingly():
