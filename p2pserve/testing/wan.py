@@ -172,6 +172,7 @@ def start_bootstrap(workdir: Path, timeout: float = 60.0):
 
     children = Children(Path(workdir))
     maddrs_file = Path(workdir) / "boot.maddrs"
+    maddrs_file.unlink(missing_ok=True)  # a previous bootstrap's, in the same folder, is stale
     children.start("boot", "bootstrap", "--host-maddrs", "/ip4/127.0.0.1/tcp/0", "--maddrs-file", str(maddrs_file))
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
