@@ -48,7 +48,7 @@ def add_client_arguments(parser: argparse.ArgumentParser) -> None:
                         "(0 = off; docs/trust.md)")
     r.add_argument("--push", default="off", choices=["off", "auto", "on"],
                    help="push mode (docs/wan.md): peers forward each step to each other and the last returns the "
-                        "token; auto: on routes whose median session-open round trip is at least 20 ms; needs "
+                        "token; auto: on routes whose median session-open round trip is at least 10 ms; needs "
                         "peers that find each other in the swarm's records (not --peers), and --verify-share 0 "
                         "(a pushed step does not show the client each hop's output to re-execute)")
     r.add_argument("--speculative", default=None, metavar="prompt-lookup|draft:PATH",

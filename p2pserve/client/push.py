@@ -61,7 +61,7 @@ class PushConfig:
 
     enabled: bool = False
     min_hops: int = 2
-    min_rtt_ms: float = 20.0  # the rule and the measurements behind it: docs/wan.md, "Push mode"
+    min_rtt_ms: float = 10.0  # the rule and the measurements behind it: docs/wan.md, "Push mode"
 
     @classmethod
     def from_mode(cls, mode: str) -> "PushConfig":

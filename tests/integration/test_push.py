@@ -9,7 +9,7 @@ each step to the first hop and waits for the token at the last (AwaitResult). Gr
 equal `generate`, also when the route's last peer is SIGKILLed mid-generation (the client's wait
 on it breaks, or its predecessor reports it unreachable: the client bans it, re-routes to the
 replica and replays). The route is pushed by the rule itself (``PushConfig(enabled=True)``: the
-sessions' open round trips are over its 20 ms).
+sessions' open round trips are over its 10 ms).
 A route cannot make a peer dial an address of the client's choosing (a listener sees nothing).
 """
 
