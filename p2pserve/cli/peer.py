@@ -46,7 +46,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--layers", type=parse_layers, default=None, metavar="START:END",
                    help="serve this fixed half-open layer range (default: whole model, or the plan's range with --initial-peers)")
     p.add_argument("--device", default=None, choices=["cpu", "cuda"], help="compute device (default: cuda if --gpu given, else cpu)")
-    p.add_argument("--gpu", type=int, default=None, metavar="N", help="CUDA device index; implies --device cuda")
+    p.add_argument("--gpu", default=None, metavar="N[,N...]",
+                   help="CUDA device index; implies --device cuda. A comma list (0,1,2,3) serves the layer range as one "
+                        "tensor-parallel group over those devices (NCCL; docs/tensor-parallel.md)")
+    p.add_argument("--tp", type=int, default=None, metavar="N",
+                   help="tensor-parallel size: with --device cpu, N processes on this host split each layer (gloo); "
+                        "the group is announced as one peer (docs/tensor-parallel.md)")
     p.add_argument("--dtype", default=d.dtype, choices=["float32", "float16", "bfloat16"])
     p.add_argument("--quant", default="none", choices=["none", "int8", "nf4", "int4"],
                    help="weight-only quantization of the layers served (needs the 'quant' extra); the swarm "
@@ -55,10 +60,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "id; the rule every role shares: p2pserve/model/identity.py)")
     p.add_argument("--num-threads", type=int, default=None, help="torch intra-op threads")
     p.add_argument("--max-layers", type=int, default=None, help="most layers this peer may hold (default: from --weights-memory-gb)")
-    p.add_argument("--weights-memory-gb", type=float, default=d.weights_memory_bytes / 1024**3, help="memory for weights")
+    p.add_argument("--weights-memory-gb", type=float, default=d.weights_memory_bytes / 1024**3, help="memory for weights (a tensor-parallel group's total)")
     p.add_argument("--profile-batch", type=int, default=d.profile_batch,
                    help="concurrent sessions the announced decode throughput T[j] assumes")
-    p.add_argument("--kv-memory-gb", type=float, default=d.kv_memory_bytes / 1024**3, help="memory for the KV cache")
+    p.add_argument("--kv-memory-gb", type=float, default=d.kv_memory_bytes / 1024**3, help="memory for the KV cache (a tensor-parallel group's total)")
     p.add_argument("--kv-token-layers", type=int, default=None, help="KV budget in token-layer slots (overrides --kv-memory-gb)")
     p.add_argument("--session-idle-timeout", type=float, default=d.session_idle_timeout_s, help="seconds before an idle session is freed")
     p.add_argument("--max-payload-mb", type=float, default=d.frame_limits.max_payload_bytes / 1024**2, help="largest accepted frame payload")
@@ -95,13 +100,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def config_from_args(args: argparse.Namespace) -> PeerConfig:
     """Build a PeerConfig from parsed flags."""
+    from p2pserve.peer.tp_group import parse_gpus
+
     device = args.device or ("cuda" if args.gpu is not None else "cpu")
     if device == "cuda":
         import torch
 
         if not torch.cuda.is_available():
             raise ConfigError("--device cuda / --gpu was given but no CUDA device is available")
-        device = f"cuda:{args.gpu or 0}"
+        gpus = parse_gpus(args.gpu) if args.gpu is not None else (0,)
+        if len(gpus) > torch.cuda.device_count() or max(gpus) >= torch.cuda.device_count():
+            raise ConfigError(f"--gpu {args.gpu}: this host has {torch.cuda.device_count()} CUDA device(s)")
+        device = f"cuda:{gpus[0]}"
     start, end = args.layers if args.layers else (None, None)
     return PeerConfig(
         model=args.model,
@@ -148,7 +158,16 @@ def direct_address_from(args: argparse.Namespace, dcfg):
     return DirectAddress(listen_hosts=listen, announce_port=args.direct_announce_port)
 
 
-async def serve(config: PeerConfig, args: argparse.Namespace) -> None:
+def tp_from_args(args: argparse.Namespace, config: PeerConfig):
+    """The peer's ``TPConfig`` from ``--tp`` / ``--gpu A,B,...``, or None without tensor parallelism."""
+    from p2pserve.peer.tp_group import TPConfig, parse_gpus, tp_devices
+
+    gpus = parse_gpus(args.gpu) if args.gpu is not None and config.device.startswith("cuda") else None
+    devices = tp_devices(config.device, gpus, args.tp)
+    return None if devices is None else TPConfig(devices=devices, num_threads=config.num_threads)
+
+
+async def serve(config: PeerConfig, args: argparse.Namespace, tp=None) -> None:
     """Start DHT node and peer (and the control-plane agent), print the ready line, serve until signalled."""
     from p2pserve.cli.common import dht_config, metrics_config, model_name_from_args
     from p2pserve.cli.progress import Progress, describe
@@ -156,7 +175,6 @@ async def serve(config: PeerConfig, args: argparse.Namespace) -> None:
     from p2pserve.dht.swarm import Swarm
     from p2pserve.model.default import resolve_model
     from p2pserve.model.spec import load_spec
-    from p2pserve.peer.next_hop import AnnouncedAddresses
     from p2pserve.peer.server import Peer
 
     progress = Progress()
@@ -175,8 +193,13 @@ async def serve(config: PeerConfig, args: argparse.Namespace) -> None:
         fixed = config.start is not None or not config.announce
         with progress.step(f"loading layers {config.start or 0}:{config.end or spec.num_layers}" if fixed
                            else "starting the peer"):
-            peer = await Peer.create(config, swarm.dht, direct_address)
-        peer.handler.forwarder.resolve = AnnouncedAddresses(swarm)  # push: next hops where they announced themselves
+            peer = await Peer.create(config, swarm.dht, direct_address, tp)
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        if peer.tp is not None:  # a dead rank takes the group down: withdraw, exit non-zero
+            peer.tp.on_failure = lambda reason: loop.call_soon_threadsafe(stop.set)
+            if peer.tp.comm.failed:  # failed before the callback was set
+                stop.set()
         if metrics is not None:
             peer.export_metrics(metrics)
         if config.announce:
@@ -184,8 +207,6 @@ async def serve(config: PeerConfig, args: argparse.Namespace) -> None:
             if agent.follow_plan:  # say what the peer waits for: the plan, a load, a handover
                 watch = asyncio.create_task(progress.follow(
                     lambda: describe(agent.state, agent.loading, agent.loaded, peer.served)))
-        loop = asyncio.get_running_loop()
-        stop = asyncio.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         layers = f"{peer.served[0]}:{peer.served[1]}" if peer.served else "none"
@@ -199,6 +220,10 @@ async def serve(config: PeerConfig, args: argparse.Namespace) -> None:
         if agent:
             await agent.shutdown()
         await peer.shutdown()
+        if peer.tp is not None and peer.tp.comm.failed:
+            from p2pserve.peer.tp_group import GroupFailedError
+
+            raise GroupFailedError(f"tensor-parallel group failed: {peer.tp.comm.failed}")
     finally:
         swarm.shutdown()
 
@@ -207,14 +232,17 @@ async def _start_agent(peer, swarm, config: PeerConfig, progress):
     from p2pserve.config import ProberConfig
     from p2pserve.dht.prober import LinkProber
     from p2pserve.peer.agent import SwarmAgent
+    from p2pserve.peer.next_hop import AnnouncedAddresses
     from p2pserve.peer.profiler import load_or_measure
 
+    # push mode: a peer in a swarm dials next hops where they announced themselves (none otherwise)
+    peer.handler.forwarder.resolve = AnnouncedAddresses(swarm)
     spec = peer.spec
     # Never more than the model has: readers reject a record claiming more (dht/records.py).
     max_layers = min(spec.num_layers, config.max_layers or max(1, config.weights_memory_bytes // spec.layer_bytes))
     with progress.step(f"profiling {config.device} for up to {max_layers} layers (cached after the first run)"):
         profile = await asyncio.to_thread(load_or_measure, peer.model_path, spec, config.device, max_layers,
-                                          config.profile_batch)
+                                          config.profile_batch, peer.tp)
     # Probe transfers of ~0.25 s: long enough that TCP ramp-up and a shaper's burst allowance
     # are a small part of the measured time (a 20 Mbit/s link then reads within a few percent).
     # Each link is re-probed every link_refresh, and announced as the best of its recent rounds.
@@ -230,7 +258,7 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         config = config_from_args(args)
-        asyncio.run(serve(config, args))
+        asyncio.run(serve(config, args, tp_from_args(args, config)))
     except P2PServeError as e:
         print(f"p2pserve peer: error: {e}", file=sys.stderr)
         return 2

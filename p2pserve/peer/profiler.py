@@ -9,6 +9,7 @@ The result is cached per (device, model, dtype) so a restart does not re-profile
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -35,9 +36,10 @@ class Profile:
     prefill: list[float]
 
 
-def _step_time(shard: Shard, spec: ModelSpec, n_layers: int, batch: int, tokens: int, context: int, reps: int) -> float:
+def _step_time(shard: Shard, spec: ModelSpec, n_layers: int, batch: int, tokens: int, context: int, reps: int,
+               kv_heads: int) -> float:
     dtype = TORCH_DTYPES[spec.dtype]
-    caches = [SequenceCache(0, n_layers, spec.num_kv_heads, spec.head_dim, context + tokens * (reps + 2), dtype,
+    caches = [SequenceCache(0, n_layers, kv_heads, spec.head_dim, context + tokens * (reps + 2), dtype,
                             shard.device) for _ in range(batch)]
     warm = [Segment(torch.randint(0, spec.vocab_size, (context,)), 0, 0, n_layers, c) for c in caches]
     shard.forward_batch(warm)
@@ -56,16 +58,22 @@ def _step_time(shard: Shard, spec: ModelSpec, n_layers: int, batch: int, tokens:
 
 
 def measure(model_path: str, spec: ModelSpec, device: str, max_layers: int, decode_batch: int = 32,
-            prefill_tokens: int = 128, context: int = 64, reps: int = 3) -> Profile:
-    """Time forwards at depth 1 and k and build the decode/prefill tables for 1..max_layers."""
+            prefill_tokens: int = 128, context: int = 64, reps: int = 3, load=Shard.load, kv_heads: int | None = None,
+            ) -> Profile:
+    """Time forwards at depth 1 and k and build the decode/prefill tables for 1..max_layers.
+
+    ``load`` builds the timed shard (a tensor-parallel peer passes its group's loader, so the
+    whole group's forward is timed; its caches then hold ``kv_heads`` heads, one rank's share).
+    """
     k = max(1, min(max_layers, 4, spec.num_layers))
-    shard = Shard.load(model_path, spec, 0, k, device=device)
+    shard = load(model_path, spec, 0, k, device=device)
+    kv_heads = kv_heads or spec.num_kv_heads
     # Decode: a batch of single tokens. Prefill: one chunk. Segments ending at layer 1 run only
     # the first layer of the k-layer shard. The embedding lookup is included; it is negligible.
-    d1 = _step_time(shard, spec, 1, decode_batch, 1, context, reps)
-    dk = _step_time(shard, spec, k, decode_batch, 1, context, reps)
-    p1 = _step_time(shard, spec, 1, 1, prefill_tokens, context, reps)
-    pk = _step_time(shard, spec, k, 1, prefill_tokens, context, reps)
+    d1 = _step_time(shard, spec, 1, decode_batch, 1, context, reps, kv_heads)
+    dk = _step_time(shard, spec, k, decode_batch, 1, context, reps, kv_heads)
+    p1 = _step_time(shard, spec, 1, 1, prefill_tokens, context, reps, kv_heads)
+    pk = _step_time(shard, spec, k, 1, prefill_tokens, context, reps, kv_heads)
 
     def table(t1: float, tk: float, tokens: int) -> list[float]:
         per_layer = max((tk - t1) / (k - 1), 1e-9) if k > 1 else t1
@@ -75,25 +83,31 @@ def measure(model_path: str, spec: ModelSpec, device: str, max_layers: int, deco
     return Profile(device, spec.model_id, max_layers, table(d1, dk, decode_batch), table(p1, pk, prefill_tokens))
 
 
-def load_or_measure(model_path: str, spec: ModelSpec, device: str, max_layers: int, decode_batch: int = 32) -> Profile:
+def load_or_measure(model_path: str, spec: ModelSpec, device: str, max_layers: int, decode_batch: int = 32,
+                    tp=None) -> Profile:
     """The cached profile for this device+model, measuring it on first use.
 
     ``decode_batch`` is the number of concurrent sessions the decode figure assumes: a peer
     batches across sessions, so its capacity is the throughput of a typical batch, not of one
-    stream (Helix profiles nodes the same way).
+    stream (Helix profiles nodes the same way). ``tp`` (a ``TPGroup``) times the group instead.
     """
     name = torch.cuda.get_device_name(device) if device.startswith("cuda") else "cpu"
+    extra, label = {}, device
+    if tp is not None:  # announced as the group's device: "cpu x2", "cuda:0 x4"
+        label = f"{device} x{tp.config.world}"
+        name = f"{name}-tp{tp.config.world}"
+        extra = dict(load=tp.load, kv_heads=spec.num_kv_heads // tp.config.world)
     key = f"{name}-{spec.model_id}-{spec.dtype}-{max_layers}-b{decode_batch}".replace("/", "_").replace(" ", "_")
     path = cache_dir() / "profiles" / f"{key}.json"
     if path.is_file():
         try:
-            return Profile(**json.loads(path.read_text()))
+            return dataclasses.replace(Profile(**json.loads(path.read_text())), device=label)
         except (TypeError, ValueError):
             log.warning("ignoring unreadable profile cache %s", path)
     t = time.perf_counter()
-    profile = measure(model_path, spec, device, max_layers, decode_batch=decode_batch)
+    profile = measure(model_path, spec, device, max_layers, decode_batch=decode_batch, **extra)
     log.info("profiled %s in %.1f s: T[1]=%.0f T[%d]=%.0f decode tokens/s", name, time.perf_counter() - t,
              profile.decode[0], max_layers, profile.decode[-1])
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(asdict(profile)))
-    return profile
+    return dataclasses.replace(profile, device=label)

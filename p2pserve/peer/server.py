@@ -24,7 +24,9 @@ from p2pserve.peer.batcher import TokenThrottle
 from p2pserve.peer.forwarding import Forwarder
 from p2pserve.peer.handlers import SessionHandler
 from p2pserve.peer.kv_cache import KVBudget
+from p2pserve.model.tensor_parallel import local_spec
 from p2pserve.peer.sessions import SessionTable
+from p2pserve.peer.tp_group import TPConfig, TPGroup
 from p2pserve.peer.worker import ComputeWorker
 from p2pserve.protocol import SESSION_PROTOCOL
 from p2pserve.transport.libp2p import Libp2pTransport
@@ -50,11 +52,14 @@ class Peer:
     _watchdog: asyncio.Task | None = None
     _stopped: asyncio.Event | None = None
     metrics_server: MetricsServer | None = None  # the /metrics endpoint, once export_metrics ran
+    tp: TPGroup | None = None  # the tensor-parallel group whose rank 0 this process is (tp_group.py)
 
     @classmethod
-    async def create(cls, config: PeerConfig, dht, direct_address: DirectAddress = DirectAddress()) -> "Peer":
+    async def create(cls, config: PeerConfig, dht, direct_address: DirectAddress = DirectAddress(),
+                     tp: TPConfig | None = None) -> "Peer":
         """Load the fixed range (if any) and serve the session protocol on ``dht``'s libp2p node
-        (and on the direct path, bound and offered as ``direct_address`` says)."""
+        (and on the direct path, bound and offered as ``direct_address`` says); with ``tp``, as
+        rank 0 of a tensor-parallel group whose other ranks it starts first."""
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         model_path = str(resolve_model(config.model))
@@ -64,8 +69,9 @@ class Peer:
         if capacity is None:
             capacity = config.kv_memory_bytes // spec.kv_bytes_per_token_layer
         budget = KVBudget(capacity)
+        group = await asyncio.to_thread(TPGroup.start, tp, model_path, spec) if tp else None
         table = SessionTable(
-            spec=spec,
+            spec=local_spec(spec, tp.world) if tp else spec,  # caches hold this rank's KV heads
             served=None,
             budget=budget,
             idle_timeout_s=config.session_idle_timeout_s,
@@ -77,7 +83,7 @@ class Peer:
         worker = ComputeWorker(None, TokenThrottle(config.batching), budget)
         handler = SessionHandler(spec, table, worker, config.frame_limits, config.request_timeout_s, config.admission)
         handler.signer.peer_id = str(p2p.peer_id)  # replies name the peer that signed them
-        peer = cls(config, spec, model_path, dht, p2p, worker, table, handler, Libp2pTransport(p2p))
+        peer = cls(config, spec, model_path, dht, p2p, worker, table, handler, Libp2pTransport(p2p), tp=group)
         # push mode: this peer dials the next hop as a client would (libp2p, or the pinned direct path)
         handler.forwarder = Forwarder(table, DirectTransport(peer.transport, config.frame_limits), peer.peer_id,
                                       config.frame_limits)
@@ -143,9 +149,14 @@ class Peer:
         Loading runs in a thread, so the current range keeps serving meanwhile.
         """
         t0 = time.perf_counter()
-        shard = await asyncio.to_thread(Shard.load, self.model_path, self.spec, start, end, self.config.device)
+        shard = await asyncio.to_thread(self.load_shard, self.model_path, self.spec, start, end, self.config.device)
         log.info("loaded layers [%d, %d) of %s in %.1f s", start, end, self.spec.model_id, time.perf_counter() - t0)
         return shard
+
+    @property
+    def load_shard(self):
+        """``Shard.load``, or the tensor-parallel group's loader (every rank loads its slices)."""
+        return self.tp.load if self.tp is not None else Shard.load
 
     def flip_to(self, shard: Shard) -> None:
         """Serve ``shard``'s range from now on; sessions whose span is not inside it are closed
@@ -206,6 +217,8 @@ class Peer:
         if self.handler.direct is not None:
             await self.handler.direct.stop()
         self.worker.stop()
+        if self.tp is not None:
+            await asyncio.to_thread(self.tp.stop)
         if self.metrics_server is not None:  # its serving loop polls twice a second: not on this loop
             await asyncio.to_thread(self.metrics_server.close)
         self._stopped.set()
