@@ -16,12 +16,17 @@ relay) measured in the same run, it reports:
 
 ``speculative_speedup``: tokens/s with prompt-lookup drafting over plain decoding on a copying
 workload (a code edit returning the code; ``benchmarks/speculative.py``'s ``measure``) over the
-same relayed hops, with ``identical`` and the draft's acceptance. A slot other work fills in
-(``null`` until then): ``push_vs_client_ms_per_token`` (peer-to-peer forwarding's ms/token over
-client-driven's, at the same delay).
+same relayed hops, with ``identical`` and the draft's acceptance.
+``push_vs_client_ms_per_token``: push mode's (``p2pserve/client/push.py``: the client sends each
+step to the first hop, the peers forward it to each other, the last hop answers the client
+directly) median ms/token over client-driven's at the same delay, measured the same way right
+after it over the same peers (which meet at a bootstrap node, where each finds the next hop's
+announced relay address); ``push`` holds its ms/token, tokens/s, ``identical`` (its greedy tokens
+equal the client-driven run's), and ``network_floor_ms``: (hops + 1) x delay, the least a pushed
+step can cost, against client-driven's hops x 2 x delay (a ratio of 0.667 at 3 hops).
 
-Usage: PYTHONPATH=. python benchmarks/wan.py [--model default] [--delays 5,25,50] [--tokens 32]
-       [--rate-mbps 100] [--repeats 2] [--json PATH]
+Usage: PYTHONPATH=. python benchmarks/wan.py [--model default] [--delays 5 25 50] [--tokens 32]
+       [--rate-mbps 100] [--repeats 2] [--no-push] [--no-speculative] [--json PATH]
 """
 
 from __future__ import annotations
@@ -43,10 +48,17 @@ from p2pserve.client.model_info import LocalModelInfo  # noqa: E402
 from p2pserve.client.node import client_transport  # noqa: E402
 from p2pserve.client.params import GenerationParams  # noqa: E402
 from p2pserve.client.pipeline import open_chain  # noqa: E402
+from p2pserve.client.push import PushConfig  # noqa: E402
 from p2pserve.config import ClientConfig  # noqa: E402
 from p2pserve.launch import start_peers  # noqa: E402
 from p2pserve.model.default import resolve_model  # noqa: E402
-from p2pserve.testing.wan import start_relayed_peers, stop_relayed_peers  # noqa: E402
+from p2pserve.testing.wan import (  # noqa: E402
+    SWARM_TIMING,
+    start_bootstrap,
+    start_relayed_peers,
+    stop_relayed_peers,
+    wait_announced,
+)
 
 PROMPT = "Explain in a few sentences why splitting a model across machines on the internet makes it slower."
 CONFIG = ClientConfig(hop_timeout_s=60.0)
@@ -58,13 +70,15 @@ def thirds(num_layers: int) -> list[tuple[int, int]]:
     return [(cut[i], cut[i + 1]) for i in range(3)]
 
 
-async def client_run(model: LocalModelInfo, hops, prompt_ids: list[int], tokens: int) -> dict:
-    """One greedy request through ``hops``: token times after the pipeline is open."""
+async def client_run(model: LocalModelInfo, hops, prompt_ids: list[int], tokens: int,
+                     push: PushConfig = PushConfig()) -> dict:
+    """One greedy request through ``hops`` (pushed when ``push`` says so): token times after the
+    pipeline is open."""
     params = GenerationParams(max_new_tokens=tokens, ignore_eos=True)
     transport = await client_transport(CONFIG)
     try:
         pipeline = await open_chain(transport, hops, model.spec.model_id, model.spec.num_layers,
-                                    len(prompt_ids) + tokens + 8, params.validate(), CONFIG)
+                                    len(prompt_ids) + tokens + 8, params.validate(), CONFIG, push)
         try:
             t0 = time.perf_counter()
             stamps = []
@@ -81,19 +95,24 @@ async def client_run(model: LocalModelInfo, hops, prompt_ids: list[int], tokens:
                 tokens_per_s=len(gen.result.tokens) / total, first_token_ms=1e3 * (stamps[0] - t0))
 
 
-def best_of(model, hops, prompt_ids, tokens: int, repeats: int) -> dict:
+def best_of(model, hops, prompt_ids, tokens: int, repeats: int, push: PushConfig = PushConfig()) -> dict:
     """A warm-up request, then the fastest of ``repeats`` (a busy host only slows a run down)."""
-    asyncio.run(client_run(model, hops, prompt_ids, 4))
-    runs = [asyncio.run(client_run(model, hops, prompt_ids, tokens)) for _ in range(repeats)]
+    asyncio.run(client_run(model, hops, prompt_ids, 4, push))
+    runs = [asyncio.run(client_run(model, hops, prompt_ids, tokens, push)) for _ in range(repeats)]
     best = min(runs, key=lambda r: r["ms_per_token"])
     best["identical_across_repeats"] = all(r["tokens"] == runs[0]["tokens"] for r in runs)
     return best
 
 
-def measure_push(model, hops, prompt_ids, tokens: int) -> Optional[float]:
-    """SLOT (peer-to-peer push forwarding): its ms/token over client-driven's at this delay.
-    ``None`` until push forwarding exists."""
-    return None
+def measure_push(model, hops, prompt_ids, tokens: int, repeats: int, client: dict, delay_ms: float) -> dict:
+    """Push mode over ``hops``: its figures, and its ms/token over ``client``'s (the client-driven
+    run over the same hops)."""
+    run = best_of(model, hops, prompt_ids, tokens, repeats, PushConfig(enabled=True, min_rtt_ms=0))
+    return dict(ms_per_token=round(run["ms_per_token"], 2), tokens_per_s=round(run["tokens_per_s"], 2),
+                vs_client_ms_per_token=round(run["ms_per_token"] / client["ms_per_token"], 3),
+                network_floor_ms=(len(hops) + 1) * delay_ms,
+                floor_vs_client_floor=round((len(hops) + 1) / (2 * len(hops)), 3),
+                identical=run["tokens"] == client["tokens"] and run["identical_across_repeats"])
 
 
 def measure_speculative(model, hops, tokens: int, rounds: int = 2) -> Optional[dict]:
@@ -119,10 +138,20 @@ def loopback(model_path: str, model, ranges, prompt_ids, args) -> dict:
 
 def at_delay(model_path: str, model, ranges, prompt_ids, delay_ms: float, base: dict, args, workdir: Path) -> dict:
     """Fresh relayed peers at ``delay_ms``; the client-driven figures and their ratios to ``base``."""
-    peers = start_relayed_peers(model_path, ranges, delay_ms=delay_ms, rate_mbps=args.rate_mbps, workdir=workdir)
+    children, boot = (None, []) if args.no_push else start_bootstrap(workdir)  # push: the peers meet there
     try:
+        peers = start_relayed_peers(model_path, ranges, *(("--initial-peers", *boot, *SWARM_TIMING) if boot else ()),
+                                    delay_ms=delay_ms, rate_mbps=args.rate_mbps, workdir=workdir)
+    except BaseException:
+        if children is not None:
+            children.stop_all()
+        raise
+    try:
+        if boot:  # each finds the next hop's announced address
+            wait_announced(model_path, boot, [rp.peer.peer_id for rp in peers], model.spec.num_layers)
         hops = [rp.peer.hop() for rp in peers]
         run = best_of(model, hops, prompt_ids, args.tokens, args.repeats)
+        push = None if args.no_push else measure_push(model, hops, prompt_ids, args.tokens, args.repeats, run, delay_ms)
         spec = None if args.no_speculative else measure_speculative(model, hops, args.tokens)
         return dict(
             delay_ms=delay_ms,
@@ -133,23 +162,27 @@ def at_delay(model_path: str, model, ranges, prompt_ids, delay_ms: float, base: 
                                    tokens_per_s=round(run["tokens_per_s"] / base["tokens_per_s"], 3)),
             network_floor_ms=len(hops) * 2 * delay_ms,
             identical=run["tokens"] == base["tokens"] and run["identical_across_repeats"],
-            push_vs_client_ms_per_token=measure_push(model, hops, prompt_ids, args.tokens),
+            push_vs_client_ms_per_token=push["vs_client_ms_per_token"] if push else None,
+            push=push,
             speculative_speedup=spec["speculative_speedup"] if spec else None,
             speculative=spec,
             relay_bytes=[sum(rp.bytes_relayed(0)) + sum(rp.bytes_relayed(1)) for rp in peers],
         )
     finally:
         stop_relayed_peers(peers)
+        if children is not None:
+            children.stop_all()
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="default", help="checkpoint folder, or 'default' (SmolLM2-135M-Instruct)")
-    ap.add_argument("--delays", default="5,25,50", help="one-way delays in ms, comma-separated")
+    ap.add_argument("--delays", nargs="+", default=["5,25,50"], help="one-way delays in ms (space- or comma-separated)")
     ap.add_argument("--tokens", type=int, default=32, help="greedy tokens per request")
     ap.add_argument("--rate-mbps", type=float, default=100.0, help="each relay direction's rate (0: unlimited)")
     ap.add_argument("--repeats", type=int, default=2, help="measured requests per setting (the fastest counts)")
     ap.add_argument("--no-speculative", action="store_true", help="skip the speculative decoding measurement")
+    ap.add_argument("--no-push", action="store_true", help="skip the push mode measurement")
     ap.add_argument("--json", default=None, metavar="PATH", help="write the results here")
     args = ap.parse_args()
     model_path = str(resolve_model(args.model))
@@ -164,13 +197,18 @@ def main() -> int:
                   delays={})
     print(f"loopback: {base['ms_per_token']:.1f} ms/token, {base['tokens_per_s']:.2f} tokens/s", flush=True)
     with tempfile.TemporaryDirectory(prefix="p2pserve-wan-") as workdir:
-        for delay in (float(d) for d in args.delays.split(",")):
+        for delay in (float(d) for arg in args.delays for d in arg.split(",")):
             row = at_delay(model_path, model, ranges, prompt_ids, delay, base, args, Path(workdir))
             result["delays"][f"{delay:g}"] = row
             print(f"{delay:g} ms one-way: {row['client_ms_per_token']:.1f} ms/token "
                   f"({row['ratio_vs_loopback']['ms_per_token']:.1f}x loopback; round trips alone "
                   f"{row['network_floor_ms']:.0f} ms), {row['client_tokens_per_s']:.2f} tokens/s "
                   f"({row['ratio_vs_loopback']['tokens_per_s']:.3f}x), identical={row['identical']}", flush=True)
+            if row["push"]:
+                pu = row["push"]
+                print(f"  push: {pu['ms_per_token']:.1f} ms/token ({pu['vs_client_ms_per_token']:.2f}x client-driven; "
+                      f"network floor {pu['network_floor_ms']:.0f} ms, {pu['floor_vs_client_floor']:.3f}x client-driven's), "
+                      f"identical={pu['identical']}", flush=True)
             if row["speculative"]:
                 sp = row["speculative"]
                 print(f"  prompt-lookup speculation: {sp['speculative_speedup']:.2f}x tokens/s "

@@ -104,9 +104,8 @@ class ClientConfig:
     ban_base_s: float = 5.0  # first ban of a failed peer; doubles per repeat failure
     ban_max_s: float = 120.0
     stale_route_pause_s: float = 0.25  # after "range moved": let the peer's new announcement land
-    # When no usable route exists (bans, a peer still loading, a record not yet announced), wait
-    # up to this long in all, re-reading the swarm, before failing the request (0: fail at once,
-    # HTTP 503). Swarms in churn often have a route again within seconds (tests/chaos).
+    # When no usable route exists (bans, a peer still loading, a record not yet announced), wait up to this
+    # long in all, re-reading the swarm, before failing the request (0: fail at once, HTTP 503; churn: tests/chaos).
     no_route_wait_s: float = 0.0
     # Output verification (client/verifier.py, docs/trust.md): the share of each hop's steps
     # re-executed on another replica in the background. 2% keeps the swarm's extra work small
@@ -122,6 +121,7 @@ class ClientConfig:
     # by them (docs/trust.md, "Claims"). 0 turns reporting off.
     report_period_s: float = 30.0
     report_window: int = 64
+    push: object = None  # a client.push.PushConfig: when steps go peer to peer (None: never; docs/wan.md)
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.verify_share <= 1.0:

@@ -6,9 +6,9 @@ MessagePack map decoded by msgspec straight into one of the typed structs below 
 are checked against limits before anything is allocated, and nothing is ever unpickled.
 
 Client -> peer: ``OpenSession``, ``Forward``, ``CloseSession``, ``GetStats``, ``OpenDirect``,
-``AttachDirect``.
+``AttachDirect``, ``AllowPush``, ``PushForward`` (also peer -> next peer, push mode), ``AwaitResult``.
 Peer -> client: ``SessionOpened``, ``ForwardResult``, ``SessionClosed``, ``PeerStats``,
-``DirectOffer``, ``DirectAttached``, ``ErrorReply``.
+``DirectOffer``, ``DirectAttached``, ``PushAllowed``, ``PushAck`` (also peer -> previous peer), ``ErrorReply``.
 
 The same frames travel on a libp2p stream or, after ``OpenDirect``/``AttachDirect``, on a TLS
 connection to the peer pinned by the offer (the direct path; see ``p2pserve/transport/tcp.py``).
@@ -255,16 +255,79 @@ class PeerStats(msgspec.Struct, frozen=True, tag_field="t", tag="stats"):
 
 
 class ErrorReply(msgspec.Struct, frozen=True, tag_field="t", tag="error"):
-    """A typed error: ``code`` is an ErrorCode value; ``message`` says what to do about it."""
+    """A typed error: ``code`` is an ErrorCode value; ``message`` says what to do about it.
+    ``failed_peer`` (push mode only): the later hop of the route that failed or could not be
+    reached, as the hop relaying this error saw it; None: the peer answering failed itself."""
 
     code: str
     message: str
     session_id: str | None = None
     step: NonNegative | None = None
+    failed_peer: str | None = None
 
 
-Request = Union[OpenSession, Forward, CloseSession, GetStats, OpenDirect, AttachDirect]
-Reply = Union[SessionOpened, ForwardResult, SessionClosed, PeerStats, DirectOffer, DirectAttached, ErrorReply]
+#: The most hops a PushForward may name after the one receiving it (a model's route is far shorter).
+MAX_PUSH_HOPS = 16
+#: A libp2p peer id in base58 (what ``Hop.peer_id`` holds); bounded so a route stays small.
+PeerIdText = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern="^[1-9A-HJ-NP-Za-km-z]+$")]
+SessionIdText = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
+
+
+class PushHop(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A later hop of a pushed step: the peer and the session the client opened there. No
+    addresses: a forwarding peer dials the next hop only where that peer announced itself in its
+    own signed PeerInfo (``peer/next_hop.py``), so a client cannot make a peer dial a host of its
+    choice; a hop carrying any other field is refused by the decoder."""
+
+    peer_id: PeerIdText
+    session_id: SessionIdText
+
+
+class AllowPush(msgspec.Struct, frozen=True, tag_field="t", tag="allow_push"):
+    """Sent by a session's owner: accept ``PushForward`` for this session from ``from_peer`` (the
+    previous hop, authenticated by its peer id on the stream it opens). Answered by ``PushAllowed``."""
+
+    session_id: SessionIdText
+    from_peer: PeerIdText
+
+
+class PushAllowed(msgspec.Struct, frozen=True, tag_field="t", tag="push_allowed"):
+    """Acknowledges AllowPush."""
+
+    session_id: str
+
+
+class PushForward(msgspec.Struct, frozen=True, tag_field="t", tag="push_forward"):
+    """Push mode: run ``forward`` here, then send its output on to ``route[0]`` with the rest of
+    ``route``. ``forward.outputs`` is what the last hop returns (hops before it run with 1). The
+    last hop hands its ForwardResult to the owner's ``AwaitResult``; every hop answers whoever
+    pushed to it with ``PushAck`` once the rest of the chain has acked (or an ErrorReply)."""
+
+    forward: Forward
+    route: Annotated[list[PushHop], msgspec.Meta(max_length=MAX_PUSH_HOPS)] = []
+
+
+class AwaitResult(msgspec.Struct, frozen=True, tag_field="t", tag="await_result"):
+    """Sent by a session's owner to the route's last hop, together with the step's PushForward to
+    the first hop: answered with that step's ForwardResult (or ErrorReply) as soon as the pushed
+    step has run here, so the token goes straight to the client, not back along the chain."""
+
+    session_id: SessionIdText
+    step: NonNegative
+
+
+class PushAck(msgspec.Struct, frozen=True, tag_field="t", tag="push_ack"):
+    """A pushed step ran on this hop and every later one (the last hop's result went to the
+    owner's AwaitResult)."""
+
+    session_id: str
+    step: NonNegative
+
+
+Request = Union[OpenSession, Forward, CloseSession, GetStats, OpenDirect, AttachDirect, AllowPush, PushForward,
+                AwaitResult]
+Reply = Union[SessionOpened, ForwardResult, SessionClosed, PeerStats, DirectOffer, DirectAttached, ErrorReply,
+              PushAllowed, PushAck]
 
 _request_decoder = msgspec.msgpack.Decoder(Request)
 _reply_decoder = msgspec.msgpack.Decoder(Reply)
@@ -322,6 +385,7 @@ def tokens_bytes(tokens: list[int]) -> bytes:
     return struct.pack(f">{len(tokens)}q", *tokens)
 
 
-def error_reply(code: ErrorCode, message: str, session_id: str | None = None, step: int | None = None) -> ErrorReply:
+def error_reply(code: ErrorCode, message: str, session_id: str | None = None, step: int | None = None,
+                failed_peer: str | None = None) -> ErrorReply:
     """Build an ErrorReply from an ErrorCode."""
-    return ErrorReply(code=code.value, message=message, session_id=session_id, step=step)
+    return ErrorReply(code=code.value, message=message, session_id=session_id, step=step, failed_peer=failed_peer)

@@ -46,6 +46,11 @@ def add_client_arguments(parser: argparse.ArgumentParser) -> None:
     r.add_argument("--verify-share", type=float, default=ClientConfig.verify_share,
                    help="share of each hop's steps re-executed on another replica in the background "
                         "(0 = off; docs/trust.md)")
+    r.add_argument("--push", default="off", choices=["off", "auto", "on"],
+                   help="push mode (docs/wan.md): peers forward each step to each other and the last returns the "
+                        "token; auto: on routes whose median session-open round trip is at least 10 ms; needs "
+                        "peers that find each other in the swarm's records (not --peers), and --verify-share 0 "
+                        "(a pushed step does not show the client each hop's output to re-execute)")
     r.add_argument("--speculative", default=None, metavar="prompt-lookup|draft:PATH",
                    help="speculative decoding (docs/speculative.md): draft tokens by prompt lookup or with a small "
                         "local model sharing the tokenizer, verify several per step. Off by default: it helps "
@@ -76,6 +81,7 @@ def apply_swarm_file(args: argparse.Namespace) -> None:
 def client_from_args(args: argparse.Namespace):
     """An (unstarted) ``AsyncClient`` from the flags of :func:`add_client_arguments` and ``--config``."""
     from p2pserve.client.api import AsyncClient
+    from p2pserve.client.push import PushConfig
     from p2pserve.client.speculative import SpeculativeConfig
     from p2pserve.errors import ConfigError
 
@@ -84,7 +90,10 @@ def client_from_args(args: argparse.Namespace):
         raise ConfigError("give --initial-peers or --config (a swarm), or --peers (fixed peers)")
     if not 0.0 <= args.verify_share <= 1.0:
         raise ConfigError(f"--verify-share must be in [0, 1], got {args.verify_share}")
-    config = ClientConfig(hop_timeout_s=args.hop_timeout, max_retries=args.max_retries, verify_share=args.verify_share)
+    if args.push != "off" and args.verify_share > 0:
+        raise ConfigError(f"--push {args.push} needs --verify-share 0: verified routes are never pushed (docs/wan.md)")
+    config = ClientConfig(hop_timeout_s=args.hop_timeout, max_retries=args.max_retries, verify_share=args.verify_share,
+                          push=PushConfig.from_mode(args.push))
     return AsyncClient(initial_peers=tuple(args.initial_peers or ()), model=args.model, peers=args.peers or None,
                        config=config, swarm_model=args.swarm_model, swarm_id=args.swarm_id,
                        trusted_coordinators=tuple(args.trusted_coordinator or ()), seed=args.seed,

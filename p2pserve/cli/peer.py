@@ -232,8 +232,11 @@ async def _start_agent(peer, swarm, config: PeerConfig, progress):
     from p2pserve.config import ProberConfig
     from p2pserve.dht.prober import LinkProber
     from p2pserve.peer.agent import SwarmAgent
+    from p2pserve.peer.next_hop import AnnouncedAddresses
     from p2pserve.peer.profiler import load_or_measure
 
+    # push mode: a peer in a swarm dials next hops where they announced themselves (none otherwise)
+    peer.handler.forwarder.resolve = AnnouncedAddresses(swarm)
     spec = peer.spec
     # Never more than the model has: readers reject a record claiming more (dht/records.py).
     max_layers = min(spec.num_layers, config.max_layers or max(1, config.weights_memory_bytes // spec.layer_bytes))

@@ -3,7 +3,8 @@
 :meth:`Pipeline.step` sends token ids to the first hop of the current route, hands each hop's
 hidden states to the next as the bytes it received, and returns the token the last hop sampled.
 Why client-driven and not peer-to-peer forwarding is measured and argued in ARCHITECTURE.md
-("Hop topology").
+("Hop topology"); ``Pipeline.push`` (a :class:`~p2pserve.client.push.PushConfig`) turns on push
+mode per route, where the first hop forwards peer to peer (:mod:`p2pserve.client.push`).
 
 The pipeline keeps the one token history of the request (prompt and generated tokens it sent)
 and how much of it the current route's peers hold. When a hop fails it applies the pure
@@ -37,6 +38,7 @@ from p2pserve.client.failover import (
 )
 from p2pserve.client.hop import Hop, check_chain
 from p2pserve.client.observer import ServiceObserver
+from p2pserve.client.push import PushConfig, PushedRoute
 from p2pserve.client.route_providers import ChainListRoutes, RouteProvider
 from p2pserve.client.tape import HopTape
 from p2pserve.config import ClientConfig
@@ -82,6 +84,9 @@ class Pipeline:
         self.verifier = verifier  # a client.verifier.Verifier when outputs are verified, else None
         self._tapes: list[HopTape] = []  # per hop of the route: what it consumed and returned (verifier)
         self.verified: list[int] = []  # the last hop's tokens of the latest step with outputs > 1
+        self.push = config.push or PushConfig()  # when steps are pushed peer to peer (client/push.py)
+        self._pushed: Optional[PushedRoute] = None  # the current route's push state, once it pushed
+        self.pushed_steps = 0  # steps that went peer to peer (push mode), for tests and reports
 
     @property
     def position(self) -> int:
@@ -133,28 +138,10 @@ class Pipeline:
                     await self._open_route()
                 sent = self.history[self._held:] + list(token_ids)
                 meta, data = tensor_to_wire(torch.tensor(sent, dtype=torch.int64))
-                observe = self.observer if len(sent) == 1 else None  # decode steps only
-                timed = None if self.metrics is None else (
-                    self.metrics.hop_decode if len(sent) == 1 else self.metrics.hop_prefill)
-                last = len(self._links) - 1
-                for i, link in enumerate(self._links):
-                    try:
-                        msg = Forward(session_id=link.session_id, step=self._steps, position=self._held, tensor=meta,
-                                      outputs=outputs if i == last else 1)
-                        inputs = data
-                        t0 = time.perf_counter()
-                        reply, data = await link.call(msg, data)
-                        elapsed = time.perf_counter() - t0
-                        if observe is not None:
-                            observe.decode(link.hop.peer_id, link.hop.end - link.hop.start, elapsed)
-                        if timed is not None:
-                            timed.observe(elapsed)
-                        meta = link.check_forward(reply, data, len(sent), self._steps, self._held,  # handed on undecoded
-                                                  link.hop.end == self.num_layers, self.vocab_size, msg.outputs)
-                        if self._tapes:  # kept for re-execution: references, not copies
-                            self._tapes[i].record(self._held, len(sent), msg.tensor.dtype, inputs, reply, data)
-                    except Exception as e:  # whatever broke on this hop is this hop's failure
-                        raise HopFailure(link.hop, e) from e
+                if self.push.use_push(len(self._links), bool(self._tapes), [c.open_rtt_s for c in self._links]):
+                    reply = await self._push(sent, meta, data, outputs)
+                else:
+                    reply = await self._drive(sent, meta, data, outputs)
             except HopFailure as f:
                 await self._recover(f, attempts)
                 continue
@@ -172,6 +159,47 @@ class Pipeline:
             self.verified = list(reply.tokens)  # check_forward made sure there are ``outputs``
             return self.verified[-1]
         return int(reply.token)  # check_forward made sure the last hop sent one
+
+    async def _drive(self, sent: list[int], meta, data, outputs: int):
+        """Client-driven hops: send ``sent`` (``meta``/``data`` on the wire) to each hop in turn,
+        handing each hop's hidden states to the next; returns the last hop's checked reply."""
+        observe = self.observer if len(sent) == 1 else None  # decode steps only
+        timed = None if self.metrics is None else (
+            self.metrics.hop_decode if len(sent) == 1 else self.metrics.hop_prefill)
+        last = len(self._links) - 1
+        for i, link in enumerate(self._links):
+            try:
+                msg = Forward(session_id=link.session_id, step=self._steps, position=self._held, tensor=meta,
+                              outputs=outputs if i == last else 1)
+                inputs = data
+                t0 = time.perf_counter()
+                reply, data = await link.call(msg, data)
+                elapsed = time.perf_counter() - t0
+                if observe is not None:
+                    observe.decode(link.hop.peer_id, link.hop.end - link.hop.start, elapsed)
+                if timed is not None:
+                    timed.observe(elapsed)
+                meta = link.check_forward(reply, data, len(sent), self._steps, self._held,  # handed on undecoded
+                                          link.hop.end == self.num_layers, self.vocab_size, msg.outputs)
+                if self._tapes:  # kept for re-execution: references, not copies
+                    self._tapes[i].record(self._held, len(sent), msg.tensor.dtype, inputs, reply, data)
+            except Exception as e:  # whatever broke on this hop is this hop's failure
+                raise HopFailure(link.hop, e) from e
+        return reply
+
+    async def _push(self, sent: list[int], meta, data, outputs: int):
+        """Push mode (:mod:`p2pserve.client.push`): one PushForward to the first hop, forwarded
+        peer to peer; the hops are allowed to push into each other's sessions once per route."""
+        if self._pushed is None:
+            self._pushed = PushedRoute(self._links)
+        msg = Forward(session_id=self._links[0].session_id, step=self._steps, position=self._held, tensor=meta,
+                      outputs=outputs)
+        t0 = time.perf_counter()
+        reply = await self._pushed.step(msg, data, len(sent), self.vocab_size)
+        self.pushed_steps += 1
+        if self.metrics is not None:
+            (self.metrics.hop_decode if len(sent) == 1 else self.metrics.hop_prefill).observe(time.perf_counter() - t0)
+        return reply
 
     async def verify(self, token_ids: Sequence[int], outputs: int) -> list[int]:
         """Feed ``token_ids`` (the pending token and k draft tokens, ``outputs`` = k + 1) and
@@ -224,7 +252,7 @@ class Pipeline:
             if not isinstance(exc, Exception):  # interrupted: not the hop's failure
                 raise exc
             raise HopFailure(link.hop, exc) from exc
-        self._links, self._held, self._steps = links, 0, 0
+        self._links, self._held, self._steps, self._pushed = links, 0, 0, None
         if self._rerouting:  # a failover that found a route (one that found none ends the request)
             self._rerouting = False
             if self.metrics is not None:
@@ -243,7 +271,7 @@ class Pipeline:
         log.warning("hop failed: %s", record)
         if self.metrics is not None:
             self.metrics.hop_errors.labels(error_code(failure.cause)).inc()
-        await self._drop_route()
+        await self._drop_route(settle_s=0.0)
         move = next_move(failure.cause, attempts, self.config.max_retries)
         if move == "raise":
             raise self._failed(failure.cause)
@@ -273,22 +301,26 @@ class Pipeline:
             self.metrics.request_errors.labels(error_code(exc)).inc()
         return exc
 
-    async def _drop_route(self) -> None:
+    async def _drop_route(self, settle_s: float = 2.0) -> None:
         if self._tapes:  # checks drawn for this route's hops run now, in the background
             self.verifier.route_done(self._tapes)
-        links, self._links, self._tapes = self._links, None, []
+        if self._pushed is not None:  # the first hop's last ack, read (up to settle_s) before CloseSession
+            await self._pushed.settle(settle_s)
+        links, self._links, self._tapes, self._pushed = self._links, None, [], None
         if links:  # best effort: the route is being abandoned
             await asyncio.gather(*(c.close() for c in links), return_exceptions=True)
 
 
 async def open_chain(transport: Transport, hops: Sequence[Hop], model_id: str, num_layers: int, max_length: int,
-                     sampling: SamplingParams = SamplingParams(), config: ClientConfig = ClientConfig()) -> Pipeline:
+                     sampling: SamplingParams = SamplingParams(), config: ClientConfig = ClientConfig(),
+                     push: Optional[PushConfig] = None) -> Pipeline:
     """An opened pipeline over one explicit chain (no control plane: the caller names the hops).
 
     There is no other route to fail over to: a hop that fails is banned and the next step
     reports that no route is left.
     """
     pipeline = Pipeline(transport, ChainListRoutes([list(hops)]), model_id, num_layers, max_length, sampling, config)
+    pipeline.push = push or pipeline.push
     try:
         await pipeline.open()
     except BaseException:

@@ -10,6 +10,7 @@ its header was decoded and checked against what the session may still legally se
 against the peer's in-flight byte budget). A payload that is refused unread leaves the stream
 out of sync, so that stream alone is closed after the error reply (a small one is read and
 dropped instead, so that an honest client whose session expired keeps its stream).
+Push mode's ``AllowPush``, ``PushForward`` and ``AwaitResult`` are handed to ``peer/forwarding.py``.
 """
 
 from __future__ import annotations
@@ -48,6 +49,9 @@ from p2pserve.protocol import (
     GetStats,
     PeerStats,
     OpenDirect,
+    AllowPush,
+    AwaitResult,
+    PushForward,
     OpenSession,
     SessionClosed,
     SessionOpened,
@@ -101,6 +105,7 @@ class SessionHandler:
         self.streams_open = 0
         self.direct = None  # a DirectListener when this peer offers the direct TCP path
         self.metrics = None  # a p2pserve.metrics.PeerMetrics when the peer exports metrics
+        self.forwarder = None  # a peer.forwarding.Forwarder when this peer takes push-mode steps
         self.inline_window_s = worker.throttle.config.inline_lone_decode_s
         self._last_session: str | None = None  # the session of the latest Forward
         self._alone_since = 0.0  # when that session became the only one sending
@@ -194,7 +199,7 @@ class SessionHandler:
             await self.payloads.release(payload_len)
         if isinstance(reply, SessionOpened):
             stream.opened = True
-        elif isinstance(reply, ForwardResult):
+        elif isinstance(reply, ForwardResult) and isinstance(msg, Forward):  # not an AwaitResult's wait
             self._service.add(time.perf_counter() - t0)
         return True
 
@@ -205,9 +210,11 @@ class SessionHandler:
         try:
             msg = decode_request(header)
             allowed = 0
-            if isinstance(msg, Forward):
-                session = self.table.get(msg.session_id, stream)
-                tokens_left = session.max_length - min(msg.position, session.position)
+            if isinstance(msg, (Forward, PushForward)):
+                fwd = msg if isinstance(msg, Forward) else msg.forward
+                session = (self.forwarder.session_for(fwd.session_id, stream, stream.remote)
+                           if fwd is not msg and self.forwarder is not None else self.table.get(fwd.session_id, stream))
+                tokens_left = session.max_length - min(fwd.position, session.position)
                 allowed = payload_allowance(tokens_left, session.start == 0, self.spec.hidden_size, self.spec.dtype)
             if payload_len > allowed:
                 raise PayloadTooLargeError(
@@ -241,6 +248,14 @@ class SessionHandler:
                 return await self._forward(msg, payload, stream)
             if isinstance(msg, GetStats):
                 return self.stats(), b""
+            if isinstance(msg, (AllowPush, PushForward, AwaitResult)) and self.forwarder is None:
+                raise BadRequestError("this peer does not take push-mode steps")
+            if isinstance(msg, AllowPush):
+                return self.forwarder.allow(msg, stream), b""
+            if isinstance(msg, PushForward):
+                return await self.forwarder.push(msg, payload, stream, stream.remote, self._forward)
+            if isinstance(msg, AwaitResult):
+                return await self.forwarder.await_result(msg, stream)
             if isinstance(msg, OpenDirect):
                 return (self.direct.offer(stream.remote) if self.direct else DirectOffer(port=0)), b""
             if isinstance(msg, CloseSession):

@@ -21,6 +21,7 @@ from p2pserve.model.default import resolve_model
 from p2pserve.model.shard import TORCH_DTYPES, Shard
 from p2pserve.model.spec import ModelSpec, load_spec
 from p2pserve.peer.batcher import TokenThrottle
+from p2pserve.peer.forwarding import Forwarder
 from p2pserve.peer.handlers import SessionHandler
 from p2pserve.peer.kv_cache import KVBudget
 from p2pserve.model.tensor_parallel import local_spec
@@ -29,7 +30,7 @@ from p2pserve.peer.tp_group import TPConfig, TPGroup
 from p2pserve.peer.worker import ComputeWorker
 from p2pserve.protocol import SESSION_PROTOCOL
 from p2pserve.transport.libp2p import Libp2pTransport
-from p2pserve.transport.tcp import DirectAddress, DirectListener, maddr_hosts
+from p2pserve.transport.tcp import DirectAddress, DirectListener, DirectTransport, maddr_hosts
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +84,9 @@ class Peer:
         handler = SessionHandler(spec, table, worker, config.frame_limits, config.request_timeout_s, config.admission)
         handler.signer.peer_id = str(p2p.peer_id)  # replies name the peer that signed them
         peer = cls(config, spec, model_path, dht, p2p, worker, table, handler, Libp2pTransport(p2p), tp=group)
+        # push mode: this peer dials the next hop as a client would (libp2p, or the pinned direct path)
+        handler.forwarder = Forwarder(table, DirectTransport(peer.transport, config.frame_limits), peer.peer_id,
+                                      config.frame_limits)
         fixed = config.start is not None or not config.announce
         if fixed:
             start = 0 if config.start is None else config.start

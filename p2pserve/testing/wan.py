@@ -158,3 +158,49 @@ def start_relayed_peers(model: str, ranges: list[Optional[tuple[int, int]]], *ex
             rp.relay.stop()
         raise
     return started
+
+
+#: Peer flags for a relayed swarm whose records settle in seconds; links are probed once at start
+#: (a probe's megabytes through the relays would otherwise compete with what is measured).
+SWARM_TIMING = ("--peer-refresh", "0.5", "--link-refresh", "600", "--max-clock-skew", "2", "--probe-max-mb", "1")
+
+
+def start_bootstrap(workdir: Path, timeout: float = 60.0):
+    """A bootstrap DHT node on loopback for relayed peers to meet at (``--initial-peers``):
+    returns its ``Children`` (``stop_all()`` when done) and its multiaddrs."""
+    from p2pserve.launch import Children
+
+    children = Children(Path(workdir))
+    maddrs_file = Path(workdir) / "boot.maddrs"
+    maddrs_file.unlink(missing_ok=True)  # a previous bootstrap's, in the same folder, is stale
+    children.start("boot", "bootstrap", "--host-maddrs", "/ip4/127.0.0.1/tcp/0", "--maddrs-file", str(maddrs_file))
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if maddrs_file.exists() and maddrs_file.read_text().split():
+            return children, maddrs_file.read_text().split()
+        time.sleep(0.2)
+    children.stop_all()
+    raise TimeoutError("the bootstrap node did not start")
+
+
+def wait_announced(model_path: str, boot: list[str], peer_ids: list[str], num_layers: int,
+                   timeout: float = 180.0) -> None:
+    """Block until every one of ``peer_ids`` has a PeerInfo record readable from the swarm at
+    ``boot`` (each peer then finds the others' announced addresses: push mode's next hops)."""
+    import asyncio
+
+    from p2pserve.config import DHTConfig
+    from p2pserve.dht.swarm import Swarm
+    from p2pserve.model.identity import derived_name
+
+    observer = Swarm.create(DHTConfig(model=derived_name(model_path), initial_peers=tuple(boot), client_mode=True,
+                                      host_maddrs=("/ip4/127.0.0.1/tcp/0",), num_layers=num_layers))
+    try:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if set(peer_ids) <= set(asyncio.run(observer.get_peers())):
+                return
+            time.sleep(0.5)
+        raise TimeoutError(f"not every peer announced itself within {timeout:.0f} s")
+    finally:
+        observer.shutdown()

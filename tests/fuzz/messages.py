@@ -13,10 +13,19 @@ import math
 import msgspec
 from hypothesis import strategies as st
 
-from p2pserve.dht.records import CoordinatorCandidate, Flow, LinkInfo, LinkStat, PeerInfo, Plan
+from p2pserve.dht.records import (
+    CoordinatorCandidate,
+    Flow,
+    LinkInfo,
+    LinkStat,
+    PeerInfo,
+    Plan,
+)
 from p2pserve.protocol import (
     DTYPE_SIZES,
     PROTOCOL_VERSION,
+    AllowPush,
+    AwaitResult,
     AttachDirect,
     CloseSession,
     DirectAttached,
@@ -28,6 +37,10 @@ from p2pserve.protocol import (
     OpenDirect,
     OpenSession,
     PeerStats,
+    PushAck,
+    PushAllowed,
+    PushForward,
+    PushHop,
     SamplingParams,
     SessionClosed,
     SessionOpened,
@@ -37,6 +50,7 @@ from p2pserve.types import SINK, SOURCE
 
 ids = st.text(min_size=1, max_size=16)
 small = st.integers(0, 4096)
+peer_ids = st.text("123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz", min_size=1, max_size=16)  # base58
 finite = st.floats(0.0, 1e6, allow_nan=False, allow_infinity=False)
 
 
@@ -59,6 +73,11 @@ requests = st.one_of(
     st.just(GetStats()),
     st.just(OpenDirect()),
     st.builds(AttachDirect, token=st.text(max_size=32)),
+    st.builds(AllowPush, session_id=ids, from_peer=peer_ids),
+    st.builds(AwaitResult, session_id=ids, step=small),
+    st.builds(PushForward, forward=st.builds(Forward, session_id=ids, step=small, position=small,
+                                             tensor=tensor_metas()),
+              route=st.lists(st.builds(PushHop, peer_id=peer_ids, session_id=ids), max_size=3)),
 ).map(msgspec.to_builtins)
 
 replies = st.one_of(
@@ -72,8 +91,11 @@ replies = st.one_of(
               tokens=small, max_batch_tokens=small, max_batch_sessions=small, service_ms=finite, compute_ms=finite),
     st.builds(DirectOffer, port=st.integers(0, 65535), token=st.text(max_size=32)),
     st.builds(DirectAttached, peer_id=ids),
+    st.builds(PushAllowed, session_id=ids),
+    st.builds(PushAck, session_id=ids, step=small),
     st.builds(ErrorReply, code=st.sampled_from(["malformed", "overloaded", "bad_request", "nonsense"]),
-              message=st.text(max_size=40), session_id=st.none() | ids, step=st.none() | small),
+              message=st.text(max_size=40), session_id=st.none() | ids, step=st.none() | small,
+              failed_peer=st.none() | peer_ids),
 ).map(msgspec.to_builtins)
 
 tensor_headers = tensor_metas().map(msgspec.to_builtins)

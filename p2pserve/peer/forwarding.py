@@ -1,0 +1,270 @@
+"""Push mode on the peer: accept a step from the previous hop, run it, send it on to the next.
+
+The client opens a session on every hop as in client-driven mode (each peer's KV reservation and
+owner checks are unchanged), then tells each hop after the first which peer may push into that
+session (``AllowPush``, sent by the session's owner on its own stream). A ``PushForward`` names
+a session and the rest of the route as peer ids and session ids only; the peer runs its span and
+sends the hidden states to ``route[0]`` as a client of that peer (one stream per session, opened
+with the same transport a client uses: libp2p, or the direct TLS path pinned through it).
+
+Where the next hop is dialled comes from this peer's own view of the swarm, never from the
+route: the addresses that peer announced in its PeerInfo, a record signed by that peer's own
+key (``peer/next_hop.py``). A next hop this peer has no record of is reported unreachable
+without dialling anything, so a client cannot make a peer open connections of its choosing.
+
+The last hop's ForwardResult goes straight to the client: with the step's PushForward to the
+first hop, the client posts an ``AwaitResult`` on its own stream to the last hop, which answers
+it as soon as the step has run there (a 3-hop step costs 4 one-way delays, not 6). Every hop
+answers whoever pushed to it with a ``PushAck`` once the rest of the chain acked, so a failure
+still travels back to the client: an ``ErrorReply`` whose ``failed_peer`` names the hop that
+failed (the next hop, or whatever later hop the next one named), and the client bans, re-routes
+and replays as ever. A peer accepts a push only from the peer id the session's owner allowed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import Awaitable, Callable, Optional, Sequence
+
+import msgspec
+
+from p2pserve.errors import WIRE_ERRORS, BadRequestError, ErrorCode, MalformedFrameError, P2PServeError
+from p2pserve.protocol import (
+    SESSION_PROTOCOL,
+    AllowPush,
+    AwaitResult,
+    ErrorReply,
+    FrameLimits,
+    PushAck,
+    PushAllowed,
+    PushForward,
+    PushHop,
+    decode_reply,
+    error_reply,
+)
+from p2pserve.transport import Stream, Transport
+from p2pserve.transport.frames import read_frame, write_frame
+
+log = logging.getLogger(__name__)
+
+#: Where this peer may dial a peer id: the addresses it announced itself (``peer/next_hop.py``).
+Resolver = Callable[[str], Awaitable[Sequence[str]]]
+
+
+@dataclass(frozen=True)
+class ForwardingConfig:
+    """Bounds on a peer's pushes to the next hop: dialling it, and the rest of the chain's ack,
+    ``call_timeout_s`` per hop still to run (every later hop's compute and links); and how long
+    the last hop holds an owner's ``AwaitResult`` for its step."""
+
+    connect_timeout_s: float = 20.0
+    call_timeout_s: float = 60.0
+    wait_timeout_s: float = 300.0
+
+
+def check_route(route: list[PushHop], self_id: str) -> None:
+    """Raise BadRequestError unless ``route`` (the hops after this one) is usable: no peer twice,
+    not this peer again, no session id twice. Its length was bounded by the decoder
+    (``MAX_PUSH_HOPS``), which also refused any hop carrying addresses."""
+    peers = [h.peer_id for h in route]
+    if len(set(peers)) != len(peers) or self_id in peers:
+        raise BadRequestError("a push route names a peer twice (or this peer again)")
+    if len({h.session_id for h in route}) != len(route):
+        raise BadRequestError("a push route names a session twice")
+
+
+class _Link:
+    """This peer's stream to the next hop of one session (one step in flight on it at a time)."""
+
+    def __init__(self, peer_id: str, stream: Stream, session):
+        self.peer_id, self.stream, self.session, self.lock = peer_id, stream, session, asyncio.Lock()
+
+
+class Forwarder:
+    """The push half of a peer's session handler: grants, links to next hops, results held for
+    the owner's ``AwaitResult``.
+
+    ``run_local(forward, payload, owner)`` is the handler's own Forward path (it returns the
+    ForwardResult and its payload, or raises a typed error); ``transport`` dials next hops at
+    the addresses ``resolve`` gives (None: this peer knows no one, and pushes nowhere).
+    """
+
+    def __init__(self, table, transport: Transport, self_id: str, limits: FrameLimits,
+                 config: ForwardingConfig = ForwardingConfig(), resolve: Optional[Resolver] = None):
+        self.table = table
+        self.transport = transport
+        self.self_id = self_id
+        self.limits = limits
+        self.config = config
+        self.resolve = resolve
+        self._grants: dict[str, tuple[object, str]] = {}  # session id -> (session, allowed peer id)
+        self._links: dict[str, _Link] = {}  # our session id -> stream to its next hop
+        # the last hop's side: one result held per session until its owner asks, or one waiting owner
+        self._results: dict[str, tuple[object, int, object, bytes]] = {}  # sid -> (session, step, reply, payload)
+        self._waiters: dict[str, tuple[object, int, asyncio.Future]] = {}  # sid -> (session, step, future)
+
+    def allow(self, msg: AllowPush, stream) -> PushAllowed:
+        """Record the owner's grant: ``msg.from_peer`` may push into ``msg.session_id``."""
+        session = self.table.get(msg.session_id, stream)  # only the owner may grant
+        self._prune()
+        self._grants[msg.session_id] = (session, msg.from_peer)
+        return PushAllowed(session_id=msg.session_id)
+
+    def session_for(self, session_id: str, stream, remote: str):
+        """The session a PushForward on ``stream`` (from ``remote``) may drive: one the stream
+        opened (the first hop), or one whose grant names ``remote``; else SessionNotFoundError,
+        exactly as for an id never opened."""
+        grant = self._grants.get(session_id)
+        if grant is not None and grant[1] == remote:
+            return self.table.get(session_id, grant[0].owner)  # raises unless still open
+        return self.table.get(session_id, stream)
+
+    async def push(self, msg: PushForward, payload: bytes, stream, remote: str, run_local) -> tuple[object, bytes]:
+        """Run ``msg`` here and, when a route follows, on the next hops; the reply to whoever
+        pushed: a PushAck, or an ErrorReply naming the later hop at fault."""
+        check_route(msg.route, self.self_id)
+        fwd = msg.forward
+        session = self.session_for(fwd.session_id, stream, remote)
+        if not msg.route:  # the last hop: the result is the owner's, through its AwaitResult
+            try:
+                result, out = await run_local(fwd, payload, session.owner)
+            except Exception as e:
+                code = e.code if isinstance(e, WIRE_ERRORS) else ErrorCode.INTERNAL
+                self._deliver(session, fwd.step, error_reply(code, f"{type(e).__name__}: {e}", session.id, fwd.step), b"")
+                raise
+            self._deliver(session, fwd.step, result, out)
+            return PushAck(session_id=session.id, step=fwd.step), b""
+        result, out = await run_local(msgspec.structs.replace(fwd, outputs=1), payload, session.owner)
+        if result.tensor is None:  # this span ends at the last layer: nothing to forward
+            raise BadRequestError("a push route cannot follow the hop holding the last layer")
+        nxt = msg.route[0]
+        onward = PushForward(forward=msgspec.structs.replace(fwd, session_id=nxt.session_id, tensor=result.tensor),
+                             route=msg.route[1:])
+        try:
+            reply = await self._call_next(session, nxt, onward, out)
+        except (*WIRE_ERRORS, ConnectionError, TimeoutError, asyncio.IncompleteReadError) as e:
+            self._drop_link(fwd.session_id)  # out of sync, or gone
+            code = getattr(e, "code", ErrorCode.INTERNAL)  # unreachable: the client bans that hop
+            log.info("push to %s failed: %r", nxt.peer_id, e)
+            return error_reply(code, f"cannot reach next hop {nxt.peer_id}: {type(e).__name__} {e}",
+                               fwd.session_id, fwd.step, nxt.peer_id), b""
+        if isinstance(reply, ErrorReply):
+            return msgspec.structs.replace(reply, session_id=session.id, step=fwd.step), b""
+        return PushAck(session_id=session.id, step=fwd.step), b""
+
+    async def await_result(self, msg: AwaitResult, stream) -> tuple[object, bytes]:
+        """The owner's wait for its pushed step ``msg.step`` to run here (the route's last hop):
+        that step's ForwardResult and payload, or the ErrorReply it ended in."""
+        session = self.table.get(msg.session_id, stream)  # only the owner may wait
+        self._prune()
+        held = self._results.pop(session.id, None)
+        if held is not None and held[1] == msg.step:
+            return held[2], held[3]
+        old = self._waiters.pop(session.id, None)
+        if old is not None and not old[2].done():  # the owner gave up on it
+            old[2].set_exception(BadRequestError(f"a later AwaitResult replaced the wait for step {old[1]}"))
+        future = asyncio.get_running_loop().create_future()
+        self._waiters[session.id] = (session, msg.step, future)
+        try:
+            async with asyncio.timeout(self.config.wait_timeout_s):
+                return await future
+        except TimeoutError:
+            raise P2PServeError(f"no pushed step {msg.step} reached session {session.id} "
+                                f"in {self.config.wait_timeout_s:.0f} s") from None
+        finally:
+            if self._waiters.get(session.id, (None, None, None))[2] is future:
+                del self._waiters[session.id]
+
+    def _deliver(self, session, step: int, reply, payload: bytes) -> None:
+        """Hand a pushed step's outcome to the owner's waiting AwaitResult, or hold it for it."""
+        waiter = self._waiters.get(session.id)
+        if waiter is not None and waiter[1] == step and not waiter[2].done():
+            waiter[2].set_result((reply, payload))
+            del self._waiters[session.id]
+        else:
+            self._results[session.id] = (session, step, reply, payload)
+
+    async def _call_next(self, session, nxt: PushHop, onward: PushForward, payload: bytes):
+        """Send ``onward`` to ``nxt`` and return its checked reply: a PushAck, or an ErrorReply
+        naming the hop at fault."""
+        link, fresh = await self._link(session, nxt)
+        try:
+            header, _ = await self._exchange(link, onward, payload)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            if fresh:
+                raise
+            # A link idle past the next peer's stream timeout was closed by it: that is not the
+            # next hop failing. Once more on a new stream (a repeated Forward rewinds, so it is safe).
+            self._drop_link(session.id)
+            link, _ = await self._link(session, nxt)
+            header, _ = await self._exchange(link, onward, payload)
+        reply = decode_reply(header)
+        if isinstance(reply, ErrorReply):
+            # A later hop's own blame is relayed only if it names a hop after the next one.
+            later = {h.peer_id for h in onward.route}
+            blamed = reply.failed_peer if reply.failed_peer in later else nxt.peer_id
+            return msgspec.structs.replace(reply, failed_peer=blamed)
+        if not isinstance(reply, PushAck) or reply.step != onward.forward.step:
+            raise MalformedFrameError(f"expected the PushAck of step {onward.forward.step}, got {reply!r:.80}")
+        return reply
+
+    async def _exchange(self, link: _Link, msg: PushForward, payload: bytes) -> tuple[bytes, bytes]:
+        """One frame to the next hop and its reply frame, under the call timeout per hop still to
+        run: the hop nearest a hang times out first, so it is the one named."""
+        async with link.lock, asyncio.timeout(self.config.call_timeout_s * (1 + len(msg.route))):
+            await write_frame(link.stream.writer, msg, payload)
+            return await read_frame(link.stream.reader, self.limits)
+
+    async def _addresses(self, peer_id: str) -> list[str]:
+        """Where ``peer_id`` announced itself, as this peer's swarm view says; ConnectionError
+        (the next hop is unreachable from here) when it has no record of it."""
+        try:
+            found = [] if self.resolve is None else list(await self.resolve(peer_id))
+        except Exception as e:  # the DHT read failed: we cannot reach it either
+            raise ConnectionError(f"looking up {peer_id}: {type(e).__name__}: {e}") from e
+        if not found:
+            raise ConnectionError(f"{peer_id} is not announced in this peer's view of the swarm; nothing dialled")
+        return found
+
+    async def _link(self, session, nxt: PushHop) -> tuple[_Link, bool]:
+        """The stream to ``nxt`` for ``session``, opened on first use (authenticated to its id, at
+        the addresses it announced), and whether it was opened just now."""
+        link = self._links.get(session.id)
+        if link is not None and link.peer_id == nxt.peer_id and link.session is session:
+            return link, False
+        self._drop_link(session.id)
+        self._prune()
+        maddrs = await self._addresses(nxt.peer_id)
+        try:
+            stream = await self.transport.open_stream(nxt.peer_id, maddrs, SESSION_PROTOCOL,
+                                                      self.config.connect_timeout_s)
+        except (ConnectionError, TimeoutError):
+            raise
+        except Exception as e:  # whatever dialling raised (the libp2p daemon's ControlFailure): unreachable
+            raise ConnectionError(f"{type(e).__name__}: {e}") from e
+        link = self._links[session.id] = _Link(nxt.peer_id, stream, session)
+        return link, True
+
+    def _drop_link(self, session_id: str) -> None:
+        link: Optional[_Link] = self._links.pop(session_id, None)
+        if link is not None:
+            link.stream.close()
+
+    def _prune(self) -> None:
+        """Forget grants, links, held results and waits of sessions no longer open."""
+        for table in (self._grants, self._results, self._waiters):
+            for sid in [s for s, entry in table.items() if not self._open(entry[0])]:
+                entry = table.pop(sid)
+                if table is self._waiters and not entry[2].done():
+                    entry[2].set_exception(BadRequestError(f"session {sid} closed while its owner waited"))
+        for sid in [s for s, link in self._links.items() if not self._open(link.session)]:
+            self._drop_link(sid)
+
+    def _open(self, session) -> bool:
+        """Whether ``session`` is still the open session under its id."""
+        try:
+            return session is not None and self.table.get(session.id, session.owner) is session
+        except WIRE_ERRORS:
+            return False

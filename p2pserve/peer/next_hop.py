@@ -1,0 +1,40 @@
+"""Where a forwarding peer dials a push route's next hop: where that peer announced itself.
+
+A push route names peers by id only (``protocol.PushHop``). The addresses come from this peer's
+own view of the swarm: the ``addrs`` of the next peer's PeerInfo, a record the swarm reader
+accepts only when it is signed by the key of the peer id it names (``dht/swarm.py``,
+``dht/acceptance.py``). So the addresses a peer dials are ones their owner published, the same
+ones clients dial and the link prober probes; and the transport then authenticates the peer id
+(libp2p's handshake, the direct path's pinned certificate, ``transport/tls.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Callable
+
+from p2pserve.dht.view import SwarmReader
+
+
+class AnnouncedAddresses:
+    """``await addresses(peer_id)``: the addresses ``peer_id`` announced, or () if this peer holds
+    no live record of it. Records are read at most every ``refresh_s`` (a miss re-reads sooner,
+    at most every ``miss_refresh_s``: a peer that just joined)."""
+
+    def __init__(self, reader: SwarmReader, refresh_s: float = 10.0, miss_refresh_s: float = 0.5,
+                 clock: Callable[[], float] = time.monotonic):
+        self.reader = reader
+        self.refresh_s, self.miss_refresh_s, self.clock = refresh_s, miss_refresh_s, clock
+        self._addrs: dict[str, tuple[str, ...]] = {}
+        self._read_at = float("-inf")
+        self._lock = asyncio.Lock()
+
+    async def __call__(self, peer_id: str) -> tuple[str, ...]:
+        async with self._lock:  # one DHT read at a time, however many sessions open links
+            age = self.clock() - self._read_at
+            if age >= self.refresh_s or (peer_id not in self._addrs and age >= self.miss_refresh_s):
+                peers = await self.reader.get_peers()
+                self._addrs = {pid: tuple(s.record.addrs) for pid, s in peers.items()}
+                self._read_at = self.clock()
+            return self._addrs.get(peer_id, ())

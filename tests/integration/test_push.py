@@ -1,0 +1,156 @@
+"""Push mode with real peer processes: steps forwarded peer to peer over libp2p / the direct path.
+
+Four `p2pserve peer` processes on the tiny Llama: [0:3), [3:6) and two replicas of [6:8), each
+behind a delay relay adding 25 ms each way (``p2pserve/testing/wan.py``), so every link, client to
+peer and peer to peer, is a slow one. They meet at a bootstrap node and announce the relays'
+addresses, where each finds the next hop of a pushed step (the route names peer ids only). The
+client opens a session on each hop of a 3-hop route, allows each hop's predecessor into it, sends
+each step to the first hop and waits for the token at the last (AwaitResult). Greedy output must
+equal `generate`, also when the route's last peer is SIGKILLed mid-generation (the client's wait
+on it breaks, or its predecessor reports it unreachable: the client bans it, re-routes to the
+replica and replays). The route is pushed by the rule itself (``PushConfig(enabled=True)``: the
+sessions' open round trips are over its 10 ms).
+A route cannot make a peer dial an address of the client's choosing (a listener sees nothing).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import msgspec
+import pytest
+import torch
+
+from p2pserve.client.connection import HopConnection
+from p2pserve.client.failover import FailoverState
+from p2pserve.client.generation import Generation
+from p2pserve.client.model_info import LocalModelInfo
+from p2pserve.client.params import GenerationParams
+from p2pserve.client.pipeline import Pipeline
+from p2pserve.client.push import PushConfig
+from p2pserve.client.route_providers import ChainListRoutes
+from p2pserve.config import ClientConfig
+from p2pserve.protocol import FRAME_PREFIX, ErrorReply, Forward, PushForward, PushHop, SamplingParams, decode_reply
+from p2pserve.testing.wan import (
+    SWARM_TIMING,
+    start_bootstrap,
+    start_relayed_peers,
+    stop_relayed_peers,
+    wait_announced,
+)
+from p2pserve.transport.frames import read_frame, tensor_to_wire, write_frame
+from tests.harness import client_node, reference_generate
+
+pytestmark = pytest.mark.integration
+
+RANGES = [(0, 3), (3, 6), (6, 8), (6, 8)]
+CONFIG = ClientConfig(hop_timeout_s=60.0, max_retries=3, ban_base_s=30.0)
+GREEDY = GenerationParams(max_new_tokens=12, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def cluster(model_dir, tmp_path_factory):
+    path = model_dir("llama")
+    tmp = tmp_path_factory.mktemp("push")
+    children, boot = start_bootstrap(tmp)
+    relayed = []
+    try:
+        relayed = start_relayed_peers(path, RANGES, "--initial-peers", *boot, *SWARM_TIMING, delay_ms=25.0,
+                                      workdir=tmp)
+        wait_announced(path, boot, [rp.peer.peer_id for rp in relayed], num_layers=8)
+        yield path, [rp.peer for rp in relayed]
+    finally:
+        stop_relayed_peers(relayed)
+        children.stop_all()
+
+
+async def _generate(path, peers, prompt_ids, kill_after: int | None = None, params: GenerationParams = GREEDY,
+                    push: PushConfig = PushConfig(enabled=True), last: int = 2):
+    """Generation over the chains [A, B, C] then [A, B, C2] (``last`` = 3: [A, B, C2] alone),
+    pushed when ``push`` says so; kills C after ``kill_after`` tokens. Returns (tokens, pipeline)."""
+    model = LocalModelInfo.load(path)
+    a, b = peers[:2]
+    routes = ChainListRoutes([[a.hop(), b.hop(), c.hop()] for c in peers[last:]])
+    async with client_node(CONFIG) as transport:
+        pipeline = Pipeline(transport, routes, model.spec.model_id, model.spec.num_layers, 256, params.validate(),
+                            CONFIG, FailoverState(CONFIG), vocab_size=model.spec.vocab_size)
+        pipeline.push = push  # enabled: pushed because the links are slow (the rule)
+        gen = Generation(pipeline, prompt_ids, params, model.eos_ids)
+        try:
+            n = 0
+            async for _ in gen:
+                n += 1
+                if n == kill_after:
+                    await asyncio.to_thread(peers[2].kill)
+            return gen.result.tokens, pipeline
+        finally:
+            await pipeline.close()
+
+
+def _prompt(path, text):
+    return LocalModelInfo.load(path).chat_ids([{"role": "user", "content": text}])
+
+
+def test_pushed_greedy_output_is_token_identical(cluster):
+    path, peers = cluster
+    ids = _prompt(path, "Forward it peer to peer, please.")
+    tokens, pipeline = asyncio.run(_generate(path, peers, ids))
+    assert tokens == reference_generate(path, ids, GREEDY.max_new_tokens)
+    assert not pipeline.failures and len(pipeline.route_log) == 1
+    assert pipeline.pushed_steps == GREEDY.max_new_tokens  # the rule chose push for every step
+
+
+def test_seeded_sampling_pushed_reproduces_client_driven(cluster):
+    path, peers = cluster
+    ids = _prompt(path, "Pick your words at random, but the same ones twice.")
+    sampled = GenerationParams(max_new_tokens=8, ignore_eos=True, temperature=1.0, top_k=50, seed=11)
+    driven, _ = asyncio.run(_generate(path, peers, ids, params=sampled, push=PushConfig(), last=3))
+    pushed, pipeline = asyncio.run(_generate(path, peers, ids, params=sampled, last=3))
+    assert pushed == driven and pipeline.pushed_steps == sampled.max_new_tokens
+
+
+def test_a_route_cannot_make_a_peer_dial_a_host_of_the_clients_choosing(cluster):
+    """The attack a route with addresses allowed: a client naming 127.0.0.1:<port> as the next hop
+    made the first peer open a TCP connection there. A hop with addresses is now refused by the
+    decoder, and a peer id the first peer holds no record of (the client's own) is reported as
+    unreachable without dialling: both typed errors; the listener sees no connection."""
+    path, peers = cluster
+    model = LocalModelInfo.load(path)
+    seen = []
+
+    async def main():
+        listener = await asyncio.start_server(lambda r, w: (seen.append(1), w.close()), "127.0.0.1", 0)
+        port = listener.sockets[0].getsockname()[1]
+        async with client_node(CONFIG) as transport:
+            conn = HopConnection(transport, peers[0].hop(), CONFIG.frame_limits, 30.0)
+            await conn.open(model.spec.model_id, None, 64, SamplingParams())
+            meta, data = tensor_to_wire(torch.tensor([1, 2, 3], dtype=torch.int64))
+            fwd = Forward(session_id=conn.session_id, step=0, position=0, tensor=meta)
+            me = transport.peer_id  # a real peer id, never announced as a peer
+            hostile = {**msgspec.to_builtins(PushForward(forward=fwd)),
+                       "route": [{"peer_id": me, "session_id": "s", "maddrs": [f"/ip4/127.0.0.1/tcp/{port}/p2p/{me}"]}]}
+            header = msgspec.msgpack.encode(hostile)
+            conn.stream.writer.write(FRAME_PREFIX.pack(len(header), len(data)) + header + data)
+            replies = [decode_reply((await read_frame(conn.stream.reader, CONFIG.frame_limits))[0])]
+            await write_frame(conn.stream.writer, PushForward(forward=fwd, route=[PushHop(me, "s")]), data)
+            replies.append(decode_reply((await read_frame(conn.stream.reader, CONFIG.frame_limits))[0]))
+            await conn.close()
+        await asyncio.sleep(1.0)  # a dial, had there been one, has long arrived
+        listener.close()
+        return replies, me
+
+    (with_addresses, unannounced), me = asyncio.run(main())
+    assert isinstance(with_addresses, ErrorReply) and with_addresses.code == "malformed"
+    assert isinstance(unannounced, ErrorReply) and unannounced.code == "internal"
+    assert unannounced.failed_peer == me and "not announced" in unannounced.message
+    assert seen == []
+
+
+def test_a_peer_killed_mid_generation_is_reported_and_routed_around(cluster):
+    path, peers = cluster
+    ids = _prompt(path, "Even when a peer dies on the way.")
+    tokens, pipeline = asyncio.run(_generate(path, peers, ids, kill_after=5))
+    assert tokens == reference_generate(path, ids, GREEDY.max_new_tokens)
+    # B could not reach the dead last hop and said so: the client banned C (not A or B) and re-routed
+    assert [f.hop.peer_id for f in pipeline.failures] == [peers[2].peer_id]
+    assert pipeline.route[-1].peer_id == peers[3].peer_id
