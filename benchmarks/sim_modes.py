@@ -10,9 +10,9 @@ in each region, the four combinations of
 * speculation: off, or k draft tokens a step at per-position acceptance a (a verify step runs
   k + 1 positions at every stage and yields (1 - a^(k+1)) / (1 - a) tokens on average);
 
-are run offline (decode tokens/s, Helix's feeding rule) and online at a light load (``--rate``,
-prompt + output tokens/s) where a request's own latency shows: ms per output token (a step's
-latency over the tokens it yields) and steps' p50 latency. Code: ``p2pserve/sim/transport.py``.
+are run offline (decode tokens/s, Helix's feeding rule) and online at a light load
+(``LIGHT_RATE`` prompt + output tokens/s) where a request's own latency shows: ms per output
+token (a step's mean latency over the tokens a step yields) and steps' p50 latency. Code: ``p2pserve/sim/transport.py``.
 """
 
 from __future__ import annotations
