@@ -1,5 +1,5 @@
 """Simulator benchmark: reproduce Helix's simulated results, scheduler ablation, our planner,
-token throttling, and the simulator's own speed.
+token throttling, transport modes with speculation, and the simulator's own speed.
 
     python benchmarks/sim.py            # full run (several minutes on 2 cores)
     python benchmarks/sim.py --quick    # shorter windows, one seed (a smoke run)
@@ -299,6 +299,14 @@ def clusters(args, seeds) -> dict:
     return clusters_section(seeds, args.offline_s, args.work)
 
 
+def modes(args, seeds) -> dict:
+    """Section 9: push vs client-driven transport, with and without speculation, on the geo
+    cluster for a client in each region (``sim_modes.py``)."""
+    from sim_modes import modes_section  # this directory is on sys.path when run
+
+    return modes_section(seeds, args.offline_s, args.online_s, args.spec_k, args.spec_acceptance)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="short windows and one seed")
@@ -308,7 +316,9 @@ def main(argv=None) -> int:
                     help="clusters: evaluations of the max-flow planner standing in for Helix's MILP")
     ap.add_argument("--only", nargs="*", default=None,
                     choices=["reproduction", "ablation", "planner", "throttling", "speed", "sensitivity",
-                             "swarm_rule", "clusters"])
+                             "swarm_rule", "clusters", "modes"])
+    ap.add_argument("--spec-k", type=int, default=4, help="modes: draft tokens per speculative step")
+    ap.add_argument("--spec-acceptance", type=float, default=0.6, help="modes: per-position draft acceptance")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "sim.json"))
     args = ap.parse_args(argv)
     args.offline_s = 120.0 if args.quick else 600.0
@@ -317,7 +327,7 @@ def main(argv=None) -> int:
     if args.quick:
         args.planner_s = min(args.planner_s, 10.0)
     sections = args.only or ["reproduction", "ablation", "planner", "throttling", "sensitivity", "swarm_rule",
-                             "clusters", "speed"]
+                             "clusters", "modes", "speed"]
     t0 = time.perf_counter()
     result = {"settings": {"offline_window_s": args.offline_s, "online_window_s": args.online_s, "seeds": seeds,
                            "online_load_factor": ONLINE_LOAD_FACTOR, "quick": args.quick}}

@@ -15,8 +15,11 @@ relay) measured in the same run, it reports:
 * ``identical``: the greedy tokens equal the loopback run's.
 
 ``speculative_speedup``: tokens/s with prompt-lookup drafting over plain decoding on a copying
-workload (a code edit returning the code; ``benchmarks/speculative.py``'s ``measure``) over the
-same relayed hops, with ``identical`` and the draft's acceptance.
+workload (four prompts: two code edits returning the code, a spelling fix returning the
+paragraph, a summary quoting its text; each reply up to its end of turn, at most 96 tokens;
+``benchmarks/speculative.py``'s ``measure_prompts``) over the same relayed hops, total tokens over
+total seconds, with ``identical`` (every prompt), the draft's acceptance, and each prompt's
+figures under ``speculative.prompts``.
 ``push_vs_client_ms_per_token``: push mode's (``p2pserve/client/push.py``: the client sends each
 step to the first hop, the peers forward it to each other, the last hop answers the client
 directly) median ms/token over client-driven's at the same delay, measured the same way right
@@ -26,7 +29,7 @@ equal the client-driven run's), and ``network_floor_ms``: (hops + 1) x delay, th
 step can cost, against client-driven's hops x 2 x delay (a ratio of 0.667 at 3 hops).
 
 Usage: PYTHONPATH=. python benchmarks/wan.py [--model default] [--delays 5 25 50] [--tokens 32]
-       [--rate-mbps 100] [--repeats 2] [--no-push] [--no-speculative] [--json PATH]
+       [--rate-mbps 100] [--repeats 2] [--spec-rounds 2] [--no-push] [--no-speculative] [--json PATH]
 """
 
 from __future__ import annotations
@@ -117,13 +120,21 @@ def measure_push(model, hops, prompt_ids, tokens: int, repeats: int, client: dic
 
 def measure_speculative(model, hops, tokens: int, rounds: int = 2) -> Optional[dict]:
     """Speculative decoding (``benchmarks/speculative.py``): tokens/s with prompt-lookup drafting
-    over plain one-token steps on a copying workload (a code edit that returns the code), over
-    the same relayed hops, alternating in ``rounds``; with ``identical`` and the acceptance."""
-    from speculative import PROMPT as COPY_PROMPT, measure  # benchmarks/ is sys.path[0] when run
+    over plain one-token steps on a copying workload (``PROMPTS``: two code edits, a prose edit and
+    a quoting summary, each reply ending at its end of turn), over the same relayed hops,
+    alternating in ``rounds``; the whole workload's ratio with ``identical`` and the acceptance,
+    and each prompt's figures under ``prompts``."""
+    from speculative import measure_prompts  # benchmarks/ is sys.path[0] when run
 
-    ids = model.chat_ids([{"role": "user", "content": COPY_PROMPT}])
-    res = measure(model, hops, ids, tokens=max(tokens, 64), rounds=rounds)
-    return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in res.items()}
+    res = measure_prompts(model, hops, tokens=max(tokens, 96), rounds=rounds)
+    return _rounded(res)
+
+
+def _rounded(value):
+    """``value`` with its floats to 3 decimals, nested dicts too."""
+    if isinstance(value, dict):
+        return {k: _rounded(v) for k, v in value.items()}
+    return round(value, 3) if isinstance(value, float) else value
 
 
 def loopback(model_path: str, model, ranges, prompt_ids, args) -> dict:
@@ -152,7 +163,7 @@ def at_delay(model_path: str, model, ranges, prompt_ids, delay_ms: float, base: 
         hops = [rp.peer.hop() for rp in peers]
         run = best_of(model, hops, prompt_ids, args.tokens, args.repeats)
         push = None if args.no_push else measure_push(model, hops, prompt_ids, args.tokens, args.repeats, run, delay_ms)
-        spec = None if args.no_speculative else measure_speculative(model, hops, args.tokens)
+        spec = None if args.no_speculative else measure_speculative(model, hops, args.tokens, args.spec_rounds)
         return dict(
             delay_ms=delay_ms,
             client_ms_per_token=round(run["ms_per_token"], 2),
@@ -183,6 +194,8 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=2, help="measured requests per setting (the fastest counts)")
     ap.add_argument("--no-speculative", action="store_true", help="skip the speculative decoding measurement")
     ap.add_argument("--no-push", action="store_true", help="skip the push mode measurement")
+    ap.add_argument("--spec-rounds", type=int, default=2,
+                    help="speculative: alternating plain / prompt-lookup rounds per prompt")
     ap.add_argument("--json", default=None, metavar="PATH", help="write the results here")
     args = ap.parse_args()
     model_path = str(resolve_model(args.model))
@@ -214,6 +227,9 @@ def main() -> int:
                 print(f"  prompt-lookup speculation: {sp['speculative_speedup']:.2f}x tokens/s "
                       f"({sp['plain_tokens_per_s']:.2f} -> {sp['speculative_tokens_per_s']:.2f}), acceptance "
                       f"{sp['acceptance']:.2f}, identical={sp['identical']}", flush=True)
+                for name, one in sp["prompts"].items():
+                    print(f"    {name}: {one['speculative_speedup']:.2f}x ({one['tokens']} tokens, acceptance "
+                          f"{one['acceptance']:.2f}, identical={one['identical']})", flush=True)
     text = json.dumps(result, indent=2)
     print(text)
     if args.json:

@@ -70,6 +70,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "on any machine")
     parser.add_argument("--no-layout-kv", action="store_true",
                         help="ignore a layout's simulator_cluster.ini KV capacities")
+    parser.add_argument("--transport", choices=["push", "client"], default="push",
+                        help="push: peer to peer, last stage to the client; client: every stage's output "
+                             "returns to the client, which sends it to the next stage (see docs/sim.md)")
+    parser.add_argument("--client-region", type=int, default=None, metavar="R",
+                        help="put the client in region R (nodes joined by links of <= 5 ms one-way; "
+                             "default: the cluster file's source/sink links)")
+    parser.add_argument("--spec-k", type=int, default=0, metavar="K",
+                        help="speculative decoding: K draft tokens verified per decode step (0: off)")
+    parser.add_argument("--spec-acceptance", type=float, default=0.6, metavar="A",
+                        help="with --spec-k: each draft position accepted with probability A given the earlier ones")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
 
 
@@ -101,37 +111,41 @@ def _run(args: argparse.Namespace, out) -> int:
     from p2pserve.placement.topology import BandwidthConvention
     from p2pserve.sim.run import SimConfig, simulate
     from p2pserve.sim.scenario import build_scenario
+    from p2pserve.sim.transport import TransportConfig
 
     conv = BandwidthConvention.HELIX if args.bandwidth_convention == "helix" else BandwidthConvention.BITS_PER_S
     try:
+        transport = TransportConfig(mode=args.transport, client_region=args.client_region, spec_k=args.spec_k,
+                                    acceptance=args.spec_acceptance if args.spec_k else 0.0)
         root = data_root(args.data)
         scenario = build_scenario(args.model, build_parts(args, root), convention=conv, root=root)
-    except ConfigError as exc:
+        kv_mask = None if args.kv_mask == "auto" else args.kv_mask == "on"
+        duration = args.duration if args.duration is not None else (600.0 if args.mode == "offline" else 1800.0)
+        rate = args.rate
+        calibration = None
+        if args.mode == "online" and rate is None:
+            calibration = simulate(
+                scenario,
+                SimConfig(scheduler=args.scheduler, mode="offline", duration=300.0, seed=args.seed,
+                          throttle=args.throttle, kv_mask=kv_mask, kv_model=args.kv_model, transport=transport),
+            )
+            rate = ONLINE_LOAD_FACTOR * offline_token_rate(calibration.decode_throughput_tokens_per_s, root)
+        cfg = SimConfig(
+            scheduler=args.scheduler,
+            mode=args.mode,
+            duration=duration,
+            warmup=args.warmup,
+            seed=args.seed,
+            token_rate=rate,
+            throttle=args.throttle,
+            kv_mask=kv_mask,
+            kv_model=args.kv_model,
+            transport=transport,
+        )
+        result = simulate(scenario, cfg)
+    except ConfigError as exc:  # also a client region the cluster lacks, a link client mode needs
         print(f"p2pserve sim: {exc}", file=sys.stderr)
         return 2
-    kv_mask = None if args.kv_mask == "auto" else args.kv_mask == "on"
-    duration = args.duration if args.duration is not None else (600.0 if args.mode == "offline" else 1800.0)
-    rate = args.rate
-    calibration = None
-    if args.mode == "online" and rate is None:
-        calibration = simulate(
-            scenario,
-            SimConfig(scheduler=args.scheduler, mode="offline", duration=300.0, seed=args.seed,
-                      throttle=args.throttle, kv_mask=kv_mask, kv_model=args.kv_model),
-        )
-        rate = ONLINE_LOAD_FACTOR * offline_token_rate(calibration.decode_throughput_tokens_per_s, root)
-    cfg = SimConfig(
-        scheduler=args.scheduler,
-        mode=args.mode,
-        duration=duration,
-        warmup=args.warmup,
-        seed=args.seed,
-        token_rate=rate,
-        throttle=args.throttle,
-        kv_mask=kv_mask,
-        kv_model=args.kv_model,
-    )
-    result = simulate(scenario, cfg)
     if calibration is not None:
         result.extra["rate_calibrated_from_offline_decode_tokens_per_s"] = calibration.decode_throughput_tokens_per_s
     if args.json:

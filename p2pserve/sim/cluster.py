@@ -9,6 +9,7 @@ waiting for a route are retried (FIFO).
 
 from __future__ import annotations
 
+import random
 import time
 from collections import deque
 from typing import Callable, Mapping
@@ -23,6 +24,7 @@ from p2pserve.sim.node import Node, entry_overhead_per_token
 from p2pserve.sim.profiles import LayerLatency
 from p2pserve.sim.request import Query, Stage
 from p2pserve.sim.schedulers.base import Scheduler
+from p2pserve.sim.transport import ClientRelay, TransportConfig, draw_accepted
 from p2pserve.types import SINK_INDEX, SOURCE_INDEX
 
 
@@ -43,6 +45,8 @@ class ClusterSim:
         entry_overhead: bool = True,
         kv_mask: bool = True,
         kv_model: str = "reserve",
+        transport: TransportConfig | None = None,
+        spec_seed: int = 0,
     ) -> None:
         self.loop = loop if loop is not None else EventLoop()
         self.graph = graph
@@ -78,6 +82,13 @@ class ClusterSim:
                 )
         self._token_bytes = graph.token_bytes
         self._act_bytes = graph.activation_bytes
+        # transport mode and speculation (``sim/transport.py``)
+        self.transport = transport if transport is not None else TransportConfig()
+        self._relay = ClientRelay(self, self._at_sink) if self.transport.mode == "client" else None
+        self._spec_rng = random.Random(spec_seed)
+        if self.transport.spec_k:
+            for n in self.nodes.values():
+                n.multi_token = True
 
     # ------------------------------------------------------------ SchedulerView
     def admissible(self, stage: Stage, query: Query) -> bool:
@@ -154,7 +165,11 @@ class ClusterSim:
             self.links[(SOURCE_INDEX, dst)].send(lst, tb * sum(j.tokens for j in lst))
 
     def _node_exit(self, node: Node, jobs: list[Query]) -> None:
-        """Jobs finished their stage on ``node``: forward each to its next hop."""
+        """Jobs finished their stage on ``node``: forward each to its next hop (peer to peer), or
+        back to the client when it drives the pipeline."""
+        if self._relay is not None:
+            self._relay.node_exit(node, jobs)
+            return
         src = node.idx
         by_dst: dict[int, list[Query]] = {}
         for j in jobs:
@@ -168,7 +183,8 @@ class ClusterSim:
         links = self.links
         for dst, lst in by_dst.items():
             if dst == SINK_INDEX:
-                nbytes = self._token_bytes * len(lst)  # one sampled token id per job
+                # a sampled token id per job; a verify step returns one per position
+                nbytes = self._token_bytes * sum(1 if j.is_prompt else j.tokens for j in lst)
             else:
                 nbytes = self._act_bytes * sum(j.tokens for j in lst)
             links[(src, dst)].send(lst, nbytes)
@@ -195,11 +211,14 @@ class ClusterSim:
                 if self.on_prompt_done is not None:
                     self.on_prompt_done(j)
             else:
-                rec.decode(now, now - j.job_start)
-                j.decoded += 1
+                made = 1 + draw_accepted(self._spec_rng, self.transport.acceptance, j.tokens - 1)
+                rec.decode(now, now - j.job_start, made)
+                j.decoded += made
             if j.decoded >= j.output_len:
                 done.append(j)
             else:
+                # the next step: the pending token and up to spec_k drafts (never past output_len)
+                j.tokens = 1 + min(self.transport.spec_k, j.output_len - j.decoded - 1)
                 sched.on_decode(j)
                 again.append(j)
         if again:

@@ -47,10 +47,11 @@ class Recorder:
             self.prompts += 1
             self.prompt_lat.append(latency)
 
-    def decode(self, now: float, latency: float) -> None:
-        """A decode job (one output token) reached the sink after ``latency`` s on its route."""
+    def decode(self, now: float, latency: float, tokens: int = 1) -> None:
+        """A decode job reached the sink after ``latency`` s on its route, yielding ``tokens``
+        output tokens (more than one: a speculative verify step)."""
         if self.t0 <= now <= self.t1:
-            self.decode_tokens += 1
+            self.decode_tokens += tokens
             self.decode_lat.append(latency)
 
     def finish(self, now: float) -> None:

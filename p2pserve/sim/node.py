@@ -48,7 +48,7 @@ class Node:
         "on_exit", "kv_free", "pq", "dq", "busy", "ptr", "queued_tokens", "busy_time",
         "batches", "work_ema", "time_ema", "running_decodes", "depth_sum", "_p", "_d",
         "kv_capacity", "kv_used", "kv_held", "kv_wait", "kv_waits", "kv_mode", "kv_evicted",
-        "preemptions", "recomputes", "_running",
+        "preemptions", "recomputes", "_running", "multi_token",
     )
 
     def __init__(
@@ -100,6 +100,7 @@ class Node:
         self.preemptions = 0
         self.recomputes = 0
         self._running: list[Query] = []  # jobs of the batch being computed
+        self.multi_token = False  # decode jobs may carry several tokens (speculative verify steps)
         # prompt/decode latency tables bound locally for the hot path
         self._p = latency.prompt_s
         self._d = latency.decode_s
@@ -249,10 +250,10 @@ class Node:
         max_req, max_tok, max_dec = self._limits(li)
         bp, ptok, entering = self._take_prompts(li, layer, max_req, max_tok)
         bd = self._take_decodes(li, max_dec)
-        nd = len(bd)
+        nd = sum(j.tokens for j in bd) if self.multi_token else len(bd)
         for j in bd:
             if j.entry == layer:
-                entering += 1
+                entering += j.tokens
         p = self._p
         dt = p[ptok] if ptok < len(p) else self.latency.prompt(ptok)
         if nd:
@@ -316,8 +317,15 @@ class Node:
         return bp, ptok, entering
 
     def _take_decodes(self, li: int, max_dec: int) -> list[Query]:
-        """Decodes FIFO up to the decode cap."""
+        """Decodes FIFO up to the decode cap (in tokens: a verify job counts its k + 1)."""
         q = self.dq[li]
+        if self.multi_token:
+            n = tok = 0
+            for j in q:
+                if n and tok + j.tokens > max_dec:
+                    break
+                n, tok = n + 1, tok + j.tokens
+            max_dec = n
         if len(q) <= max_dec:
             self.dq[li] = []
             return q

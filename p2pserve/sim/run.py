@@ -17,6 +17,7 @@ from p2pserve.sim.metrics import SimResult
 from p2pserve.sim.request import Query
 from p2pserve.sim.scenario import Scenario
 from p2pserve.sim.schedulers import make_scheduler
+from p2pserve.sim.transport import TransportConfig, client_graph
 from p2pserve.sim.workload import (
     LengthSampler,
     OfflineFeeding,
@@ -48,6 +49,7 @@ class SimConfig:
     entry_overhead: bool = True
     kv_mask: bool | None = None  # Helix's KV-estimate mask; default: on for iwrr only
     kv_model: str = "reserve"  # node KV: "reserve" (whole footprint) or "vllm" (preemption)
+    transport: TransportConfig = field(default_factory=TransportConfig)  # client place, mode, speculation
 
     def resolved_kv_mask(self) -> bool:
         """KV masking is part of Helix's scheduler (§5.2); the baselines route without it."""
@@ -84,7 +86,7 @@ def build_sim(scenario: Scenario, cfg: SimConfig) -> ClusterSim:
     scheduler = make_scheduler(cfg.scheduler, scenario.flows, rng, scenario.graph)
     warm = cfg.resolved_warmup()
     return ClusterSim(
-        scenario.graph,
+        client_graph(scenario.graph, cfg.transport),
         scheduler,
         kv,
         scenario.latencies,
@@ -94,6 +96,8 @@ def build_sim(scenario: Scenario, cfg: SimConfig) -> ClusterSim:
         entry_overhead=cfg.entry_overhead,
         kv_mask=cfg.resolved_kv_mask(),
         kv_model=cfg.kv_model,
+        transport=cfg.transport,
+        spec_seed=cfg.seed + 3,
     )
 
 
@@ -111,6 +115,7 @@ def simulate(scenario: Scenario, cfg: SimConfig) -> SimResult:
         "kv_model": cfg.kv_model,
     }
     extra.update(scenario.describe())
+    extra.update(cfg.transport.describe())
     if cfg.mode == "offline":
         _attach_offline(sim, sampler, cfg.feeding)
     else:

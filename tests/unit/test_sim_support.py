@@ -34,8 +34,9 @@ def make_topology(ranges, num_layers, bandwidth=1e5, latency=1e-3, token_bytes=2
 
 
 def make_sim(graph, scheduler="iwrr", flows=None, seed=0, kv_settings=None, entry_overhead=False,
-             kv_mask=True, batch_policy=None, kv_model="reserve"):
-    """A ClusterSim on ``graph`` with LINEAR latency everywhere."""
+             kv_mask=True, batch_policy=None, kv_model="reserve", transport=None):
+    """A ClusterSim on ``graph`` with LINEAR latency everywhere (``transport``: a
+    :class:`~p2pserve.sim.transport.TransportConfig`, default push without speculation)."""
     if flows is None:
         flows = {}
         for u, edges in graph.out_edges.items():
@@ -49,4 +50,5 @@ def make_sim(graph, scheduler="iwrr", flows=None, seed=0, kv_settings=None, entr
     kv = KvEstimator(caps, kv_settings or KvSettings.offline(), min(per_layer))
     sched = make_scheduler(scheduler, flows, random.Random(seed), graph)
     return ClusterSim(graph, sched, kv, {i: LINEAR for i in graph.assignments}, entry_overhead=entry_overhead,
-                      kv_mask=kv_mask, batch_policy=batch_policy, kv_model=kv_model)
+                      kv_mask=kv_mask, batch_policy=batch_policy, kv_model=kv_model, transport=transport,
+                      spec_seed=seed)
