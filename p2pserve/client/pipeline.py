@@ -37,6 +37,7 @@ from p2pserve.client.failover import (
 )
 from p2pserve.client.hop import Hop, check_chain
 from p2pserve.client.observer import ServiceObserver
+from p2pserve.client.rollback import Suspects
 from p2pserve.client.route_providers import ChainListRoutes, RouteProvider
 from p2pserve.client.tape import HopTape
 from p2pserve.config import ClientConfig
@@ -82,6 +83,7 @@ class Pipeline:
         self.verifier = verifier  # a client.verifier.Verifier when outputs are verified, else None
         self._tapes: list[HopTape] = []  # per hop of the route: what it consumed and returned (verifier)
         self.verified: list[int] = []  # the last hop's tokens of the latest step with outputs > 1
+        self.suspects = Suspects()  # who touched which outputs; its checks (client/rollback.py)
 
     @property
     def position(self) -> int:
@@ -165,7 +167,7 @@ class Pipeline:
             break
         self._steps += 1
         if self._tapes:
-            self.verifier.after_step(self._tapes, self.sampling)
+            self.verifier.after_step(self._tapes, self.sampling, self.suspects)
         self.history.extend(token_ids)
         self._held = len(self.history)
         if outputs > 1:
@@ -275,7 +277,7 @@ class Pipeline:
 
     async def _drop_route(self) -> None:
         if self._tapes:  # checks drawn for this route's hops run now, in the background
-            self.verifier.route_done(self._tapes)
+            self.verifier.route_done(self._tapes, self.suspects)
         links, self._links, self._tapes = self._links, None, []
         if links:  # best effort: the route is being abandoned
             await asyncio.gather(*(c.close() for c in links), return_exceptions=True)

@@ -135,14 +135,19 @@ class Verifier:
         """``masks`` with the peers this client caught added to the banned ones."""
         return replace(masks, banned=masks.banned | frozenset(self.excluded)) if self.excluded else masks
 
-    def after_step(self, tapes: list[HopTape], sampling: SamplingParams) -> None:
-        """Draw which hops of the step just done to verify.
+    def after_step(self, tapes: list[HopTape], sampling: SamplingParams, suspects=None) -> None:
+        """Draw which hops of the step just done to verify; ``suspects`` (the pipeline's
+        ``client.rollback.Suspects``) learns who touched the step's outputs and keeps its checks.
 
         A last hop's token is checked now (only that step can be compared). A hop returning hidden
         states is marked due and checked once, when the route is done (:meth:`route_done`): one
         replay of its history then covers every step, however many were drawn. Checking at each
         draw would replay a long session's history again and again (quadratic in its length).
         """
+        checks = None
+        if suspects is not None:
+            suspects.stepped(tapes)
+            checks = suspects.checks
         for tape in tapes:
             if self.rng.random() >= self.config.verify_share or tape.last is None:
                 continue
@@ -154,18 +159,19 @@ class Verifier:
                 self.stats.skipped += 1
                 continue
             if tape.hop.end == self.num_layers:
-                self._start(tape, sampling)
+                self._start(tape, sampling, checks)
             else:
                 tape.due = sampling
 
-    def route_done(self, tapes: list[HopTape]) -> None:
-        """The pipeline leaves these hops (request done, or failover): check those marked due."""
+    def route_done(self, tapes: list[HopTape], suspects=None) -> None:
+        """The pipeline leaves these hops (request done, or failover): check those marked due
+        (the tasks started join the pipeline's ``suspects.checks``, see ``client/rollback.py``)."""
         for tape in tapes:
             if tape.due is not None and tape.last is not None:
-                self._start(tape, tape.due)
+                self._start(tape, tape.due, suspects.checks if suspects is not None else None)
             tape.due = None
 
-    def _start(self, tape: HopTape, sampling: SamplingParams) -> None:
+    def _start(self, tape: HopTape, sampling: SamplingParams, checks: Optional[set] = None) -> None:
         """Check ``tape`` as it is now in a background task, unless too many checks run already."""
         if len(self._tasks) >= self.config.verify_max_inflight:
             self.stats.skipped += 1
@@ -174,6 +180,9 @@ class Verifier:
         task = asyncio.create_task(self._guarded(snapshot, sampling))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        if checks is not None:
+            checks.add(task)
+            task.add_done_callback(checks.discard)
 
     async def drain(self) -> None:
         """Wait for the checks under way (tests, benchmarks, shutdown)."""
