@@ -2,14 +2,15 @@
 
 After each successful step, :meth:`Verifier.after_step` draws, per hop, whether to verify it
 (``ClientConfig.verify_share``). A drawn hop is checked by a background task, never by the
-user's request (a hop returning hidden states once its route is done, covering all its steps):
+user's request, once its route is done, covering all its steps:
 
 1. the reply's signature is checked against the peer's announced ``reply_key`` (a bad one bans
    the peer locally at once: it is malformed, there is nothing to prove);
 2. a *witness* (another peer serving the hop's layers) gets the hop's whole input history.
    For hidden states one prefill returns every position, and all of the hop's steps so far are
    compared with what it returned (within :data:`TOLERANCE` of its dtype); for the last hop the
-   step's token is compared;
+   same one Forward asks for the token after each of the last ``MAX_VERIFY_OUTPUTS`` positions,
+   and every token the hop returned there is compared;
 3. on a difference the first differing step is replayed *aligned* (history as a prefill, then
    exactly that step) on the witness and on a third replica, each signing its claim over the same
    inputs. Whoever disagrees with both others is the culprit; with no third replica, or three
@@ -46,7 +47,7 @@ from p2pserve.dht.evidence import (
     output_digest,
     verify_claim,
 )
-from p2pserve.protocol import PROTOCOL_VERSION, CloseSession, Forward, OpenSession, SamplingParams
+from p2pserve.protocol import MAX_VERIFY_OUTPUTS, PROTOCOL_VERSION, CloseSession, Forward, OpenSession, SamplingParams
 from p2pserve.protocol import DTYPE_SIZES, TensorMeta
 from p2pserve.transport.frames import tensor_from_wire
 
@@ -139,10 +140,11 @@ class Verifier:
         """Draw which hops of the step just done to verify; ``suspects`` (the pipeline's
         ``client.rollback.Suspects``) learns who touched the step's outputs and keeps its checks.
 
-        A last hop's token is checked now (only that step can be compared). A hop returning hidden
-        states is marked due and checked once, when the route is done (:meth:`route_done`): one
-        replay of its history then covers every step, however many were drawn. Checking at each
-        draw would replay a long session's history again and again (quadratic in its length).
+        A drawn hop is marked due and checked once, when the route is done (:meth:`route_done`): one
+        replay of its history then covers every step, however many were drawn (for the last hop,
+        every token among the last ``MAX_VERIFY_OUTPUTS`` positions, asked for in one Forward).
+        Checking at each draw would replay a long session's history again and again (quadratic in
+        its length), and a last hop's check at each draw cost two Forwards for one token.
         """
         checks = None
         if suspects is not None:
@@ -158,10 +160,7 @@ class Verifier:
                 # are still checked on these steps, and the last hop on its one-token steps.
                 self.stats.skipped += 1
                 continue
-            if tape.hop.end == self.num_layers:
-                self._start(tape, sampling, checks)
-            else:
-                tape.due = sampling
+            tape.due = sampling
 
     def route_done(self, tapes: list[HopTape], suspects=None) -> None:
         """The pipeline leaves these hops (request done, or failover): check those marked due
@@ -235,13 +234,11 @@ class Verifier:
     async def _first_difference(self, tape: HopTape, witness: Hop, sampling: SamplingParams):
         """The first step of ``tape`` whose output the witness does not reproduce, or None."""
         step = tape.last
-        if tape.hop.end == self.num_layers:  # a token: only the step itself can be compared
-            answer = await self._replay(tape, step, witness, sampling)
-            self.stats.verified += 1
-            return None if answer.token == step.reply.token else step
         done = [s for s in tape.steps if s.reply is not None]
         end = step.inputs.position + step.inputs.count
         payload, rows = join(tape.inputs_before(end))
+        if tape.hop.end == self.num_layers:
+            return await self._first_token_difference(tape, witness, sampling, done, end, payload, rows)
         out, _ = await self._run(witness, [(0, rows, step.inputs.dtype, payload)], end, sampling)
         theirs = _rows(out[0], out[1])
         tol = TOLERANCE.get(_dtype(step), 1e-3)
@@ -253,6 +250,25 @@ class Verifier:
                 return s
             key = _dtype(s)
             self.stats.max_distance[key] = max(self.stats.max_distance.get(key, 0.0), d)
+        return None
+
+    async def _first_token_difference(self, tape: HopTape, witness: Hop, sampling: SamplingParams, done, end: int,
+                                      payload: bytes, rows: int):
+        """The last hop's first one-token step, among the last ``MAX_VERIFY_OUTPUTS`` positions,
+        whose token the witness does not reproduce: one Forward of the whole history asks for the
+        token after each of those positions (the peers sample with a seed per position)."""
+        outputs = min(MAX_VERIFY_OUTPUTS, rows)
+        (_, _, reply), _ = await self._run(witness, [(0, rows, tape.last.inputs.dtype, payload)], end, sampling,
+                                           whole=True, outputs=outputs)
+        theirs = reply.tokens if outputs > 1 else [reply.token]
+        base = end - outputs  # theirs[i] is the token returned after position base + i
+        for s in done:
+            after = s.inputs.position + s.inputs.count - 1
+            if s.reply.tokens is not None or after < base:
+                continue  # a speculative step, or one too far back for this replay
+            self.stats.verified += 1
+            if theirs[after - base] != s.reply.token:
+                return s
         return None
 
     async def _settle(self, tape: HopTape, step, others: list[Hop], sampling: SamplingParams) -> Optional[str]:
@@ -306,9 +322,11 @@ class Verifier:
         hidden = _rows(meta, out) if meta is not None else None
         return Answer(replica, claim, reply.signature, reply.token, hidden, bytes(out) if meta is not None else b"")
 
-    async def _run(self, replica: Hop, calls, max_length: int, sampling: SamplingParams, whole: bool = False):
+    async def _run(self, replica: Hop, calls, max_length: int, sampling: SamplingParams, whole: bool = False,
+                   outputs: int = 1):
         """Open a session on ``replica`` over the tape's span and send ``calls`` in order
-        (``(position, rows, dtype, payload)``); the last reply's (meta, bytes[, reply]) and the
+        (``(position, rows, dtype, payload)``, the last asking for ``outputs`` tokens); the last
+        reply's (meta, bytes[, reply]) and the
         session id. Sessions to one replica reuse one stream, one check at a time: dialling (and
         the direct path's handshake) would cost more round trips than the check itself."""
         cfg = self.config
@@ -327,10 +345,10 @@ class Verifier:
                                             start=replica.start, end=replica.end, max_length=max_length,
                                             sampling=sampling))
                 for i, (position, rows, dtype, payload) in enumerate(calls):
-                    meta = _meta(dtype, rows, payload)
+                    meta, k = _meta(dtype, rows, payload), outputs if i == len(calls) - 1 else 1
                     reply, out = await link.call(Forward(session_id=link.session_id, step=i, position=position,
-                                                         tensor=meta), payload)
-                    link.check_forward(reply, out, rows, i, position, replica.end == self.num_layers)
+                                                         tensor=meta, outputs=k), payload)
+                    link.check_forward(reply, out, rows, i, position, replica.end == self.num_layers, outputs=k)
                 await link.call(CloseSession(session_id=link.session_id))
             except BaseException:
                 self._pool.pop(replica.peer_id, None)  # the stream may be out of step: dial afresh next time
