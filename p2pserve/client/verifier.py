@@ -138,7 +138,7 @@ class Verifier:
 
     def after_step(self, tapes: list[HopTape], sampling: SamplingParams, suspects=None) -> None:
         """Draw which hops of the step just done to verify; ``suspects`` (the pipeline's
-        ``client.rollback.Suspects``) learns who touched the step's outputs and keeps its checks.
+        ``client.rollback.Suspects``) learns who touched the step's outputs.
 
         A drawn hop is marked due and checked once, when the route is done (:meth:`route_done`): one
         replay of its history then covers every step, however many were drawn (for the last hop,
@@ -146,10 +146,8 @@ class Verifier:
         Checking at each draw would replay a long session's history again and again (quadratic in
         its length), and a last hop's check at each draw cost two Forwards for one token.
         """
-        checks = None
         if suspects is not None:
             suspects.stepped(tapes)
-            checks = suspects.checks
         for tape in tapes:
             if self.rng.random() >= self.config.verify_share or tape.last is None:
                 continue
