@@ -126,7 +126,7 @@ async def overhead(path, model, peers, rounds: int, concurrency: int, new_tokens
                 totals[name][1] += dt
                 cycle[name] = n / dt
             cycles.append(cycle)
-        stats = asdict(clients["on"].verifier.stats)
+        stats = dict(asdict(clients["on"].verifier.stats), witness_sessions_opened=clients["on"].verifier.witnesses.opened)
         hold_stats = asdict(clients["hold"].verifier.stats)
     finally:
         for c in clients.values():

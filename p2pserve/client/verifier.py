@@ -26,16 +26,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-import secrets
 from dataclasses import dataclass, field, replace
 from typing import Awaitable, Callable, Optional
 
 import torch
 
-from p2pserve.client.connection import HopConnection
 from p2pserve.client.hop import Hop
 from p2pserve.client.routing import Masks
 from p2pserve.client.tape import HopTape, join, reply_output_digest
+from p2pserve.client.witness_pool import WitnessPool
 from p2pserve.config import ClientConfig
 from p2pserve.dht.evidence import (
     MAX_INPUT_BYTES,
@@ -47,8 +46,7 @@ from p2pserve.dht.evidence import (
     output_digest,
     verify_claim,
 )
-from p2pserve.protocol import MAX_VERIFY_OUTPUTS, PROTOCOL_VERSION, CloseSession, Forward, OpenSession, SamplingParams
-from p2pserve.protocol import DTYPE_SIZES, TensorMeta
+from p2pserve.protocol import MAX_VERIFY_OUTPUTS, SamplingParams
 from p2pserve.transport.frames import tensor_from_wire
 
 log = logging.getLogger(__name__)
@@ -130,7 +128,7 @@ class Verifier:
         self.excluded: dict[str, str] = {}  # peer id -> why this client stopped using it
         self.cases: dict[str, Mismatch] = {}  # accused peer id -> the latest mismatch proven
         self._tasks: set[asyncio.Task] = set()
-        self._pool: dict[str, tuple] = {}  # replica peer id -> (its HopConnection stream, a lock)
+        self.witnesses = WitnessPool(transport, model_id, num_layers, config)  # streams and sessions on replicas
 
     def masks(self, masks: Masks) -> Masks:
         """``masks`` with the peers this client caught added to the banned ones."""
@@ -191,8 +189,7 @@ class Verifier:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*list(self._tasks), return_exceptions=True)
-        pool, self._pool = self._pool, {}
-        await asyncio.gather(*(conn.close() for conn, _ in pool.values() if conn is not None), return_exceptions=True)
+        await self.witnesses.close()
 
     async def _guarded(self, tape: HopTape, sampling: SamplingParams) -> None:
         try:
@@ -322,38 +319,11 @@ class Verifier:
 
     async def _run(self, replica: Hop, calls, max_length: int, sampling: SamplingParams, whole: bool = False,
                    outputs: int = 1):
-        """Open a session on ``replica`` over the tape's span and send ``calls`` in order
-        (``(position, rows, dtype, payload)``, the last asking for ``outputs`` tokens); the last
-        reply's (meta, bytes[, reply]) and the
-        session id. Sessions to one replica reuse one stream, one check at a time: dialling (and
-        the direct path's handshake) would cost more round trips than the check itself."""
-        cfg = self.config
-        link = HopConnection(self.transport, replica, cfg.frame_limits, cfg.hop_timeout_s, cfg.connect_timeout_s)
-        pooled, lock = self._pool.get(replica.peer_id) or (None, asyncio.Lock())
-        self._pool[replica.peer_id] = (pooled, lock)
-        async with lock:
-            try:
-                if pooled is None or pooled.stream is None:
-                    pooled = HopConnection(self.transport, replica, cfg.frame_limits, cfg.hop_timeout_s,
-                                           cfg.connect_timeout_s)
-                    await pooled.connect()
-                    self._pool[replica.peer_id] = (pooled, lock)
-                link.stream, link.session_id = pooled.stream, secrets.token_hex(16)
-                await link.call(OpenSession(version=PROTOCOL_VERSION, model_id=self.model_id, session_id=link.session_id,
-                                            start=replica.start, end=replica.end, max_length=max_length,
-                                            sampling=sampling))
-                for i, (position, rows, dtype, payload) in enumerate(calls):
-                    meta, k = _meta(dtype, rows, payload), outputs if i == len(calls) - 1 else 1
-                    reply, out = await link.call(Forward(session_id=link.session_id, step=i, position=position,
-                                                         tensor=meta, outputs=k), payload)
-                    link.check_forward(reply, out, rows, i, position, replica.end == self.num_layers, outputs=k)
-                await link.call(CloseSession(session_id=link.session_id))
-            except BaseException:
-                self._pool.pop(replica.peer_id, None)  # the stream may be out of step: dial afresh next time
-                if pooled is not None:
-                    await pooled.close()
-                raise
-        return ((reply.tensor, out, reply) if whole else (reply.tensor, out)), link.session_id
+        """Send ``calls`` (``(position, rows, dtype, payload)``, the first at position 0, the last
+        asking for ``outputs`` tokens) to a check session over ``replica``'s span, kept open between
+        checks (``client/witness_pool.py``); the last reply's (meta, bytes[, reply]) and the session id."""
+        (reply, out), sid = await self.witnesses.run(replica, calls, max_length, sampling, outputs)
+        return ((reply.tensor, out, reply) if whole else (reply.tensor, out)), sid
 
     def _exclude(self, peer: str, why: str) -> None:
         if peer not in self.excluded:
@@ -377,10 +347,3 @@ def _dtype(step) -> str:
 
 def _rows(meta, payload) -> torch.Tensor:
     return tensor_from_wire(meta, bytes(payload)).reshape(meta.shape[0], -1)
-
-
-def _meta(dtype: str, rows: int, payload) -> TensorMeta:
-    width = len(payload) // max(rows, 1) // DTYPE_SIZES[dtype]
-    shape = [rows] if dtype == "int64" else [rows, width]
-    return TensorMeta(dtype=dtype, shape=shape, nbytes=len(payload))
-
