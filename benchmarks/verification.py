@@ -126,7 +126,14 @@ async def overhead(path, model, peers, rounds: int, concurrency: int, new_tokens
                 totals[name][1] += dt
                 cycle[name] = n / dt
             cycles.append(cycle)
-        stats = dict(asdict(clients["on"].verifier.stats), witness_sessions_opened=clients["on"].verifier.witnesses.opened)
+        pool = clients["on"].verifier.witnesses
+        stats = dict(asdict(clients["on"].verifier.stats), witness_sessions_opened=pool.opened,
+                     witness_forwards=pool.forwards)
+        # the swarm's extra work, independent of the machine's load: peer calls the checks made per
+        # request, against the calls a request makes (an open, new_tokens Forwards, a close per hop)
+        requests = max(1, rounds // phase) * phase * concurrency
+        hops = len({r[1] for r in RANGES})
+        stats["extra_peer_calls_share"] = round((pool.opened + pool.forwards) / requests / (hops * (new_tokens + 2)), 4)
         hold_stats = asdict(clients["hold"].verifier.stats)
     finally:
         for c in clients.values():

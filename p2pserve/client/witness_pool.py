@@ -59,6 +59,7 @@ class WitnessPool:
         self.config = config
         self._replicas: dict[str, _Replica] = {}
         self.opened = 0  # sessions opened on witnesses (each check used to open one)
+        self.forwards = 0  # Forwards sent to witnesses
 
     async def run(self, replica: Hop, calls, max_length: int, sampling: SamplingParams, outputs: int = 1):
         """Send ``calls`` (``(position, rows, dtype, payload)``, the first at position 0, the last
@@ -94,6 +95,7 @@ class WitnessPool:
         for i, (position, rows, dtype, payload) in enumerate(calls):
             meta, k = _meta(dtype, rows, payload), outputs if i == len(calls) - 1 else 1
             step, session.steps = session.steps, session.steps + 1
+            self.forwards += 1
             reply, out = await link.call(Forward(session_id=session.session_id, step=step, position=position,
                                                  tensor=meta, outputs=k), payload)
             link.check_forward(reply, out, rows, step, position, replica.end == self.num_layers, outputs=k)
