@@ -88,6 +88,9 @@ class Generation:
         self.tuner = SpeculationTuner(speculative) if drafter is not None else None
         self._ready: list[int] = []  # tokens a speculative step yielded that are not returned yet
         self.rolled_back = 0  # tokens withdrawn because a peer that computed them was caught
+        # whether a caught peer's tokens may be withdrawn and regenerated; a stream that has sent
+        # them (ReplyStream) sets False: the route is only changed, what was sent stays
+        self.withdraw = True
 
     def __aiter__(self) -> "Generation":
         return self
@@ -181,16 +184,18 @@ class Generation:
         """Withdraw every token from the first one a caught peer touched, and generate them again
         on a route without it (``client/rollback.py``); False when nothing is suspect.
 
-        Tokens already streamed cannot be unsent: ``rolled_back`` counts them, and ``result``
-        holds the regenerated reply.
+        Tokens already yielded are withdrawn from ``result`` (``rolled_back`` counts them); with
+        ``withdraw`` off (a stream sent them) they stay and only the route changes (False).
         """
         pipeline = self.pipeline
         first = suspect_from(pipeline)
         if first is None:
             return False
         pipeline.suspects.forget(pipeline.verifier.excluded)
-        keep = min(max(0, first - len(self._prompt)), len(self.result.tokens))
         await pipeline.close()  # the caught peer may be on the route: the next step re-routes and replays
+        if not self.withdraw:
+            return False
+        keep = min(max(0, first - len(self._prompt)), len(self.result.tokens))
         kept = self._prompt + self.result.tokens[:keep]
         pipeline.rewind(len(kept) - 1)
         self._pending, self._ready = [kept[-1]], []

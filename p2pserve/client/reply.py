@@ -70,6 +70,7 @@ class ReplyStream:
 
     def __init__(self, generation: Generation):
         self.generation = generation
+        generation.withdraw = False  # text sent cannot be unsent: a caught peer only changes the route
         self.pipeline = generation.pipeline
         self.reply: Optional[Reply] = None
         self._closed = False
