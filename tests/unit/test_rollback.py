@@ -44,3 +44,57 @@ def test_only_caught_peers_roll_back_and_only_once():
     s.forget(pipeline.verifier.excluded)
     assert suspect_from(pipeline) is None and s.first_out == {"a": 3}
     assert suspect_from(SimpleNamespace()) is None  # no verifier: nothing to roll back
+
+
+def _generate(withdraw: bool):
+    """8 greedy tokens after [1, 2, 3] over fake peers; the first route's last hop returns wrong
+    tokens and is convicted after the 4th step. Returns (tokens yielded, the Generation)."""
+    import asyncio
+
+    from p2pserve.client.generation import Generation
+    from p2pserve.client.params import GenerationParams
+    from p2pserve.client.pipeline import Pipeline
+    from p2pserve.client.route_providers import ChainListRoutes
+    from p2pserve.config import ClientConfig
+    from p2pserve.testing import FakePeerNetwork, ScriptedVerifier
+
+    net = FakePeerNetwork(num_layers=8)
+    a, liar, honest = net.add("a", 0, 4), net.add("liar", 4, 8), net.add("b", 4, 8)
+    net.corrupt["liar"] = "wrong"
+    config = ClientConfig(verify_share=0.5)  # tapes are kept only while verifying
+
+    async def go():
+        p = Pipeline(net.client(), ChainListRoutes([[a, liar], [a, honest]]), "fake-model", 8, max_length=64,
+                     config=config, verifier=ScriptedVerifier("liar", after=4))
+        gen = Generation(p, [1, 2, 3], GenerationParams(max_new_tokens=8, ignore_eos=True), set())
+        gen.withdraw = withdraw
+        try:
+            return [e.token async for e in gen], gen
+        finally:
+            await p.close()
+
+    return asyncio.run(go())
+
+
+def _greedy(history: list[int], n: int) -> list[int]:
+    from p2pserve.testing import fake_next_token
+
+    out = []
+    for _ in range(n):
+        out.append(fake_next_token(history + out))
+    return out
+
+
+def test_a_convicted_peers_tokens_are_withdrawn_and_regenerated_without_it():
+    yielded, gen = _generate(withdraw=True)
+    assert gen.result.tokens == _greedy([1, 2, 3], 8)  # identical to an honest run
+    assert gen.rolled_back == 4  # the liar had a hand in every token from the first on
+    assert yielded[:4] != gen.result.tokens[:4]  # they had been handed out, wrong
+    assert [h.peer_id for h in gen.pipeline.route] == ["a", "b"]
+
+
+def test_a_stream_keeps_what_it_sent_and_only_changes_route():
+    yielded, gen = _generate(withdraw=False)
+    assert gen.rolled_back == 0 and gen.result.tokens == yielded
+    assert gen.result.tokens[4:] == _greedy([1, 2, 3] + gen.result.tokens[:4], 4)  # continued honestly
+    assert [h.peer_id for h in gen.pipeline.route] == ["a", "b"]
