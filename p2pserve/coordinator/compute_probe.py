@@ -20,7 +20,8 @@ it measures (``coordinator/claims.py`` counts its own report as an observation o
   ``p2pserve status`` (which trusts the elected leader's report) says why a claim is capped.
 
 Cost, bounded: each peer at most once per ``interval_s``; one peer at a time, ``gap_s`` apart;
-``steps`` + 1 one-token Forwards and a session of ``max_length`` <= 512 positions per probe.
+``steps`` + 1 one-token Forwards and a session of ``max_length`` 16-64 positions per probe (a
+short chat turn's; it holds little of a peer's KV budget for a few round trips).
 
 What it does not see: a peer that inspects its inputs could tell Gaussian hidden states from real
 activations (the coordinator holds no weights), and serve them differently. A peer that refuses
@@ -121,7 +122,7 @@ async def probe_peer(transport: Transport, info: PeerInfo, model_id: str, cfg: C
     try:
         t0 = time.perf_counter()
         opened = await link.call(OpenSession(version=PROTOCOL_VERSION, model_id=model_id, session_id=sid, start=start,
-                                             end=end, max_length=rng.randint(max(64, cfg.steps + 1), 512),
+                                             end=end, max_length=rng.randint(max(16, cfg.steps + 1), max(64, cfg.steps + 1)),
                                              sampling=SamplingParams()))
         rtt = time.perf_counter() - t0
         if not isinstance(opened, SessionOpened):
