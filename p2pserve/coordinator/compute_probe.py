@@ -44,7 +44,7 @@ import torch
 
 from p2pserve.clock import Clock, monotonic, wall
 from p2pserve.dht.records import PeerInfo
-from p2pserve.dht.reports import MAX_REPORTED_PEERS, ObservedRate, ServiceReports
+from p2pserve.dht.reports import MAX_REPORTED_PEERS, MAX_TOKENS_PER_S, ObservedRate, ServiceReports
 from p2pserve.errors import MalformedFrameError, error_from_reply
 from p2pserve.protocol import (
     PROTOCOL_VERSION,
@@ -84,7 +84,7 @@ class ComputeProbeConfig:
 def rate_from(rtt_s: float, round_trips: list[float], max_rtt_credit: float) -> tuple[float, float]:
     """(``rate``, ``wall_rate``) of one session from its decode round trips and the link's RTT."""
     med = statistics.median(round_trips)
-    wall_rate = 1.0 / max(med, 1e-9)
+    wall_rate = min(1.0 / max(med, 1e-9), MAX_TOKENS_PER_S / max_rtt_credit)  # within the record's bounds
     rate = min(1.0 / max(med - rtt_s, 1e-9), max_rtt_credit * wall_rate)
     return rate, wall_rate
 
