@@ -46,6 +46,9 @@ def add_client_arguments(parser: argparse.ArgumentParser) -> None:
     r.add_argument("--verify-share", type=float, default=ClientConfig.verify_share,
                    help="share of each hop's steps re-executed on another replica in the background "
                         "(0 = off; docs/trust.md)")
+    r.add_argument("--verify-hold", action="store_true",
+                   help="a non-streamed reply waits for the checks drawn on it, and is regenerated without a "
+                        "peer they convict (docs/trust.md, 'Rolling back')")
     r.add_argument("--speculative", default=None, metavar="prompt-lookup|draft:PATH",
                    help="speculative decoding (docs/speculative.md): draft tokens by prompt lookup or with a small "
                         "local model sharing the tokenizer, verify several per step. Off by default: it helps "
@@ -84,7 +87,8 @@ def client_from_args(args: argparse.Namespace):
         raise ConfigError("give --initial-peers or --config (a swarm), or --peers (fixed peers)")
     if not 0.0 <= args.verify_share <= 1.0:
         raise ConfigError(f"--verify-share must be in [0, 1], got {args.verify_share}")
-    config = ClientConfig(hop_timeout_s=args.hop_timeout, max_retries=args.max_retries, verify_share=args.verify_share)
+    config = ClientConfig(hop_timeout_s=args.hop_timeout, max_retries=args.max_retries, verify_share=args.verify_share,
+                          verify_hold=args.verify_hold)
     return AsyncClient(initial_peers=tuple(args.initial_peers or ()), model=args.model, peers=args.peers or None,
                        config=config, swarm_model=args.swarm_model, swarm_id=args.swarm_id,
                        trusted_coordinators=tuple(args.trusted_coordinator or ()), seed=args.seed,

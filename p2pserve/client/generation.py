@@ -176,7 +176,7 @@ class Generation:
         pipeline = self.pipeline
         if getattr(pipeline, "verifier", None) is None:
             return False
-        if pipeline.config.verify_hold:
+        if pipeline.config.verify_hold and self.withdraw:  # a stream could not take its tokens back
             await settle(pipeline)
         return await self._roll_back()
 
