@@ -9,7 +9,8 @@ timed the same way in the same run, and gathers their results:
 * ``benchmarks/sybil.py``: the share of the plan's flow 1 inflated peer, 10 and 100 Sybils
   capture, with the claim policy off ("before") and on ("after");
 * ``benchmarks/verification.py``: ``verification_overhead`` (aggregate tokens/s with
-  verification on at the default share against off), ``requests_to_exclusion`` of a peer that
+  verification on at the default share against off, over the whole run and paired within each
+  cycle of phases, and with ``verify_hold`` against off), ``requests_to_exclusion`` of a peer that
   corrupts 10% of its steps, ``false_exclusions`` over verified honest steps in fp32 and bf16,
   and the signing cost per step.
 
@@ -87,6 +88,8 @@ def summarize(out: dict) -> dict:
     for key in ("verification_overhead", "requests_to_exclusion", "false_exclusions", "sign_us_per_step"):
         if key in verification:
             summary[key] = verification[key]
+    if "paired" in verification.get("verification_overhead", {}):  # load drift between cycles cancelled
+        summary["verification_overhead_paired_median"] = verification["verification_overhead"]["paired"]["median"]
     if "sybil_flow_share" in out.get("sybil", {}):
         summary["sybil_flow_share"] = out["sybil"]["sybil_flow_share"]
     if "encryption_cost_per_hop" in out.get("tls", {}):

@@ -10,8 +10,9 @@ of peers (``AsyncClient(peers=...)``), so no control plane is involved. Figures:
   tiny model's row; microbenchmarked in this process;
 * ``verification_overhead`` — aggregate generated tokens/s of 4 concurrent greedy requests with
   verification on at the default share (``ClientConfig.verify_share``) over the same with it off,
-  in alternating phases of 5 rounds on the same peers, each verifying phase waiting for its own
-  checks (target >= 0.97);
+  and with ``verify_hold`` over off, in rotating phases of 3 rounds on the same peers, each
+  verifying phase waiting for its own checks (target >= 0.97); ``paired``: the ratio within each
+  cycle of phases (median, range), which cancels load drift between cycles;
 * ``requests_to_exclusion`` — a dishonest peer (``tests/dishonest.py``) joins as a fourth replica
   of [0, 4) and corrupts 10% of its steps; a fresh client per trial at 2% verification counts
   the requests until it bans the peer (the integration test shows the plan dropping it);
@@ -91,30 +92,64 @@ async def _round(client, concurrency: int, new_tokens: int, offset: int) -> tupl
     return sum(len(r.tokens) for r in replies), time.perf_counter() - t0
 
 
-async def overhead(path, model, peers, rounds: int, concurrency: int, new_tokens: int, phase: int = 5) -> dict:
-    """Aggregate tokens/s with verification at the default share over without: phases of
-    ``phase`` rounds alternate between the two clients; a verifying phase ends when its last
-    check is done, so it pays for every check it started (and none spill into the next phase)."""
+async def overhead(path, model, peers, rounds: int, concurrency: int, new_tokens: int, phase: int = 3) -> dict:
+    """Aggregate tokens/s with verification at the default share over without, and with
+    ``verify_hold`` over without. Each arm runs ``rounds`` rounds in phases of ``phase``; a cycle
+    runs one phase of each arm, in an order that rotates from cycle to cycle, so load drift on a
+    shared machine hits every arm alike. A verifying phase ends when its last check is done, so it
+    pays for every check it started (none spill into the next phase). ``paired`` gives the ratio
+    within each cycle (its median and range): the drift between cycles cancels there."""
+    import os
+
     share = ClientConfig().verify_share
-    totals = {"on": [0, 0.0], "off": [0, 0.0]}
-    async with AsyncClient(peers=_entries(peers), model=path, config=replace(BASE, verify_share=share), seed=1,
-                           model_info=model) as on, \
-            AsyncClient(peers=_entries(peers), model=path, config=replace(BASE, verify_share=0.0), seed=1,
-                        model_info=model) as off:
-        await _round(off, concurrency, 4, 0)  # warm-up
+    arms = {"off": replace(BASE, verify_share=0.0), "on": replace(BASE, verify_share=share),
+            "hold": replace(BASE, verify_share=share, verify_hold=True)}
+    totals = {k: [0, 0.0] for k in arms}
+    cycles: list[dict] = []
+    load = [os.getloadavg()[0]]
+    clients = {k: AsyncClient(peers=_entries(peers), model=path, config=c, seed=1, model_info=model) for k, c in arms.items()}
+    for c in clients.values():
+        await c.start()
+    try:
+        await _round(clients["off"], concurrency, 4, 0)  # warm-up
+        names = list(arms)
         for p in range(max(1, rounds // phase)):
-            for name, client in (("on", on), ("off", off)) if p % 2 else (("off", off), ("on", on)):
-                t0, n = time.perf_counter(), 0
+            cycle = {}
+            for name in names[p % 3:] + names[:p % 3]:
+                client, t0, n = clients[name], time.perf_counter(), 0
                 for r in range(phase):
                     n += (await _round(client, concurrency, new_tokens, p * phase + r))[0]
                 if client.verifier is not None:
                     await client.verifier.drain()
+                dt = time.perf_counter() - t0
                 totals[name][0] += n
-                totals[name][1] += time.perf_counter() - t0
-        stats = asdict(on.verifier.stats)
+                totals[name][1] += dt
+                cycle[name] = n / dt
+            cycles.append(cycle)
+        pool = clients["on"].verifier.witnesses
+        stats = dict(asdict(clients["on"].verifier.stats), witness_sessions_opened=pool.opened,
+                     witness_forwards=pool.forwards)
+        # the swarm's extra work, independent of the machine's load: peer calls the checks made per
+        # request, against the calls a request makes (an open, new_tokens Forwards, a close per hop)
+        requests = max(1, rounds // phase) * phase * concurrency
+        hops = len({r[1] for r in RANGES})
+        stats["extra_peer_calls_share"] = round((pool.opened + pool.forwards) / requests / (hops * (new_tokens + 2)), 4)
+        hold_stats = asdict(clients["hold"].verifier.stats)
+    finally:
+        for c in clients.values():
+            await c.close()
+    load.append(os.getloadavg()[0])
     tps = {k: v[0] / v[1] for k, v in totals.items()}
+
+    def paired(arm: str) -> dict:
+        ratios = sorted(c[arm] / c["off"] for c in cycles)
+        return {"median": round(statistics.median(ratios), 4), "min": round(ratios[0], 4),
+                "max": round(ratios[-1], 4), "cycles": len(ratios)}
+
     return {"verify_share": share, "tokens_per_s_on": round(tps["on"], 2), "tokens_per_s_off": round(tps["off"], 2),
-            "ratio": round(tps["on"] / tps["off"], 4), "verifier": stats}
+            "tokens_per_s_hold": round(tps["hold"], 2), "ratio": round(tps["on"] / tps["off"], 4),
+            "ratio_hold": round(tps["hold"] / tps["off"], 4), "paired": paired("on"), "paired_hold": paired("hold"),
+            "load_average_1min": load, "verifier": stats, "verifier_hold": hold_stats}
 
 
 async def false_exclusions(path, model, peers, dtype: str, steps: int, new_tokens: int) -> dict:

@@ -108,17 +108,17 @@ class ClientConfig:
     # long in all, re-reading the swarm, before failing the request (0: fail at once, HTTP 503; churn: tests/chaos).
     no_route_wait_s: float = 0.0
     # Output verification (client/verifier.py, docs/trust.md): the share of each hop's steps
-    # re-executed on another replica in the background. 2% keeps the swarm's extra work small
-    # (one replay of a hop's history per route with a draw) while a peer corrupting 10% of its
-    # steps is caught within tens of requests: a check compares every step of the hop's session.
-    # 0 turns verification off (no input history is kept either).
+    # re-executed on another replica in the background. 2% keeps the extra work small while a peer
+    # corrupting 10% of its steps is caught in tens of requests (a check covers the whole session).
+    # 0 turns verification off (no input history is kept either). A caught peer's outputs are
+    # regenerated (client/rollback.py); verify_hold makes a request await its own checks first.
     verify_share: float = 0.02
     verify_max_inflight: int = 4  # background checks at once; a draw beyond that is skipped
+    verify_hold: bool = False
     evidence_ttl_s: float = 3600.0  # how long this client's evidence record lives in the DHT
     # Observed service rates (client/observer.py): every report_period_s, a swarm client publishes
     # the per-session decode rates it measured at the peers it used (its last report_window
-    # samples per peer) as a signed ServiceReports record; coordinators cap claimed throughput
-    # by them (docs/trust.md, "Claims"). 0 turns reporting off.
+    # samples per peer) as a signed ServiceReports record; coordinators cap claims (trust.md). 0: off.
     report_period_s: float = 30.0
     report_window: int = 64
     push: object = None  # a client.push.PushConfig: when steps go peer to peer (None: never; docs/wan.md)

@@ -1,7 +1,9 @@
-"""A dishonest peer for tests: the real peer, whose handler corrupts a share of its steps' outputs.
+"""A dishonest peer for tests: the real peer, whose handler corrupts a share of its steps' outputs,
+and which may announce more throughput than it has.
 
-Run as a real peer process: ``python -m tests.dishonest --corrupt-share 0.1 [--seed N] peer ARGS``
-(``ARGS`` as for ``p2pserve peer``). Corrupted hidden states get Gaussian noise as large as the
+Run as a real peer process: ``python -m tests.dishonest --corrupt-share 0.1 [--seed N]
+[--claim-factor F] peer ARGS`` (``ARGS`` as for ``p2pserve peer``). ``--claim-factor F`` multiplies
+the throughput tables it measured by ``F`` before it announces them (a liar about its speed). Corrupted hidden states get Gaussian noise as large as the
 values themselves (a relative error near 1, far beyond any tolerance); a corrupted token is
 another token. The peer signs what it sends, corrupted or not: an unsigned or badly signed reply
 would be caught without any re-execution.
@@ -35,8 +37,24 @@ def corrupt_handler(share: float, seed: int = 0) -> None:
     SessionHandler._reply = reply
 
 
+def inflate_claims(factor: float) -> None:
+    """Patch ``SwarmAgent`` so that the peer announces ``factor`` x the throughput it measured."""
+    from dataclasses import replace
+
+    from p2pserve.peer.agent import SwarmAgent
+
+    honest = SwarmAgent.__init__
+
+    def init(self, peer, swarm, profile, *args, **kwargs):
+        profile = replace(profile, decode=[min(t * factor, 1e8) for t in profile.decode],
+                          prefill=[min(t * factor, 1e8) for t in profile.prefill])
+        honest(self, peer, swarm, profile, *args, **kwargs)
+
+    SwarmAgent.__init__ = init
+
+
 def launch(model: str, layers: tuple[int, int] | None, share: float, *extra: str, seed: int = 0,
-           log_path=None):
+           log_path=None, claim_factor: float = 1.0):
     """Start a dishonest peer process on loopback, as ``PeerProcess.launch`` starts an honest one
     (do not wait for it; ``wait_ready()`` works on it). With ``log_path`` its output goes there."""
     import os
@@ -51,7 +69,8 @@ def launch(model: str, layers: tuple[int, int] | None, share: float, *extra: str
             "--host-maddrs", "/ip4/127.0.0.1/tcp/0"]
     if layers is not None:
         args += ["--layers", f"{layers[0]}:{layers[1]}"]
-    cmd = [sys.executable, "-m", "tests.dishonest", "--corrupt-share", str(share), "--seed", str(seed), *args, *extra]
+    cmd = [sys.executable, "-m", "tests.dishonest", "--corrupt-share", str(share), "--seed", str(seed),
+           "--claim-factor", str(claim_factor), *args, *extra]
     env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
                PYTHONPATH=repo + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.Popen(cmd, cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
@@ -62,17 +81,22 @@ def launch(model: str, layers: tuple[int, int] | None, share: float, *extra: str
 
 
 def main(argv: list[str]) -> int:
-    """Parse ``--corrupt-share X [--seed N]``, patch, then run ``p2pserve`` with the rest."""
-    share, seed = 0.1, 0
+    """Parse ``--corrupt-share X [--seed N] [--claim-factor F]``, patch, then run ``p2pserve`` with the rest."""
+    share, seed, factor = 0.1, 0, 1.0
     while argv and argv[0].startswith("--"):
         flag, value, argv = argv[0], argv[1], argv[2:]
         if flag == "--corrupt-share":
             share = float(value)
         elif flag == "--seed":
             seed = int(value)
+        elif flag == "--claim-factor":
+            factor = float(value)
         else:
             raise SystemExit(f"unknown flag {flag}")
-    corrupt_handler(share, seed)
+    if share > 0:
+        corrupt_handler(share, seed)
+    if factor != 1.0:
+        inflate_claims(factor)
     from p2pserve.cli import main as cli_main
 
     return cli_main(argv)

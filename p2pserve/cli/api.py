@@ -51,6 +51,9 @@ def add_client_arguments(parser: argparse.ArgumentParser) -> None:
                         "token; auto: on routes whose median session-open round trip is at least 10 ms; needs "
                         "peers that find each other in the swarm's records (not --peers), and --verify-share 0 "
                         "(a pushed step does not show the client each hop's output to re-execute)")
+    r.add_argument("--verify-hold", action="store_true",
+                   help="a non-streamed reply waits for the checks drawn on it, and is regenerated without a "
+                        "peer they convict (docs/trust.md, 'Rolling back')")
     r.add_argument("--speculative", default=None, metavar="prompt-lookup|draft:PATH",
                    help="speculative decoding (docs/speculative.md): draft tokens by prompt lookup or with a small "
                         "local model sharing the tokenizer, verify several per step. Off by default: it helps "
@@ -93,7 +96,7 @@ def client_from_args(args: argparse.Namespace):
     if args.push != "off" and args.verify_share > 0:
         raise ConfigError(f"--push {args.push} needs --verify-share 0: verified routes are never pushed (docs/wan.md)")
     config = ClientConfig(hop_timeout_s=args.hop_timeout, max_retries=args.max_retries, verify_share=args.verify_share,
-                          push=PushConfig.from_mode(args.push))
+                          push=PushConfig.from_mode(args.push), verify_hold=args.verify_hold)
     return AsyncClient(initial_peers=tuple(args.initial_peers or ()), model=args.model, peers=args.peers or None,
                        config=config, swarm_model=args.swarm_model, swarm_id=args.swarm_id,
                        trusted_coordinators=tuple(args.trusted_coordinator or ()), seed=args.seed,

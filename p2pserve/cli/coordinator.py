@@ -68,6 +68,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="before any report, claims are capped at this x the median claim; default 8")
     t.add_argument("--max-peers-per-address", type=int, default=None,
                    help="open swarms: at most N peers per announced IP get flow (default 0: no cap)")
+    t.add_argument("--compute-probe-interval", type=float, default=60.0, metavar="S",
+                   help="the leader times a few decode steps of each peer itself at most every S seconds, as an "
+                        "ordinary session from an identity of its own, and caps claims by it (0: off; default 60)")
+    t.add_argument("--compute-probe-steps", type=int, default=8, metavar="N", help="timed decode steps per probe (default 8)")
     c.add_argument("--print-public-key", action="store_true", help="print this coordinator's public key and exit")
     v = parser.add_argument_group("output verification (docs/trust.md)")
     v.add_argument("--trusted-verifier", dest="trusted_verifiers", action="append", default=None, metavar="KEY|PEER_ID",
@@ -117,6 +121,32 @@ def folder_shape(model: str | None):
         return None
     spec = load_spec(folder)
     return Shape(spec.num_layers, spec.activation_bytes_per_token)
+
+
+def compute_prober(args: argparse.Namespace, name: str):
+    """The leader's compute prober (``coordinator/compute_probe.py``), or None with an interval of 0.
+    Sessions are opened for the checkpoint's model id: the ``--model`` folder's, else the swarm's
+    model name without its ``@SCHEME`` suffix."""
+    from p2pserve.coordinator.compute_probe import ComputeProbeConfig, ComputeProber
+    from p2pserve.model.identity import checkpoint_of
+    from p2pserve.model.spec import load_spec
+    from p2pserve.protocol import FrameLimits
+
+    if args.compute_probe_interval <= 0:
+        return None
+    if args.compute_probe_steps < 1:
+        raise ConfigError("--compute-probe-steps must be >= 1")
+    folder = checkpoint_of(args.model) if getattr(args, "model", None) is not None else None
+    model_id = load_spec(folder).model_id if folder is not None else name.split("@")[0]
+
+    async def node():  # a libp2p identity of its own, not the coordinator's: probes look like any client
+        from p2pserve.transport.libp2p import Libp2pTransport
+        from p2pserve.transport.tcp import DirectTransport
+
+        return DirectTransport(await Libp2pTransport.create(host_maddrs=("/ip4/0.0.0.0/tcp/0",)), FrameLimits())
+
+    cfg = ComputeProbeConfig(interval_s=args.compute_probe_interval, steps=args.compute_probe_steps)
+    return ComputeProber(node, model_id, cfg)
 
 
 def _print_public_key(key_path: str | None) -> int:
@@ -199,7 +229,8 @@ async def _serve(swarm, args: argparse.Namespace, file: SwarmFile, name: str, gi
         swarm.config = dataclasses.replace(swarm.config, num_layers=cfg.num_layers)
     # Peers announcing another shape are left out of the plan (readers drop other depths anyway).
     checked = from_peers and "activation_bytes" not in given
-    service = CoordinatorService(swarm, cfg, shape=Shape(cfg.num_layers, cfg.activation_bytes if checked else 0))
+    service = CoordinatorService(swarm, cfg, shape=Shape(cfg.num_layers, cfg.activation_bytes if checked else 0),
+                                 prober=compute_prober(args, name))
     metrics = serve_metrics(service.metrics.registry, mcfg) if mcfg.port is not None else None
     if metrics is not None:
         print(f"P2PSERVE_METRICS_READY url={metrics.url}", flush=True)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from p2pserve.client.params import GenerationParams
+from p2pserve.client.rollback import settle, suspect_from
 from p2pserve.client.speculative import SpeculationTuner, SpeculativeConfig, accept
 from p2pserve.client.textstream import IncrementalDetokenizer, StopStringMatcher
 from p2pserve.clock import Clock
@@ -86,6 +87,10 @@ class Generation:
         self._drafter = drafter
         self.tuner = SpeculationTuner(speculative) if drafter is not None else None
         self._ready: list[int] = []  # tokens a speculative step yielded that are not returned yet
+        self.rolled_back = 0  # tokens withdrawn because a peer that computed them was caught
+        # whether a caught peer's tokens may be withdrawn and regenerated; a stream that has sent
+        # them (ReplyStream) sets False: the route is only changed, what was sent stays
+        self.withdraw = True
 
     def __aiter__(self) -> "Generation":
         return self
@@ -94,6 +99,8 @@ class Generation:
         """The next token and its newly final text (the last event may flush held-back text)."""
         if self._done:
             raise StopAsyncIteration
+        if self._pending is not None and suspect_from(self.pipeline) is not None:
+            await self._roll_back()
         if self._ready:
             token = self._ready.pop(0)
         else:
@@ -101,6 +108,8 @@ class Generation:
                 self._pending = self._resume()
             if (len(self.result.tokens) >= self.params.max_new_tokens
                     or self.pipeline.position + len(self._pending) > self.pipeline.max_length):
+                if await self._recheck():
+                    return await self.__anext__()
                 return self._finish("length")
             if self.recompute_past is not None and 0 < self.pipeline.position <= self.recompute_past < (
                     self.pipeline.position + len(self._pending)):
@@ -120,10 +129,14 @@ class Generation:
             if self._metrics is not None:
                 self._metrics.first_token.observe(self.first_token_s)
         if token in self.eos_token_ids and not self.params.ignore_eos:
+            if await self._recheck():
+                return await self.__anext__()
             return self._finish("stop")
         text = self._stops.feed(self._detok.push(token)) if self._detok else ""
         self.result.text += text
         if self._stops.stopped:
+            if await self._recheck():
+                return await self.__anext__()
             self.result.finish_reason = "stop"
             self._done = True
             self.elapsed_s = self._clock() - self._t0
@@ -156,6 +169,44 @@ class Generation:
         plain = len(pending) == 1 and len(pipeline.failures) == failures  # a decode step, no replay
         self.tuner.observe(len(draft), len(tokens) - 1, self._clock() - t0 if plain else None)
         return tokens
+
+    async def _recheck(self) -> bool:
+        """Before the reply completes: with ``ClientConfig.verify_hold``, wait for the checks drawn
+        on its steps; then, if a peer it used was caught, roll back (True: generation goes on)."""
+        pipeline = self.pipeline
+        if getattr(pipeline, "verifier", None) is None:
+            return False
+        if pipeline.config.verify_hold and self.withdraw:  # a stream could not take its tokens back
+            await settle(pipeline)
+        return await self._roll_back()
+
+    async def _roll_back(self) -> bool:
+        """Withdraw every token from the first one a caught peer touched, and generate them again
+        on a route without it (``client/rollback.py``); False when nothing is suspect.
+
+        Tokens already yielded are withdrawn from ``result`` (``rolled_back`` counts them); with
+        ``withdraw`` off (a stream sent them) they stay and only the route changes (False).
+        """
+        pipeline = self.pipeline
+        first = suspect_from(pipeline)
+        if first is None:
+            return False
+        pipeline.suspects.forget(pipeline.verifier.excluded)
+        await pipeline.close()  # the caught peer may be on the route: the next step re-routes and replays
+        if not self.withdraw:
+            return False
+        keep = min(max(0, first - len(self._prompt)), len(self.result.tokens))
+        kept = self._prompt + self.result.tokens[:keep]
+        pipeline.rewind(len(kept) - 1)
+        self._pending, self._ready = [kept[-1]], []
+        self.rolled_back += len(self.result.tokens) - keep
+        del self.result.tokens[keep:]
+        self.result.finish_reason = "length"
+        if self._detok is not None:  # the text is the kept tokens' text again
+            self._detok = IncrementalDetokenizer(self._detok.tokenizer)
+            self._stops = StopStringMatcher(tuple(self.params.stop))
+            self.result.text = "".join(self._stops.feed(self._detok.push(t)) for t in self.result.tokens)
+        return True
 
     def _resume(self) -> list[int]:
         """Reuse the pipeline's cache for the shared prefix; the tokens the first step must send.

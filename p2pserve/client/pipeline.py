@@ -39,6 +39,7 @@ from p2pserve.client.failover import (
 from p2pserve.client.hop import Hop, check_chain
 from p2pserve.client.observer import ServiceObserver
 from p2pserve.client.push import PushConfig, PushedRoute
+from p2pserve.client.rollback import Suspects
 from p2pserve.client.route_providers import ChainListRoutes, RouteProvider
 from p2pserve.client.tape import HopTape
 from p2pserve.config import ClientConfig
@@ -87,6 +88,7 @@ class Pipeline:
         self.push = config.push or PushConfig()  # when steps are pushed peer to peer (client/push.py)
         self._pushed: Optional[PushedRoute] = None  # the current route's push state, once it pushed
         self.pushed_steps = 0  # steps that went peer to peer (push mode), for tests and reports
+        self.suspects = Suspects()  # who touched which outputs; its checks (client/rollback.py)
 
     @property
     def position(self) -> int:
@@ -152,7 +154,7 @@ class Pipeline:
             break
         self._steps += 1
         if self._tapes:
-            self.verifier.after_step(self._tapes, self.sampling)
+            self.verifier.after_step(self._tapes, self.sampling, self.suspects)
         self.history.extend(token_ids)
         self._held = len(self.history)
         if outputs > 1:
@@ -303,7 +305,7 @@ class Pipeline:
 
     async def _drop_route(self, settle_s: float = 2.0) -> None:
         if self._tapes:  # checks drawn for this route's hops run now, in the background
-            self.verifier.route_done(self._tapes)
+            self.verifier.route_done(self._tapes, self.suspects)
         if self._pushed is not None:  # the first hop's last ack, read (up to settle_s) before CloseSession
             await self._pushed.settle(settle_s)
         links, self._links, self._tapes, self._pushed = self._links, None, [], None

@@ -15,7 +15,8 @@ class Reply(str):
     Attributes: ``tokens`` (generated ids), ``finish_reason`` ("stop" or "length"),
     ``prompt_tokens``, ``route`` (the hops of the last route used), ``routes`` (every route, more
     than one after a failover), ``failures`` (failed hops, as text), ``elapsed_s`` and
-    ``first_token_s`` (seconds from the request to the first token).
+    ``first_token_s`` (seconds from the request to the first token), ``rolled_back`` (tokens
+    withdrawn and regenerated because a peer that computed them was caught, client/rollback.py).
     """
 
     tokens: list[int]
@@ -26,6 +27,7 @@ class Reply(str):
     failures: list[str]
     elapsed_s: float
     first_token_s: Optional[float]
+    rolled_back: int
 
     @classmethod
     def of(cls, generation: Generation) -> "Reply":
@@ -40,6 +42,7 @@ class Reply(str):
         reply.failures = [str(f) for f in pipeline.failures]
         reply.elapsed_s = generation.elapsed_s
         reply.first_token_s = generation.first_token_s
+        reply.rolled_back = generation.rolled_back
         return reply
 
     @property
@@ -67,6 +70,7 @@ class ReplyStream:
 
     def __init__(self, generation: Generation):
         self.generation = generation
+        generation.withdraw = False  # text sent cannot be unsent: a caught peer only changes the route
         self.pipeline = generation.pipeline
         self.reply: Optional[Reply] = None
         self._closed = False

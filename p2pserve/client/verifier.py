@@ -2,14 +2,15 @@
 
 After each successful step, :meth:`Verifier.after_step` draws, per hop, whether to verify it
 (``ClientConfig.verify_share``). A drawn hop is checked by a background task, never by the
-user's request (a hop returning hidden states once its route is done, covering all its steps):
+user's request, once its route is done, covering all its steps:
 
 1. the reply's signature is checked against the peer's announced ``reply_key`` (a bad one bans
    the peer locally at once: it is malformed, there is nothing to prove);
 2. a *witness* (another peer serving the hop's layers) gets the hop's whole input history.
    For hidden states one prefill returns every position, and all of the hop's steps so far are
    compared with what it returned (within :data:`TOLERANCE` of its dtype); for the last hop the
-   step's token is compared;
+   same one Forward asks for the token after each of the last ``MAX_VERIFY_OUTPUTS`` positions,
+   and every token the hop returned there is compared;
 3. on a difference the first differing step is replayed *aligned* (history as a prefill, then
    exactly that step) on the witness and on a third replica, each signing its claim over the same
    inputs. Whoever disagrees with both others is the culprit; with no third replica, or three
@@ -25,16 +26,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-import secrets
 from dataclasses import dataclass, field, replace
 from typing import Awaitable, Callable, Optional
 
 import torch
 
-from p2pserve.client.connection import HopConnection
 from p2pserve.client.hop import Hop
 from p2pserve.client.routing import Masks
 from p2pserve.client.tape import HopTape, join, reply_output_digest
+from p2pserve.client.witness_pool import WitnessPool
 from p2pserve.config import ClientConfig
 from p2pserve.dht.evidence import (
     MAX_INPUT_BYTES,
@@ -46,8 +46,7 @@ from p2pserve.dht.evidence import (
     output_digest,
     verify_claim,
 )
-from p2pserve.protocol import PROTOCOL_VERSION, CloseSession, Forward, OpenSession, SamplingParams
-from p2pserve.protocol import DTYPE_SIZES, TensorMeta
+from p2pserve.protocol import MAX_VERIFY_OUTPUTS, SamplingParams
 from p2pserve.transport.frames import tensor_from_wire
 
 log = logging.getLogger(__name__)
@@ -129,20 +128,24 @@ class Verifier:
         self.excluded: dict[str, str] = {}  # peer id -> why this client stopped using it
         self.cases: dict[str, Mismatch] = {}  # accused peer id -> the latest mismatch proven
         self._tasks: set[asyncio.Task] = set()
-        self._pool: dict[str, tuple] = {}  # replica peer id -> (its HopConnection stream, a lock)
+        self.witnesses = WitnessPool(transport, model_id, num_layers, config)  # streams and sessions on replicas
 
     def masks(self, masks: Masks) -> Masks:
         """``masks`` with the peers this client caught added to the banned ones."""
         return replace(masks, banned=masks.banned | frozenset(self.excluded)) if self.excluded else masks
 
-    def after_step(self, tapes: list[HopTape], sampling: SamplingParams) -> None:
-        """Draw which hops of the step just done to verify.
+    def after_step(self, tapes: list[HopTape], sampling: SamplingParams, suspects=None) -> None:
+        """Draw which hops of the step just done to verify; ``suspects`` (the pipeline's
+        ``client.rollback.Suspects``) learns who touched the step's outputs.
 
-        A last hop's token is checked now (only that step can be compared). A hop returning hidden
-        states is marked due and checked once, when the route is done (:meth:`route_done`): one
-        replay of its history then covers every step, however many were drawn. Checking at each
-        draw would replay a long session's history again and again (quadratic in its length).
+        A drawn hop is marked due and checked once, when the route is done (:meth:`route_done`): one
+        replay of its history then covers every step, however many were drawn (for the last hop,
+        every token among the last ``MAX_VERIFY_OUTPUTS`` positions, asked for in one Forward).
+        Checking at each draw would replay a long session's history again and again (quadratic in
+        its length), and a last hop's check at each draw cost two Forwards for one token.
         """
+        if suspects is not None:
+            suspects.stepped(tapes)
         for tape in tapes:
             if self.rng.random() >= self.config.verify_share or tape.last is None:
                 continue
@@ -153,19 +156,17 @@ class Verifier:
                 # are still checked on these steps, and the last hop on its one-token steps.
                 self.stats.skipped += 1
                 continue
-            if tape.hop.end == self.num_layers:
-                self._start(tape, sampling)
-            else:
-                tape.due = sampling
+            tape.due = sampling
 
-    def route_done(self, tapes: list[HopTape]) -> None:
-        """The pipeline leaves these hops (request done, or failover): check those marked due."""
+    def route_done(self, tapes: list[HopTape], suspects=None) -> None:
+        """The pipeline leaves these hops (request done, or failover): check those marked due
+        (the tasks started join the pipeline's ``suspects.checks``, see ``client/rollback.py``)."""
         for tape in tapes:
             if tape.due is not None and tape.last is not None:
-                self._start(tape, tape.due)
+                self._start(tape, tape.due, suspects.checks if suspects is not None else None)
             tape.due = None
 
-    def _start(self, tape: HopTape, sampling: SamplingParams) -> None:
+    def _start(self, tape: HopTape, sampling: SamplingParams, checks: Optional[set] = None) -> None:
         """Check ``tape`` as it is now in a background task, unless too many checks run already."""
         if len(self._tasks) >= self.config.verify_max_inflight:
             self.stats.skipped += 1
@@ -174,6 +175,9 @@ class Verifier:
         task = asyncio.create_task(self._guarded(snapshot, sampling))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        if checks is not None:
+            checks.add(task)
+            task.add_done_callback(checks.discard)
 
     async def drain(self) -> None:
         """Wait for the checks under way (tests, benchmarks, shutdown)."""
@@ -185,8 +189,7 @@ class Verifier:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*list(self._tasks), return_exceptions=True)
-        pool, self._pool = self._pool, {}
-        await asyncio.gather(*(conn.close() for conn, _ in pool.values() if conn is not None), return_exceptions=True)
+        await self.witnesses.close()
 
     async def _guarded(self, tape: HopTape, sampling: SamplingParams) -> None:
         try:
@@ -226,13 +229,11 @@ class Verifier:
     async def _first_difference(self, tape: HopTape, witness: Hop, sampling: SamplingParams):
         """The first step of ``tape`` whose output the witness does not reproduce, or None."""
         step = tape.last
-        if tape.hop.end == self.num_layers:  # a token: only the step itself can be compared
-            answer = await self._replay(tape, step, witness, sampling)
-            self.stats.verified += 1
-            return None if answer.token == step.reply.token else step
         done = [s for s in tape.steps if s.reply is not None]
         end = step.inputs.position + step.inputs.count
         payload, rows = join(tape.inputs_before(end))
+        if tape.hop.end == self.num_layers:
+            return await self._first_token_difference(tape, witness, sampling, done, end, payload, rows)
         out, _ = await self._run(witness, [(0, rows, step.inputs.dtype, payload)], end, sampling)
         theirs = _rows(out[0], out[1])
         tol = TOLERANCE.get(_dtype(step), 1e-3)
@@ -244,6 +245,25 @@ class Verifier:
                 return s
             key = _dtype(s)
             self.stats.max_distance[key] = max(self.stats.max_distance.get(key, 0.0), d)
+        return None
+
+    async def _first_token_difference(self, tape: HopTape, witness: Hop, sampling: SamplingParams, done, end: int,
+                                      payload: bytes, rows: int):
+        """The last hop's first one-token step, among the last ``MAX_VERIFY_OUTPUTS`` positions,
+        whose token the witness does not reproduce: one Forward of the whole history asks for the
+        token after each of those positions (the peers sample with a seed per position)."""
+        outputs = min(MAX_VERIFY_OUTPUTS, rows)
+        (_, _, reply), _ = await self._run(witness, [(0, rows, tape.last.inputs.dtype, payload)], end, sampling,
+                                           whole=True, outputs=outputs)
+        theirs = reply.tokens if outputs > 1 else [reply.token]
+        base = end - outputs  # theirs[i] is the token returned after position base + i
+        for s in done:
+            after = s.inputs.position + s.inputs.count - 1
+            if s.reply.tokens is not None or after < base:
+                continue  # a speculative step, or one too far back for this replay
+            self.stats.verified += 1
+            if theirs[after - base] != s.reply.token:
+                return s
         return None
 
     async def _settle(self, tape: HopTape, step, others: list[Hop], sampling: SamplingParams) -> Optional[str]:
@@ -297,38 +317,13 @@ class Verifier:
         hidden = _rows(meta, out) if meta is not None else None
         return Answer(replica, claim, reply.signature, reply.token, hidden, bytes(out) if meta is not None else b"")
 
-    async def _run(self, replica: Hop, calls, max_length: int, sampling: SamplingParams, whole: bool = False):
-        """Open a session on ``replica`` over the tape's span and send ``calls`` in order
-        (``(position, rows, dtype, payload)``); the last reply's (meta, bytes[, reply]) and the
-        session id. Sessions to one replica reuse one stream, one check at a time: dialling (and
-        the direct path's handshake) would cost more round trips than the check itself."""
-        cfg = self.config
-        link = HopConnection(self.transport, replica, cfg.frame_limits, cfg.hop_timeout_s, cfg.connect_timeout_s)
-        pooled, lock = self._pool.get(replica.peer_id) or (None, asyncio.Lock())
-        self._pool[replica.peer_id] = (pooled, lock)
-        async with lock:
-            try:
-                if pooled is None or pooled.stream is None:
-                    pooled = HopConnection(self.transport, replica, cfg.frame_limits, cfg.hop_timeout_s,
-                                           cfg.connect_timeout_s)
-                    await pooled.connect()
-                    self._pool[replica.peer_id] = (pooled, lock)
-                link.stream, link.session_id = pooled.stream, secrets.token_hex(16)
-                await link.call(OpenSession(version=PROTOCOL_VERSION, model_id=self.model_id, session_id=link.session_id,
-                                            start=replica.start, end=replica.end, max_length=max_length,
-                                            sampling=sampling))
-                for i, (position, rows, dtype, payload) in enumerate(calls):
-                    meta = _meta(dtype, rows, payload)
-                    reply, out = await link.call(Forward(session_id=link.session_id, step=i, position=position,
-                                                         tensor=meta), payload)
-                    link.check_forward(reply, out, rows, i, position, replica.end == self.num_layers)
-                await link.call(CloseSession(session_id=link.session_id))
-            except BaseException:
-                self._pool.pop(replica.peer_id, None)  # the stream may be out of step: dial afresh next time
-                if pooled is not None:
-                    await pooled.close()
-                raise
-        return ((reply.tensor, out, reply) if whole else (reply.tensor, out)), link.session_id
+    async def _run(self, replica: Hop, calls, max_length: int, sampling: SamplingParams, whole: bool = False,
+                   outputs: int = 1):
+        """Send ``calls`` (``(position, rows, dtype, payload)``, the first at position 0, the last
+        asking for ``outputs`` tokens) to a check session over ``replica``'s span, kept open between
+        checks (``client/witness_pool.py``); the last reply's (meta, bytes[, reply]) and the session id."""
+        (reply, out), sid = await self.witnesses.run(replica, calls, max_length, sampling, outputs)
+        return ((reply.tensor, out, reply) if whole else (reply.tensor, out)), sid
 
     def _exclude(self, peer: str, why: str) -> None:
         if peer not in self.excluded:
@@ -352,10 +347,3 @@ def _dtype(step) -> str:
 
 def _rows(meta, payload) -> torch.Tensor:
     return tensor_from_wire(meta, bytes(payload)).reshape(meta.shape[0], -1)
-
-
-def _meta(dtype: str, rows: int, payload) -> TensorMeta:
-    width = len(payload) // max(rows, 1) // DTYPE_SIZES[dtype]
-    shape = [rows] if dtype == "int64" else [rows, width]
-    return TensorMeta(dtype=dtype, shape=shape, nbytes=len(payload))
-

@@ -17,6 +17,9 @@ coordinator runs :func:`police` on its snapshot:
    reporter address (the reporter with most samples), only reports of at least
    ``min_report_samples`` samples, never a peer's report on itself; the median over addresses,
    counted only when at least ``min_reporter_addresses`` addresses observed the peer.
+   **Trusted observations** (``trusted`` reporter ids: the coordinator's own compute probes,
+   ``coordinator/compute_probe.py``) count on their own, without ``min_reporter_addresses``:
+   ``observed`` is then the smaller of the probe's ratio and the clients' median.
    A peer nobody observed is capped at ``unobserved_share`` x the median effective one-layer
    rate of the observed peers, so it still gets flow, gets used and observed; all unobserved
    peers together get at most ``unobserved_total_share`` x the observed peers' total (a Sybil
@@ -48,7 +51,7 @@ from p2pserve.transport.tcp import maddr_hosts
 @dataclass(frozen=True)
 class Verdict:
     """Why a peer plans at the rate it does: ``claimed`` and ``effective`` are its one-layer
-    decode rates (tokens/s); ``reason`` is ``"observed"``, ``"unobserved"``, ``"cold"`` (no
+    decode rates (tokens/s); ``reason`` is ``"observed"``, ``"probed"`` (by the coordinator only), ``"unobserved"``, ``"cold"`` (no
     report in the swarm yet), ``"address cap"`` or ``"no cap"``; ``observed`` the median ratio of observed to claimed (None if unobserved)."""
 
     peer_id: str
@@ -57,6 +60,7 @@ class Verdict:
     reason: str
     reporters: int = 0
     observed: Optional[float] = None
+    probed: Optional[float] = None  # the coordinator's own probe's ratio of observed to claimed
 
     @property
     def capped(self) -> bool:
@@ -72,8 +76,13 @@ class Verdict:
                    "at most cold_claim_slack x the median claim)"
         if not self.capped:
             return f"{self.reason}, claim stands"
-        how = f"{self.reporters} reporters saw {self.observed:.3g} of the claim" if self.observed is not None else \
-            "nobody observed it yet: capped at the swarm's median"
+        if self.observed is None:
+            how = "nobody observed it yet: capped at the swarm's median"
+        elif self.reason == "probed":
+            how = f"the coordinator's compute probe saw {self.probed:.3g} of the claim"
+        else:
+            how = f"{self.reporters} reporters saw {self.observed:.3g} of the claim" + (
+                f", the coordinator's compute probe {self.probed:.3g}" if self.probed is not None else "")
         return f"capped to {self.effective / max(self.claimed, 1e-12):.3g} of its claim ({how})"
 
 
@@ -136,16 +145,22 @@ def observed_ratios(peers: Mapping[str, PeerInfo], reports: Sequence[ServiceRepo
     return out
 
 
-def verdicts(peers: Mapping[str, PeerInfo], reports: Sequence[ServiceReports], cfg: CoordinatorConfig) -> dict[str, Verdict]:
-    """Each peer's claimed and effective one-layer rate, and why."""
+def verdicts(peers: Mapping[str, PeerInfo], reports: Sequence[ServiceReports], cfg: CoordinatorConfig,
+             trusted: frozenset[str] = frozenset()) -> dict[str, Verdict]:
+    """Each peer's claimed and effective one-layer rate, and why (``trusted``: reporter ids whose
+    reports count on their own, the coordinator's compute probes)."""
     # a peer counts as observed only by min_reporter_addresses independent addresses: one address
     # (however many client identities it runs) can neither vouch for a peer nor defame one
-    ratios = {pid: rs for pid, rs in observed_ratios(peers, reports, cfg).items() if len(rs) >= cfg.min_reporter_addresses}
+    clients = [r for r in reports if r.reporter_id not in trusted]
+    ratios = {pid: rs for pid, rs in observed_ratios(peers, clients, cfg).items() if len(rs) >= cfg.min_reporter_addresses}
+    probed = {pid: min(rs) for pid, rs in observed_ratios(
+        peers, [r for r in reports if r.reporter_id in trusted], cfg).items()}
     out: dict[str, Verdict] = {}
-    for pid, rs in ratios.items():
+    for pid in sorted(set(ratios) | set(probed)):
         claim = one_layer(peers[pid])
-        med = statistics.median(rs)
-        out[pid] = Verdict(pid, claim, claim * min(1.0, cfg.claim_slack * med), "observed", len(rs), med)
+        seen = [x for x in (statistics.median(ratios[pid]) if pid in ratios else None, probed.get(pid)) if x is not None]
+        out[pid] = Verdict(pid, claim, claim * min(1.0, cfg.claim_slack * min(seen)),
+                           "observed" if pid in ratios else "probed", len(ratios.get(pid, ())), min(seen), probed.get(pid))
     unobserved = [pid for pid in peers if pid not in out]
     if not out:  # a cold swarm: no report yet; a minority cannot move the median of the claims
         claims = [one_layer(p) for p in peers.values()]
@@ -171,13 +186,14 @@ def scaled(p: PeerInfo, factor: float) -> PeerInfo:
                                    throughput_prefill=[t * factor for t in p.throughput_prefill])
 
 
-def police(snap: Snapshot, reports: Sequence[ServiceReports], cfg: CoordinatorConfig) -> tuple[Snapshot, dict[str, Verdict]]:
+def police(snap: Snapshot, reports: Sequence[ServiceReports], cfg: CoordinatorConfig,
+           trusted: frozenset[str] = frozenset()) -> tuple[Snapshot, dict[str, Verdict]]:
     """The snapshot the planner should see: address caps applied, claims scaled to what is
-    observed; and every peer's :class:`Verdict`."""
+    observed (``trusted``: see :func:`verdicts`); and every peer's :class:`Verdict`."""
     kept, dropped = cap_per_address(snap.peers, cfg.max_peers_per_address)
     out: dict[str, Verdict] = {pid: Verdict(pid, one_layer(snap.peers[pid]), 0.0, "address cap") for pid in dropped}
     if cfg.check_claims:
-        found = verdicts(kept, reports, cfg)
+        found = verdicts(kept, reports, cfg, trusted)
         kept = {pid: scaled(p, found[pid].effective / found[pid].claimed if found[pid].claimed > 0 else 1.0)
                 for pid, p in kept.items()}
     else:

@@ -20,6 +20,7 @@ from p2pserve.config import CoordinatorConfig
 from p2pserve.errors import ConfigError
 from p2pserve.coordinator.exclusion import ExclusionBook, judge
 from p2pserve.coordinator import claims
+from p2pserve.coordinator.compute_probe import ComputeProber
 from p2pserve.coordinator.replan import Decision, LeaderState, replan
 from p2pserve.coordinator.shape import Shape, agree, mismatched
 from p2pserve.coordinator.snapshot import LivePeers, Snapshot
@@ -63,6 +64,7 @@ class CoordinatorService:
         clock: Clock = clocks.wall,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         shape: Optional[Shape] = None,
+        prober: Optional[ComputeProber] = None,
     ):
         self.swarm = swarm
         self.config = config
@@ -82,6 +84,8 @@ class CoordinatorService:
         self._peers = LivePeers()
         self.exclusions = ExclusionBook(config.exclusion_s)
         self.verdicts: dict[str, claims.Verdict] = {}  # of the last round, by peer id
+        self.prober = prober  # the leader's own compute probes (coordinator/compute_probe.py), if any
+        self._probe_targets: dict = {}  # the peers of the last snapshot, which the prober measures
         self.metrics = CoordinatorMetrics()  # served by `p2pserve coordinator --metrics-port`
 
     @property
@@ -133,6 +137,7 @@ class CoordinatorService:
         fresh = await self.swarm.get_peers()
         peers = self._peers.update(fresh, self.swarm.withdrawn.get(RecordKind.PEERS, set()), now)
         peers = await self._without_excluded(self._with_shape(peers), now)
+        self._probe_targets = peers
         link_infos = [s.record for s in (await self.swarm.get_links()).values()]
         return await self._police(Snapshot.from_records(peers, link_infos))
 
@@ -153,7 +158,12 @@ class CoordinatorService:
         if not cfg.check_claims and not cfg.max_peers_per_address:
             return snap
         reports = [s.record for s in await self.swarm.read(RecordKind.REPORTS, ServiceReports)] if cfg.check_claims else []
-        snap, found = claims.police(snap, reports, cfg)
+        trusted = frozenset()
+        if self.prober is not None:  # its own probes, fresher than their copy in the DHT; trusted
+            me = self.swarm.peer_id
+            reports = [r for r in reports if r.reporter_id != me] + [self.prober.report(me, self.swarm.config.model, [])]
+            trusted = frozenset({me})
+        snap, found = claims.police(snap, reports, cfg, trusted)
         for pid, v in found.items():
             prev = self.verdicts.get(pid)
             if v.capped and (prev is None or (prev.reason, prev.capped) != (v.reason, v.capped)):
@@ -244,6 +254,23 @@ class CoordinatorService:
             except asyncio.TimeoutError:
                 pass
 
+    async def _probe_loop(self, stop: asyncio.Event) -> None:
+        """While leading, probe the peers' compute and publish what was measured (its own signed
+        ``ServiceReports``, which ``p2pserve status`` reads to say why a claim is capped)."""
+        while not stop.is_set():
+            try:
+                if self.is_leader and await self.prober.round(self._probe_targets, stop):
+                    await self.swarm.announce(RecordKind.REPORTS, self.prober.report(self.swarm.peer_id,
+                                                                                    self.swarm.config.model, []))
+            except (asyncio.TimeoutError, OSError) as e:
+                logger.warning(f"compute probes: {e!r}")
+            except Exception:  # keep probing whatever one round hit
+                logger.exception("compute probe round failed; trying again")
+            try:
+                await asyncio.wait_for(stop.wait(), self.tick)
+            except asyncio.TimeoutError:
+                pass
+
     async def run(self, stop: Optional[asyncio.Event] = None) -> None:
         """Loop until ``stop`` is set; withdraw the candidacy on the way out.
 
@@ -252,6 +279,7 @@ class CoordinatorService:
         """
         stop = stop or asyncio.Event()
         candidacy = asyncio.create_task(self._candidacy_loop(stop))
+        probing = asyncio.create_task(self._probe_loop(stop)) if self.prober is not None else None
         try:
             while not stop.is_set():
                 try:
@@ -268,7 +296,9 @@ class CoordinatorService:
                     pass
         finally:
             stop.set()
-            await asyncio.gather(candidacy, return_exceptions=True)
+            await asyncio.gather(candidacy, *([probing] if probing else []), return_exceptions=True)
+            if self.prober is not None:
+                await self.prober.close()
             await asyncio.shield(self.swarm.withdraw(RecordKind.COORDINATORS))
 
 

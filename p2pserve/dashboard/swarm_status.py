@@ -76,10 +76,12 @@ def collect_status(
 ) -> dict[str, Any]:
     """A JSON-ready description of the swarm (``reports``: clients' observed service rates, from
     which each peer's claimed and effective one-layer rate are judged as a coordinator with the
-    default claims settings would, coordinator/claims.py; ``evidence``: :func:`verification_status`)."""
+    default claims settings would, coordinator/claims.py, the elected leader's report counting as
+    its own trusted compute probes; ``evidence``: :func:`verification_status`)."""
     leader = elect_leader(candidates)
     cfg = CoordinatorConfig(num_layers=plan.plan.num_layers if plan else 1)
-    judged = claims.verdicts(peers, list(reports), cfg)
+    # the elected leader's own report holds its compute probes, which it trusts (compute_probe.py)
+    judged = claims.verdicts(peers, list(reports), cfg, frozenset({leader.coordinator_id}) if leader else frozenset())
     out: dict[str, Any] = {
         "peers": [_peer_row(p, plan, now, judged[p.peer_id])
                   for p in sorted(peers.values(), key=lambda p: (p.serving or (1 << 30, 0), p.peer_id))],

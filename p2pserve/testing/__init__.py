@@ -10,6 +10,7 @@ stand in only around the decision logic:
 * :class:`MemoryTransport` on a :class:`MemoryNetwork` — the transport protocol in memory;
   :class:`FakePeerNetwork` — fake peers on it, for the real client pipeline;
 * :class:`FakeClient` — a finished-reply client for the OpenAI server;
+* :class:`~p2pserve.testing.verdicts.ScriptedVerifier` — convicts a peer at a chosen step;
 * ``python -m p2pserve.testing.synthetic_peer`` — a peer process that announces without a model.
 * :func:`~p2pserve.testing.direct.answer_direct_session` — a session handler that only offers the
   direct path (``p2pserve.testing.direct``); ``p2pserve.testing.delay_relay`` — a delaying relay.
@@ -27,9 +28,10 @@ from p2pserve.testing.peers import (
     fake_next_token,
 )
 from p2pserve.testing.swarm import FakeDHT, FakeSwarm, FakeSwarmStore, StoredRecord
+from p2pserve.testing.verdicts import ScriptedVerifier
 
 __all__ = [
     "FAKE_MODEL_ID", "ByteTokenizer", "FakeClient", "FakeClock", "FakeDHT", "FakePeerNetwork", "FakeReplyStream",
-    "FakeSwarm", "FakeSwarmStore", "FixedRoutes", "MemoryNetwork", "MemoryTransport", "StoredRecord",
+    "FakeSwarm", "FakeSwarmStore", "FixedRoutes", "MemoryNetwork", "MemoryTransport", "ScriptedVerifier", "StoredRecord",
     "fake_next_token", "fake_reply",
 ]

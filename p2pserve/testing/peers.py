@@ -28,7 +28,7 @@ class FakePeerNetwork:
     that never answer an OpenSession; ``stall_released`` lists each such stream its client
     closed); ``corrupt[peer] = how`` (its Forward replies lie: ``"token"`` a token and no hidden
     states from a hop before the last, ``"vocab"`` a token outside the vocabulary, ``"nan"``
-    hidden states holding NaN, ``"position"`` a wrong position). Records: ``sampled`` holds, for every token sampled, how many tokens its Forward
+    hidden states holding NaN, ``"position"`` a wrong position, ``"wrong"`` a well-formed wrong token from the last layers). Records: ``sampled`` holds, for every token sampled, how many tokens its Forward
     carried.
     """
 
@@ -149,6 +149,8 @@ class FakePeerNetwork:
                 tokens = [fake_next_token(history[:len(history) - msg.outputs + 1 + i]) for i in range(msg.outputs)]
                 return ForwardResult(session_id=msg.session_id, step=msg.step, position=position, tokens=tokens), b""
             token = fake_next_token(history)
+            if how == "wrong":  # well formed and wrong: only re-execution elsewhere tells
+                token = (token + 1) % 1000
             return ForwardResult(session_id=msg.session_id, step=msg.step, position=position, token=token), b""
         hidden = torch.zeros(len(ids), self.hidden_size)
         hidden[:, 0] = torch.tensor(ids, dtype=torch.float32)

@@ -9,9 +9,13 @@ the two whole-model peers are the replicas its [0, 4) replies are checked agains
 
 What is asserted, request by request (at most 200 requests, 24 greedy tokens each):
 
-* before the dishonest peer is excluded, every request whose route avoided it is token-identical
+* before the dishonest peer is caught, every request whose route avoided it is token-identical
   to single-process ``generate``; requests through it may not be (verification runs off the
-  critical path, so a corrupted step reaches the user until the peer is caught);
+  critical path, and samples steps, so a corrupted step reaches the user until the peer is caught);
+* the request in which the client caught it, and every request after, is token-identical: the
+  client runs with ``verify_hold`` (a request awaits the checks drawn on its own steps), and a
+  proven culprit rolls the request back to the first token it touched and regenerates it on a
+  route without it (``client/rollback.py``);
 * the client bans it locally at its first proven mismatch, publishes signed evidence, and the
   coordinator's plan drops it: all within 200 requests at ``verify_share=0.02``;
 * once the plan dropped it, no route includes it and every request is token-identical again.
@@ -91,7 +95,7 @@ def swarm(model_dir, tmp_path_factory):
 def test_a_corrupting_peer_is_excluded_and_output_stays_identical_after(swarm):
     model, path, bad = swarm["model"], swarm["path"], swarm["bad"]
     refs = [reference_generate(path, p, NEW_TOKENS) for p in PROMPTS]
-    config = ClientConfig(verify_share=0.02, hop_timeout_s=30.0, max_retries=3)
+    config = ClientConfig(verify_share=0.02, verify_hold=True, hop_timeout_s=30.0, max_retries=3)
 
     async def main():
         async with AsyncClient(model=path, dht_config=swarm["dht"], config=config, seed=3, model_info=model) as client:
@@ -109,7 +113,7 @@ def test_a_corrupting_peer_is_excluded_and_output_stays_identical_after(swarm):
                 prompt = i % len(PROMPTS)
                 reply = await client.generate(PROMPTS[prompt], max_new_tokens=NEW_TOKENS, ignore_eos=True)
                 hops = {h.peer_id for r in reply.routes for h in r}
-                log.append((i, hops, reply.tokens == refs[prompt]))
+                log.append((i, hops, reply.tokens == refs[prompt], reply.rolled_back))
                 if banned_at is None and bad in client.verifier.excluded:
                     banned_at = i
                 if banned_at is not None and i % 5 == 0:
@@ -123,15 +127,20 @@ def test_a_corrupting_peer_is_excluded_and_output_stays_identical_after(swarm):
             return log, banned_at, excluded_at, after, evidence, client.verifier.stats, client._swarm.peer_id
 
     log, banned_at, excluded_at, after, evidence, stats, me = asyncio.run(main())
-    through = sum(bad in hops for _, hops, _ in log)
-    wrong = sum(bad in hops and not same for _, hops, same in log)
+    through = sum(bad in hops for _, hops, _, _ in log)
+    wrong = sum(bad in hops and not same for _, hops, same, _ in log)
+    rolled = [(i, n) for i, _, _, n in log if n]
     print(f"banned after {banned_at}, out of the plan after {excluded_at} requests; {through} went through the "
-          f"dishonest peer, {wrong} of them not identical to generate; {stats}")
+          f"dishonest peer, {wrong} of them not identical to generate; rolled back (request, tokens): {rolled}; "
+          f"{stats}")
     assert banned_at is not None, f"not caught in {MAX_REQUESTS} requests: {stats}"
     assert through > 0  # it was caught serving, not only as someone else's witness
     assert excluded_at is not None and excluded_at < MAX_REQUESTS
     # before: requests that avoided the dishonest peer are exact
-    assert all(same for _, hops, same in log if bad not in hops)
+    assert all(same for _, hops, same, _ in log if bad not in hops)
+    # from the request in which it was caught on: exact, whatever the route (rolled back and regenerated)
+    assert all(same for i, _, same, _ in log if i >= banned_at), [i for i, _, same, _ in log if not same]
+    assert any(n for i, _, _, n in log if i == banned_at) or log[banned_at][2]
     # after: it is on no route, and every request is exact
     assert all(bad not in {h.peer_id for r in a.routes for h in r} for a in after)
     assert [a.tokens for a in after] == refs
