@@ -1,17 +1,21 @@
-"""Per-session KV cache and the peer's KV memory budget.
+"""Per-session KV caches: paged over the peer's block pool, or contiguous.
 
-Each session reserves ``max_length × layers in its span`` token-layer slots when it opens, so a
-full peer refuses new sessions with a typed "overloaded" error instead of running out of memory
-mid-generation. Buffers grow geometrically up to the reservation, so short sessions stay small.
+`PagedCache` is what a peer's sessions use: a block table per layer into the shared
+`KVBudget` pool, grown a block at a time as the session's tokens arrive and shrunk when the
+client rewinds, so the budget holds what sessions use (see docs/kv-cache.md). A session that
+outgrows the free blocks gets OverloadedError ("KV cache full") before any of its step runs.
+`SequenceCache` keeps one contiguous buffer per layer; the profiler and tests use it.
 """
 
 from __future__ import annotations
 
-import threading
 
 import torch
 
-from p2pserve.errors import BadRequestError, OverloadedError
+from p2pserve.errors import BadRequestError
+from p2pserve.peer.block_pool import BLOCK_SIZE, KVBudget
+
+__all__ = ["BLOCK_SIZE", "KVBudget", "PagedCache", "SequenceCache"]
 
 
 class SequenceCache:
@@ -61,41 +65,86 @@ class SequenceCache:
         return self._k[i][:, :new], self._v[i][:, :new]
 
 
-class KVBudget:
-    """Token-layer slots the peer may hand out; thread-safe reservations."""
+class PagedCache:
+    """K/V of one session for layers [start, end), in blocks of the peer's pool.
 
-    def __init__(self, capacity_token_layers: int):
-        self.capacity = int(capacity_token_layers)
-        self._used = 0
-        self._lock = threading.Lock()
+    ``_tables[i]`` lists the block ids of layer start+i in position order; position p of that
+    layer lives in the pool's row ``table[p // B] * B + p % B``. Every layer of the span holds
+    the same number of blocks (``reserve`` grows them together), so one tensor
+    ``_table_t`` [layers, blocks] serves the gather of all layers at once.
+    """
+
+    def __init__(self, pool: KVBudget, start: int, end: int, max_length: int):
+        self.pool, self.start, self.end, self.max_length = pool, start, end, max_length
+        self._tables: list[list[int]] = [[] for _ in range(end - start)]
+        self._table_t = torch.empty(end - start, 0, dtype=torch.long)
+        self._len = [0] * (end - start)
+        self._offsets = torch.arange(pool.block_size)
 
     @property
-    def used(self) -> int:
-        return self._used
+    def length(self) -> int:
+        """Tokens cached in the span's first layer (all layers agree between steps)."""
+        return self._len[0]
 
     @property
-    def free(self) -> int:
-        return self.capacity - self._used
+    def held(self) -> int:
+        """Token-layers of the pool this session holds (whole blocks)."""
+        return len(self._tables[0]) * (self.end - self.start) * self.pool.block_size
 
-    @property
-    def free_fraction(self) -> float:
-        return self.free / self.capacity if self.capacity else 0.0
+    def reserve(self, length: int) -> None:
+        """Hold blocks for positions [0, length) in every layer; OverloadedError when the pool
+        lacks them (nothing taken), BadRequestError beyond the declared max_length."""
+        if length > self.max_length:
+            raise BadRequestError(f"session exceeds its declared max_length {self.max_length}")
+        B = self.pool.block_size
+        more = -(-length // B) - len(self._tables[0])
+        if more <= 0:
+            return
+        ids = self.pool.take(more * len(self._tables))
+        for i, table in enumerate(self._tables):
+            table.extend(ids[i * more : (i + 1) * more])
+        self._table_t = torch.tensor(self._tables, dtype=torch.long)
 
-    def reserve(self, amount: int) -> None:
-        """Take ``amount`` slots or raise OverloadedError saying how much is missing."""
-        with self._lock:
-            if amount > self.capacity:
-                raise BadRequestError(
-                    f"session needs {amount} KV token-layers but this peer's whole budget is {self.capacity}"
-                )
-            if self._used + amount > self.capacity:
-                raise OverloadedError(
-                    f"KV cache full: need {amount} token-layers, {self.capacity - self._used} free "
-                    f"of {self.capacity}; retry on another peer"
-                )
-            self._used += amount
+    def truncate(self, length: int) -> None:
+        """Forget positions >= length and give back the blocks past its block (a client rewinding)."""
+        length = max(0, length)
+        for i in range(len(self._len)):
+            self._len[i] = min(self._len[i], length)
+        keep = -(-length // self.pool.block_size)
+        if keep < len(self._tables[0]):
+            freed = [b for table in self._tables for b in table[keep:]]
+            self._tables = [table[:keep] for table in self._tables]
+            self._table_t = self._table_t[:, :keep].contiguous()
+            self.pool.give(freed)
 
-    def release(self, amount: int) -> None:
-        """Return slots taken by ``reserve``."""
-        with self._lock:
-            self._used = max(0, self._used - amount)
+    def release(self) -> None:
+        """Give every block back (the session closed)."""
+        self.truncate(0)
+
+    def slots(self, stop: int) -> torch.Tensor:
+        """Pool rows of positions [0, stop) of every layer of the span: [layers, stop]."""
+        rows = self._table_t[:, :, None] * self.pool.block_size + self._offsets  # [layers, blocks, B]
+        return rows.reshape(len(self._tables), -1)[:, :stop]
+
+    def claim(self, n: int) -> tuple[int, int]:
+        """Room for ``n`` more tokens in every layer, counted as written: (old, new) length.
+
+        The batched attention path writes all layers of a step through precomputed slots, so
+        it advances the lengths once per step instead of once per layer."""
+        old = self._len[0]
+        self.reserve(old + n)
+        self._len = [old + n] * len(self._len)
+        return old, old + n
+
+    def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store k, v ([nKV, n, D]) for ``layer``; return copies of all cached [nKV, c+n, D]."""
+        i = layer - self.start
+        old = self._len[i]
+        new = old + k.shape[1]
+        self.reserve(new)
+        B = self.pool.block_size
+        rows = (self._table_t[i, :, None] * B + self._offsets).reshape(-1)[:new]  # [c+n]
+        self.pool.k.index_copy_(0, rows[old:], k.transpose(0, 1))
+        self.pool.v.index_copy_(0, rows[old:], v.transpose(0, 1))
+        self._len[i] = new
+        return self.pool.k[rows].transpose(0, 1), self.pool.v[rows].transpose(0, 1)

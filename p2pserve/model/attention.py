@@ -1,0 +1,162 @@
+"""Attention of a batch of sequences, each against its own KV cache.
+
+Two paths. `attend_each` appends to each sequence's `LayerCache` and runs one SDPA call per
+sequence (any cache; a lone sequence always takes it, with the very shapes `generate` uses).
+`PagedBatch` runs one SDPA call per layer for the whole batch when every cache is paged over
+one pool (`PagedLayout`): the step's pool rows are computed once, then each layer is one
+``index_copy_`` of the new K/V, one gather of every sequence's keys and values padded to the
+longest, and one masked SDPA call.
+
+Shapes: T = tokens in the batch, b = sequences, mq / mk = longest query / key length in the
+batch, nH / nKV = query / key-value heads, D = head dim, S = pool rows.
+
+Exactness: padding changes the length of SDPA's reductions (softmax sum, probabilities × V),
+so the batched path agrees with the per-sequence one to fp32 rounding (about 1e-7 relative),
+not bit for bit (tests/unit/test_paged_attention.py).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+
+
+class LayerCache(Protocol):
+    """The KV storage of one sequence, as the shard sees it."""
+
+    def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store k, v ([nKV, n, D]) after the cached ones; return all keys and values [nKV, c+n, D]."""
+
+
+class PagedLayout(Protocol):
+    """A `LayerCache` whose layers live in rows of a pool shared with other sequences."""
+
+    pool: object  # has .k, .v [S, nKV, D] and .pad_slot (a zero row)
+    start: int
+
+    def claim(self, n: int) -> tuple[int, int]:
+        """Room for n more tokens in every layer of the span, counted written: (old, new) length."""
+
+    def slots(self, stop: int) -> torch.Tensor:
+        """Pool rows of positions [0, stop) of every layer of the span: [layers, stop]."""
+
+
+def paged_pool(caches) -> object | None:
+    """The one pool all ``caches`` are paged over, or None (then `attend_each` runs)."""
+    pool = getattr(caches[0], "pool", None)
+    if pool is None or getattr(pool, "k", None) is None:
+        return None
+    return pool if all(getattr(c, "pool", None) is pool for c in caches) else None
+
+
+def attention_mask(n: int, total: int, window: int | None, device) -> torch.Tensor | None:
+    """Boolean [n, total] mask: query i (absolute total-n+i) sees keys j <= its position.
+
+    A single query token with no window sees the whole cache, so no mask is built for decode.
+    """
+    past = total - n
+    if n == 1 and (window is None or total <= window):
+        return None
+    q_pos = torch.arange(past, total, device=device)[:, None]
+    k_pos = torch.arange(total, device=device)[None, :]
+    mask = k_pos <= q_pos
+    if window is not None:
+        mask &= (q_pos - k_pos) < window
+    return mask
+
+
+def attend_each(layer_idx: int, q, k, v, segments, scaling: float, window: int | None) -> torch.Tensor:
+    """Append k, v to each segment's cache and attend; q, k, v [T, heads, D] -> [T, nH * D]."""
+    if len(segments) == 1:  # the common case, without slicing
+        n = q.shape[0]
+        ks, vs = segments[0].cache.append(layer_idx, k.transpose(0, 1), v.transpose(0, 1))
+        mask = attention_mask(n, ks.shape[1], window, q.device)
+        o = F.scaled_dot_product_attention(
+            q.transpose(0, 1)[None], ks[None], vs[None], attn_mask=mask, scale=scaling, enable_gqa=True
+        )  # [1, nH, n, D]
+        # With one token, [1, nH, 1, D] flattens to [1, nH * D] without the transpose.
+        return o.reshape(1, -1) if n == 1 else o[0].transpose(0, 1).reshape(n, -1)
+    outs = []
+    at = 0
+    for seg in segments:
+        n = seg.n
+        qs = q[at : at + n].transpose(0, 1)  # [nH, n, D]
+        ks, vs = seg.cache.append(layer_idx, k[at : at + n].transpose(0, 1), v[at : at + n].transpose(0, 1))
+        mask = attention_mask(n, ks.shape[1], window, q.device)
+        o = F.scaled_dot_product_attention(qs[None], ks[None], vs[None], attn_mask=mask, scale=scaling, enable_gqa=True)
+        outs.append(o[0].transpose(0, 1).reshape(n, -1))
+        at += n
+    return torch.cat(outs)
+
+
+class PagedBatch:
+    """One step of several sequences paged over one pool: rows and masks, computed once.
+
+    Building it claims each sequence's room for its new tokens (the only loop over sequences);
+    `attend` then serves every layer with no per-sequence work.
+    """
+
+    def __init__(self, segments, pool):
+        self.pool = pool
+        self.segments = segments
+        b = len(segments)
+        lo, hi = min(s.start for s in segments), max(s.end for s in segments)
+        self.lo = lo
+        ns = [s.n for s in segments]
+        self.mq = max(ns)
+        spans = [s.cache.claim(s.n) for s in segments]  # [(past, total)]
+        self.mk = max(total for _, total in spans)
+        T = sum(ns)
+        # Rows written ([layers, T]) and read ([layers, b, mk], padding -> the zero row) per layer.
+        self.write = torch.full((hi - lo, T), pool.pad_slot, dtype=torch.long)
+        self.read = torch.full((hi - lo, b, self.mk), pool.pad_slot, dtype=torch.long)
+        q_rows = []  # row of each token in the padded [b * mq] query layout
+        at = 0
+        for j, (seg, (past, total)) in enumerate(zip(segments, spans)):
+            rows = seg.cache.slots(total)  # [span layers, total]
+            a, z = seg.cache.start - lo, seg.cache.start - lo + rows.shape[0]
+            self.write[a:z, at : at + seg.n] = rows[:, past:]
+            self.read[a:z, j, :total] = rows
+            q_rows.append(torch.arange(j * self.mq, j * self.mq + seg.n))
+            at += seg.n
+        self.q_rows = torch.cat(q_rows)  # [T]
+        self.past = torch.tensor([p for p, _ in spans])[:, None, None]  # [b, 1, 1]
+        self.total = torch.tensor([t for _, t in spans])[:, None, None]
+        self.dense = self.mq == 1 and T == b  # decode only: no query padding
+        self._masks: dict[int | None, torch.Tensor | None] = {}
+
+    def mask(self, window: int | None) -> torch.Tensor:
+        """[b, 1, mq, mk] bool: query i of sequence j sees keys at positions <= past_j + i that exist.
+
+        Padded query rows (i >= n_j) see every key of their sequence, so no row is all False."""
+        if window not in self._masks:
+            q_pos = self.past + torch.arange(self.mq)[None, :, None]  # [b, mq, 1]
+            k_pos = torch.arange(self.mk)[None, None, :]  # [1, 1, mk]
+            m = (k_pos <= q_pos) & (k_pos < self.total)
+            if window is not None:
+                m &= (q_pos - k_pos) < window
+            self._masks[window] = m[:, None]
+        return self._masks[window]
+
+    def attend(self, layer_idx: int, q, k, v, scaling: float, window: int | None) -> torch.Tensor:
+        """Write this layer's k, v [T, nKV, D] and attend q [T, nH, D]: -> [T, nH * D]."""
+        pool, i = self.pool, layer_idx - self.lo
+        write = self.write[i]
+        pool.k.index_copy_(0, write, k)
+        pool.v.index_copy_(0, write, v)
+        read = self.read[i]  # [b, mk]
+        keys = pool.k[read].transpose(1, 2)  # [b, nKV, mk, D]
+        values = pool.v[read].transpose(1, 2)
+        b, nH, D = read.shape[0], q.shape[1], q.shape[2]
+        if self.dense:
+            qp = q[:, :, None]  # [b, nH, 1, D]
+        else:
+            qp = q.new_zeros(b * self.mq, nH, D).index_copy_(0, self.q_rows, q)
+            qp = qp.view(b, self.mq, nH, D).transpose(1, 2)  # [b, nH, mq, D]
+        o = F.scaled_dot_product_attention(qp, keys, values, attn_mask=self.mask(window), scale=scaling,
+                                           enable_gqa=True)  # [b, nH, mq, D]
+        if self.dense:
+            return o.reshape(b, nH * D)
+        return o.transpose(1, 2).reshape(b * self.mq, nH * D).index_select(0, self.q_rows)
