@@ -21,6 +21,11 @@ Other sections (``--sections``, comma-separated; the default runs everything abo
 
 * ``hop``: only the tiny-model figures (added latency per hop, its peer-side breakdown, the
   frame round trip to a tiny peer, the in-process hot / cold forwards); needs no download.
+* ``kv``: the paged KV cache (benchmarks/kv_paging.py): sessions a peer holds with the same KV
+  memory under the paged cache over today's per-session reservation, on (prompt, reply) lengths
+  from the Azure conversation trace (``admitted_sessions_vs_reservation``), and aggregate decode
+  tokens/s of 16 sessions over 1 through an in-process SmolLM2 shard, batched (one SDPA call
+  per layer) and per sequence, in the same run. In-process, no peers: a few minutes on 2 cores.
 * ``llama3``: a random-initialised bf16 model shaped like Llama-3-8B (``--shape tiny``: a
   2-layer, hidden-256 version of it, to try the path on a CPU), built once into ``--model-dir``
   (safetensors), served by 2 peer processes on ``--device`` (layers [0, L/2) and [L/2, L)),
@@ -60,6 +65,8 @@ from p2pserve.config import ClientConfig  # noqa: E402
 from p2pserve.launch import start_peers  # noqa: E402
 from p2pserve.transport.libp2p import Libp2pTransport  # noqa: E402
 from p2pserve.transport.tcp import DirectTransport  # noqa: E402
+
+from kv_paging import run_kv  # noqa: E402  (benchmarks/kv_paging.py)
 
 PROMPT = "Write a short paragraph about why peer-to-peer systems are useful."
 
@@ -654,7 +661,7 @@ def run_hop(args) -> dict:
     }
 
 
-SECTIONS = {"default": run_default, "hop": run_hop, "llama3": run_llama3}
+SECTIONS = {"default": run_default, "hop": run_hop, "llama3": run_llama3, "kv": run_kv}
 
 
 def main() -> int:
@@ -671,6 +678,7 @@ def main() -> int:
     ap.add_argument("--prompt-tokens", type=int, default=64, help="llama3 section: random prompt length")
     ap.add_argument("--sessions", type=int, default=16, help="llama3 section: concurrent sessions of the aggregate")
     ap.add_argument("--no-one-peer", action="store_true", help="llama3 section: skip the 1-peer chain of every layer")
+    ap.add_argument("--kv-prompt", type=int, default=64, help="kv section: prompt tokens before the timed decode")
     ap.add_argument("--copy-to", default=None, metavar="DIR", help="also write the JSON into DIR")
     args = ap.parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -80,6 +80,7 @@ class PagedCache:
         self._table_t = torch.empty(end - start, 0, dtype=torch.long)
         self._len = [0] * (end - start)
         self._offsets = torch.arange(pool.block_size)
+        self._rows: tuple[int, torch.Tensor] | None = None  # (length, slots(length)) of the step running
 
     @property
     def length(self) -> int:
@@ -104,6 +105,7 @@ class PagedCache:
         for i, table in enumerate(self._tables):
             table.extend(ids[i * more : (i + 1) * more])
         self._table_t = torch.tensor(self._tables, dtype=torch.long)
+        self._rows = None
 
     def truncate(self, length: int) -> None:
         """Forget positions >= length and give back the blocks past its block (a client rewinding)."""
@@ -115,6 +117,7 @@ class PagedCache:
             freed = [b for table in self._tables for b in table[keep:]]
             self._tables = [table[:keep] for table in self._tables]
             self._table_t = self._table_t[:, :keep].contiguous()
+            self._rows = None
             self.pool.give(freed)
 
     def release(self) -> None:
@@ -142,8 +145,9 @@ class PagedCache:
         old = self._len[i]
         new = old + k.shape[1]
         self.reserve(new)
-        B = self.pool.block_size
-        rows = (self._table_t[i, :, None] * B + self._offsets).reshape(-1)[:new]  # [c+n]
+        if self._rows is None or self._rows[0] != new:  # every layer of a step has the same length
+            self._rows = (new, self.slots(new))
+        rows = self._rows[1][i]  # [c+n]
         self.pool.k.index_copy_(0, rows[old:], k.transpose(0, 1))
         self.pool.v.index_copy_(0, rows[old:], v.transpose(0, 1))
         self._len[i] = new

@@ -2,7 +2,9 @@
 left, and what the peer must answer to each request (pure; no I/O).
 
 It mirrors the documented order of the peer's checks (``peer/handlers.py``, ``peer/sessions.py``,
-``peer/kv_cache.py``), so a reply with another code is a finding, not noise.
+``peer/kv_cache.py``), so a reply with another code is a finding, not noise. KV is paged: a
+session holds its headroom once open, then whole blocks up to its longest Forward; a rewind gives
+back the blocks past it, and a Forward that needs more blocks than are free is "overloaded".
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from typing import Optional
 
 import torch
 
+from p2pserve.peer.kv_cache import BLOCK_SIZE
+from p2pserve.peer.sessions import HEADROOM_TOKENS
 from p2pserve.protocol import PROTOCOL_VERSION, ErrorReply, ForwardResult, OpenSession, SamplingParams
 
 
@@ -30,10 +34,15 @@ class Sess:
     start: int
     end: int
     max_length: int
-    reserved: int
+    held: int  # tokens per layer whose KV blocks the peer holds for it (whole blocks)
     position: int = 0
     taint: Optional[int] = None
     greedy: bool = True  # temperature 0: its tokens are the reference's
+
+    @property
+    def reserved(self) -> int:
+        """Token-layers of the peer's KV pool this session holds."""
+        return self.held * (self.end - self.start)
 
     def clean_below(self, q: int) -> bool:
         """Whether every cached position below ``q`` holds reference inputs."""
@@ -97,6 +106,16 @@ def open_message(shape: PeerShape, sid: str, span, max_length: int, variant: str
                        start=span[0], end=span[1], max_length=max_length, sampling=sampling)
 
 
+def whole_blocks(tokens: int) -> int:
+    """``tokens`` rounded up to the peer's KV blocks."""
+    return -(-tokens // BLOCK_SIZE) * BLOCK_SIZE
+
+
+def opening_held(max_length: int) -> int:
+    """Tokens per layer a session holds once opened: its headroom, in whole blocks."""
+    return whole_blocks(min(max_length, HEADROOM_TOKENS))
+
+
 def expect_open(shape: PeerShape, msg: OpenSession, open_ids: set, used: int) -> Optional[str]:
     """The error code the peer must answer ``msg`` with, or None: it opens the session."""
     if msg.version != PROTOCOL_VERSION:
@@ -109,7 +128,7 @@ def expect_open(shape: PeerShape, msg: OpenSession, open_ids: set, used: int) ->
         return "bad_request"
     if msg.session_id in open_ids or not 0 < len(msg.session_id) <= 128:
         return "bad_request"  # an id open on *any* stream is taken
-    need = msg.max_length * (msg.end - msg.start)
+    need = opening_held(msg.max_length) * (msg.end - msg.start)
     if need > shape.capacity:
         return "bad_request"
     return "overloaded" if used + need > shape.capacity else None
