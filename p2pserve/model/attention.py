@@ -147,9 +147,11 @@ class PagedBatch:
         pool.k.index_copy_(0, write, k)
         pool.v.index_copy_(0, write, v)
         read = self.read[i]  # [b, mk]
-        keys = pool.k[read].transpose(1, 2)  # [b, nKV, mk, D]
-        values = pool.v[read].transpose(1, 2)
         b, nH, D = read.shape[0], q.shape[1], q.shape[2]
+        # index_select on [S, nKV * D] rows: several times faster than advanced indexing on CPU.
+        shape = (b, self.mk, k.shape[1], D)
+        keys = pool.k.view(pool.k.shape[0], -1).index_select(0, read.view(-1)).view(shape).transpose(1, 2)
+        values = pool.v.view(pool.v.shape[0], -1).index_select(0, read.view(-1)).view(shape).transpose(1, 2)
         if self.dense:
             qp = q[:, :, None]  # [b, nH, 1, D]
         else:

@@ -151,4 +151,7 @@ class PagedCache:
         self.pool.k.index_copy_(0, rows[old:], k.transpose(0, 1))
         self.pool.v.index_copy_(0, rows[old:], v.transpose(0, 1))
         self._len[i] = new
-        return self.pool.k[rows].transpose(0, 1), self.pool.v[rows].transpose(0, 1)
+        k_rows, v_rows = self.pool.k.view(self.pool.k.shape[0], -1), self.pool.v.view(self.pool.v.shape[0], -1)
+        shape = (new, k.shape[0], k.shape[2])  # index_select on 2-D rows: the fast gather on CPU
+        keys = k_rows.index_select(0, rows).view(shape).transpose(0, 1)
+        return keys, v_rows.index_select(0, rows).view(shape).transpose(0, 1)
