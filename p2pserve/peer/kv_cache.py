@@ -9,7 +9,6 @@ outgrows the free blocks gets OverloadedError ("KV cache full") before any of it
 
 from __future__ import annotations
 
-
 import torch
 
 from p2pserve.errors import BadRequestError
