@@ -68,6 +68,7 @@ class PeerConfig:
     end: int | None = None
     device: str = "cpu"
     dtype: str = "float32"
+    quant: str | None = None  # weight-only int8 | nf4 | int4 of the decoder layers (model/quant.py)
     num_threads: int | None = None  # torch intra-op threads; tests use 1 (cores are shared)
     kv_budget_token_layers: int | None = None  # KV slots; None = derive from kv_memory_bytes
     kv_memory_bytes: int = 2 * 1024**3
@@ -76,8 +77,7 @@ class PeerConfig:
     request_timeout_s: float = 120.0
     frame_limits: FrameLimits = field(default_factory=FrameLimits)
     batching: BatchingConfig = field(default_factory=BatchingConfig)
-    # Plan-driven mode (no fixed range): how many layers this peer may hold, and how much
-    # memory its weights may use; max_layers=None derives it from weights_memory_bytes.
+    # Plan-driven mode: the most layers to hold (None: derived from weights_memory_bytes).
     max_layers: int | None = None
     weights_memory_bytes: int = 8 * 1024**3
     profile_batch: int = 32  # concurrent sessions the announced decode throughput assumes

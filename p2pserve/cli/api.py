@@ -33,6 +33,8 @@ def add_client_arguments(parser: argparse.ArgumentParser) -> None:
                    help="a fixed set of peers instead of the swarm (MADDR ends with /p2p/<peer id>)")
     g.add_argument("--swarm-model", default=None,
                    help="model name of the swarm's DHT keys (default: the swarm file's 'model', else the checkpoint id)")
+    g.add_argument("--quant", default=None, choices=["none", "int8", "nf4", "int4"],
+                   help="route only over peers serving the model at this weight-only quantization (docs/quantization.md)")
     g.add_argument("--swarm-id", default=None, help="swarm id prefixing DHT keys (default from the file, else 'p2pserve')")
     g.add_argument("--trusted-coordinator", action="append", default=None, metavar="PUBKEY",
                    help="OpenSSH public key of a coordinator whose plans to follow (repeatable; none = open swarm)")
@@ -86,7 +88,7 @@ def client_from_args(args: argparse.Namespace):
     return AsyncClient(initial_peers=tuple(args.initial_peers or ()), model=args.model, peers=args.peers or None,
                        config=config, swarm_model=args.swarm_model, swarm_id=args.swarm_id,
                        trusted_coordinators=tuple(args.trusted_coordinator or ()), seed=args.seed,
-                       max_length=args.max_length, speculative=args.speculative,
+                       max_length=args.max_length, speculative=args.speculative, quant=args.quant,
                        speculative_config=SpeculativeConfig(max_k=args.speculative_max_k))
 
 

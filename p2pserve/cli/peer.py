@@ -23,6 +23,7 @@ import sys
 
 from p2pserve.config import AdmissionConfig, BatchingConfig, PeerConfig
 from p2pserve.errors import ConfigError, P2PServeError
+from p2pserve.model.quant import require_backend
 from p2pserve.protocol import FrameLimits
 
 
@@ -47,6 +48,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=None, choices=["cpu", "cuda"], help="compute device (default: cuda if --gpu given, else cpu)")
     p.add_argument("--gpu", type=int, default=None, metavar="N", help="CUDA device index; implies --device cuda")
     p.add_argument("--dtype", default=d.dtype, choices=["float32", "float16", "bfloat16"])
+    p.add_argument("--quant", default="none", choices=["none", "int8", "nf4", "int4"],
+                   help="weight-only quantization of the layers served (needs the 'quant' extra); the swarm "
+                        "model name gets '@SCHEME', so only clients asking for it route here (docs/quantization.md)")
     p.add_argument("--swarm-model", default=None, help="model name in the swarm's DHT keys (default: the swarm file's 'model', else the checkpoint "
                         "id; the rule every role shares: p2pserve/model/identity.py)")
     p.add_argument("--num-threads", type=int, default=None, help="torch intra-op threads")
@@ -105,6 +109,7 @@ def config_from_args(args: argparse.Namespace) -> PeerConfig:
         end=end,
         device=device,
         dtype=args.dtype,
+        quant=require_backend(args.quant),
         num_threads=args.num_threads,
         kv_budget_token_layers=args.kv_token_layers,
         kv_memory_bytes=int(args.kv_memory_gb * 1024**3),
@@ -154,7 +159,7 @@ async def serve(config: PeerConfig, args: argparse.Namespace) -> None:
     from p2pserve.peer.server import Peer
 
     progress = Progress()
-    spec = load_spec(resolve_model(config.model, progress.step), dtype=config.dtype)  # fail fast on a bad model
+    spec = load_spec(resolve_model(config.model, progress.step), dtype=config.dtype, quant=config.quant)  # fail fast
     metrics = metrics_config(args) if args.metrics_port is not None else None  # and on a bad port
     # The model's name in DHT keys, by the rule every role shares (p2pserve/model/identity.py):
     # --swarm-model, else the swarm file's model, else the checkpoint's own id. (Sessions still

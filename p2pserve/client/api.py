@@ -46,6 +46,7 @@ from p2pserve.client.speculative import SpeculativeConfig
 from p2pserve.config import ClientConfig
 from p2pserve.errors import BadRequestError, ConfigError
 from p2pserve.metrics import ClientMetrics
+from p2pserve.model.quant import check_quant
 from p2pserve.transport import Transport
 
 __all__ = ["AsyncClient", "Client", "Reply", "ReplyStream", "SyncReplyStream"]
@@ -64,6 +65,7 @@ class AsyncClient:
     given instead of a libp2p node of the client's own (tests pass an in-memory one).
     ``speculative`` turns on speculative decoding (docs/speculative.md): ``"prompt-lookup"``,
     ``"draft:PATH"`` (a small local model sharing the tokenizer) or None (off, the default).
+    ``quant`` (int8, nf4, int4) routes only over peers serving that quantization (``NAME@int8``).
     """
 
     def __init__(
@@ -83,20 +85,18 @@ class AsyncClient:
         transport: Optional[Transport] = None,
         speculative: Optional[str] = None,
         speculative_config: SpeculativeConfig = SpeculativeConfig(),
+        quant: Optional[str] = None,
     ):
         if not initial_peers and not peers and dht_config is None:
             raise ConfigError("give initial_peers (a swarm) or peers (a fixed set of peers)")
         check_speculative(speculative)
-        self.speculative, self.speculative_config = speculative, speculative_config
+        self.speculative, self.speculative_config, self.quant = speculative, speculative_config, check_quant(quant)
         self.drafter: Optional[Drafter] = None  # made by start() when speculative is on
-        self.initial_peers = tuple(initial_peers)
-        self.model = model
+        self.initial_peers, self.model = tuple(initial_peers), model
         self.peers = [parse_peer(p) for p in peers] if peers else None
         self.config = config
-        self.swarm_model = swarm_model
-        self.swarm_id = swarm_id
+        self.swarm_model, self.swarm_id, self.dht_config = swarm_model, swarm_id, dht_config
         self.trusted_coordinators = tuple(trusted_coordinators)
-        self.dht_config = dht_config
         self.seed = seed if seed is not None else random.SystemRandom().getrandbits(63)
         self.max_length = max_length
         self.info = model_info
@@ -119,7 +119,7 @@ class AsyncClient:
         if self._started:
             return self
         if self.info is None:
-            self.info = await asyncio.to_thread(LocalModelInfo.load, self.model)
+            self.info = await asyncio.to_thread(LocalModelInfo.load, self.model, quant=self.quant)
         spec = self.info.spec
         self.max_length = min(self.max_length, spec.max_position_embeddings or self.max_length)
         if self.peers is not None:
@@ -154,7 +154,7 @@ class AsyncClient:
             self._transport = self._given_transport
         else:
             self._transport = await client_transport(self.config, await self._swarm.dht.replicate_p2p())
-        self.swarm_routes = SwarmRoutes(self._swarm, seed=self.seed, num_layers=spec.num_layers)
+        self.swarm_routes = SwarmRoutes(self._swarm, seed=self.seed, num_layers=spec.num_layers, quant=spec.quant)
         if self.config.report_period_s > 0:  # observed service rates, for the coordinators' claim checks
             from p2pserve.client.observer import ReportPublisher, ServiceObserver
 
@@ -198,7 +198,7 @@ class AsyncClient:
 
     @property
     def model_id(self) -> str:
-        """The checkpoint's id (directory name + config hash)."""
+        """The checkpoint's id (directory name + config hash, then ``@SCHEME`` if quantized)."""
         return self.info.spec.model_id
 
     # ----------------------------------------------------------------------------- requests

@@ -23,8 +23,9 @@ class LocalModelInfo:
     eos_ids: set[int] = field(default_factory=set)
 
     @classmethod
-    def load(cls, model: str | None, dtype: str = "float32") -> "LocalModelInfo":
-        """Load from a checkpoint directory or model name (None: the embedded default)."""
+    def load(cls, model: str | None, dtype: str = "float32", quant: str | None = None) -> "LocalModelInfo":
+        """Load from a checkpoint directory or model name (None: the embedded default); ``quant``
+        names the weight-only quantization of the peers to use (it joins the spec's model id)."""
         from transformers import AutoTokenizer, GenerationConfig
 
         path = str(resolve_model(model))
@@ -33,7 +34,7 @@ class LocalModelInfo:
             gen_cfg = GenerationConfig.from_pretrained(path)
         except OSError:
             gen_cfg = None
-        return cls(path, load_spec(path, dtype=dtype), tok, eos_ids_of(tok, gen_cfg))
+        return cls(path, load_spec(path, dtype=dtype, quant=quant), tok, eos_ids_of(tok, gen_cfg))
 
     def chat_ids(self, messages: list[dict]) -> list[int]:
         """Token ids of a conversation with the generation prompt appended."""

@@ -67,12 +67,16 @@ class SwarmRoutes:
 
     ``kv_need_tokens`` is the request's KV estimate (prompt + max new tokens): a peer announcing
     less free KV than that is masked (Helix §5.2's high-water mark, per request). A pipeline
-    gets the ``RouteProvider`` of one request from :meth:`for_request`.
+    gets the ``RouteProvider`` of one request from :meth:`for_request`. Only peers announcing
+    the weight-only quantization ``quant`` asked for (None: full width) are routed over: the
+    swarm name carries it already (``NAME@int8``), and a peer announcing another under that name
+    would give different numbers than the rest of the route (``model/quant.py``).
     """
 
     def __init__(self, swarm, seed: int, num_layers: Optional[int] = None, refresh_s: float = 2.0,
-                 clock: Clock = monotonic, wall_clock: Clock = wall):
+                 clock: Clock = monotonic, wall_clock: Clock = wall, quant: Optional[str] = None):
         self.swarm = swarm
+        self.quant = quant or ""
         self.seed = seed
         self.num_layers = num_layers
         self.refresh_s = refresh_s
@@ -127,7 +131,7 @@ class SwarmRoutes:
         for pid, s in list(self._seen.items()):
             if s.expiration < now or (pid not in fresh and s.signer in withdrawn):
                 del self._seen[pid]
-        return {pid: s.record for pid, s in self._seen.items()}
+        return {pid: s.record for pid, s in self._seen.items() if s.record.quant == self.quant}
 
     def invalidate(self) -> None:
         """Make the next route re-read the swarm (a peer said our view of its range is stale)."""

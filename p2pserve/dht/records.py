@@ -36,6 +36,7 @@ MAX_TOKENS = 1 << 40
 MAX_EPOCH = 1 << 62  # plan epochs; a coordinator's next epoch saturates here (dht.election.next_epoch)
 MAX_ADDRS = 32
 MAX_STR = 512
+MAX_QUANT = 16  # a quantization scheme's name (int8, nf4, ...)
 MAX_LINKS = 4096
 MAX_PEERS_IN_PLAN = 4096
 MAX_FLOWS = 1 << 17
@@ -71,6 +72,17 @@ def check_span(name: str, span: Optional[LayerRange], num_layers: Optional[int] 
     upper = MAX_LAYERS if num_layers is None else num_layers
     if not 0 <= start < end <= upper:
         raise RecordRejected(f"{name}=[{start}, {end}) is not a valid range within [0, {upper})")
+
+
+def _check_quant(quant: str, model: str) -> None:
+    """A quantization name is a short token, and the model's name carries it as its suffix."""
+    if not quant:
+        return
+    if len(quant) > MAX_QUANT or not quant.isascii() or not all(c.isalnum() or c == "_" for c in quant) \
+            or quant != quant.lower():
+        raise RecordRejected(f"quant {quant[:MAX_QUANT]!r} is not a lowercase token of 1-{MAX_QUANT} characters")
+    if not model.endswith("@" + quant):
+        raise RecordRejected(f"announces quant={quant!r} for model {model!r}, whose name does not end in '@{quant}'")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -112,6 +124,10 @@ class PeerInfo(msgspec.Struct, kw_only=True, frozen=True):
     # (coordinator/shape.py); a reader that knows the depth drops a peer announcing another.
     num_layers: int = 0
     activation_bytes: int = 0  # bytes of one token's hidden state on the wire (hidden size x dtype bytes)
+    # Weight-only quantization of the layers served ("" = full width; model/quant.py): part of the
+    # model's identity, so it must match the model name's "@SCHEME" suffix; clients route only
+    # over peers announcing the quantization they asked for (client/swarm_routes.py).
+    quant: str = ""
 
     def validate(self, num_layers: Optional[int] = None) -> None:
         """Raise :class:`RecordRejected` if any figure is absurd or inconsistent (with the
@@ -152,6 +168,7 @@ class PeerInfo(msgspec.Struct, kw_only=True, frozen=True):
         _int("queued_tokens", self.queued_tokens, 0, MAX_TOKENS)
         _finite("timestamp", self.timestamp, 0.0, 1e11)
         check_reply_key(self.reply_key)
+        _check_quant(self.quant, self.model)
 
     def decode_rate(self, n_layers: int) -> float:
         """Decode tokens/s when holding ``n_layers`` layers (0 if unknown)."""

@@ -135,8 +135,8 @@ def build_layer_plans(shard) -> tuple[tuple | None, list[LayerPlan] | None]:
         return norm_params(m.weight, float(m.variance_epsilon))
 
     def linear_of(m) -> tuple[torch.Tensor, torch.Tensor | None]:
-        if type(m) is not torch.nn.Linear:
-            raise NoFastPath
+        if type(m) is not torch.nn.Linear or type(m.weight) not in (torch.Tensor, torch.nn.Parameter):
+            raise NoFastPath  # e.g. a quantized weight (model/quant.py): only F.linear knows its kernel
         return m.weight.t(), m.bias
 
     plans, head = [], None

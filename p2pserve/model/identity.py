@@ -15,6 +15,10 @@ all derive the same name. Precedence, highest first (the only place it is writte
      checkpoint id (converting it on first use);
    * anything else, a bare name that is not a folder, stays as it is (a coordinator or ``status``
      may know a model only by name; a peer or a client needs the folder to load it).
+
+Whichever step gives the name, a weight-only quantization (``--quant int8``, ``model/quant.py``)
+is appended as ``@int8``: quantized and full-width weights of one checkpoint are different models
+to the swarm, so no route mixes them.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from typing import Optional
 
 from p2pserve.errors import ConfigError, UnknownModelError
 from p2pserve.model.default import DEFAULT_MODEL_NAME, resolve_model
+from p2pserve.model.quant import check_quant, with_quant
 
 DEFAULT_NAMES = (None, "", "default", DEFAULT_MODEL_NAME)
 
@@ -61,14 +66,17 @@ def derived_name(model: Optional[str], spec=None) -> str:
 
 
 def swarm_model_name(model: Optional[str], *, swarm_model: Optional[str] = None, file_model: Optional[str] = None,
-                     spec=None) -> str:
+                     spec=None, quant: Optional[str] = None) -> str:
     """The swarm's model name for ``--model`` (see the module docstring for the precedence).
 
     ``swarm_model`` is ``--swarm-model``, ``file_model`` the swarm file's ``model``; ``spec`` the
-    loaded checkpoint's ``ModelSpec`` if the caller has it. Raises ``ConfigError`` on an empty
-    ``--swarm-model``, ``UnknownModelError`` on a folder that is not a checkpoint.
+    loaded checkpoint's ``ModelSpec`` if the caller has it; ``quant`` (else ``spec.quant``) the
+    weight-only quantization, which the name then ends in. Raises ``ConfigError`` on an empty
+    ``--swarm-model`` or a scheme that cannot run here, ``UnknownModelError`` on a folder that is
+    not a checkpoint.
     """
-    return explicit_name(swarm_model, file_model) or derived_name(model, spec)
+    quant = check_quant(quant or (spec.quant if spec is not None else None))
+    return with_quant(explicit_name(swarm_model, file_model) or derived_name(model, spec), quant)
 
 
 def explicit_name(swarm_model: Optional[str], file_model: Optional[str]) -> Optional[str]:

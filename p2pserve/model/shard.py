@@ -32,8 +32,8 @@ from transformers import AutoConfig
 from p2pserve.errors import BadRequestError
 from p2pserve.model.attention import LayerCache, PagedBatch, attend_each, paged_pool
 from p2pserve.model.checkpoint import CheckpointIndex
-from p2pserve.model.fast_ops import (LayerPlan, Norm, build_layer_plans, gated_mlp, linear, qkv_of, rms_norm,
-                                     rope)
+from p2pserve.model.fast_ops import LayerPlan, Norm, build_layer_plans, gated_mlp, linear, qkv_of, rms_norm, rope
+from p2pserve.model.quant import quantize_layers
 from p2pserve.model.spec import SUPPORTED_FAMILIES, ModelSpec
 
 log = logging.getLogger(__name__)
@@ -168,8 +168,8 @@ class Shard(torch.nn.Module):
         shard.rotary.to(dtype=torch.float32)
         shard.to(device)
         shard.device = torch.device(device)
-        shard.eval()
-        return shard
+        quantize_layers(shard.layers, spec.quant)  # weight-only, when the spec says so (model/quant.py)
+        return shard.eval()
 
     def state_dict_keys(self) -> list[str]:
         """Names of parameters (not buffers) the shard needs from a checkpoint."""

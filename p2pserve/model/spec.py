@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from p2pserve.errors import UnknownModelError, UnsupportedModelError
+from p2pserve.model.quant import BYTES_PER_WEIGHT, check_quant, with_quant
 
 # model_type -> (transformers module, class-name prefix). These families share the Llama
 # decoder layout (pre-norm, RoPE, GQA, gated MLP); Qwen2 adds q/k/v biases, Qwen3 per-head q/k
@@ -34,7 +35,9 @@ class ModelSpec:
     """Shape facts of a decoder-only checkpoint.
 
     ``model_id`` names the weights (directory name plus a short hash of config.json), so that
-    peers serving different checkpoints under the same name never mix in one pipeline.
+    peers serving different checkpoints under the same name never mix in one pipeline; with
+    weight-only quantization (``quant``, ``model/quant.py``) it ends in ``@SCHEME``, so that
+    quantized and full-width weights never mix either.
     """
 
     model_id: str
@@ -52,6 +55,7 @@ class ModelSpec:
     # Phi-3 longrope: rotary factors switch from short to long once a sequence is longer than
     # this, and transformers then recomputes the whole cache (the client re-sends the history).
     recompute_past: int | None = None
+    quant: str | None = None  # weight-only scheme of the decoder layers (int8, nf4, int4) or None
 
     @property
     def dtype_bytes(self) -> int:
@@ -78,8 +82,9 @@ class ModelSpec:
 
     @property
     def layer_bytes(self) -> int:
-        """Bytes one decoder layer's weights take in the compute dtype."""
-        return self.layer_param_count * self.dtype_bytes
+        """Bytes one decoder layer's weights take: in the compute dtype, or quantized (``quant``)."""
+        per_weight = BYTES_PER_WEIGHT[self.quant] if self.quant else self.dtype_bytes
+        return int(self.layer_param_count * per_weight)
 
 
 def _config_path(model_path: str | os.PathLike) -> Path:
@@ -92,8 +97,9 @@ def _config_path(model_path: str | os.PathLike) -> Path:
     return path / "config.json"
 
 
-def load_spec(model_path: str | os.PathLike, dtype: str | None = None) -> ModelSpec:
-    """Read a ModelSpec from a checkpoint directory; raises UnknownModelError if unusable."""
+def load_spec(model_path: str | os.PathLike, dtype: str | None = None, quant: str | None = None) -> ModelSpec:
+    """Read a ModelSpec from a checkpoint directory (its layers served at ``quant``); raises
+    UnknownModelError if unusable, ConfigError if ``quant`` cannot run here."""
     cfg_file = _config_path(model_path)
     raw = cfg_file.read_bytes()
     cfg = json.loads(raw)
@@ -105,7 +111,7 @@ def load_spec(model_path: str | os.PathLike, dtype: str | None = None) -> ModelS
         raise UnknownModelError(f"unsupported dtype {dtype!r}; use one of {sorted(_DTYPE_BYTES)}")
     digest = hashlib.sha256(raw).hexdigest()[:10]
     return ModelSpec(
-        model_id=f"{Path(model_path).name}-{digest}",
+        model_id=with_quant(f"{Path(model_path).name}-{digest}", check_quant(quant)),
         family=family,
         num_layers=int(cfg["num_hidden_layers"]),
         hidden_size=hidden,
@@ -118,6 +124,7 @@ def load_spec(model_path: str | os.PathLike, dtype: str | None = None) -> ModelS
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
         recompute_past=_longrope_switch(cfg),
+        quant=check_quant(quant),
     )
 
 

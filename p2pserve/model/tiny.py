@@ -100,6 +100,15 @@ def build_tiny_model(family: str, out_dir: str | Path, seed: int = 0, num_layers
     config.pad_token_id = tokenizer.pad_token_id
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    randomize_weights(model, seed)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def randomize_weights(model, seed: int) -> None:
+    """Seeded weights with std 0.1 (norm weights around 1), so greedy argmax gaps are not fragile."""
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -107,7 +116,3 @@ def build_tiny_model(family: str, out_dir: str | Path, seed: int = 0, num_layers
                 p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen))
             else:
                 p.copy_(0.1 * torch.randn(p.shape, generator=gen))
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from p2pserve.model.family_configs import FAMILIES, MISTRAL_V0_1_SLIDING_WINDOW
-from p2pserve.model.tiny import build_tokenizer
+from p2pserve.model.tiny import build_tokenizer, randomize_weights
 
 TINY_FAMILY_NAMES = tuple(FAMILIES)
 _CONTEXT_SCALE = 64  # 4096 real positions -> 64 tiny ones
@@ -94,7 +94,7 @@ def build_family_model(family: str, out_dir: str | Path, seed: int = 0, num_laye
     config = AutoConfig.for_model(**raw)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    _randomize(model, seed)
+    randomize_weights(model, seed)
     model.to(_TORCH[dtype])
     ids = _id_map(family, tokenizer)
     model.generation_config = GenerationConfig(**{
@@ -110,16 +110,6 @@ def build_family_model(family: str, out_dir: str | Path, seed: int = 0, num_laye
     (tmp / "config.json").write_text(json.dumps(raw, indent=2) + "\n")
     tmp.rename(out)
     return out
-
-
-def _randomize(model, seed: int) -> None:
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen))
-            else:
-                p.copy_(0.1 * torch.randn(p.shape, generator=gen))
 
 
 def _id_map(family: str, tokenizer) -> dict[int, int]:

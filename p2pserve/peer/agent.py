@@ -102,6 +102,7 @@ class SwarmAgent:
             reply_key=self.peer.handler.signer.public_text,
             num_layers=spec.num_layers,
             activation_bytes=spec.activation_bytes_per_token,
+            quant=spec.quant or "",
         )
 
     def link_info(self) -> LinkInfo | None:

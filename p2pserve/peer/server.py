@@ -57,7 +57,7 @@ class Peer:
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         model_path = str(resolve_model(config.model))
-        spec = load_spec(model_path, dtype=config.dtype)
+        spec = load_spec(model_path, dtype=config.dtype, quant=config.quant)
         p2p = await dht.replicate_p2p()
         capacity = config.kv_budget_token_layers
         if capacity is None:

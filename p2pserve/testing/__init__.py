@@ -11,6 +11,8 @@ stand in only around the decision logic:
   :class:`FakePeerNetwork` — fake peers on it, for the real client pipeline;
 * :class:`FakeClient` — a finished-reply client for the OpenAI server;
 * ``python -m p2pserve.testing.synthetic_peer`` — a peer process that announces without a model.
+* :func:`~p2pserve.testing.direct.answer_direct_session` — a session handler that only offers the
+  direct path (``p2pserve.testing.direct``); ``p2pserve.testing.delay_relay`` — a delaying relay.
 """
 
 from p2pserve.testing.clock import FakeClock

@@ -36,6 +36,7 @@ from p2pserve.client.openai_server import OpenAIServer
 from p2pserve.config import ApiConfig, ClientConfig, DHTConfig
 from p2pserve.launch import Children
 from p2pserve.peer.profiler import load_or_measure
+from tests.integration.processes import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -48,14 +49,9 @@ MESSAGES = [{"role": "user", "content": "What is a peer-to-peer network?"}]
 PEERS = {"a": "0:4", "b1": "4:8", "b2": "4:8"}
 
 
-def wait_for(fn, what: str, deadline: float = DEADLINE):
-    end = time.monotonic() + deadline
-    while time.monotonic() < end:
-        value = fn()
-        if value:
-            return value
-        time.sleep(0.3)
-    raise TimeoutError(f"timed out waiting for {what}")
+def wait_for(fn, what: str):
+    """``processes.wait_until`` with this file's generous deadline."""
+    return wait_until(fn, what, timeout=DEADLINE)
 
 
 def metrics_url(child) -> str | None:

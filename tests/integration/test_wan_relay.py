@@ -12,8 +12,8 @@ The tests, in order (they share the swarm; the last one kills a peer):
   relays carried the activations (their byte counts);
 * the same with the route's last peer killed mid-generation (failover through the relays).
 
-Timing bounds here are ones the relay enforces by construction (a byte never leaves it early,
-never faster than its rate), plus generous ceilings for the RTT reading.
+The only timing bounds here are ones the relay enforces by construction (a byte never leaves it
+early, never faster than its rate); nothing bounds how slow the machine may be.
 """
 
 from __future__ import annotations
@@ -94,8 +94,9 @@ def test_peers_announce_only_their_relays_and_probes_read_the_delay(swarm):
         for target, stat in by_target.items():
             if target not in ids:
                 continue
-            # a round trip crosses one relay each way; the ceiling only catches a reading gone wild
-            assert 2 * DELAY_MS / 1e3 <= stat.rtt < 4 * 2 * DELAY_MS / 1e3, (pid, target, stat)
+            # a round trip crosses one relay each way, so the probe must see at least twice its
+            # delay (no ceiling: a loaded machine may add any amount on top)
+            assert 2 * DELAY_MS / 1e3 <= stat.rtt, (pid, target, stat)
             # a transfer can over-read its link by at most 11% (dht/prober.py: bandwidth_from)
             assert 0 < stat.bandwidth <= 1.15 * rate_bytes, (pid, target, stat)
 

@@ -11,9 +11,9 @@ import pytest
 from p2pserve.cli.peer import add_arguments, direct_address_from
 from p2pserve.config import DHTConfig
 from p2pserve.errors import ConfigError
-from p2pserve.protocol import SESSION_PROTOCOL, DirectOffer, FrameLimits, OpenDirect, decode_request
+from p2pserve.protocol import SESSION_PROTOCOL, DirectOffer
 from p2pserve.testing.delay_relay import LinkShape, Relay, parse_hostport
-from p2pserve.transport.frames import read_frame, write_frame
+from p2pserve.testing.direct import answer_direct_session
 from p2pserve.transport.memory import MemoryNetwork
 from p2pserve.transport.tcp import DirectAddress, DirectListener, DirectTransport
 
@@ -49,23 +49,14 @@ def test_an_announced_direct_port_needs_a_fixed_one_to_forward_to():
 def test_a_client_attaches_to_the_direct_path_through_a_relay():
     """The listener offers the relay's port; the client dials it, and the relay carries the TLS bytes."""
 
-    async def answer(reader, writer, listener, remote) -> None:
-        while True:
-            try:
-                header, _ = await read_frame(reader, FrameLimits())
-            except (asyncio.IncompleteReadError, ConnectionError):
-                return
-            if isinstance(decode_request(header), OpenDirect):
-                await write_frame(writer, listener.offer(remote))
-
     async def main():
-        listener = DirectListener(lambda r, w, remote: answer(r, w, None, remote), "peerX", ["127.0.0.1"])
+        listener = DirectListener(lambda r, w, remote: answer_direct_session(r, w, None, remote), "peerX", ["127.0.0.1"])
         await listener.start()
         relay = Relay([(("127.0.0.1", 0), ("127.0.0.1", listener.port))], LinkShape(delay_s=0.005))
         listener.announce_port = parse_hostport((await relay.start())[0])[1]
         offer = listener.offer("client")
         net = MemoryNetwork()
-        net.serve("peerX", SESSION_PROTOCOL, lambda r, w, remote: answer(r, w, listener, remote))
+        net.serve("peerX", SESSION_PROTOCOL, lambda r, w, remote: answer_direct_session(r, w, listener, remote))
         transport = DirectTransport(net.transport("client"))
         try:
             stream = await transport.open_stream("peerX", ["/ip4/127.0.0.1/tcp/1/p2p/peerX"], SESSION_PROTOCOL, 5.0)

@@ -18,14 +18,12 @@ from p2pserve.protocol import (
     SESSION_PROTOCOL,
     AttachDirect,
     DirectOffer,
-    ErrorReply,
     FrameLimits,
     GetStats,
-    OpenDirect,
     decode_reply,
-    decode_request,
     encode_frame,
 )
+from p2pserve.testing.direct import answer_direct_session
 from p2pserve.transport.frames import read_frame, write_frame
 from p2pserve.transport.memory import MemoryNetwork
 from p2pserve.transport.tcp import DirectListener, DirectTransport
@@ -51,28 +49,12 @@ def maddr(host: str) -> str:
     return f"/ip4/{host}/tcp/1/p2p/peerX"
 
 
-async def _answer(reader, writer, listener=None, remote="", served=None) -> None:
-    """The peer's session handler: offers the direct path; answers anything else with the peer id
-    it serves the stream as (``remote``), so a test sees which stream carried a frame and for whom."""
-    if served is not None:
-        served.append(remote)
-    while True:
-        try:
-            header, _ = await read_frame(reader, FrameLimits())
-        except (asyncio.IncompleteReadError, ConnectionError):
-            return
-        if isinstance(decode_request(header), OpenDirect):
-            await write_frame(writer, listener.offer(remote) if listener else DirectOffer(port=0))
-        else:
-            await write_frame(writer, ErrorReply(code="bad_request", message=remote))
-
-
 async def _dial(hosts, impostors=(), offer_edit=None):
     """Start a listener on 127.0.0.1 and ``impostors`` (``(host, speaks_tls)``) at its port, open a
     session stream listing ``hosts`` in order; return (stream kind, peer address or None, who the
     peer served, the impostors)."""
     served: list[str] = []
-    listener = DirectListener(lambda r, w, remote: _answer(r, w, None, remote, served), "peerX", [GENUINE])
+    listener = DirectListener(lambda r, w, remote: answer_direct_session(r, w, None, remote, served), "peerX", [GENUINE])
     await listener.start()
     fakes = [await Impostor(h, listener.port, "peerX", tls).start() for h, tls in impostors]
 
@@ -82,7 +64,7 @@ async def _dial(hosts, impostors=(), offer_edit=None):
             return offer_edit(offer) if offer_edit else offer
 
     net = MemoryNetwork()
-    net.serve("peerX", SESSION_PROTOCOL, lambda r, w, remote: _answer(r, w, Offers(), remote))
+    net.serve("peerX", SESSION_PROTOCOL, lambda r, w, remote: answer_direct_session(r, w, Offers(), remote))
     transport = DirectTransport(net.transport("client"))
     try:
         stream = await transport.open_stream("peerX", [maddr(h) for h in hosts], SESSION_PROTOCOL, 10.0)
@@ -173,7 +155,7 @@ def test_offer_decoding_refuses_a_malformed_fingerprint():
 def test_the_listener_refuses_a_clear_text_attach_and_offers_nothing_before_start():
     async def main():
         served = []
-        listener = DirectListener(lambda r, w, remote: _answer(r, w, None, remote, served), "peerX", [GENUINE])
+        listener = DirectListener(lambda r, w, remote: answer_direct_session(r, w, None, remote, served), "peerX", [GENUINE])
         assert listener.offer("client") == DirectOffer(port=0)  # not listening yet
         await listener.start()
         offer = listener.offer("client")
@@ -194,11 +176,11 @@ def test_records_after_the_handshake_are_encrypted():
     """What a passive observer sees of an attached session: TLS records, never a frame."""
     async def main():
         seen = bytearray()
-        listener = DirectListener(lambda r, w, remote: _answer(r, w, None, remote), "peerX", [GENUINE])
+        listener = DirectListener(lambda r, w, remote: answer_direct_session(r, w, None, remote), "peerX", [GENUINE])
         await listener.start()
         relay = await Impostor(IMPOSTOR, listener.port, "peerX", upstream=listener.port).start()
         net = MemoryNetwork()
-        net.serve("peerX", SESSION_PROTOCOL, lambda r, w, remote: _answer(r, w, listener, remote))
+        net.serve("peerX", SESSION_PROTOCOL, lambda r, w, remote: answer_direct_session(r, w, listener, remote))
         transport = DirectTransport(net.transport("client"))
         try:
             stream = await transport.open_stream("peerX", [maddr(IMPOSTOR)], SESSION_PROTOCOL, 10.0)

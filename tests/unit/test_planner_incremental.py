@@ -15,16 +15,10 @@ from p2pserve.placement.maxflow import flow_value
 from p2pserve.placement.planner import PlannerConfig
 from p2pserve.placement.solution import validate_placement
 from p2pserve.helix.root import data_root
-from p2pserve.helix.topology import load_helix_topology
 from p2pserve.placement.topology import LinkSpec, NodeSpec, Topology
 from p2pserve.types import SINK_INDEX as SINK, SOURCE_INDEX as SOURCE
 
 CFG = PlannerConfig(objective="max-flow", time_limit_s=0.5, use_milp=False)
-
-
-@pytest.fixture(scope="module")
-def cluster24():
-    return load_helix_topology(data_root() / "clusters/single_cluster/cluster24.ini", "llama2-70b")
 
 
 @pytest.fixture(scope="module")

@@ -14,18 +14,7 @@ from p2pserve.placement.planner import PlannerConfig, plan_for_topology
 from p2pserve.placement.solution import validate_placement
 from p2pserve.placement.search import balanced_chain
 from p2pserve.helix.root import data_root
-from p2pserve.helix.topology import load_helix_topology
 from p2pserve.errors import ConfigError, InsufficientMemoryError
-
-
-@pytest.fixture(scope="module")
-def cluster10():
-    return load_helix_topology(data_root() / "clusters/ablation/cluster10.ini", "llama1-30b")
-
-
-@pytest.fixture(scope="module")
-def cluster24():
-    return load_helix_topology(data_root() / "clusters/single_cluster/cluster24.ini", "llama2-70b")
 
 
 def assert_valid(topo, assignments):

@@ -16,22 +16,10 @@ import sys
 
 import pytest
 
-from p2pserve.helix.root import data_root
-from p2pserve.helix.topology import load_helix_topology
 from p2pserve.placement.planner import PlannerConfig, plan_for_topology
 
 HELIX_CLUSTER24_FLOW = 1289.56  # the authors' MILP placement, LLaMA-2-70B
 CLUSTER10_OPTIMUM = 286.587  # proven optimum, LLaMA-1-30B
-
-
-@pytest.fixture(scope="module")
-def cluster24():
-    return load_helix_topology(data_root() / "clusters/single_cluster/cluster24.ini", "llama2-70b")
-
-
-@pytest.fixture(scope="module")
-def cluster10():
-    return load_helix_topology(data_root() / "clusters/ablation/cluster10.ini", "llama1-30b")
 
 
 def test_planner_reaches_helix_flow_on_cluster24(cluster24):
