@@ -9,11 +9,12 @@
   ``..._mid_reply`` counts them halfway through their reply; ``..._by_declared_cap`` repeats
   the final-length count for other caps (the gain is the cap's to make). Through the real
   `SessionTable` and `KVBudget` (no tensors are written).
-* ``batching_gain_16_vs_1_in_process``: aggregate decode tokens/s of 16 sessions over 1 through
-  one in-process SmolLM2 shard of every layer (``Shard.forward_batch``; the fastest step of each,
-  configurations interleaved, since the machine is shared), with the paged cache's
-  one-SDPA-call-per-layer path, and the same for the per-sequence path (contiguous
-  `SequenceCache`, one SDPA call per sequence) in the same run.
+* ``batching_gain_16_vs_1_in_process``: aggregate decode tokens/s of 16 sessions at distinct
+  lengths over 1 through one in-process SmolLM2 shard of every layer (``Shard.forward_batch``;
+  the fastest step of each, configurations interleaved, since the machine is shared), with the
+  paged cache's exact (grouped, bit-identical) attention; the same for its padded one-call mode,
+  for the per-sequence path (contiguous `SequenceCache`, one SDPA call per sequence), and for
+  sessions at equal lengths (one exact group), all in the same run.
 """
 
 from __future__ import annotations
@@ -66,15 +67,17 @@ def admitted(spec, capacity: int, pairs: list[tuple[int, int]], cap: int, paged_
     return old, new
 
 
-def decode_step_s(shard, spec, caches, prompt: int, steps: int, gen) -> float:
+def decode_step_s(shard, spec, caches, prompt: int, steps: int, gen, spread: int = 0) -> float:
     """Fastest decode step (s) of ``len(caches)`` sessions stepping together; prefills them first
-    when empty. The fastest of many steps: the machine is shared, and load only adds time."""
+    when empty (session i with ``prompt + spread * i`` tokens). The fastest of many steps: the
+    machine is shared, and load only adds time."""
     from p2pserve.model.shard import Segment
 
     L = spec.num_layers
-    for c in caches:
+    for i, c in enumerate(caches):
         if c.length == 0:
-            shard.forward_batch([Segment(torch.randint(0, spec.vocab_size, (prompt,), generator=gen), 0, 0, L, c, True)])
+            x = torch.randint(0, spec.vocab_size, (prompt + spread * i,), generator=gen)
+            shard.forward_batch([Segment(x, 0, 0, L, c, True)])
     best = float("inf")
     for _ in range(steps):
         segs = [Segment(torch.randint(0, spec.vocab_size, (1,), generator=gen), c.length, 0, L, c, True) for c in caches]
@@ -101,23 +104,32 @@ def run_kv(args) -> dict:
     _, mid = admitted(spec, capacity, pairs, cap, lambda p, r: p + (r + 1) // 2)
 
     shard = Shard.load(model.path, spec, 0, spec.num_layers)
-    pool = KVBudget(64 * 1024 * spec.num_layers)
-    pool.bind(spec.num_kv_heads, spec.head_dim, torch.float32)
+    pools = {}
+    for mode, exact in (("exact", True), ("padded", False)):
+        pools[mode] = KVBudget(64 * 1024 * spec.num_layers)
+        pools[mode].bind(spec.num_kv_heads, spec.head_dim, torch.float32)
+        pools[mode].exact = exact
     prompt, steps = args.kv_prompt, args.tokens // 4  # 4 rounds of steps: caches hold prompt + tokens
+    longest = prompt + 3 * 16 + 4 * steps + 8
 
-    def paged(n):
-        return [PagedCache(pool, 0, spec.num_layers, prompt + 4 * steps + 8) for _ in range(n)]
+    def paged(mode, n):
+        return [PagedCache(pools[mode], 0, spec.num_layers, longest) for _ in range(n)]
 
     def flat(n):
-        return [SequenceCache(0, spec.num_layers, spec.num_kv_heads, spec.head_dim, prompt + 4 * steps + 8,
-                              torch.float32) for _ in range(n)]
+        return [SequenceCache(0, spec.num_layers, spec.num_kv_heads, spec.head_dim, longest, torch.float32)
+                for _ in range(n)]
 
-    caches = {("paged", n): paged(n) for n in (1, 16)} | {("per_sequence", n): flat(n) for n in (1, 16)}
+    # Sessions at one length (one exact group) and at distinct lengths (prompt + 3i: a group each).
+    caches = {}
+    for spread in (0, 3):
+        for n in (1, 16):
+            caches |= {(mode, n, spread): paged(mode, n) for mode in ("exact", "padded")}
+            caches[("per_sequence", n, spread)] = flat(n)
     best = {key: float("inf") for key in caches}
     gen = torch.Generator().manual_seed(0)
-    for _ in range(4):  # the four configurations interleaved, so load hits them alike
+    for _ in range(4):  # the configurations interleaved, so load hits them alike
         for key, cs in caches.items():
-            best[key] = min(best[key], decode_step_s(shard, spec, cs, prompt, steps, gen))
+            best[key] = min(best[key], decode_step_s(shard, spec, cs, prompt, steps, gen, spread=key[2]))
     rates = {key: key[1] / s for key, s in best.items()}
     by_cap = {}
     for name, c in (("p99_reply", sorted(r for _, r in pairs)[int(0.99 * len(pairs))]), ("max_reply", cap),
@@ -137,12 +149,14 @@ def run_kv(args) -> dict:
         "admitted_sessions_vs_reservation_mid_reply": mid / old,
         "admitted_sessions_vs_reservation_by_declared_cap": by_cap,
         "kv_prompt_tokens": prompt,
-        "decode_tokens_per_s_1_session_paged": rates["paged", 1],
-        "decode_tokens_per_s_16_sessions_paged": rates["paged", 16],
-        "decode_tokens_per_s_1_session_per_sequence": rates["per_sequence", 1],
-        "decode_tokens_per_s_16_sessions_per_sequence": rates["per_sequence", 16],
-        "batching_gain_16_vs_1_in_process": rates["paged", 16] / rates["paged", 1],
-        "batching_gain_16_vs_1_in_process_per_sequence": rates["per_sequence", 16] / rates["per_sequence", 1],
-        "paged_vs_per_sequence_16_sessions": rates["paged", 16] / rates["per_sequence", 16],
-        "paged_vs_per_sequence_1_session": rates["paged", 1] / rates["per_sequence", 1],
+        "decode_tokens_per_s": {f"{mode}_{n}_sessions_{'equal' if spread == 0 else 'distinct'}_lengths": r
+                                for (mode, n, spread), r in rates.items()},
+        "batching_gain_16_vs_1_in_process": rates["exact", 16, 3] / rates["exact", 1, 3],
+        "batching_gain_16_vs_1_in_process_equal_lengths": rates["exact", 16, 0] / rates["exact", 1, 0],
+        "batching_gain_16_vs_1_in_process_padded": rates["padded", 16, 3] / rates["padded", 1, 3],
+        "batching_gain_16_vs_1_in_process_per_sequence": rates["per_sequence", 16, 3] / rates["per_sequence", 1, 3],
+        "exact_vs_per_sequence_16_sessions_distinct_lengths": rates["exact", 16, 3] / rates["per_sequence", 16, 3],
+        "exact_vs_per_sequence_16_sessions_equal_lengths": rates["exact", 16, 0] / rates["per_sequence", 16, 0],
+        "padded_vs_per_sequence_16_sessions_distinct_lengths": rates["padded", 16, 3] / rates["per_sequence", 16, 3],
+        "exact_vs_padded_16_sessions_distinct_lengths": rates["exact", 16, 3] / rates["padded", 16, 3],
     }

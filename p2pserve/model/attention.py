@@ -11,8 +11,9 @@ Shapes: T = tokens in the batch, b = sequences, mq / mk = longest query / key le
 batch, nH / nKV = query / key-value heads, D = head dim, S = pool rows.
 
 Exactness: padding changes the length of SDPA's reductions (softmax sum, probabilities × V),
-so the batched path agrees with the per-sequence one to fp32 rounding (about 1e-7 relative),
-not bit for bit (tests/unit/test_paged_attention.py).
+so a padded batch agrees with per-sequence attention only to rounding (about 1e-7 in fp32).
+`PagedBatch`'s exact mode (fp32) instead groups sequences by shape and runs one call per group
+with the lone-sequence shapes: bit-identical (tests/unit/test_paged_kv.py).
 """
 
 from __future__ import annotations
@@ -49,6 +50,17 @@ def paged_pool(caches) -> object | None:
     if pool is None or getattr(pool, "k", None) is None:
         return None
     return pool if all(getattr(c, "pool", None) is pool for c in caches) else None
+
+
+def paged_batch(segments) -> "PagedBatch | None":
+    """Batched attention over the pool when every segment spans the same layers of one pool
+    (else None: `attend_each`). Exact (grouped by shape, bit-identical) when the pool says so
+    (``pool.exact``), by default in fp32; one padded call per layer otherwise."""
+    pool = paged_pool([s.cache for s in segments])
+    if pool is None or any((s.start, s.end) != (segments[0].start, segments[0].end) for s in segments):
+        return None
+    exact = getattr(pool, "exact", None)
+    return PagedBatch(segments, pool, exact=pool.k.dtype == torch.float32 if exact is None else exact)
 
 
 def attention_mask(n: int, total: int, window: int | None, device) -> torch.Tensor | None:
@@ -95,10 +107,21 @@ class PagedBatch:
     """One step of several sequences paged over one pool: rows and masks, computed once.
 
     Building it claims each sequence's room for its new tokens (the only loop over sequences);
-    `attend` then serves every layer with no per-sequence work.
+    `attend` then serves every layer with no per-sequence work. Two modes:
+
+    * ``exact`` (fp32, the default there): sequences are grouped by their shape (new tokens,
+      total length); each group is one SDPA call over unpadded keys, with the very shapes and
+      mask a lone sequence uses, so every sequence's output is bit-identical to per-sequence
+      attention (SDPA over a batch of equal shapes computes each member as alone; padding would
+      lengthen the softmax and P×V reductions and change the last bit). A decode batch of
+      sessions at one length is one call; sessions at distinct lengths cost one call each, as
+      per-sequence attention does, but with one gather per group instead of per sequence.
+    * padded (``exact=False``, half precision): one SDPA call per layer for the whole batch,
+      every sequence's keys padded to the longest (padding reads the pool's zero row) and
+      masked; agrees with per-sequence attention to rounding.
     """
 
-    def __init__(self, segments, pool):
+    def __init__(self, segments, pool, exact: bool = True):
         self.pool = pool
         self.segments = segments
         b = len(segments)
@@ -113,19 +136,28 @@ class PagedBatch:
         self.write = torch.full((hi - lo, T), pool.pad_slot, dtype=torch.long)
         self.read = torch.full((hi - lo, b, self.mk), pool.pad_slot, dtype=torch.long)
         q_rows = []  # row of each token in the padded [b * mq] query layout
+        groups: dict[tuple[int, int], list[int]] = {}  # (n, total) -> sequences of that shape
         at = 0
+        starts = []
         for j, (seg, (past, total)) in enumerate(zip(segments, spans)):
             rows = seg.cache.slots(total)  # [span layers, total]
             a, z = seg.cache.start - lo, seg.cache.start - lo + rows.shape[0]
             self.write[a:z, at : at + seg.n] = rows[:, past:]
             self.read[a:z, j, :total] = rows
             q_rows.append(torch.arange(j * self.mq, j * self.mq + seg.n))
+            groups.setdefault((seg.n, total), []).append(j)
+            starts.append(at)
             at += seg.n
         self.q_rows = torch.cat(q_rows)  # [T]
         self.past = torch.tensor([p for p, _ in spans])[:, None, None]  # [b, 1, 1]
         self.total = torch.tensor([t for _, t in spans])[:, None, None]
         self.dense = self.mq == 1 and T == b  # decode only: no query padding
         self._masks: dict[int | None, torch.Tensor | None] = {}
+        self.groups = None
+        if exact:
+            self.groups = [_Group(n, total, members, starts, self.read[:, members, :total])
+                           for (n, total), members in groups.items()]
+            self.in_order = len(self.groups) == 1  # one group of the whole batch: tokens already in its order
 
     def mask(self, window: int | None) -> torch.Tensor:
         """[b, 1, mq, mk] bool: query i of sequence j sees keys at positions <= past_j + i that exist.
@@ -146,10 +178,12 @@ class PagedBatch:
         write = self.write[i]
         pool.k.index_copy_(0, write, k)
         pool.v.index_copy_(0, write, v)
+        if self.groups is not None:
+            return self._attend_groups(i, q, scaling, window)
         read = self.read[i]  # [b, mk]
         b, nH, D = read.shape[0], q.shape[1], q.shape[2]
         # index_select on [S, nKV * D] rows: several times faster than advanced indexing on CPU.
-        shape = (b, self.mk, k.shape[1], D)
+        shape = (b, self.mk, pool.k.shape[1], D)
         keys = pool.k.view(pool.k.shape[0], -1).index_select(0, read.view(-1)).view(shape).transpose(1, 2)
         values = pool.v.view(pool.v.shape[0], -1).index_select(0, read.view(-1)).view(shape).transpose(1, 2)
         if self.dense:
@@ -162,3 +196,51 @@ class PagedBatch:
         if self.dense:
             return o.reshape(b, nH * D)
         return o.transpose(1, 2).reshape(b * self.mq, nH * D).index_select(0, self.q_rows)
+
+    def _attend_groups(self, i: int, q, scaling: float, window: int | None) -> torch.Tensor:
+        """The exact mode: one SDPA call per group of equal shapes; q [T, nH, D] -> [T, nH * D]."""
+        pool = self.pool
+        T, nH, D = q.shape
+        k_rows, v_rows = pool.k.view(pool.k.shape[0], -1), pool.v.view(pool.v.shape[0], -1)
+        out = None if self.in_order else q.new_empty(T, nH * D)
+        # With several intra-op threads, CPU SDPA splits a lone decode query's keys across
+        # threads, which a batch of them does not: the reduction order then depends on the
+        # batch, so decode groups run member by member there (per-sequence cost, same bits).
+        split = torch.get_num_threads() > 1
+        for g in self.groups:
+            size, n, total = len(g.members), g.n, g.total
+            shape = (size, total, pool.k.shape[1], D)
+            keys = k_rows.index_select(0, g.read[i].view(-1)).view(shape).transpose(1, 2)  # [g, nKV, total, D]
+            values = v_rows.index_select(0, g.read[i].view(-1)).view(shape).transpose(1, 2)
+            qg = q if self.in_order else q.index_select(0, g.tokens)  # [g * n, nH, D], sequence-major
+            qg = qg.view(size, n, nH, D).transpose(1, 2)  # [g, nH, n, D]
+            mask = g.mask(window, q.device)
+            if split and n == 1 and size > 1:
+                o = torch.cat([F.scaled_dot_product_attention(qg[j : j + 1], keys[j : j + 1], values[j : j + 1],
+                                                              attn_mask=mask, scale=scaling, enable_gqa=True)
+                               for j in range(size)])
+            else:
+                o = F.scaled_dot_product_attention(qg, keys, values, attn_mask=mask, scale=scaling,
+                                                   enable_gqa=True)  # [g, nH, n, D]
+            o = o.reshape(size, nH * D) if n == 1 else o.transpose(1, 2).reshape(size * n, nH * D)
+            if self.in_order:
+                return o
+            out.index_copy_(0, g.tokens, o)
+        return out
+
+
+class _Group:
+    """Sequences of one step with equal shapes: ``n`` new tokens each, ``total`` keys each."""
+
+    def __init__(self, n: int, total: int, members: list[int], starts: list[int], read: torch.Tensor):
+        self.n, self.total, self.members = n, total, members
+        self.read = read.contiguous()  # [layers, g, total] pool rows of every member's keys
+        # Batch rows of the members' tokens, sequence-major: [g * n].
+        self.tokens = torch.cat([torch.arange(starts[j], starts[j] + n) for j in members])
+        self._masks: dict[int | None, torch.Tensor | None] = {}
+
+    def mask(self, window: int | None, device) -> torch.Tensor | None:
+        """The lone-sequence mask ([n, total], or None for decode), shared by every member."""
+        if window not in self._masks:
+            self._masks[window] = attention_mask(self.n, self.total, window, device)
+        return self._masks[window]

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from transformers import AutoConfig
 
 from p2pserve.errors import BadRequestError
-from p2pserve.model.attention import LayerCache, PagedBatch, attend_each, paged_pool
+from p2pserve.model.attention import LayerCache, PagedBatch, attend_each, paged_batch
 from p2pserve.model.checkpoint import CheckpointIndex
 from p2pserve.model.fast_ops import LayerPlan, Norm, build_layer_plans, gated_mlp, linear, qkv_of, rms_norm, rope
 from p2pserve.model.quant import quantize_layers
@@ -255,7 +255,7 @@ class Shard(torch.nn.Module):
                 x = layer(layer_idx, x, cos, sin, segments)
             seg.hidden = x
         else:
-            self._paged = _paged_batch(segments)
+            self._paged = paged_batch(segments)
             try:
                 self._run_layers(segments, rope, layer)
             finally:
@@ -360,12 +360,3 @@ class Shard(torch.nn.Module):
 def _is_dynamic_rope(rotary) -> bool:
     rope_type = getattr(rotary, "rope_type", "default")
     return not isinstance(rope_type, str) or any(t in rope_type for t in _DYNAMIC_ROPE)
-
-
-
-def _paged_batch(segments: list[Segment]) -> PagedBatch | None:
-    """One attention call per layer when every segment spans the same layers of one pool."""
-    pool = paged_pool([s.cache for s in segments])
-    if pool is None or any((s.start, s.end) != (segments[0].start, segments[0].end) for s in segments):
-        return None
-    return PagedBatch(segments, pool)

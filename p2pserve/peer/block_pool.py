@@ -45,6 +45,9 @@ class KVBudget:
         self.k: torch.Tensor | None = None  # [num_blocks * block_size + 1, nKV, D] once bound
         self.v: torch.Tensor | None = None
         self.pad_slot = self.num_blocks * block_size  # the zero row padded reads point at
+        # Batched attention mode (model/attention.py): None = exact (bit-identical) in fp32 and
+        # one padded call per layer in half precision; True/False force one.
+        self.exact: bool | None = None
 
     @property
     def used(self) -> int:

@@ -1,9 +1,9 @@
 """The paged KV cache: block accounting, growth and rewind, admission, batched attention.
 
-The batched attention path (one SDPA call per layer over a padded batch) is compared with the
-per-sequence path (`SequenceCache`, one SDPA call per sequence) on random batches of mixed
-lengths, prefill and decode together; padding changes SDPA's reduction lengths, so the
-comparison allows fp32 rounding, and greedy tokens must agree.
+The batched attention path is compared with the per-sequence path (`SequenceCache`, one SDPA
+call per sequence) on random batches of mixed lengths, prefill and decode together: its exact
+mode (fp32) bit for bit; its padded mode (one call per layer) to fp32 rounding, since padding
+changes SDPA's reduction lengths, with the same greedy tokens.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from p2pserve.errors import BadRequestError, OverloadedError
+from p2pserve.model.attention import paged_batch
 from p2pserve.model.shard import Segment, Shard
 from p2pserve.model.spec import ModelSpec, load_spec
 from p2pserve.peer.kv_cache import KVBudget, PagedCache, SequenceCache
@@ -116,31 +117,70 @@ def _segments(spec, caches, lengths, gen, want_logits):
     return segs
 
 
+@pytest.mark.parametrize("exact", [True, False], ids=["exact", "padded"])
 @pytest.mark.parametrize("family", ["llama", "qwen3", "mistral"])
-def test_batched_paged_attention_agrees_with_per_sequence_attention(model_dir, family):
+def test_batched_paged_attention_agrees_with_per_sequence_attention(model_dir, family, exact):
+    """Exact mode (fp32's default): bit-identical to per-sequence attention. Padded mode (one
+    call per layer, half precision's default): equal to rounding, same greedy tokens."""
     path = model_dir(family)
     spec = load_spec(path)
     shard = Shard.load(path, spec, 0, spec.num_layers)
     pool = KVBudget(64 * 1024)
     pool.bind(spec.num_kv_heads, spec.head_dim, torch.float32)
+    pool.exact = exact
     b = 5
     paged = [PagedCache(pool, 0, spec.num_layers, 256) for _ in range(b)]
     flat = [SequenceCache(0, spec.num_layers, spec.num_kv_heads, spec.head_dim, 256, torch.float32) for _ in range(b)]
     gen = torch.Generator().manual_seed(1)
     # Mixed steps: prefills of different lengths, then decodes mixed with a late prefill and a
-    # second chunk; lengths cross block boundaries and mistral's sliding window.
-    plan = [[3, 17, 1, 9, 30], [1, 1, 1, 1, 1], [1, 12, 1, 1, 5], [1, 1, 20, 1, 1], [1, 1, 1, 1, 1]]
+    # second chunk; lengths cross block boundaries and mistral's sliding window; two sessions
+    # share a shape (3 then 1 new tokens at equal lengths) so that groups of several run.
+    plan = [[3, 17, 3, 9, 30], [1, 1, 1, 1, 1], [1, 12, 1, 1, 5], [1, 1, 20, 1, 1], [1, 1, 1, 1, 1]]
     for step, lengths in enumerate(plan):
         seed = int(torch.randint(0, 2**31, (1,), generator=gen))
         got = shard.forward_batch(_segments(spec, paged, lengths, torch.Generator().manual_seed(seed), True))
         want = shard.forward_batch(_segments(spec, flat, lengths, torch.Generator().manual_seed(seed), True))
         for g, w in zip(got, want):
+            if exact:
+                assert torch.equal(g, w), f"step {step}: exact mode differs from per-sequence attention"
             torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
             assert int(g.argmax()) == int(w.argmax()), f"step {step}: greedy token differs"
     assert [c.length for c in paged] == [c.length for c in flat]
     for c in paged:
         c.release()
     assert pool.used == 0
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_exact_mode_of_one_shape_is_one_call_in_batch_order(model_dir, threads):
+    """Sixteen decodes at one length are one group: the batch's tokens in order, bit-identical
+    (one SDPA call with one thread; member by member with several, see `PagedBatch`)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        _one_shape_batch(model_dir)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _one_shape_batch(model_dir):
+    path = model_dir("llama")
+    spec = load_spec(path)
+    shard = Shard.load(path, spec, 0, spec.num_layers)
+    pool = KVBudget(64 * 1024)
+    pool.bind(spec.num_kv_heads, spec.head_dim, torch.float32)
+    paged = [PagedCache(pool, 0, spec.num_layers, 64) for _ in range(16)]
+    flat = [SequenceCache(0, spec.num_layers, spec.num_kv_heads, spec.head_dim, 64, torch.float32) for _ in range(16)]
+    for lengths in ([7] * 16, [1] * 16, [1] * 16):
+        seed = int(torch.randint(0, 2**31, (1,)))
+        segs = _segments(spec, paged, lengths, torch.Generator().manual_seed(seed), True)
+        batch = paged_batch(segs)
+        assert len(batch.groups) == 1 and batch.in_order
+        for c in paged:  # paged_batch claimed the step's room: give it back, forward_batch claims again
+            c.truncate(c.length - lengths[0])
+        got = shard.forward_batch(segs)
+        want = shard.forward_batch(_segments(spec, flat, lengths, torch.Generator().manual_seed(seed), True))
+        assert all(torch.equal(g, w) for g, w in zip(got, want))
 
 
 def test_a_lone_paged_session_is_bit_identical_to_the_contiguous_cache(model_dir):
