@@ -20,6 +20,7 @@ import threading
 import torch
 
 from p2pserve.errors import BadRequestError, OverloadedError
+from p2pserve.peer.prefix_share import PrefixIndex
 
 #: Tokens per block. Small blocks waste little at a session's tail (on average half a block per
 #: layer); the gather index is one entry per token whatever the size.
@@ -41,6 +42,8 @@ class KVBudget:
         self.capacity = self.num_blocks * block_size
         self._used = 0
         self._free_ids = list(range(self.num_blocks - 1, -1, -1))  # pop() hands out the lowest id
+        self._refs = [0] * self.num_blocks  # sessions holding each block (>1: a shared prefix block)
+        self.prefixes = PrefixIndex()  # full blocks by content key (peer/prefix_share.py)
         self._lock = threading.Lock()
         self.k: torch.Tensor | None = None  # [num_blocks * block_size + 1, nKV, D] once bound
         self.v: torch.Tensor | None = None
@@ -87,15 +90,55 @@ class KVBudget:
                     f"of {self.capacity}; retry on another peer"
                 )
             self._used += amount
-            return [self._free_ids.pop() for _ in range(count)]
+            ids = [self._free_ids.pop() for _ in range(count)]
+            for i in ids:
+                self._refs[i] = 1
+            return ids
 
     def give(self, ids: list[int]) -> None:
-        """Return blocks taken by :meth:`take`."""
+        """Let go of blocks taken by :meth:`take` or :meth:`adopt`; a block is free once no
+        session holds it (and its prefix entry goes with it)."""
         if not ids:
             return
         with self._lock:
-            self._used = max(0, self._used - len(ids) * self.block_size)
-            self._free_ids.extend(sorted(ids, reverse=True))
+            freed = []
+            for i in ids:
+                self._refs[i] -= 1
+                if self._refs[i] == 0:
+                    freed.append(i)
+                    self.prefixes.forget(i)
+            self._used = max(0, self._used - len(freed) * self.block_size)
+            self._free_ids.extend(sorted(freed, reverse=True))
+
+    def refs(self, block: int) -> int:
+        """How many sessions hold ``block``."""
+        return self._refs[block]
+
+    def adopt(self, key: bytes, mine: tuple[int, ...]) -> tuple[int, ...]:
+        """A session's full prefix block ``mine`` (one id per layer) has content key ``key``:
+        the ids it should hold from now on. The first holder's blocks become the entry; a later
+        one gets the entry's blocks (held once more) and its own are given back."""
+        with self._lock:
+            found = self.prefixes.get(key)
+            if found is None or len(found) != len(mine):
+                if not any(self.prefixes.registered(i) for i in mine):
+                    self.prefixes.add(key, mine)
+                return mine
+            if found == mine:
+                return mine
+            for i in found:
+                self._refs[i] += 1
+        self.give(list(mine))
+        return found
+
+    def before_write(self, block: int) -> bool:
+        """A session is about to write into ``block``: True if others hold it too (the writer
+        must copy it first); else its prefix entry, if any, is dropped (its content changes)."""
+        with self._lock:
+            if self._refs[block] > 1:
+                return True
+            self.prefixes.forget(block)
+            return False
 
     def reserve(self, amount: int) -> None:
         """Count ``amount`` token-layers as used without handing out blocks (callers that keep

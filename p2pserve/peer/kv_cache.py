@@ -4,6 +4,8 @@
 `KVBudget` pool, grown a block at a time as the session's tokens arrive and shrunk when the
 client rewinds, so the budget holds what sessions use (see docs/kv-cache.md). A session that
 outgrows the free blocks gets OverloadedError ("KV cache full") before any of its step runs.
+Sessions whose inputs agree on a prefix share its full blocks, copy-on-write
+(`PagedCache.note_written`, peer/prefix_share.py).
 `SequenceCache` keeps one contiguous buffer per layer; the profiler and tests use it.
 """
 
@@ -13,6 +15,7 @@ import torch
 
 from p2pserve.errors import BadRequestError
 from p2pserve.peer.block_pool import BLOCK_SIZE, KVBudget
+from p2pserve.peer.prefix_share import chain_next, chain_root, row_digests
 
 __all__ = ["BLOCK_SIZE", "KVBudget", "PagedCache", "SequenceCache"]
 
@@ -80,6 +83,13 @@ class PagedCache:
         self._len = [0] * (end - start)
         self._offsets = torch.arange(pool.block_size)
         self._rows: tuple[int, torch.Tensor] | None = None  # (length, slots(length)) of the step running
+        # Prefix sharing (peer/prefix_share.py): a digest per input position received, a chain
+        # key per full block; blocks [0, _adopted) went through the pool's index and may be
+        # shared with other sessions, so writing into one copies it first.
+        self._digests: list[bytes] | None = []
+        self._chain: list[bytes] = []
+        self._root: bytes | None = None
+        self._adopted = 0
 
     @property
     def length(self) -> int:
@@ -97,10 +107,19 @@ class PagedCache:
         if length > self.max_length:
             raise BadRequestError(f"session exceeds its declared max_length {self.max_length}")
         B = self.pool.block_size
-        more = -(-length // B) - len(self._tables[0])
-        if more <= 0:
+        old = self._len[0]
+        # Writing into block old // B, which may be shared with other sessions: copy it first.
+        cow = []
+        if length > old and old % B and old // B < self._adopted:
+            cow = [i for i, table in enumerate(self._tables) if self.pool.before_write(table[old // B])]
+        more = max(0, -(-length // B) - len(self._tables[0]))
+        if not more and not cow:
+            if length > old and old % B and old // B < self._adopted:
+                self._adopted = old // B
             return
-        ids = self.pool.take(more * len(self._tables))
+        ids = self.pool.take(more * len(self._tables) + len(cow))  # all or nothing
+        if cow:
+            self._copy_on_write(old // B, cow, ids[more * len(self._tables):])
         for i, table in enumerate(self._tables):
             table.extend(ids[i * more : (i + 1) * more])
         self._table_t = torch.tensor(self._tables, dtype=torch.long)
@@ -112,6 +131,10 @@ class PagedCache:
         for i in range(len(self._len)):
             self._len[i] = min(self._len[i], length)
         keep = -(-length // self.pool.block_size)
+        if self._digests is not None:
+            del self._digests[length:]
+        del self._chain[length // self.pool.block_size:]
+        self._adopted = min(self._adopted, keep)
         if keep < len(self._tables[0]):
             freed = [b for table in self._tables for b in table[keep:]]
             self._tables = [table[:keep] for table in self._tables]
@@ -122,6 +145,50 @@ class PagedCache:
     def release(self) -> None:
         """Give every block back (the session closed)."""
         self.truncate(0)
+
+    def _copy_on_write(self, b: int, layers: list[int], fresh: list[int]) -> None:
+        """Block ``b`` of ``layers`` is held by other sessions too: copy it into the ``fresh``
+        blocks, which this session writes into from now on, and let go of the shared ones."""
+        B, pool = self.pool.block_size, self.pool
+        shared = []
+        for i, new in zip(layers, fresh):
+            old = self._tables[i][b]
+            pool.k[new * B : (new + 1) * B] = pool.k[old * B : (old + 1) * B]
+            pool.v[new * B : (new + 1) * B] = pool.v[old * B : (old + 1) * B]
+            self._tables[i][b] = new
+            shared.append(old)
+        pool.give(shared)
+        self._adopted = b
+
+    def note_written(self, inputs: torch.Tensor, position: int) -> None:
+        """The step wrote positions [position, position + n) from ``inputs`` ([n] token ids or
+        [n, H] hidden states, as received): key the blocks it filled by content and share those
+        another session already holds (see peer/prefix_share.py)."""
+        if self._digests is None:
+            return
+        if len(self._digests) != position:  # out of step with the cache: stop sharing this session
+            self._digests = None
+            return
+        if self._root is None:
+            self._root = chain_root(self.start, self.end, inputs.dtype)
+        self._digests += row_digests(inputs)
+        B = self.pool.block_size
+        full = min(self._len[0], len(self._digests)) // B
+        changed = False
+        while len(self._chain) < full:
+            b = len(self._chain)
+            key = chain_next(self._chain[-1] if self._chain else self._root, self._digests[b * B : (b + 1) * B])
+            self._chain.append(key)
+            mine = tuple(table[b] for table in self._tables)
+            held = self.pool.adopt(key, mine)
+            if held != mine:
+                for table, block in zip(self._tables, held):
+                    table[b] = block
+                changed = True
+            self._adopted = max(self._adopted, b + 1)
+        if changed:
+            self._table_t = torch.tensor(self._tables, dtype=torch.long)
+            self._rows = None
 
     def slots(self, stop: int) -> torch.Tensor:
         """Pool rows of positions [0, stop) of every layer of the span: [layers, stop]."""
