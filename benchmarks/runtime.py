@@ -27,6 +27,9 @@ Other sections (``--sections``, comma-separated; the default runs everything abo
   from the Azure conversation trace (``admitted_sessions_vs_reservation``), and aggregate decode
   tokens/s of 16 sessions over 1 through an in-process SmolLM2 shard, paged exact (grouped by
   shape), paged padded (one SDPA call per layer) and per sequence, in the same run. In-process, no peers: a few minutes on 2 cores.
+* ``throttle``: gLLM token throttling with chunked prefill on against off (``--prefill-throttle``)
+  on a 3-peer SmolLM2 pipeline under a mixed load of trace-drawn prompts and replies arriving
+  over time (benchmarks/throttle.py): ``throttle_p95_tbt_gain``, ``throttle_throughput_ratio``.
 * ``llama3``: a random-initialised bf16 model shaped like Llama-3-8B (``--shape tiny``: a
   2-layer, hidden-256 version of it, to try the path on a CPU), built once into ``--model-dir``
   (safetensors), served by 2 peer processes on ``--device`` (layers [0, L/2) and [L/2, L)),
@@ -68,6 +71,7 @@ from p2pserve.transport.libp2p import Libp2pTransport  # noqa: E402
 from p2pserve.transport.tcp import DirectTransport  # noqa: E402
 
 from kv_paging import run_kv  # noqa: E402  (benchmarks/kv_paging.py)
+from throttle import run_throttle  # noqa: E402  (benchmarks/throttle.py)
 
 PROMPT = "Write a short paragraph about why peer-to-peer systems are useful."
 
@@ -682,7 +686,7 @@ def run_hop(args) -> dict:
     }
 
 
-SECTIONS = {"default": run_default, "hop": run_hop, "llama3": run_llama3, "kv": run_kv}
+SECTIONS = {"default": run_default, "hop": run_hop, "llama3": run_llama3, "kv": run_kv, "throttle": run_throttle}
 
 
 def main() -> int:
@@ -700,6 +704,11 @@ def main() -> int:
     ap.add_argument("--sessions", type=int, default=16, help="llama3 section: concurrent sessions of the aggregate")
     ap.add_argument("--no-one-peer", action="store_true", help="llama3 section: skip the 1-peer chain of every layer")
     ap.add_argument("--kv-prompt", type=int, default=64, help="kv section: prompt tokens before the timed decode")
+    ap.add_argument("--throttle-sessions", type=int, default=12, help="throttle section: sessions of the mixed load")
+    ap.add_argument("--throttle-gap", type=float, default=1.5, help="throttle section: mean seconds between arrivals")
+    ap.add_argument("--throttle-max-prompt", type=int, default=384, help="throttle section: longest prompt (tokens)")
+    ap.add_argument("--throttle-max-reply", type=int, default=24, help="throttle section: longest reply (tokens)")
+    ap.add_argument("--throttle-rounds", type=int, default=1, help="throttle section: off/on runs, alternating")
     ap.add_argument("--copy-to", default=None, metavar="DIR", help="also write the JSON into DIR")
     args = ap.parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
