@@ -7,8 +7,10 @@
   cap is the longest reply in the trace (the smallest fixed ``max_new_tokens`` that cuts no reply
   short). Paged sessions are counted at their final length (prompt + reply), the most they hold;
   ``..._mid_reply`` counts them halfway through their reply; ``..._by_declared_cap`` repeats
-  the final-length count for other caps (the gain is the cap's to make). Through the real
-  `SessionTable` and `KVBudget` (no tensors are written).
+  the final-length count for other caps (the gain is the cap's to make); ``..._shared_system_prompt``
+  assumes the first ``--kv-system-prompt`` tokens of every prompt are one system prompt, whose
+  full blocks the sessions share (the trace has lengths only, no content). Through the real
+  `SessionTable`, `PagedCache` and `KVBudget` (no tensors are written).
 * ``batching_gain_16_vs_1_in_process``: aggregate decode tokens/s of 16 sessions at distinct
   lengths over 1 through one in-process SmolLM2 shard of every layer (``Shard.forward_batch``;
   the fastest step of each, configurations interleaved, since the machine is shared), with the
@@ -33,8 +35,12 @@ def trace_pairs() -> list[tuple[int, int]]:
     return [(int(p), int(r)) for p, r in zip(prompts, replies)]
 
 
-def admitted(spec, capacity: int, pairs: list[tuple[int, int]], cap: int, paged_length) -> tuple[int, int]:
-    """(sessions admitted under the reservation, sessions held by the paged cache) for ``pairs`` in order."""
+def admitted(spec, capacity: int, pairs: list[tuple[int, int]], cap: int, paged_length,
+             system: int = 0) -> tuple[int, int]:
+    """(sessions admitted under the reservation, sessions held by the paged cache) for ``pairs`` in
+    order. ``system`` > 0: the first ``system`` tokens of every prompt are one shared system
+    prompt, whose full blocks the paged sessions share (prefix sharing; the rest of each
+    session's tokens are its own)."""
     from p2pserve.config import AdmissionConfig
     from p2pserve.errors import OverloadedError
     from p2pserve.peer.kv_cache import KVBudget
@@ -59,8 +65,16 @@ def admitted(spec, capacity: int, pairs: list[tuple[int, int]], cap: int, paged_
     for i, (prompt, reply) in enumerate(pairs):
         msg = OpenSession(version=PROTOCOL_VERSION, model_id=spec.model_id, session_id=f"s{i}", start=0, end=L,
                           max_length=prompt + cap, sampling=SamplingParams())
+        length = paged_length(prompt, reply)
         try:
-            table.grow(table.open(msg, owner=None), paged_length(prompt, reply))
+            session = table.open(msg, owner=None)
+            if system:  # lengths counted as written, then the content keys of the blocks filled
+                session.cache.claim(length)
+                shared = torch.arange(min(system, length))
+                own = torch.full((length - shared.shape[0],), i, dtype=torch.long)  # another session's tokens
+                session.cache.note_written(torch.cat([shared, own]), 0)
+            else:
+                table.grow(session, length)
         except OverloadedError:
             break
         new += 1
@@ -131,6 +145,8 @@ def run_kv(args) -> dict:
         for key, cs in caches.items():
             best[key] = min(best[key], decode_step_s(shard, spec, cs, prompt, steps, gen, spread=key[2]))
     rates = {key: key[1] / s for key, s in best.items()}
+    system = args.kv_system_prompt
+    _, shared_final = admitted(spec, capacity, pairs, cap, lambda p, r: p + r, system=system)
     by_cap = {}
     for name, c in (("p99_reply", sorted(r for _, r in pairs)[int(0.99 * len(pairs))]), ("max_reply", cap),
                     ("2048", 2048), ("4096", 4096)):
@@ -148,6 +164,9 @@ def run_kv(args) -> dict:
         "admitted_sessions_vs_reservation": final / old,
         "admitted_sessions_vs_reservation_mid_reply": mid / old,
         "admitted_sessions_vs_reservation_by_declared_cap": by_cap,
+        "shared_system_prompt_tokens": system,
+        "sessions_held_paged_shared_system_prompt": shared_final,
+        "admitted_sessions_vs_reservation_shared_system_prompt": shared_final / old,
         "kv_prompt_tokens": prompt,
         "decode_tokens_per_s": {f"{mode}_{n}_sessions_{'equal' if spread == 0 else 'distinct'}_lengths": r
                                 for (mode, n, spread), r in rates.items()},

@@ -704,6 +704,8 @@ def main() -> int:
     ap.add_argument("--sessions", type=int, default=16, help="llama3 section: concurrent sessions of the aggregate")
     ap.add_argument("--no-one-peer", action="store_true", help="llama3 section: skip the 1-peer chain of every layer")
     ap.add_argument("--kv-prompt", type=int, default=64, help="kv section: prompt tokens before the timed decode")
+    ap.add_argument("--kv-system-prompt", type=int, default=256,
+                    help="kv section: tokens of a system prompt every session shares (prefix sharing figure)")
     ap.add_argument("--throttle-sessions", type=int, default=12, help="throttle section: sessions of the mixed load")
     ap.add_argument("--throttle-gap", type=float, default=1.5, help="throttle section: mean seconds between arrivals")
     ap.add_argument("--throttle-max-prompt", type=int, default=384, help="throttle section: longest prompt (tokens)")
