@@ -38,6 +38,30 @@ class Sess:
     position: int = 0
     taint: Optional[int] = None
     greedy: bool = True  # temperature 0: its tokens are the reference's
+    # Prefix sharing (peer/prefix_share.py): what the peer holds at each cached position (a name
+    # of the inputs it came from), and the content keys of the leading blocks the peer keys by
+    # content (``PagedCache._adopted``): sessions with equal keys hold one copy of those blocks.
+    content: list = field(default_factory=list)
+    keys: list = field(default_factory=list)
+
+    def rewound(self, q: int) -> None:
+        """The peer truncated the session to ``q``: the content past it goes, the keys of blocks
+        past q's block go (q's own block stays shared until written)."""
+        del self.content[q:]
+        del self.keys[-(-q // BLOCK_SIZE):]
+
+    def writes_shared(self, q: int) -> bool:
+        """Whether a write at ``q`` lands in a block the peer keys by content (copy or forget)."""
+        return q % BLOCK_SIZE != 0 and q // BLOCK_SIZE < len(self.keys)
+
+    def wrote(self, q: int, names: list) -> None:
+        """A step computed positions [q, q + len(names)): key every block it filled."""
+        if self.writes_shared(q):
+            del self.keys[q // BLOCK_SIZE:]
+        self.content[q:] = names
+        while len(self.keys) < len(self.content) // BLOCK_SIZE:
+            b = len(self.keys) + 1
+            self.keys.append((self.start, self.end, tuple(self.content[: b * BLOCK_SIZE])))
 
     @property
     def reserved(self) -> int:
@@ -104,6 +128,24 @@ def open_message(shape: PeerShape, sid: str, span, max_length: int, variant: str
     return OpenSession(version=PROTOCOL_VERSION + (variant == "version"),
                        model_id=shape.model_id + ("-other" if variant == "model" else ""), session_id=sid,
                        start=span[0], end=span[1], max_length=max_length, sampling=sampling)
+
+
+def pool_used(sessions: list[Sess]) -> int:
+    """Token-layers the peer's pool holds: every session's blocks, those keyed by content once
+    per key (shared), the rest once per session."""
+    used, shared = 0, {}
+    for s in sessions:
+        layers = s.end - s.start
+        used += (s.held - len(s.keys) * BLOCK_SIZE) * layers
+        for key in s.keys:
+            shared[key] = BLOCK_SIZE * layers
+    return used + sum(shared.values())
+
+
+def shared_with_others(sess: Sess, sessions: list[Sess], b: int) -> bool:
+    """Whether another session holds ``sess``'s keyed block ``b`` too (a write copies it)."""
+    key = sess.keys[b]
+    return any(o is not sess and b < len(o.keys) and o.keys[b] == key for o in sessions)
 
 
 def whole_blocks(tokens: int) -> int:

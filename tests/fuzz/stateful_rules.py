@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import msgspec
@@ -17,10 +17,12 @@ import torch
 from hypothesis import strategies as st
 from hypothesis.stateful import precondition, rule
 
+from p2pserve.peer.kv_cache import BLOCK_SIZE
 from p2pserve.protocol import Forward
 from p2pserve.transport.frames import tensor_to_wire
 from tests.fuzz.peer_driver import hidden_of, raw_frame
-from tests.fuzz.peer_model import SEEN, Owner, Sess, close_enough, is_error, result_problem, whole_blocks
+from tests.fuzz.peer_model import (SEEN, Owner, Sess, close_enough, is_error, result_problem, shared_with_others,
+                                   whole_blocks)
 
 #: What a refused Forward must be answered with (the session is left as it was).
 INVALID = {"skip": "bad_request", "negative": "malformed", "dtype": "bad_request", "shape": "bad_request",
@@ -43,6 +45,8 @@ class Planned:
     expect: str = "result"
     kv: tuple[int, int] = (0, 0)  # tokens per layer the session holds after the rewind, and after growing
     may_overload: bool = False  # sent with others whose KV growth may take the blocks first
+    names: list = field(default_factory=list)  # what each input row is (equal names, equal bytes)
+    cow: bool = False  # the write lands in a block other sessions share: the peer copies it first
 
 
 def settle(machine, expected_sessions: int, expected_used: int, timeout_s: float = 15.0) -> None:
@@ -96,7 +100,10 @@ class ForwardRules:
             return plan
         kept = min(sess.held, whole_blocks(q)) if q < sess.position else sess.held
         plan.kv = (kept, max(kept, whole_blocks(q + k)))
-        if self.used + (plan.kv[1] - sess.held) * (sess.end - sess.start) > self.shape.capacity:
+        plan.names = [("h", q + j) if how == "honest" else ("r", seed, k, j) for j in range(k)]
+        # Prefix sharing: writing into a block shared with other sessions takes a copy with the growth.
+        plan.cow = sess.writes_shared(q) and shared_with_others(sess, [s for _, s in self.open_sessions], q // BLOCK_SIZE)
+        if self.used + (plan.kv[1] - sess.held + BLOCK_SIZE * plan.cow) * (sess.end - sess.start) > self.shape.capacity:
             plan.expect = "overloaded"
         return plan
 
@@ -105,6 +112,9 @@ class ForwardRules:
         if sess is not None and (plan.expect == "overloaded" or plan.may_overload and is_error(reply, "overloaded")):
             assert is_error(reply, "overloaded"), f"{plan.how} Forward: expected overloaded (KV full), got {reply!r}"
             sess.held, sess.position = plan.kv[0], min(sess.position, q)  # rewound, nothing grown
+            sess.rewound(q)
+            if sess.writes_shared(q) and not plan.cow:  # its sole holder let go of the block's key
+                del sess.keys[q // BLOCK_SIZE:]
             SEEN["Forward refused: KV cache full"] += 1
             return
         if plan.expect != "result":
@@ -121,11 +131,16 @@ class ForwardRules:
             sess.note(q, honest=False)  # the cache may have been filled before sampling failed
             if plan.how not in ("nan", "inf"):  # (those are refused before any KV moves)
                 sess.held = min(plan.kv[1], whole_blocks(q))  # a failed job's positions are dropped
+                sess.rewound(q)
+                sess.wrote(q, plan.names)  # computed (its full blocks keyed), then dropped
+                sess.rewound(q)
             SEEN[f"{plan.how} Forward refused (non-finite logits" + ("" if clean else " in the cache") + ")"] += 1
             return
         tainted_before = sess.taint is not None
         sess.position = q + k
         sess.held = plan.kv[1]
+        sess.rewound(q)
+        sess.wrote(q, plan.names)
         sess.note(q, honest)
         if not (honest and clean):
             SEEN[f"{plan.how} Forward answered" + ("" if clean else " (tainted cache)")] += 1

@@ -39,6 +39,7 @@ from tests.fuzz.peer_driver import Conn, LoopThread, Reference
 from tests.fuzz.peer_model import (
     SEEN,
     opening_held,
+    pool_used,
     SPANS,
     VARIANTS,
     Owner,
@@ -97,7 +98,7 @@ class PeerMachine(ForwardRules, RuleBasedStateMachine):
 
     @property
     def used(self) -> int:
-        return sum(s.reserved for _, s in self.open_sessions)
+        return pool_used([s for _, s in self.open_sessions])
 
     def fresh_id(self) -> str:
         return f"fz{next(self._ids)}"
