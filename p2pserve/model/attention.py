@@ -148,9 +148,11 @@ class PagedBatch:
             groups.setdefault((seg.n, total), []).append(j)
             starts.append(at)
             at += seg.n
-        self.q_rows = torch.cat(q_rows)  # [T]
-        self.past = torch.tensor([p for p, _ in spans])[:, None, None]  # [b, 1, 1]
-        self.total = torch.tensor([t for _, t in spans])[:, None, None]
+        dev = pool.k.device  # index tensors live with the pool (built on the host, moved once)
+        self.write, self.read = self.write.to(dev), self.read.to(dev)
+        self.q_rows = torch.cat(q_rows).to(dev)  # [T]
+        self.past = torch.tensor([p for p, _ in spans], device=dev)[:, None, None]  # [b, 1, 1]
+        self.total = torch.tensor([t for _, t in spans], device=dev)[:, None, None]
         self.dense = self.mq == 1 and T == b  # decode only: no query padding
         self._masks: dict[int | None, torch.Tensor | None] = {}
         self.groups = None
@@ -164,8 +166,8 @@ class PagedBatch:
 
         Padded query rows (i >= n_j) see every key of their sequence, so no row is all False."""
         if window not in self._masks:
-            q_pos = self.past + torch.arange(self.mq)[None, :, None]  # [b, mq, 1]
-            k_pos = torch.arange(self.mk)[None, None, :]  # [1, 1, mk]
+            q_pos = self.past + torch.arange(self.mq, device=self.past.device)[None, :, None]  # [b, mq, 1]
+            k_pos = torch.arange(self.mk, device=self.past.device)[None, None, :]  # [1, 1, mk]
             m = (k_pos <= q_pos) & (k_pos < self.total)
             if window is not None:
                 m &= (q_pos - k_pos) < window
@@ -236,7 +238,7 @@ class _Group:
         self.n, self.total, self.members = n, total, members
         self.read = read.contiguous()  # [layers, g, total] pool rows of every member's keys
         # Batch rows of the members' tokens, sequence-major: [g * n].
-        self.tokens = torch.cat([torch.arange(starts[j], starts[j] + n) for j in members])
+        self.tokens = torch.cat([torch.arange(starts[j], starts[j] + n) for j in members]).to(read.device)
         self._masks: dict[int | None, torch.Tensor | None] = {}
 
     def mask(self, window: int | None, device) -> torch.Tensor | None:

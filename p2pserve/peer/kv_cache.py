@@ -212,7 +212,7 @@ class PagedCache:
         new = old + k.shape[1]
         self.reserve(new)
         if self._rows is None or self._rows[0] != new:  # every layer of a step has the same length
-            self._rows = (new, self.slots(new))
+            self._rows = (new, self.slots(new).to(self.pool.k.device))
         rows = self._rows[1][i]  # [c+n]
         self.pool.k.index_copy_(0, rows[old:], k.transpose(0, 1))
         self.pool.v.index_copy_(0, rows[old:], v.transpose(0, 1))
