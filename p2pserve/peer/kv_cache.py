@@ -109,17 +109,20 @@ class PagedCache:
         B = self.pool.block_size
         old = self._len[0]
         # Writing into block old // B, which may be shared with other sessions: copy it first.
+        into_adopted = length > old and old % B != 0 and old // B < self._adopted
         cow = []
-        if length > old and old % B and old // B < self._adopted:
+        if into_adopted:  # (a block only this session holds just leaves the index)
             cow = [i for i, table in enumerate(self._tables) if self.pool.before_write(table[old // B])]
         more = max(0, -(-length // B) - len(self._tables[0]))
         if not more and not cow:
-            if length > old and old % B and old // B < self._adopted:
+            if into_adopted:
                 self._adopted = old // B
             return
         ids = self.pool.take(more * len(self._tables) + len(cow))  # all or nothing
         if cow:
             self._copy_on_write(old // B, cow, ids[more * len(self._tables):])
+        elif into_adopted:
+            self._adopted = old // B
         for i, table in enumerate(self._tables):
             table.extend(ids[i * more : (i + 1) * more])
         self._table_t = torch.tensor(self._tables, dtype=torch.long)

@@ -124,3 +124,28 @@ def test_attack_inputs_one_bit_apart_share_nothing(model_dir):
     assert a._tables[0] == c._tables[0]
     # Token ids whose bytes equal some hidden row's still have another key (the dtype is in the root).
     assert len(pool.prefixes) == 3
+
+
+def test_attack_sole_holder_rewrites_its_registered_block_and_later_sessions_do_not_get_it(model_dir):
+    """A session alone with its keyed blocks rewinds into one and writes other tokens: the block
+    leaves the index, so a later session with the original prompt computes its own."""
+    spec, shard, pool = _setup(model_dir)
+    L = spec.num_layers
+    gen = torch.Generator().manual_seed(4)
+    prompt = torch.randint(0, spec.vocab_size, (32,), generator=gen)
+    hostile = PagedCache(pool, 0, L, 128)
+    _step(shard, hostile, prompt)
+    registered = hostile._tables[0][1]
+    hostile.truncate(20)
+    _step(shard, hostile, torch.randint(0, spec.vocab_size, (12,), generator=gen))  # refills block 1
+    assert hostile._tables[0][1] == registered  # written in place: it held it alone
+    victim = PagedCache(pool, 0, L, 128)
+    ref = SequenceCache(0, L, spec.num_kv_heads, spec.head_dim, 128, torch.float32)
+    got, want = _step(shard, victim, prompt), _step(shard, ref, prompt)
+    assert victim._tables[0][0] == hostile._tables[0][0]  # the untouched first block is shared
+    assert victim._tables[0][1] != registered
+    token = torch.tensor([3])
+    for _ in range(4):
+        assert torch.equal(got, want)
+        got, want = _step(shard, victim, token), _step(shard, ref, token)
+        token = want.argmax().reshape(1)
