@@ -6,7 +6,7 @@ client rewinds, so the budget holds what sessions use (see docs/kv-cache.md). A 
 outgrows the free blocks gets OverloadedError ("KV cache full") before any of its step runs.
 Sessions whose inputs agree on a prefix share its full blocks, copy-on-write
 (`PagedCache.note_written`, peer/prefix_share.py).
-`SequenceCache` keeps one contiguous buffer per layer; the profiler and tests use it.
+`SequenceCache` keeps one contiguous buffer per layer; tests and benchmarks compare against it.
 """
 
 from __future__ import annotations
