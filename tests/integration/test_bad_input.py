@@ -199,8 +199,8 @@ def test_exhausted_kv_budget_is_overloaded_and_others_continue(peer):
         # of 100 (7 blocks per layer, 768 more) finds the pool full.
         a = await open_conn(transport, p, model, sid="a")
         b = await open_conn(transport, p, model, sid="b")
-        for conn in (a, b):
-            await conn.forward(0, 0, torch.arange(1, 121))
+        for first, conn in ((1, a), (2, b)):  # other prompts: equal ones would share their blocks
+            await conn.forward(0, 0, torch.arange(first, first + 120))
         c = await open_conn(transport, p, model, sid="c")
         with pytest.raises(OverloadedError, match="KV cache full"):
             await c.forward(0, 0, torch.arange(1, 101))
