@@ -324,7 +324,7 @@ def hot_dispatch_ms(tiny_path: str, rounds: int = 1500) -> dict:
         opened = OpenSession(version=PROTOCOL_VERSION, model_id=spec.model_id, session_id="s", start=2, end=4,
                              max_length=max_len, sampling=SamplingParams())
         await handler._dispatch(enc.encode(opened), b"", owner)
-        session = table.get("s")
+        session = table.get("s", owner)
         handled, alone = [], []
         for i in range(rounds):
             pos = i % max_len
