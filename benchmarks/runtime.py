@@ -297,7 +297,8 @@ def hot_dispatch_ms(tiny_path: str, rounds: int = 1500) -> dict:
     from p2pserve.model.shard import TORCH_DTYPES, Segment, Shard
     from p2pserve.model.spec import load_spec
     from p2pserve.peer.batcher import TokenThrottle
-    from p2pserve.peer.handlers import SessionHandler
+    from p2pserve.peer.handlers import SessionHandler, _StreamState
+    from p2pserve.protocol import decode_request
     from p2pserve.peer.kv_cache import KVBudget
     from p2pserve.peer.sessions import SessionTable
     from p2pserve.peer.worker import ComputeWorker
@@ -320,10 +321,10 @@ def hot_dispatch_ms(tiny_path: str, rounds: int = 1500) -> dict:
     max_len = 256
 
     async def run() -> tuple[float, float]:
-        owner = object()
+        owner = _StreamState("bench")  # the handler's per-stream state, as handle_stream makes it
         opened = OpenSession(version=PROTOCOL_VERSION, model_id=spec.model_id, session_id="s", start=2, end=4,
                              max_length=max_len, sampling=SamplingParams())
-        await handler._dispatch(enc.encode(opened), b"", owner)
+        await handler._dispatch(opened, b"", owner)
         session = table.get("s", owner)
         handled, alone = [], []
         for i in range(rounds):
@@ -332,7 +333,7 @@ def hot_dispatch_ms(tiny_path: str, rounds: int = 1500) -> dict:
                 session.cache.truncate(0)
             header = enc.encode(Forward(session_id="s", step=i, position=pos, tensor=meta))
             t = time.perf_counter()
-            reply, payload = await handler._dispatch(header, data, owner)
+            reply, payload = await handler._dispatch(decode_request(header), data, owner)
             encode_frame(reply, payload)
             handled.append(time.perf_counter() - t)
         for i in range(rounds):
