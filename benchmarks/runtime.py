@@ -1,6 +1,7 @@
 """Runtime benchmark of the inference path, every figure measured in this one run.
 
-* single-stream tokens/s of SmolLM2 through 3 local peer processes vs single-process `generate`
+* single-stream tokens/s of SmolLM2 through 3 local peer processes vs single-process `generate`,
+  both timed alike: decode only (prefill left out on both sides), and with the prefill
 * added latency per hop (ms): median per-token time through 4 peers vs 1 peer holding every
   layer, on a tiny model (compute ~1 ms/token, so the difference is the hops, not noise in compute);
   the same figure for SmolLM2 (3 peers vs 1) is reported too
@@ -21,6 +22,14 @@ Other sections (``--sections``, comma-separated; the default runs everything abo
 
 * ``hop``: only the tiny-model figures (added latency per hop, its peer-side breakdown, the
   frame round trip to a tiny peer, the in-process hot / cold forwards); needs no download.
+* ``kv``: the paged KV cache (benchmarks/kv_paging.py): sessions a peer holds with the same KV
+  memory under the paged cache over today's per-session reservation, on (prompt, reply) lengths
+  from the Azure conversation trace (``admitted_sessions_vs_reservation``), and aggregate decode
+  tokens/s of 16 sessions over 1 through an in-process SmolLM2 shard, paged exact (grouped by
+  shape), paged padded (one SDPA call per layer) and per sequence, in the same run. In-process, no peers: a few minutes on 2 cores.
+* ``throttle``: gLLM token throttling with chunked prefill on against off (``--prefill-throttle``)
+  on a 3-peer SmolLM2 pipeline under a mixed load of trace-drawn prompts and replies arriving
+  over time (benchmarks/throttle.py): ``throttle_p95_tbt_gain``, ``throttle_throughput_ratio``.
 * ``llama3``: a random-initialised bf16 model shaped like Llama-3-8B (``--shape tiny``: a
   2-layer, hidden-256 version of it, to try the path on a CPU), built once into ``--model-dir``
   (safetensors), served by 2 peer processes on ``--device`` (layers [0, L/2) and [L/2, L)),
@@ -61,6 +70,9 @@ from p2pserve.launch import start_peers  # noqa: E402
 from p2pserve.transport.libp2p import Libp2pTransport  # noqa: E402
 from p2pserve.transport.tcp import DirectTransport  # noqa: E402
 
+from kv_paging import run_kv  # noqa: E402  (benchmarks/kv_paging.py)
+from throttle import run_throttle  # noqa: E402  (benchmarks/throttle.py)
+
 PROMPT = "Write a short paragraph about why peer-to-peer systems are useful."
 
 
@@ -89,8 +101,10 @@ async def open_chain_session(p2p, hops, model, max_length, params, config: Clien
                             config)
 
 
-def baseline_generate(model: LocalModelInfo, ids: list[int], n: int, threads: int) -> float:
-    """tokens/s of single-process transformers generate (greedy, fixed length)."""
+def baseline_generate(model: LocalModelInfo, ids: list[int], n: int, threads: int) -> dict:
+    """Single-process transformers generate (greedy, fixed length), timed as the swarm is:
+    ``decode_tokens_per_s`` leaves the prefill out (n tokens' time minus one token's, the prefill
+    and the first token, over n - 1 tokens; best of 3 each), ``tokens_per_s_incl_prefill`` keeps it."""
     from transformers import AutoModelForCausalLM
 
     torch.set_num_threads(threads)
@@ -98,10 +112,15 @@ def baseline_generate(model: LocalModelInfo, ids: list[int], n: int, threads: in
     x = torch.tensor([ids])
     kwargs = dict(attention_mask=torch.ones_like(x), do_sample=False, pad_token_id=0)
     m.generate(x, max_new_tokens=4, **kwargs)  # warm-up
-    t = time.perf_counter()
-    out = m.generate(x, max_new_tokens=n, min_new_tokens=n, **kwargs)
-    dt = time.perf_counter() - t
-    return (out.shape[1] - x.shape[1]) / dt
+
+    def timed(k: int) -> float:
+        t = time.perf_counter()
+        m.generate(x, max_new_tokens=k, min_new_tokens=k, **kwargs)
+        return time.perf_counter() - t
+
+    t1 = min(timed(1) for _ in range(3))
+    tn = min(timed(n) for _ in range(3))
+    return dict(decode_tokens_per_s=(n - 1) / max(tn - t1, 1e-9), tokens_per_s_incl_prefill=n / tn)
 
 
 async def timed_generation(p2p, hops, model, ids, n, config: ClientConfig = ClientConfig()) -> tuple[list[int], list[float]]:
@@ -126,10 +145,17 @@ async def timed_generation(p2p, hops, model, ids, n, config: ClientConfig = Clie
 
 
 async def stream_rate(p2p, hops, model, ids, n, config: ClientConfig = ClientConfig()) -> tuple[float, float]:
-    """(decode tokens/s, median ms per decode step) of one session on ``hops``."""
+    """(decode tokens/s, median ms per decode step) of one session on ``hops``; the prefill's
+    rate (every step) is `stream_rate_incl_prefill`."""
     _, times = await timed_generation(p2p, hops, model, ids, n, config)
     decode = times[1:]  # the first step is the prefill
     return len(decode) / sum(decode), 1000 * statistics.median(decode)
+
+
+async def stream_rate_incl_prefill(p2p, hops, model, ids, n) -> float:
+    """tokens/s of one session on ``hops``, its prefill step included (generate's other timing)."""
+    tokens, times = await timed_generation(p2p, hops, model, ids, n)
+    return len(tokens) / sum(times)
 
 
 async def aggregate_rate(p2p, hops, model, ids, n, sessions) -> float:
@@ -271,7 +297,8 @@ def hot_dispatch_ms(tiny_path: str, rounds: int = 1500) -> dict:
     from p2pserve.model.shard import TORCH_DTYPES, Segment, Shard
     from p2pserve.model.spec import load_spec
     from p2pserve.peer.batcher import TokenThrottle
-    from p2pserve.peer.handlers import SessionHandler
+    from p2pserve.peer.handlers import SessionHandler, _StreamState
+    from p2pserve.protocol import decode_request
     from p2pserve.peer.kv_cache import KVBudget
     from p2pserve.peer.sessions import SessionTable
     from p2pserve.peer.worker import ComputeWorker
@@ -294,11 +321,11 @@ def hot_dispatch_ms(tiny_path: str, rounds: int = 1500) -> dict:
     max_len = 256
 
     async def run() -> tuple[float, float]:
-        owner = object()
+        owner = _StreamState("bench")  # the handler's per-stream state, as handle_stream makes it
         opened = OpenSession(version=PROTOCOL_VERSION, model_id=spec.model_id, session_id="s", start=2, end=4,
                              max_length=max_len, sampling=SamplingParams())
-        await handler._dispatch(enc.encode(opened), b"", owner)
-        session = table.get("s")
+        await handler._dispatch(opened, b"", owner)
+        session = table.get("s", owner)
         handled, alone = [], []
         for i in range(rounds):
             pos = i % max_len
@@ -306,7 +333,7 @@ def hot_dispatch_ms(tiny_path: str, rounds: int = 1500) -> dict:
                 session.cache.truncate(0)
             header = enc.encode(Forward(session_id="s", step=i, position=pos, tensor=meta))
             t = time.perf_counter()
-            reply, payload = await handler._dispatch(header, data, owner)
+            reply, payload = await handler._dispatch(decode_request(header), data, owner)
             encode_frame(reply, payload)
             handled.append(time.perf_counter() - t)
         for i in range(rounds):
@@ -335,11 +362,12 @@ async def measure(args, model, ids, peers3, full) -> dict:
         await stream_rate(p2p, [full.hop()], model, ids, 8)
         rate3, ms3 = await stream_rate(p2p, hops3, model, ids, args.tokens)
         rate1, ms1 = await stream_rate(p2p, [full.hop()], model, ids, args.tokens)
+        rate3_prefill = await stream_rate_incl_prefill(p2p, hops3, model, ids, args.tokens)
         rtt = await frame_rtt_ms(p2p, full.hop())
         rtt_libp2p = await frame_rtt_ms(p2p, full.hop(), direct=False)
         one = await aggregate_rate(p2p, hops3, model, ids, args.tokens, 1)
         sixteen = await aggregate_rate(p2p, hops3, model, ids, args.tokens, 16)
-        return dict(rate3=rate3, ms3=ms3, rate1=rate1, ms1=ms1, rtt=rtt, rtt_libp2p=rtt_libp2p, agg1=one, agg16=sixteen)
+        return dict(rate3=rate3, rate3_prefill=rate3_prefill, ms3=ms3, rate1=rate1, ms1=ms1, rtt=rtt, rtt_libp2p=rtt_libp2p, agg1=one, agg16=sixteen)
     finally:
         await p2p.close()
 
@@ -395,9 +423,14 @@ def run_default(args) -> dict:
         "model": model.spec.model_id,
         "threads": args.threads,
         "new_tokens": args.tokens,
-        "single_process_generate_tokens_per_s": base,
+        # Both sides timed alike: decode only (the swarm's step 0, generate's first token and
+        # prefill, left out), and every token with the prefill.
+        "single_process_generate_tokens_per_s": base["decode_tokens_per_s"],
+        "single_process_generate_tokens_per_s_incl_prefill": base["tokens_per_s_incl_prefill"],
         "three_peers_tokens_per_s": m["rate3"],
-        "three_peers_vs_generate_ratio": m["rate3"] / base,
+        "three_peers_tokens_per_s_incl_prefill": m["rate3_prefill"],
+        "three_peers_vs_generate_ratio": m["rate3"] / base["decode_tokens_per_s"],
+        "three_peers_vs_generate_ratio_incl_prefill": m["rate3_prefill"] / base["tokens_per_s_incl_prefill"],
         "one_peer_tokens_per_s": m["rate1"],
         "ms_per_token_three_peers": m["ms3"],
         "ms_per_token_one_peer": m["ms1"],
@@ -654,7 +687,7 @@ def run_hop(args) -> dict:
     }
 
 
-SECTIONS = {"default": run_default, "hop": run_hop, "llama3": run_llama3}
+SECTIONS = {"default": run_default, "hop": run_hop, "llama3": run_llama3, "kv": run_kv, "throttle": run_throttle}
 
 
 def main() -> int:
@@ -671,6 +704,14 @@ def main() -> int:
     ap.add_argument("--prompt-tokens", type=int, default=64, help="llama3 section: random prompt length")
     ap.add_argument("--sessions", type=int, default=16, help="llama3 section: concurrent sessions of the aggregate")
     ap.add_argument("--no-one-peer", action="store_true", help="llama3 section: skip the 1-peer chain of every layer")
+    ap.add_argument("--kv-prompt", type=int, default=64, help="kv section: prompt tokens before the timed decode")
+    ap.add_argument("--kv-system-prompt", type=int, default=256,
+                    help="kv section: tokens of a system prompt every session shares (prefix sharing figure)")
+    ap.add_argument("--throttle-sessions", type=int, default=12, help="throttle section: sessions of the mixed load")
+    ap.add_argument("--throttle-gap", type=float, default=1.5, help="throttle section: mean seconds between arrivals")
+    ap.add_argument("--throttle-max-prompt", type=int, default=384, help="throttle section: longest prompt (tokens)")
+    ap.add_argument("--throttle-max-reply", type=int, default=24, help="throttle section: longest reply (tokens)")
+    ap.add_argument("--throttle-rounds", type=int, default=1, help="throttle section: off/on runs, alternating")
     ap.add_argument("--copy-to", default=None, metavar="DIR", help="also write the JSON into DIR")
     args = ap.parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -69,6 +69,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-payload-mb", type=float, default=d.frame_limits.max_payload_bytes / 1024**2, help="largest accepted frame payload")
     p.add_argument("--max-batch-tokens", type=int, default=b.max_batch_tokens, help="hard cap on tokens per compute step")
     p.add_argument("--pipeline-depth", type=int, default=b.pipeline_depth, help="gLLM decode spreading depth")
+    p.add_argument("--prefill-throttle", default="on", choices=["on", "off"],
+                   help="gLLM token throttling: split waiting prompts into chunks under each step's prefill "
+                        "budget (on), or run every waiting prompt whole in the next step (off; up to "
+                        "--max-batch-tokens)")
     p.add_argument("--direct-port", type=int, default=d.direct_port, metavar="PORT",
                    help="TCP port of the direct path, which clients that reach this host use instead of "
                         "libp2p (lower latency; TLS 1.3 pinned through libp2p); 0 picks a free port")
@@ -125,7 +129,7 @@ def config_from_args(args: argparse.Namespace) -> PeerConfig:
         kv_memory_bytes=int(args.kv_memory_gb * 1024**3),
         session_idle_timeout_s=args.session_idle_timeout,
         frame_limits=FrameLimits(max_payload_bytes=int(args.max_payload_mb * 1024**2)),
-        batching=BatchingConfig(max_batch_tokens=args.max_batch_tokens, pipeline_depth=args.pipeline_depth),
+        batching=batching_config(args),
         max_layers=args.max_layers,
         weights_memory_bytes=int(args.weights_memory_gb * 1024**3),
         profile_batch=args.profile_batch,
@@ -263,3 +267,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"p2pserve peer: error: {e}", file=sys.stderr)
         return 2
     return 0
+
+
+def batching_config(args) -> BatchingConfig:
+    """The step's token budget from the flags; ``--prefill-throttle off`` spreads waiting prefill
+    over one step with no minimum under the cap, i.e. whole prompts."""
+    if args.prefill_throttle == "off":
+        return BatchingConfig(max_batch_tokens=args.max_batch_tokens, pipeline_depth=args.pipeline_depth,
+                              throttle_steps=1, min_prefill_tokens=args.max_batch_tokens)
+    return BatchingConfig(max_batch_tokens=args.max_batch_tokens, pipeline_depth=args.pipeline_depth)

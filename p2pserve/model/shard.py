@@ -25,13 +25,12 @@ from __future__ import annotations
 import importlib
 import logging
 from dataclasses import dataclass, field
-from typing import Protocol
-
 import torch
 import torch.nn.functional as F
 from transformers import AutoConfig
 
 from p2pserve.errors import BadRequestError
+from p2pserve.model.attention import LayerCache, PagedBatch, attend_each, paged_batch
 from p2pserve.model.checkpoint import CheckpointIndex
 from p2pserve.model.fast_ops import LayerPlan, Norm, build_layer_plans, gated_mlp, linear, qkv_of, rms_norm, rope
 from p2pserve.model.quant import quantize_layers
@@ -40,13 +39,6 @@ from p2pserve.model.spec import SUPPORTED_FAMILIES, ModelSpec
 log = logging.getLogger(__name__)
 
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
-
-class LayerCache(Protocol):
-    """The KV storage of one sequence, as the shard sees it."""
-
-    def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store k, v ([nKV, n, D]) after the cached ones; return all keys and values [nKV, c+n, D]."""
 
 
 @dataclass
@@ -123,6 +115,7 @@ class Shard(torch.nn.Module):
         self._head: tuple[Norm, torch.Tensor, torch.Tensor | None] | None = None
         self._rope_table: tuple[torch.Tensor, torch.Tensor] | None = None
         self._dynamic_rope = _is_dynamic_rope(self.rotary)
+        self._paged: PagedBatch | None = None  # this step's batched attention, while one runs
 
     def _sliding_window(self, layer: int) -> int | None:
         cfg = self.hf_config
@@ -262,7 +255,11 @@ class Shard(torch.nn.Module):
                 x = layer(layer_idx, x, cos, sin, segments)
             seg.hidden = x
         else:
-            self._run_layers(segments, rope, layer)
+            self._paged = paged_batch(segments)
+            try:
+                self._run_layers(segments, rope, layer)
+            finally:
+                self._paged = None
         outputs: list[torch.Tensor] = [seg.hidden for seg in segments]
         wanting = [i for i, seg in enumerate(segments) if seg.want_logits]
         if wanting:
@@ -355,46 +352,11 @@ class Shard(torch.nn.Module):
     def _attention(self, layer_idx: int, q, k, v, segments: list[Segment], scaling: float) -> torch.Tensor:
         """Append k, v to each segment's cache and attend; q, k, v [T, heads, D] -> [T, nH * D]."""
         window = self.windows[layer_idx - self.start]
-        if len(segments) == 1:  # the common case, without slicing
-            n = q.shape[0]
-            ks, vs = segments[0].cache.append(layer_idx, k.transpose(0, 1), v.transpose(0, 1))
-            mask = _attention_mask(n, ks.shape[1], window, q.device)
-            o = F.scaled_dot_product_attention(
-                q.transpose(0, 1)[None], ks[None], vs[None], attn_mask=mask, scale=scaling, enable_gqa=True
-            )  # [1, nH, n, D]
-            # With one token, [1, nH, 1, D] flattens to [1, nH * D] without the transpose.
-            return o.reshape(1, -1) if n == 1 else o[0].transpose(0, 1).reshape(n, -1)
-        outs = []
-        at = 0
-        for seg in segments:
-            n = seg.n
-            qs = q[at : at + n].transpose(0, 1)  # [nH, n, D]
-            ks, vs = seg.cache.append(layer_idx, k[at : at + n].transpose(0, 1), v[at : at + n].transpose(0, 1))
-            mask = _attention_mask(n, ks.shape[1], window, q.device)
-            o = F.scaled_dot_product_attention(
-                qs[None], ks[None], vs[None], attn_mask=mask, scale=scaling, enable_gqa=True
-            )
-            outs.append(o[0].transpose(0, 1).reshape(n, -1))
-            at += n
-        return torch.cat(outs)
+        if self._paged is not None:
+            return self._paged.attend(layer_idx, q, k, v, scaling, window)
+        return attend_each(layer_idx, q, k, v, segments, scaling, window)
 
 
 def _is_dynamic_rope(rotary) -> bool:
     rope_type = getattr(rotary, "rope_type", "default")
     return not isinstance(rope_type, str) or any(t in rope_type for t in _DYNAMIC_ROPE)
-
-
-def _attention_mask(n: int, total: int, window: int | None, device) -> torch.Tensor | None:
-    """Boolean [n, total] mask: query i (absolute total-n+i) sees keys j <= its position.
-
-    A single query token with no window sees the whole cache, so no mask is built for decode.
-    """
-    past = total - n
-    if n == 1 and (window is None or total <= window):
-        return None
-    q_pos = torch.arange(past, total, device=device)[:, None]
-    k_pos = torch.arange(total, device=device)[None, :]
-    mask = k_pos <= q_pos
-    if window is not None:
-        mask &= (q_pos - k_pos) < window
-    return mask

@@ -51,6 +51,12 @@ def check_session_quota(bounds: AdmissionConfig, capacity: int, held_sessions: i
     token-layers of the peer's ``capacity`` may not reserve ``need`` more."""
     if held_sessions >= bounds.max_sessions_per_owner:
         raise OverloadedError(f"you already hold {bounds.max_sessions_per_owner} sessions on this peer")
+    check_kv_share(bounds, capacity, held_kv, need)
+
+
+def check_kv_share(bounds: AdmissionConfig, capacity: int, held_kv: int, need: int) -> None:
+    """Raise OverloadedError if an owner holding ``held_kv`` token-layers of the peer's KV
+    ``capacity`` may not take ``need`` more (its sessions grow block by block)."""
     share = int(bounds.max_kv_fraction_per_owner * capacity)
     if bounds.max_kv_fraction_per_owner < 1 and held_kv + need > share:
         raise OverloadedError(

@@ -319,6 +319,7 @@ class SessionHandler:
         if msg.position < session.position:
             # The client rewinds: it regenerates a turn, or drops draft tokens it did not accept.
             session.cache.truncate(msg.position)
+        self.table.grow(session, msg.position + n)  # the KV blocks this step fills, or OverloadedError
         commitment = self.signer.consume(session.chain, msg.position, payload, n)
         loop = asyncio.get_running_loop()
         job = Job(

@@ -1,17 +1,23 @@
-"""Per-session KV cache and the peer's KV memory budget.
+"""Per-session KV caches: paged over the peer's block pool, or contiguous.
 
-Each session reserves ``max_length × layers in its span`` token-layer slots when it opens, so a
-full peer refuses new sessions with a typed "overloaded" error instead of running out of memory
-mid-generation. Buffers grow geometrically up to the reservation, so short sessions stay small.
+`PagedCache` is what a peer's sessions use: a block table per layer into the shared
+`KVBudget` pool, grown a block at a time as the session's tokens arrive and shrunk when the
+client rewinds, so the budget holds what sessions use (see docs/kv-cache.md). A session that
+outgrows the free blocks gets OverloadedError ("KV cache full") before any of its step runs.
+Sessions whose inputs agree on a prefix share its full blocks, copy-on-write
+(`PagedCache.note_written`, peer/prefix_share.py).
+`SequenceCache` keeps one contiguous buffer per layer; tests and benchmarks compare against it.
 """
 
 from __future__ import annotations
 
-import threading
-
 import torch
 
-from p2pserve.errors import BadRequestError, OverloadedError
+from p2pserve.errors import BadRequestError
+from p2pserve.peer.block_pool import BLOCK_SIZE, KVBudget
+from p2pserve.peer.prefix_share import chain_next, chain_root, row_digests
+
+__all__ = ["BLOCK_SIZE", "KVBudget", "PagedCache", "SequenceCache"]
 
 
 class SequenceCache:
@@ -61,41 +67,160 @@ class SequenceCache:
         return self._k[i][:, :new], self._v[i][:, :new]
 
 
-class KVBudget:
-    """Token-layer slots the peer may hand out; thread-safe reservations."""
+class PagedCache:
+    """K/V of one session for layers [start, end), in blocks of the peer's pool.
 
-    def __init__(self, capacity_token_layers: int):
-        self.capacity = int(capacity_token_layers)
-        self._used = 0
-        self._lock = threading.Lock()
+    ``_tables[i]`` lists the block ids of layer start+i in position order; position p of that
+    layer lives in the pool's row ``table[p // B] * B + p % B``. Every layer of the span holds
+    the same number of blocks (``reserve`` grows them together), so one tensor
+    ``_table_t`` [layers, blocks] serves the gather of all layers at once.
+    """
+
+    def __init__(self, pool: KVBudget, start: int, end: int, max_length: int):
+        self.pool, self.start, self.end, self.max_length = pool, start, end, max_length
+        self._tables: list[list[int]] = [[] for _ in range(end - start)]
+        self._table_t = torch.empty(end - start, 0, dtype=torch.long)
+        self._len = [0] * (end - start)
+        self._offsets = torch.arange(pool.block_size)
+        self._rows: tuple[int, torch.Tensor] | None = None  # (length, slots(length)) of the step running
+        # Prefix sharing (peer/prefix_share.py): a digest per input position received, a chain
+        # key per full block; blocks [0, _adopted) went through the pool's index and may be
+        # shared with other sessions, so writing into one copies it first.
+        self._digests: list[bytes] | None = []
+        self._chain: list[bytes] = []
+        self._root: bytes | None = None
+        self._adopted = 0
 
     @property
-    def used(self) -> int:
-        return self._used
+    def length(self) -> int:
+        """Tokens cached in the span's first layer (all layers agree between steps)."""
+        return self._len[0]
 
     @property
-    def free(self) -> int:
-        return self.capacity - self._used
+    def held(self) -> int:
+        """Token-layers of the pool this session holds (whole blocks)."""
+        return len(self._tables[0]) * (self.end - self.start) * self.pool.block_size
 
-    @property
-    def free_fraction(self) -> float:
-        return self.free / self.capacity if self.capacity else 0.0
+    def reserve(self, length: int) -> None:
+        """Hold blocks for positions [0, length) in every layer; OverloadedError when the pool
+        lacks them (nothing taken), BadRequestError beyond the declared max_length."""
+        if length > self.max_length:
+            raise BadRequestError(f"session exceeds its declared max_length {self.max_length}")
+        B = self.pool.block_size
+        old = self._len[0]
+        # Writing into block old // B, which may be shared with other sessions: copy it first.
+        into_adopted = length > old and old % B != 0 and old // B < self._adopted
+        cow = []
+        if into_adopted:  # (a block only this session holds just leaves the index)
+            cow = [i for i, table in enumerate(self._tables) if self.pool.before_write(table[old // B])]
+        more = max(0, -(-length // B) - len(self._tables[0]))
+        if not more and not cow:
+            if into_adopted:
+                self._adopted = old // B
+            return
+        ids = self.pool.take(more * len(self._tables) + len(cow))  # all or nothing
+        if cow:
+            self._copy_on_write(old // B, cow, ids[more * len(self._tables):])
+        elif into_adopted:
+            self._adopted = old // B
+        for i, table in enumerate(self._tables):
+            table.extend(ids[i * more : (i + 1) * more])
+        self._table_t = torch.tensor(self._tables, dtype=torch.long)
+        self._rows = None
 
-    def reserve(self, amount: int) -> None:
-        """Take ``amount`` slots or raise OverloadedError saying how much is missing."""
-        with self._lock:
-            if amount > self.capacity:
-                raise BadRequestError(
-                    f"session needs {amount} KV token-layers but this peer's whole budget is {self.capacity}"
-                )
-            if self._used + amount > self.capacity:
-                raise OverloadedError(
-                    f"KV cache full: need {amount} token-layers, {self.capacity - self._used} free "
-                    f"of {self.capacity}; retry on another peer"
-                )
-            self._used += amount
+    def truncate(self, length: int) -> None:
+        """Forget positions >= length and give back the blocks past its block (a client rewinding)."""
+        length = max(0, length)
+        for i in range(len(self._len)):
+            self._len[i] = min(self._len[i], length)
+        keep = -(-length // self.pool.block_size)
+        if self._digests is not None:
+            del self._digests[length:]
+        del self._chain[length // self.pool.block_size:]
+        self._adopted = min(self._adopted, keep)
+        if keep < len(self._tables[0]):
+            freed = [b for table in self._tables for b in table[keep:]]
+            self._tables = [table[:keep] for table in self._tables]
+            self._table_t = self._table_t[:, :keep].contiguous()
+            self._rows = None
+            self.pool.give(freed)
 
-    def release(self, amount: int) -> None:
-        """Return slots taken by ``reserve``."""
-        with self._lock:
-            self._used = max(0, self._used - amount)
+    def release(self) -> None:
+        """Give every block back (the session closed)."""
+        self.truncate(0)
+
+    def _copy_on_write(self, b: int, layers: list[int], fresh: list[int]) -> None:
+        """Block ``b`` of ``layers`` is held by other sessions too: copy it into the ``fresh``
+        blocks, which this session writes into from now on, and let go of the shared ones."""
+        B, pool = self.pool.block_size, self.pool
+        shared = []
+        for i, new in zip(layers, fresh):
+            old = self._tables[i][b]
+            pool.k[new * B : (new + 1) * B] = pool.k[old * B : (old + 1) * B]
+            pool.v[new * B : (new + 1) * B] = pool.v[old * B : (old + 1) * B]
+            self._tables[i][b] = new
+            shared.append(old)
+        pool.give(shared)
+        self._adopted = b
+
+    def note_written(self, inputs: torch.Tensor, position: int) -> None:
+        """The step wrote positions [position, position + n) from ``inputs`` ([n] token ids or
+        [n, H] hidden states, as received): key the blocks it filled by content and share those
+        another session already holds (see peer/prefix_share.py)."""
+        if self._digests is None:
+            return
+        if len(self._digests) != position:  # out of step with the cache: stop sharing this session
+            self._digests = None
+            return
+        if self._root is None:
+            self._root = chain_root(self.start, self.end, inputs.dtype)
+        self._digests += row_digests(inputs)
+        B = self.pool.block_size
+        full = min(self._len[0], len(self._digests)) // B
+        changed = False
+        while len(self._chain) < full:
+            b = len(self._chain)
+            key = chain_next(self._chain[-1] if self._chain else self._root, self._digests[b * B : (b + 1) * B])
+            self._chain.append(key)
+            mine = tuple(table[b] for table in self._tables)
+            held = self.pool.adopt(key, mine)
+            if held != mine:
+                for table, block in zip(self._tables, held):
+                    table[b] = block
+                changed = True
+            self._adopted = max(self._adopted, b + 1)
+        if changed:
+            self._table_t = torch.tensor(self._tables, dtype=torch.long)
+            self._rows = None
+
+    def slots(self, stop: int) -> torch.Tensor:
+        """Pool rows of positions [0, stop) of every layer of the span: [layers, stop]."""
+        rows = self._table_t[:, :, None] * self.pool.block_size + self._offsets  # [layers, blocks, B]
+        return rows.reshape(len(self._tables), -1)[:, :stop]
+
+    def claim(self, n: int) -> tuple[int, int]:
+        """Room for ``n`` more tokens in every layer, counted as written: (old, new) length.
+
+        The batched attention path writes all layers of a step through precomputed slots, so
+        it advances the lengths once per step instead of once per layer."""
+        old = self._len[0]
+        self.reserve(old + n)
+        self._len = [old + n] * len(self._len)
+        return old, old + n
+
+    def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store k, v ([nKV, n, D]) for ``layer``; return copies of all cached [nKV, c+n, D]."""
+        i = layer - self.start
+        old = self._len[i]
+        new = old + k.shape[1]
+        self.reserve(new)
+        if self._rows is None or self._rows[0] != new:  # every layer of a step has the same length
+            self._rows = (new, self.slots(new).to(self.pool.k.device))
+        rows = self._rows[1][i]  # [c+n]
+        self.pool.k.index_copy_(0, rows[old:], k.transpose(0, 1))
+        self.pool.v.index_copy_(0, rows[old:], v.transpose(0, 1))
+        self._len[i] = new
+        k_rows, v_rows = self.pool.k.view(self.pool.k.shape[0], -1), self.pool.v.view(self.pool.v.shape[0], -1)
+        shape = (new, k.shape[0], k.shape[2])  # index_select on 2-D rows: the fast gather on CPU
+        keys = k_rows.index_select(0, rows).view(shape).transpose(0, 1)
+        return keys, v_rows.index_select(0, rows).view(shape).transpose(0, 1)

@@ -1,8 +1,8 @@
 """Measure this device's throughput table T[j] (Helix's node profile), cached on disk.
 
-A real timed forward: a shard of the model's first k layers is loaded and run for a decode
-batch (``decode_batch`` sessions, one token each, with ``context`` cached tokens) and for one
-prefill chunk. Per-step time is affine in the number of layers held (fixed overhead + per-layer
+A real timed forward on the peer's engine (paged KV in one block pool, batched attention): a
+shard of the model's first k layers is loaded and run for a decode batch (``decode_batch``
+sessions, one token each, with about ``context`` cached tokens) and for one prefill chunk. Per-step time is affine in the number of layers held (fixed overhead + per-layer
 cost), so two measured depths (1 and k) give the whole table: T[j] = tokens / t(j).
 The result is cached per (device, model, dtype) so a restart does not re-profile.
 """
@@ -20,7 +20,7 @@ import torch
 from p2pserve.model.default import cache_dir
 from p2pserve.model.shard import TORCH_DTYPES, Segment, Shard
 from p2pserve.model.spec import ModelSpec
-from p2pserve.peer.kv_cache import SequenceCache
+from p2pserve.peer.kv_cache import BLOCK_SIZE, KVBudget, PagedCache
 
 log = logging.getLogger(__name__)
 
@@ -38,15 +38,20 @@ class Profile:
 
 def _step_time(shard: Shard, spec: ModelSpec, n_layers: int, batch: int, tokens: int, context: int, reps: int,
                kv_heads: int) -> float:
+    """Fastest of ``reps`` steps of ``batch`` sessions over the peer's engine: paged caches in one
+    block pool, batched attention as sessions run it (``PagedBatch``). Session i holds
+    ``context + i % 8`` tokens, so a batch spans several lengths, as a peer's sessions do."""
     dtype = TORCH_DTYPES[spec.dtype]
-    caches = [SequenceCache(0, n_layers, kv_heads, spec.head_dim, context + tokens * (reps + 2), dtype,
-                            shard.device) for _ in range(batch)]
-    warm = [Segment(torch.randint(0, spec.vocab_size, (context,)), 0, 0, n_layers, c) for c in caches]
+    longest = context + 8 + tokens * (reps + 2)
+    pool = KVBudget(batch * n_layers * (longest + BLOCK_SIZE))
+    pool.bind(kv_heads, spec.head_dim, dtype, shard.device)
+    caches = [PagedCache(pool, 0, n_layers, longest) for _ in range(batch)]
+    warm = [Segment(torch.randint(0, spec.vocab_size, (context + i % 8,)), 0, 0, n_layers, c)
+            for i, c in enumerate(caches)]
     shard.forward_batch(warm)
     best = float("inf")
     for r in range(reps):
-        segs = [Segment(torch.randint(0, spec.vocab_size, (tokens,)), context + r * tokens, 0, n_layers, c)
-                for c in caches]
+        segs = [Segment(torch.randint(0, spec.vocab_size, (tokens,)), c.length, 0, n_layers, c) for c in caches]
         if shard.device.type == "cuda":
             torch.cuda.synchronize()
         t = time.perf_counter()
@@ -97,7 +102,7 @@ def load_or_measure(model_path: str, spec: ModelSpec, device: str, max_layers: i
         label = f"{device} x{tp.config.world}"
         name = f"{name}-tp{tp.config.world}"
         extra = dict(load=tp.load, kv_heads=spec.num_kv_heads // tp.config.world)
-    key = f"{name}-{spec.model_id}-{spec.dtype}-{max_layers}-b{decode_batch}".replace("/", "_").replace(" ", "_")
+    key = f"{name}-{spec.model_id}-{spec.dtype}-{max_layers}-b{decode_batch}-paged".replace("/", "_").replace(" ", "_")
     path = cache_dir() / "profiles" / f"{key}.json"
     if path.is_file():
         try:

@@ -1,4 +1,9 @@
-"""The peer's session table: admission against the KV budget, idle expiry, explicit close.
+"""The peer's session table: admission against the KV pool, idle expiry, explicit close.
+
+A session holds the pool's blocks its tokens fill (`PagedCache`), plus, from the moment it
+opens, a headroom of ``HEADROOM_TOKENS`` per layer so an admitted session can always start; it
+takes more as it grows (`SessionTable.grow`, before each Forward runs) and is refused with
+OverloadedError ("KV cache full") when the pool has no more.
 
 Pure bookkeeping with an injected clock; the compute worker owns the tensors inside each
 session's cache, the asyncio handlers own this table.
@@ -15,8 +20,8 @@ from p2pserve.config import AdmissionConfig
 from p2pserve.dht.evidence import InputChain
 from p2pserve.errors import BadRequestError, OverloadedError, RangeMovedError, SessionNotFoundError
 from p2pserve.model.spec import ModelSpec
-from p2pserve.peer.admission import check_session_quota
-from p2pserve.peer.kv_cache import KVBudget, SequenceCache
+from p2pserve.peer.admission import check_kv_share, check_session_quota
+from p2pserve.peer.kv_cache import KVBudget, PagedCache
 from p2pserve.protocol import OpenSession, SamplingParams
 
 
@@ -32,8 +37,7 @@ class Session:
     end: int
     max_length: int
     sampling: SamplingParams
-    cache: SequenceCache
-    reserved: int
+    cache: PagedCache
     owner: object  # the stream that opened it; closed together with it
     last_used: float
     principal: str = ""  # the remote peer id behind that stream: per-owner quotas count by it
@@ -44,6 +48,11 @@ class Session:
     @property
     def position(self) -> int:
         return self.cache.length
+
+    @property
+    def reserved(self) -> int:
+        """Token-layers of the KV pool this session holds now."""
+        return self.cache.held
 
     @property
     def busy(self) -> bool:
@@ -103,13 +112,14 @@ class SessionTable:
             raise BadRequestError("session_id must be 1..128 characters")
         if len(self._sessions) >= self.max_sessions:
             raise OverloadedError(f"this peer already holds {self.max_sessions} sessions")
-        need = msg.max_length * (msg.end - msg.start)
+        headroom = min(msg.max_length, HEADROOM_TOKENS)
+        B = self.budget.block_size
+        need = -(-headroom // B) * B * (msg.end - msg.start)
         held = [s for s in self._sessions.values() if s.principal == principal]
         check_session_quota(self.admission, self.budget.capacity, len(held), sum(s.reserved for s in held), need)
-        self.budget.reserve(need)
-        cache = SequenceCache(
-            msg.start, msg.end, self.spec.num_kv_heads, self.spec.head_dim, msg.max_length, self.torch_dtype, self.device
-        )
+        self.budget.bind(self.spec.num_kv_heads, self.spec.head_dim, self.torch_dtype, self.device)
+        cache = PagedCache(self.budget, msg.start, msg.end, msg.max_length)
+        cache.reserve(headroom)  # OverloadedError ("KV cache full") when the pool lacks it
         session = Session(
             id=msg.session_id,
             start=msg.start,
@@ -117,13 +127,23 @@ class SessionTable:
             max_length=msg.max_length,
             sampling=msg.sampling,
             cache=cache,
-            reserved=need,
             owner=owner,
             last_used=self.clock(),
             principal=principal,
         )
         self._sessions[msg.session_id] = session
         return session
+
+    def grow(self, session: Session, length: int) -> None:
+        """Before a Forward runs: hold blocks for ``length`` tokens, or OverloadedError ("KV cache
+        full", nothing taken) when the pool lacks them, or when ``session``'s owner would pass its
+        share of the pool (``admission.max_kv_fraction_per_owner``)."""
+        B = self.budget.block_size
+        more = max(0, -(-length // B) * B * (session.end - session.start) - session.reserved)
+        if more:
+            held = sum(s.reserved for s in self._sessions.values() if s.principal == session.principal)
+            check_kv_share(self.admission, self.budget.capacity, held, more)
+        session.cache.reserve(length)
 
     def get(self, session_id: str, owner: object) -> Session:
         """The open session with this id opened by ``owner``, or SessionNotFoundError.
@@ -161,7 +181,7 @@ class SessionTable:
         if session is not None:
             session.closed = True
             if session.job is None:
-                self.budget.release(session.reserved)
+                session.cache.release()
         return session
 
     def settle(self, job) -> None:
@@ -177,7 +197,7 @@ class SessionTable:
         session.job = None
         session.last_used = self.clock()
         if session.closed:
-            self.budget.release(session.reserved)
+            session.cache.release()
 
     def close_owned_by(self, owner: object) -> int:
         """Close every session opened on a stream that went away; returns how many."""
@@ -214,6 +234,10 @@ class SessionTable:
         _bound(self._expired)
         return stale
 
+
+#: Tokens per layer a session holds from the moment it opens (rounded up to whole blocks), so
+#: that an admitted session can always run its first step: one block at the default block size.
+HEADROOM_TOKENS = 16
 
 #: Closed sessions remembered for their owners' error messages; the oldest are forgotten first.
 REMEMBERED = 4096

@@ -270,6 +270,9 @@ class ComputeWorker:
                 done.append((job, None, out))
                 continue
             (job.logits if seg.want_logits and job.logit_rows > 1 else job.outputs).append(out)
+            note = getattr(seg.cache, "note_written", None)
+            if note is not None:  # share the full blocks it filled with sessions of the same prefix
+                note(seg.inputs, seg.position)
             if ch.pending.advance(ch.n):
                 self._waiting.remove(ch.pending)
                 done.append(_finish(job, out, job.position + ch.pending.total))

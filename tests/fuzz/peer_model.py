@@ -2,7 +2,9 @@
 left, and what the peer must answer to each request (pure; no I/O).
 
 It mirrors the documented order of the peer's checks (``peer/handlers.py``, ``peer/sessions.py``,
-``peer/kv_cache.py``), so a reply with another code is a finding, not noise.
+``peer/kv_cache.py``), so a reply with another code is a finding, not noise. KV is paged: a
+session holds its headroom once open, then whole blocks up to its longest Forward; a rewind gives
+back the blocks past it, and a Forward that needs more blocks than are free is "overloaded".
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from typing import Optional
 
 import torch
 
+from p2pserve.peer.kv_cache import BLOCK_SIZE
+from p2pserve.peer.sessions import HEADROOM_TOKENS
 from p2pserve.protocol import PROTOCOL_VERSION, ErrorReply, ForwardResult, OpenSession, SamplingParams
 
 
@@ -30,10 +34,39 @@ class Sess:
     start: int
     end: int
     max_length: int
-    reserved: int
+    held: int  # tokens per layer whose KV blocks the peer holds for it (whole blocks)
     position: int = 0
     taint: Optional[int] = None
     greedy: bool = True  # temperature 0: its tokens are the reference's
+    # Prefix sharing (peer/prefix_share.py): what the peer holds at each cached position (a name
+    # of the inputs it came from), and the content keys of the leading blocks the peer keys by
+    # content (``PagedCache._adopted``): sessions with equal keys hold one copy of those blocks.
+    content: list = field(default_factory=list)
+    keys: list = field(default_factory=list)
+
+    def rewound(self, q: int) -> None:
+        """The peer truncated the session to ``q``: the content past it goes, the keys of blocks
+        past q's block go (q's own block stays shared until written)."""
+        del self.content[q:]
+        del self.keys[-(-q // BLOCK_SIZE):]
+
+    def writes_shared(self, q: int) -> bool:
+        """Whether a write at ``q`` lands in a block the peer keys by content (copy or forget)."""
+        return q % BLOCK_SIZE != 0 and q // BLOCK_SIZE < len(self.keys)
+
+    def wrote(self, q: int, names: list) -> None:
+        """A step computed positions [q, q + len(names)): key every block it filled."""
+        if self.writes_shared(q):
+            del self.keys[q // BLOCK_SIZE:]
+        self.content[q:] = names
+        while len(self.keys) < len(self.content) // BLOCK_SIZE:
+            b = len(self.keys) + 1
+            self.keys.append((self.start, self.end, tuple(self.content[: b * BLOCK_SIZE])))
+
+    @property
+    def reserved(self) -> int:
+        """Token-layers of the peer's KV pool this session holds."""
+        return self.held * (self.end - self.start)
 
     def clean_below(self, q: int) -> bool:
         """Whether every cached position below ``q`` holds reference inputs."""
@@ -97,6 +130,34 @@ def open_message(shape: PeerShape, sid: str, span, max_length: int, variant: str
                        start=span[0], end=span[1], max_length=max_length, sampling=sampling)
 
 
+def pool_used(sessions: list[Sess]) -> int:
+    """Token-layers the peer's pool holds: every session's blocks, those keyed by content once
+    per key (shared), the rest once per session."""
+    used, shared = 0, {}
+    for s in sessions:
+        layers = s.end - s.start
+        used += (s.held - len(s.keys) * BLOCK_SIZE) * layers
+        for key in s.keys:
+            shared[key] = BLOCK_SIZE * layers
+    return used + sum(shared.values())
+
+
+def shared_with_others(sess: Sess, sessions: list[Sess], b: int) -> bool:
+    """Whether another session holds ``sess``'s keyed block ``b`` too (a write copies it)."""
+    key = sess.keys[b]
+    return any(o is not sess and b < len(o.keys) and o.keys[b] == key for o in sessions)
+
+
+def whole_blocks(tokens: int) -> int:
+    """``tokens`` rounded up to the peer's KV blocks."""
+    return -(-tokens // BLOCK_SIZE) * BLOCK_SIZE
+
+
+def opening_held(max_length: int) -> int:
+    """Tokens per layer a session holds once opened: its headroom, in whole blocks."""
+    return whole_blocks(min(max_length, HEADROOM_TOKENS))
+
+
 def expect_open(shape: PeerShape, msg: OpenSession, open_ids: set, used: int) -> Optional[str]:
     """The error code the peer must answer ``msg`` with, or None: it opens the session."""
     if msg.version != PROTOCOL_VERSION:
@@ -109,7 +170,7 @@ def expect_open(shape: PeerShape, msg: OpenSession, open_ids: set, used: int) ->
         return "bad_request"
     if msg.session_id in open_ids or not 0 < len(msg.session_id) <= 128:
         return "bad_request"  # an id open on *any* stream is taken
-    need = msg.max_length * (msg.end - msg.start)
+    need = opening_held(msg.max_length) * (msg.end - msg.start)
     if need > shape.capacity:
         return "bad_request"
     return "overloaded" if used + need > shape.capacity else None

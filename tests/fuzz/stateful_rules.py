@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import msgspec
@@ -17,10 +17,12 @@ import torch
 from hypothesis import strategies as st
 from hypothesis.stateful import precondition, rule
 
+from p2pserve.peer.kv_cache import BLOCK_SIZE
 from p2pserve.protocol import Forward
 from p2pserve.transport.frames import tensor_to_wire
 from tests.fuzz.peer_driver import hidden_of, raw_frame
-from tests.fuzz.peer_model import SEEN, Owner, Sess, close_enough, is_error, result_problem
+from tests.fuzz.peer_model import (SEEN, Owner, Sess, close_enough, is_error, result_problem, shared_with_others,
+                                   whole_blocks)
 
 #: What a refused Forward must be answered with (the session is left as it was).
 INVALID = {"skip": "bad_request", "negative": "malformed", "dtype": "bad_request", "shape": "bad_request",
@@ -41,6 +43,10 @@ class Planned:
     how: str
     frame: bytes
     expect: str = "result"
+    kv: tuple[int, int] = (0, 0)  # tokens per layer the session holds after the rewind, and after growing
+    may_overload: bool = False  # sent with others whose KV growth may take the blocks first
+    names: list = field(default_factory=list)  # what each input row is (equal names, equal bytes)
+    cow: bool = False  # the write lands in a block other sessions share: the peer copies it first
 
 
 def settle(machine, expected_sessions: int, expected_used: int, timeout_s: float = 15.0) -> None:
@@ -85,10 +91,32 @@ class ForwardRules:
         owner.step += 1
         meta, data = tensor_to_wire(self._inputs(sess, q, k, how, seed))
         msg = Forward(session_id=sess.sid, step=owner.step, position=q, tensor=meta)
-        return Planned(owner, sess, owner.step, q, k, how, raw_frame(msgspec.msgpack.encode(msg), bytes(data)))
+        plan = Planned(owner, sess, owner.step, q, k, how, raw_frame(msgspec.msgpack.encode(msg), bytes(data)))
+        # Paged KV: a rewind gives back the blocks past q, then the Forward takes blocks up to
+        # q + k, or is refused "overloaded" (blocks untaken) when the pool lacks them.
+        # NaN / inf hidden states are refused before either (``forward_checks``): nothing changes.
+        if how in ("nan", "inf"):
+            plan.kv = (sess.held, sess.held)
+            return plan
+        kept = min(sess.held, whole_blocks(q)) if q < sess.position else sess.held
+        plan.kv = (kept, max(kept, whole_blocks(q + k)))
+        plan.names = [("h", q + j) if how == "honest" else ("r", seed, k, j) for j in range(k)]
+        # Prefix sharing: writing into a block shared with other sessions takes a copy with the growth.
+        plan.cow = sess.writes_shared(q) and shared_with_others(sess, [s for _, s in self.open_sessions], q // BLOCK_SIZE)
+        if self.used + (plan.kv[1] - sess.held + BLOCK_SIZE * plan.cow) * (sess.end - sess.start) > self.shape.capacity:
+            plan.expect = "overloaded"
+        return plan
 
     def _check(self, plan: Planned, reply, payload: bytes) -> None:
         sess, q, k = plan.sess, plan.q, plan.k
+        if sess is not None and (plan.expect == "overloaded" or plan.may_overload and is_error(reply, "overloaded")):
+            assert is_error(reply, "overloaded"), f"{plan.how} Forward: expected overloaded (KV full), got {reply!r}"
+            sess.held, sess.position = plan.kv[0], min(sess.position, q)  # rewound, nothing grown
+            sess.rewound(q)
+            if sess.writes_shared(q) and not plan.cow:  # its sole holder let go of the block's key
+                del sess.keys[q // BLOCK_SIZE:]
+            SEEN["Forward refused: KV cache full"] += 1
+            return
         if plan.expect != "result":
             assert is_error(reply, plan.expect), f"{plan.how} Forward: expected {plan.expect}, got {reply!r}"
             SEEN[f"refused {plan.how} Forward: {plan.expect}"] += 1
@@ -101,10 +129,18 @@ class ForwardRules:
             finite_over_clean = plan.how in ("honest", "random") and clean
             assert not finite_over_clean and is_error(reply, "bad_request"), f"{plan.how} at {q}: {problem}"
             sess.note(q, honest=False)  # the cache may have been filled before sampling failed
+            if plan.how not in ("nan", "inf"):  # (those are refused before any KV moves)
+                sess.held = min(plan.kv[1], whole_blocks(q))  # a failed job's positions are dropped
+                sess.rewound(q)
+                sess.wrote(q, plan.names)  # computed (its full blocks keyed), then dropped
+                sess.rewound(q)
             SEEN[f"{plan.how} Forward refused (non-finite logits" + ("" if clean else " in the cache") + ")"] += 1
             return
         tainted_before = sess.taint is not None
         sess.position = q + k
+        sess.held = plan.kv[1]
+        sess.rewound(q)
+        sess.wrote(q, plan.names)
         sess.note(q, honest)
         if not (honest and clean):
             SEEN[f"{plan.how} Forward answered" + ("" if clean else " (tainted cache)")] += 1
@@ -145,6 +181,10 @@ class ForwardRules:
             owner, sess = self._pick_session(pick)
             chosen.setdefault(owner.name, (owner, sess))
         plans = [self._plan(o, s, how, k, 0, seed + i) for i, ((o, s), how) in enumerate(zip(chosen.values(), hows))]
+        growth = sum((p.kv[1] - p.sess.held) * (p.sess.end - p.sess.start) for p in plans)
+        if self.used + growth > self.shape.capacity:  # who gets the last blocks depends on arrival order
+            for p in plans:  # (one that alone overflows stays refused: the others only take blocks)
+                p.may_overload = p.expect == "result"
 
         async def together():
             return await asyncio.gather(*(p.owner.conn.call_raw(p.frame) for p in plans))

@@ -38,6 +38,8 @@ from tests.fuzz.mutate import hostile, streams
 from tests.fuzz.peer_driver import Conn, LoopThread, Reference
 from tests.fuzz.peer_model import (
     SEEN,
+    opening_held,
+    pool_used,
     SPANS,
     VARIANTS,
     Owner,
@@ -54,11 +56,11 @@ from tests.harness import client_node, start_peers
 pytestmark = pytest.mark.integration
 
 LAYERS = 8
-KV_TOKEN_LAYERS = LAYERS * 60  # one full-span session of max_length 40 fits, two do not
+KV_TOKEN_LAYERS = LAYERS * 64  # 4 blocks of 16 per layer: full-span sessions run out of KV blocks
 VALID_SPANS = ["full", "head", "mid", "tail"]
 VALID_LENGTHS = [1, 8, 24, 40]
-#: One fault per invalid open: a span, a max_length (0; 64 x 8 layers exceeds the whole budget;
-#: 513 > the model's positions), a session id, or the model / version / sampling.
+#: One fault per invalid open: a span, a max_length (0; 64, which opens: a session takes KV blocks
+#: as it grows; 513 > the model's positions), a session id, or the model / version / sampling.
 OPEN_FAULTS = ["empty", "reversed", "beyond", "far", 0, 64, 513, "own", "other", "long", "empty-id",
                "model", "version", "sampling"]
 
@@ -96,7 +98,7 @@ class PeerMachine(ForwardRules, RuleBasedStateMachine):
 
     @property
     def used(self) -> int:
-        return sum(s.reserved for _, s in self.open_sessions)
+        return pool_used([s for _, s in self.open_sessions])
 
     def fresh_id(self) -> str:
         return f"fz{next(self._ids)}"
@@ -165,7 +167,7 @@ class PeerMachine(ForwardRules, RuleBasedStateMachine):
             (sid, msg.start, msg.end, 0, LAYERS)
         assert reply.hidden_size == self.shape.hidden_size and reply.dtype == "float32"
         SEEN[f"opened {kind} span"] += 1
-        owner.sessions[sid] = Sess(sid, msg.start, msg.end, msg.max_length, msg.max_length * (msg.end - msg.start),
+        owner.sessions[sid] = Sess(sid, msg.start, msg.end, msg.max_length, opening_held(msg.max_length),
                                    greedy=msg.sampling.temperature == 0.0)
 
     @precondition(lambda self: self.owners)

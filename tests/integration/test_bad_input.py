@@ -194,15 +194,20 @@ def test_exhausted_kv_budget_is_overloaded_and_others_continue(peer):
     model = LocalModelInfo.load(path)
 
     async def main(transport):
+        # KV is paged: sessions take 16-token blocks as they grow. a and b hold 8 blocks of each
+        # of 8 layers (2 x 1024 of 2400 token-layers), c its one-block headroom (128): c's prompt
+        # of 100 (7 blocks per layer, 768 more) finds the pool full.
         a = await open_conn(transport, p, model, sid="a")
         b = await open_conn(transport, p, model, sid="b")
+        for first, conn in ((1, a), (2, b)):  # other prompts: equal ones would share their blocks
+            await conn.forward(0, 0, torch.arange(first, first + 120))
+        c = await open_conn(transport, p, model, sid="c")
         with pytest.raises(OverloadedError, match="KV cache full"):
-            await open_conn(transport, p, model, sid="c")
-        r, _ = await a.forward(0, 0, torch.tensor([1, 2, 3]))
+            await c.forward(0, 0, torch.arange(1, 101))
+        r, _ = await a.forward(1, 120, torch.tensor([1, 2, 3]))  # within a's blocks: served
         assert r.token is not None
-        await b.close()  # frees a reservation: a new session now fits
-        c = await open_conn(transport, p, model, sid="c2")
-        r, _ = await c.forward(0, 0, torch.tensor([4]))
+        await b.close()  # gives its blocks back: c's prompt now fits
+        r, _ = await c.forward(1, 0, torch.arange(1, 101))
         assert r.token is not None
         await a.close()
         await c.close()

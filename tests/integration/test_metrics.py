@@ -168,9 +168,12 @@ async def drive(swarm) -> dict:
                     name = next(n for n, pid in ids.items() if pid == victim)
                     await asyncio.to_thread(children.procs[name].kill)
             assert len(stream.reply.routes) == 2, stream.reply.failures
-            # ~200 positions: within a's 256 free, over the 128 (512 token-layers) one client may hold
+            # a prompt of 150..200 positions: within a's 256 free, over the 128 (512 token-layers) one
+            # client may hold; KV is paged, so its first Forward (the prompt's blocks) is refused
+            long = next([{"role": "user", "content": "peer " * n}] for n in range(1, 400)
+                        if 150 <= len(client.chat_prompt([{"role": "user", "content": "peer " * n}])) <= 200)
             status, refused = await asyncio.to_thread(post, base + "/v1/chat/completions", {
-                "model": client.model_id, "messages": MESSAGES, "max_tokens": 200 - len(client.chat_prompt(MESSAGES))})
+                "model": client.model_id, "messages": long, "max_tokens": 4})
             assert status == 429 and "one client may hold" in refused["error"]["message"], refused
             generated = chat["usage"]["completion_tokens"] + usage["completion_tokens"] + len(stream.reply.tokens)
             with pytest.raises(urllib.error.HTTPError, match="401"):

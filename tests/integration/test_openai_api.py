@@ -204,7 +204,7 @@ def test_python_sync_client_chat_stream_and_generate(api):
             client.chat(MESSAGES, max_new_tokens=2)
 
 
-KV_SLOTS = 8 * 100  # token-layers: one session of max_length 100 over all 8 layers fills them
+KV_SLOTS = 8 * 100  # token-layers: 50 blocks of 16; one session of a 96-token prompt over 8 layers takes 48
 
 
 @pytest.fixture(scope="module")
@@ -229,9 +229,15 @@ def test_429_while_every_route_is_overloaded_then_503_once_no_route_exists(small
     url, path, peer = small_api
     kw = dict(model=oai(url).models.list().data[0].id, messages=MESSAGES, max_tokens=4, temperature=0)
     assert oai(url).chat.completions.create(**kw).choices[0].finish_reason in ("stop", "length")
-    # another client holds a session of max_length 100: the peer's whole KV budget
+    # another client holds a session whose prompt (81..96 tokens: 6 blocks of 16 in each of 8 layers,
+    # 768 of the 800 token-layers) leaves less than a new session's one-block headroom
+    from p2pserve.client.model_info import LocalModelInfo
+
+    chat = LocalModelInfo.load(path).chat_ids
+    long = next([{"role": "user", "content": "peer " * n}] for n in range(1, 200)
+                if 81 <= len(chat([{"role": "user", "content": "peer " * n}])) <= 96)
     with p2pserve.Client(peers=[(peer.maddrs[0], 0, 8)], model=path, max_length=100) as holder:
-        stream = holder.chat_stream(MESSAGES, max_new_tokens=1000, ignore_eos=True)
+        stream = holder.chat_stream(long, max_new_tokens=1000, ignore_eos=True)
         next(stream)
         for streamed in (False, True):
             with pytest.raises(openai.RateLimitError) as e:

@@ -139,8 +139,9 @@ def test_one_node_cannot_take_every_session_or_the_kv(peer):
         transport = await node()
         held = []
         try:
-            for _ in range(5):  # half the KV: five sessions of 128 positions
+            for _ in range(5):  # half the KV: five sessions grown to 128 positions (KV is taken as used)
                 held.append(await session(transport, p, model))
+                await held[-1].forward(0, 0, torch.arange(1, 129))
             with pytest.raises(OverloadedError, match="one client may hold"):
                 await session(transport, p, model)
             assert await served(p, model)  # another node still gets a session

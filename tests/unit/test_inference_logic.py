@@ -78,12 +78,13 @@ def test_schedule_puts_decodes_first_and_chunks_prefill():
 
 
 def test_kv_budget_and_cache():
-    budget = KVBudget(100)
+    budget = KVBudget(100)  # whole blocks of 16: 96 token-layers
+    assert budget.capacity == 96
     budget.reserve(60)
     with pytest.raises(Exception, match="KV cache full"):
         budget.reserve(60)
     budget.release(60)
-    budget.reserve(100)
+    budget.reserve(96)
     cache = SequenceCache(2, 4, num_kv_heads=2, head_dim=4, max_length=40, dtype=torch.float32)
     for _ in range(5):
         k, v = cache.append(2, torch.ones(2, 7, 4), torch.ones(2, 7, 4))

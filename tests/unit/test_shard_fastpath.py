@@ -13,7 +13,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from p2pserve.model.shard import Segment, Shard, _attention_mask
+from p2pserve.model.attention import attention_mask as _attention_mask
+from p2pserve.model.shard import Segment, Shard
 from p2pserve.model.spec import SUPPORTED_FAMILIES, load_spec
 from p2pserve.model.tiny import build_tiny_model
 from p2pserve.peer.kv_cache import SequenceCache

@@ -1,0 +1,248 @@
+"""Attention of a batch of sequences, each against its own KV cache.
+
+Two paths. `attend_each` appends to each sequence's `LayerCache` and runs one SDPA call per
+sequence (any cache; a lone sequence always takes it, with the very shapes `generate` uses).
+`PagedBatch` runs one SDPA call per layer for the whole batch when every cache is paged over
+one pool (`PagedLayout`): the step's pool rows are computed once, then each layer is one
+``index_copy_`` of the new K/V, one gather of every sequence's keys and values padded to the
+longest, and one masked SDPA call.
+
+Shapes: T = tokens in the batch, b = sequences, mq / mk = longest query / key length in the
+batch, nH / nKV = query / key-value heads, D = head dim, S = pool rows.
+
+Exactness: padding changes the length of SDPA's reductions (softmax sum, probabilities × V),
+so a padded batch agrees with per-sequence attention only to rounding (about 1e-7 in fp32).
+`PagedBatch`'s exact mode (fp32) instead groups sequences by shape and runs one call per group
+with the lone-sequence shapes: bit-identical (tests/unit/test_paged_kv.py).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+
+
+class LayerCache(Protocol):
+    """The KV storage of one sequence, as the shard sees it."""
+
+    def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store k, v ([nKV, n, D]) after the cached ones; return all keys and values [nKV, c+n, D]."""
+
+
+class PagedLayout(Protocol):
+    """A `LayerCache` whose layers live in rows of a pool shared with other sequences."""
+
+    pool: object  # has .k, .v [S, nKV, D] and .pad_slot (a zero row)
+    start: int
+
+    def claim(self, n: int) -> tuple[int, int]:
+        """Room for n more tokens in every layer of the span, counted written: (old, new) length."""
+
+    def slots(self, stop: int) -> torch.Tensor:
+        """Pool rows of positions [0, stop) of every layer of the span: [layers, stop]."""
+
+
+def paged_pool(caches) -> object | None:
+    """The one pool all ``caches`` are paged over, or None (then `attend_each` runs)."""
+    pool = getattr(caches[0], "pool", None)
+    if pool is None or getattr(pool, "k", None) is None:
+        return None
+    return pool if all(getattr(c, "pool", None) is pool for c in caches) else None
+
+
+def paged_batch(segments) -> "PagedBatch | None":
+    """Batched attention over the pool when every segment spans the same layers of one pool
+    (else None: `attend_each`). Exact (grouped by shape, bit-identical) when the pool says so
+    (``pool.exact``), by default in fp32; one padded call per layer otherwise."""
+    pool = paged_pool([s.cache for s in segments])
+    if pool is None or any((s.start, s.end) != (segments[0].start, segments[0].end) for s in segments):
+        return None
+    exact = getattr(pool, "exact", None)
+    return PagedBatch(segments, pool, exact=pool.k.dtype == torch.float32 if exact is None else exact)
+
+
+def attention_mask(n: int, total: int, window: int | None, device) -> torch.Tensor | None:
+    """Boolean [n, total] mask: query i (absolute total-n+i) sees keys j <= its position.
+
+    A single query token with no window sees the whole cache, so no mask is built for decode.
+    """
+    past = total - n
+    if n == 1 and (window is None or total <= window):
+        return None
+    q_pos = torch.arange(past, total, device=device)[:, None]
+    k_pos = torch.arange(total, device=device)[None, :]
+    mask = k_pos <= q_pos
+    if window is not None:
+        mask &= (q_pos - k_pos) < window
+    return mask
+
+
+def attend_each(layer_idx: int, q, k, v, segments, scaling: float, window: int | None) -> torch.Tensor:
+    """Append k, v to each segment's cache and attend; q, k, v [T, heads, D] -> [T, nH * D]."""
+    if len(segments) == 1:  # the common case, without slicing
+        n = q.shape[0]
+        ks, vs = segments[0].cache.append(layer_idx, k.transpose(0, 1), v.transpose(0, 1))
+        mask = attention_mask(n, ks.shape[1], window, q.device)
+        o = F.scaled_dot_product_attention(
+            q.transpose(0, 1)[None], ks[None], vs[None], attn_mask=mask, scale=scaling, enable_gqa=True
+        )  # [1, nH, n, D]
+        # With one token, [1, nH, 1, D] flattens to [1, nH * D] without the transpose.
+        return o.reshape(1, -1) if n == 1 else o[0].transpose(0, 1).reshape(n, -1)
+    outs = []
+    at = 0
+    for seg in segments:
+        n = seg.n
+        qs = q[at : at + n].transpose(0, 1)  # [nH, n, D]
+        ks, vs = seg.cache.append(layer_idx, k[at : at + n].transpose(0, 1), v[at : at + n].transpose(0, 1))
+        mask = attention_mask(n, ks.shape[1], window, q.device)
+        o = F.scaled_dot_product_attention(qs[None], ks[None], vs[None], attn_mask=mask, scale=scaling, enable_gqa=True)
+        outs.append(o[0].transpose(0, 1).reshape(n, -1))
+        at += n
+    return torch.cat(outs)
+
+
+class PagedBatch:
+    """One step of several sequences paged over one pool: rows and masks, computed once.
+
+    Building it claims each sequence's room for its new tokens (the only loop over sequences);
+    `attend` then serves every layer with no per-sequence work. Two modes:
+
+    * ``exact`` (fp32, the default there): sequences are grouped by their shape (new tokens,
+      total length); each group is one SDPA call over unpadded keys, with the very shapes and
+      mask a lone sequence uses, so every sequence's output is bit-identical to per-sequence
+      attention (SDPA over a batch of equal shapes computes each member as alone; padding would
+      lengthen the softmax and P×V reductions and change the last bit). A decode batch of
+      sessions at one length is one call; sessions at distinct lengths cost one call each, as
+      per-sequence attention does, but with one gather per group instead of per sequence.
+    * padded (``exact=False``, half precision): one SDPA call per layer for the whole batch,
+      every sequence's keys padded to the longest (padding reads the pool's zero row) and
+      masked; agrees with per-sequence attention to rounding.
+    """
+
+    def __init__(self, segments, pool, exact: bool = True):
+        self.pool = pool
+        self.segments = segments
+        b = len(segments)
+        lo, hi = min(s.start for s in segments), max(s.end for s in segments)
+        self.lo = lo
+        ns = [s.n for s in segments]
+        self.mq = max(ns)
+        spans = [s.cache.claim(s.n) for s in segments]  # [(past, total)]
+        self.mk = max(total for _, total in spans)
+        T = sum(ns)
+        # Rows written ([layers, T]) and read ([layers, b, mk], padding -> the zero row) per layer.
+        self.write = torch.full((hi - lo, T), pool.pad_slot, dtype=torch.long)
+        self.read = torch.full((hi - lo, b, self.mk), pool.pad_slot, dtype=torch.long)
+        q_rows = []  # row of each token in the padded [b * mq] query layout
+        groups: dict[tuple[int, int], list[int]] = {}  # (n, total) -> sequences of that shape
+        at = 0
+        starts = []
+        for j, (seg, (past, total)) in enumerate(zip(segments, spans)):
+            rows = seg.cache.slots(total)  # [span layers, total]
+            a, z = seg.cache.start - lo, seg.cache.start - lo + rows.shape[0]
+            self.write[a:z, at : at + seg.n] = rows[:, past:]
+            self.read[a:z, j, :total] = rows
+            q_rows.append(torch.arange(j * self.mq, j * self.mq + seg.n))
+            groups.setdefault((seg.n, total), []).append(j)
+            starts.append(at)
+            at += seg.n
+        dev = pool.k.device  # index tensors live with the pool (built on the host, moved once)
+        self.write, self.read = self.write.to(dev), self.read.to(dev)
+        self.q_rows = torch.cat(q_rows).to(dev)  # [T]
+        self.past = torch.tensor([p for p, _ in spans], device=dev)[:, None, None]  # [b, 1, 1]
+        self.total = torch.tensor([t for _, t in spans], device=dev)[:, None, None]
+        self.dense = self.mq == 1 and T == b  # decode only: no query padding
+        self._masks: dict[int | None, torch.Tensor | None] = {}
+        self.groups = None
+        if exact:
+            self.groups = [_Group(n, total, members, starts, self.read[:, members, :total])
+                           for (n, total), members in groups.items()]
+            self.in_order = len(self.groups) == 1  # one group of the whole batch: tokens already in its order
+
+    def mask(self, window: int | None) -> torch.Tensor:
+        """[b, 1, mq, mk] bool: query i of sequence j sees keys at positions <= past_j + i that exist.
+
+        Padded query rows (i >= n_j) see every key of their sequence, so no row is all False."""
+        if window not in self._masks:
+            q_pos = self.past + torch.arange(self.mq, device=self.past.device)[None, :, None]  # [b, mq, 1]
+            k_pos = torch.arange(self.mk, device=self.past.device)[None, None, :]  # [1, 1, mk]
+            m = (k_pos <= q_pos) & (k_pos < self.total)
+            if window is not None:
+                m &= (q_pos - k_pos) < window
+            self._masks[window] = m[:, None]
+        return self._masks[window]
+
+    def attend(self, layer_idx: int, q, k, v, scaling: float, window: int | None) -> torch.Tensor:
+        """Write this layer's k, v [T, nKV, D] and attend q [T, nH, D]: -> [T, nH * D]."""
+        pool, i = self.pool, layer_idx - self.lo
+        write = self.write[i]
+        pool.k.index_copy_(0, write, k)
+        pool.v.index_copy_(0, write, v)
+        if self.groups is not None:
+            return self._attend_groups(i, q, scaling, window)
+        read = self.read[i]  # [b, mk]
+        b, nH, D = read.shape[0], q.shape[1], q.shape[2]
+        # index_select on [S, nKV * D] rows: several times faster than advanced indexing on CPU.
+        shape = (b, self.mk, pool.k.shape[1], D)
+        keys = pool.k.view(pool.k.shape[0], -1).index_select(0, read.view(-1)).view(shape).transpose(1, 2)
+        values = pool.v.view(pool.v.shape[0], -1).index_select(0, read.view(-1)).view(shape).transpose(1, 2)
+        if self.dense:
+            qp = q[:, :, None]  # [b, nH, 1, D]
+        else:
+            qp = q.new_zeros(b * self.mq, nH, D).index_copy_(0, self.q_rows, q)
+            qp = qp.view(b, self.mq, nH, D).transpose(1, 2)  # [b, nH, mq, D]
+        o = F.scaled_dot_product_attention(qp, keys, values, attn_mask=self.mask(window), scale=scaling,
+                                           enable_gqa=True)  # [b, nH, mq, D]
+        if self.dense:
+            return o.reshape(b, nH * D)
+        return o.transpose(1, 2).reshape(b * self.mq, nH * D).index_select(0, self.q_rows)
+
+    def _attend_groups(self, i: int, q, scaling: float, window: int | None) -> torch.Tensor:
+        """The exact mode: one SDPA call per group of equal shapes; q [T, nH, D] -> [T, nH * D]."""
+        pool = self.pool
+        T, nH, D = q.shape
+        k_rows, v_rows = pool.k.view(pool.k.shape[0], -1), pool.v.view(pool.v.shape[0], -1)
+        out = None if self.in_order else q.new_empty(T, nH * D)
+        # With several intra-op threads, CPU SDPA splits a lone decode query's keys across
+        # threads, which a batch of them does not: the reduction order then depends on the
+        # batch, so decode groups run member by member there (per-sequence cost, same bits).
+        split = torch.get_num_threads() > 1
+        for g in self.groups:
+            size, n, total = len(g.members), g.n, g.total
+            shape = (size, total, pool.k.shape[1], D)
+            keys = k_rows.index_select(0, g.read[i].view(-1)).view(shape).transpose(1, 2)  # [g, nKV, total, D]
+            values = v_rows.index_select(0, g.read[i].view(-1)).view(shape).transpose(1, 2)
+            qg = q if self.in_order else q.index_select(0, g.tokens)  # [g * n, nH, D], sequence-major
+            qg = qg.view(size, n, nH, D).transpose(1, 2)  # [g, nH, n, D]
+            mask = g.mask(window, q.device)
+            if split and n == 1 and size > 1:
+                o = torch.cat([F.scaled_dot_product_attention(qg[j : j + 1], keys[j : j + 1], values[j : j + 1],
+                                                              attn_mask=mask, scale=scaling, enable_gqa=True)
+                               for j in range(size)])
+            else:
+                o = F.scaled_dot_product_attention(qg, keys, values, attn_mask=mask, scale=scaling,
+                                                   enable_gqa=True)  # [g, nH, n, D]
+            o = o.reshape(size, nH * D) if n == 1 else o.transpose(1, 2).reshape(size * n, nH * D)
+            if self.in_order:
+                return o
+            out.index_copy_(0, g.tokens, o)
+        return out
+
+
+class _Group:
+    """Sequences of one step with equal shapes: ``n`` new tokens each, ``total`` keys each."""
+
+    def __init__(self, n: int, total: int, members: list[int], starts: list[int], read: torch.Tensor):
+        self.n, self.total, self.members = n, total, members
+        self.read = read.contiguous()  # [layers, g, total] pool rows of every member's keys
+        # Batch rows of the members' tokens, sequence-major: [g * n].
+        self.tokens = torch.cat([torch.arange(starts[j], starts[j] + n) for j in members]).to(read.device)
+        self._masks: dict[int | None, torch.Tensor | None] = {}
+
+    def mask(self, window: int | None, device) -> torch.Tensor | None:
+        """The lone-sequence mask ([n, total], or None for decode), shared by every member."""
+        if window not in self._masks:
+            self._masks[window] = attention_mask(self.n, self.total, window, device)
+        return self._masks[window]
