@@ -45,17 +45,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="default", help="checkpoint directory, or 'default' (embedded SmolLM2-135M-Instruct)")
     p.add_argument("--layers", type=parse_layers, default=None, metavar="START:END",
                    help="serve this fixed half-open layer range (default: whole model, or the plan's range with --initial-peers)")
-    p.add_argument("--device", default=None, choices=["cpu", "cuda"], help="compute device (default: cuda if --gpu given, else cpu)")
-    p.add_argument("--gpu", default=None, metavar="N[,N...]",
-                   help="CUDA device index; implies --device cuda. A comma list (0,1,2,3) serves the layer range as one "
-                        "tensor-parallel group over those devices (NCCL; docs/tensor-parallel.md)")
-    p.add_argument("--tp", type=int, default=None, metavar="N",
-                   help="tensor-parallel size: with --device cpu, N processes on this host split each layer (gloo); "
-                        "the group is announced as one peer (docs/tensor-parallel.md)")
-    p.add_argument("--dtype", default=d.dtype, choices=["float32", "float16", "bfloat16"])
-    p.add_argument("--quant", default="none", choices=["none", "int8", "nf4", "int4"],
-                   help="weight-only quantization of the layers served (needs the 'quant' extra); the swarm "
-                        "model name gets '@SCHEME', so only clients asking for it route here (docs/quantization.md)")
+    _add_device_arguments(p)
     p.add_argument("--swarm-model", default=None, help="model name in the swarm's DHT keys (default: the swarm file's 'model', else the checkpoint "
                         "id; the rule every role shares: p2pserve/model/identity.py)")
     p.add_argument("--num-threads", type=int, default=None, help="torch intra-op threads")
@@ -100,6 +90,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="largest link-probe transfer; fast links stop here (less CPU, coarser reading)")
     add_metrics_arguments(p, "the p2pserve_peer_* series of docs/metrics.md; off by default")
     add_dht_arguments(p, need_model=False)
+
+
+def _add_device_arguments(p: argparse.ArgumentParser) -> None:
+    """Where the layers run: device, GPUs or a tensor-parallel group, dtype, quantization."""
+    d = PeerConfig()
+    p.add_argument("--device", default=None, choices=["cpu", "cuda"], help="compute device (default: cuda if --gpu given, else cpu)")
+    p.add_argument("--gpu", default=None, metavar="N[,N...]",
+                   help="CUDA device index; implies --device cuda. A comma list (0,1,2,3) serves the layer range as one "
+                        "tensor-parallel group over those devices (NCCL; docs/tensor-parallel.md)")
+    p.add_argument("--tp", type=int, default=None, metavar="N",
+                   help="tensor-parallel size: with --device cpu, N processes on this host split each layer (gloo); "
+                        "the group is announced as one peer (docs/tensor-parallel.md)")
+    p.add_argument("--dtype", default=d.dtype, choices=["float32", "float16", "bfloat16"])
+    p.add_argument("--quant", default="none", choices=["none", "int8", "nf4", "int4"],
+                   help="weight-only quantization of the layers served (needs the 'quant' extra); the swarm "
+                        "model name gets '@SCHEME', so only clients asking for it route here (docs/quantization.md)")
 
 
 def config_from_args(args: argparse.Namespace) -> PeerConfig:
