@@ -20,6 +20,7 @@ from typing import Callable, Mapping
 
 from p2pserve.errors import ConfigError, PlanningError
 from p2pserve.placement.estimate import WorkloadModel, estimate
+from p2pserve.placement.guard import Check, guard
 from p2pserve.placement.heuristics import all_heuristics
 from p2pserve.placement.maxflow import max_flow
 from p2pserve.placement.milp.model import MilpOptions
@@ -177,8 +178,15 @@ def plan_for_topology(
     time_limit_s: float | None = None,
     seed: int | None = None,
     clock: Callable[[], float] = time.monotonic,
+    check: Check | None = None,
 ) -> Solution:
-    """Solve a placement for ``topo`` (see module docstring). ``current`` seeds the search."""
+    """Solve a placement for ``topo`` (see module docstring). ``current`` seeds the search.
+
+    ``check`` (placement -> validated score, e.g. ``p2pserve.sim.plan_check.simulation_check``):
+    the publish guard. The solved placement and every heuristic baseline are scored by it and
+    the best is returned (``stats["guard"]``), so a misleading estimate can never publish a
+    placement the check ranks below a baseline.
+    """
     config = config or PlannerConfig()
     if time_limit_s is not None or seed is not None:
         config = replace(
@@ -191,7 +199,16 @@ def plan_for_topology(
     starts = _starts(topo, current)
     stats: dict = {"starts": {k: max_flow(topo, v, config.partial).value for k, v in starts.items()}}
     solve = _solve_max_flow if config.objective == "max-flow" else _solve_throughput
-    return solve(topo, config, starts, stats, t0, clock)
+    solution = solve(topo, config, starts, stats, t0, clock)
+    if check is None:
+        return solution
+    baselines = {k: v for k, v in starts.items() if k != "current"}
+    res = guard(solution.assignments, baselines, check)
+    stats["guard"] = res.to_stats()
+    if not res.overruled:
+        return solution
+    return make_solution(topo, res.placement, config, clock() - t0, f"{solution.method}+guard({res.chosen})",
+                         solution.solver_bound, stats)
 
 
 def _starts(topo: Topology, current: Mapping[int, tuple[int, int]] | None) -> dict[str, dict[int, tuple[int, int]]]:
