@@ -64,7 +64,12 @@ from p2pserve.sim.scenario import Part, build_scenario  # noqa: E402
 from p2pserve.types import SINK_INDEX, SOURCE_INDEX  # noqa: E402
 from planner_churn import churn_section  # noqa: E402  (this directory is on sys.path when run)
 from planner_estimate import estimate_check_section, print_estimate_check  # noqa: E402
-from planner_repro import print_reproducibility, reproducibility_section, versus_helix_section  # noqa: E402
+from planner_repro import (  # noqa: E402
+    VERSUS_CLUSTERS,
+    print_reproducibility,
+    reproducibility_section,
+    versus_helix_section,
+)
 
 BEST_KNOWN = {"cluster24": 1289.56, "cluster10": 286.587}
 CLUSTERS = {
@@ -237,6 +242,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--seeds", type=int, default=10, help="reproducibility: seeds simulated")
     ap.add_argument("--work", type=int, default=20000, help="reproducibility: evaluations per solve")
     ap.add_argument("--versus-seeds", type=int, default=3, help="versus_helix: seeds per cluster")
+    ap.add_argument("--check-window", type=float, default=240.0,
+                    help="reproducibility, versus_helix: the publish guard's simulated window in seconds (0: no guard)")
+    ap.add_argument("--refine-checks", type=int, default=0,
+                    help="reproducibility, versus_helix: simulated checks the planner climbs on after its search")
+    ap.add_argument("--versus-clusters", nargs="+", default=list(VERSUS_CLUSTERS), choices=list(VERSUS_CLUSTERS),
+                    help="versus_helix: clusters to compare on")
     ap.add_argument("--check-seeds", type=int, nargs="+", default=[1, 2],
                     help="estimate_check: planner seeds whose plans (and their perturbations) are held back")
     ap.add_argument("--check-perturbations", type=int, default=3, help="estimate_check: perturbations per plan")
@@ -285,11 +296,16 @@ def main(argv: list[str] | None = None) -> int:
         report["simulator"] = simulator_section(report, args.quick)
     if "reproducibility" not in args.skip:
         report["reproducibility"] = reproducibility_section(args.runs, args.seeds, args.work, args.burners,
-                                                            120.0 if args.quick else 600.0)
+                                                            120.0 if args.quick else 600.0,
+                                                            check_window=args.check_window,
+                                                            refine_checks=args.refine_checks)
         print_reproducibility(report["reproducibility"], print_table)
     if "versus_helix" not in args.skip:
         print("\n== ours vs Helix, simulated decode tok/s (70B offline IWRR), per seed ==")
-        report["versus_helix"] = versus_helix_section(args.versus_seeds, args.work, 120.0 if args.quick else 600.0)
+        report["versus_helix"] = versus_helix_section(args.versus_seeds, args.work, 120.0 if args.quick else 600.0,
+                                                      check_window=args.check_window,
+                                                      refine_checks=args.refine_checks,
+                                                      clusters=args.versus_clusters)
     if "estimate_check" not in args.skip:
         print("\n== decode estimate vs simulator, held-back placements (70B offline IWRR, sim seed 1) ==")
         report["estimate_check"] = estimate_check_section(args.check_seeds, args.work, 120.0 if args.quick else 600.0,

@@ -21,6 +21,7 @@ from typing import Callable, Mapping
 from p2pserve.errors import ConfigError, PlanningError
 from p2pserve.placement.estimate import WorkloadModel, estimate
 from p2pserve.placement.guard import Check, guard
+from p2pserve.placement.refine import refine
 from p2pserve.placement.heuristics import all_heuristics
 from p2pserve.placement.maxflow import max_flow
 from p2pserve.placement.milp.model import MilpOptions
@@ -48,7 +49,8 @@ class PlannerConfig:
     set, the same inputs and seed give the same placement on any machine, however loaded, and
     ``time_limit_s`` is only an outer safety limit (``stats["search"]["stopped_by"]`` says
     ``"time"`` if it fired first). With ``work`` the max-flow objective gives the MILP only to
-    small clusters, where it is exact.
+    small clusters, where it is exact. ``refine_checks``: when ``plan_for_topology`` is given a
+    check, climb on it for this many checks after the search (:mod:`refine`; 0: guard only).
     """
 
     objective: str = "throughput"
@@ -62,6 +64,7 @@ class PlannerConfig:
     max_latency_s: float | None = None
     seed: int = 0
     work: int | None = None
+    refine_checks: int = 0
     workload: WorkloadModel = field(default_factory=WorkloadModel)
 
     def __post_init__(self) -> None:
@@ -202,13 +205,41 @@ def plan_for_topology(
     solution = solve(topo, config, starts, stats, t0, clock)
     if check is None:
         return solution
+    return _checked(topo, config, solution, starts, _memo(check), stats, t0, clock)
+
+
+def _checked(topo: Topology, config: PlannerConfig, solution: Solution, starts: dict, check: Check, stats: dict,
+             t0: float, clock: Callable[[], float]) -> Solution:
+    """Refine the solution on ``check`` (if ``config.refine_checks``), then the publish guard:
+    the best of it, the search's own result and every heuristic baseline by the check."""
+    final, method = solution.assignments, solution.method
     baselines = {k: v for k, v in starts.items() if k != "current"}
-    res = guard(solution.assignments, baselines, check)
+    if config.refine_checks > 0:
+        final, rs = refine(topo, final, check, config.refine_checks, seed=config.seed)
+        stats["refine"] = rs.to_stats()
+        if rs.improvements:
+            baselines = {"search": solution.assignments, **baselines}
+            method = f"{method}+refine"
+    res = guard(final, baselines, check)
     stats["guard"] = res.to_stats()
-    if not res.overruled:
+    if res.overruled:
+        method = f"{solution.method}+guard({res.chosen})"
+    if final == solution.assignments and not res.overruled:
         return solution
-    return make_solution(topo, res.placement, config, clock() - t0, f"{solution.method}+guard({res.chosen})",
-                         solution.solver_bound, stats)
+    return make_solution(topo, res.placement, config, clock() - t0, method, solution.solver_bound, stats)
+
+
+def _memo(check: Check) -> Check:
+    """``check`` evaluated once per distinct placement (it is deterministic, and costs seconds)."""
+    cache: dict[tuple, float] = {}
+
+    def memo(p) -> float:
+        key = tuple(sorted((i, tuple(r)) for i, r in p.items()))
+        if key not in cache:
+            cache[key] = float(check(p))
+        return cache[key]
+
+    return memo
 
 
 def _starts(topo: Topology, current: Mapping[int, tuple[int, int]] | None) -> dict[str, dict[int, tuple[int, int]]]:

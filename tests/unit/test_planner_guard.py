@@ -57,3 +57,18 @@ def test_plan_with_check_never_publishes_below_a_baseline(geo):
     assert scores[sol.stats["guard"]["chosen"]] == max(scores.values())
     assert check(sol.assignments) >= max(scores.values()) - 1e-3  # deterministic: same seed, same score
     assert check(plain.assignments) < max(scores.values())
+
+
+def test_refine_climbs_on_the_check_and_is_seeded(geo):
+    """A few checks of hill-climbing from Petals on the geo cluster: never worse than the start,
+    within its budget, the same placement for the same seed."""
+    from p2pserve.placement.heuristics import petals_greedy
+    from p2pserve.placement.refine import refine
+
+    topo, check = geo
+    start = petals_greedy(topo)
+    p1, st1 = refine(topo, start, check, checks=4, seed=7)
+    p2, st2 = refine(topo, start, check, checks=4, seed=7)
+    assert p1 == p2 and st1 == st2
+    assert st1.checks <= 4 and st1.best_score >= st1.start_score
+    assert check(p1) == pytest.approx(st1.best_score)
