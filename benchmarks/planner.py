@@ -33,7 +33,8 @@ Sections:
 * ``versus_helix`` -- (``planner_repro.py``) our plan against Helix's on cluster24 and the paper's
   geo-distributed and high-heterogeneity clusters, ``--versus-seeds`` seeds at ``--work``: Helix =
   our planner with the max-flow objective (same seed and work), and the authors' placement on
-  cluster24. The reproducibility section covers these two clusters too.
+  cluster24. The reproducibility section covers these two clusters too. Our plan goes through the
+  publish guard with a ``--check-window`` second simulation (0: off), ``--refine-checks`` climbs on it.
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@ throughput stays within 0.9x of the median. This section:
 * loads the machine with ``--burners`` busy processes (default 2: as many as this project's
   reference machine has cores), then solves each cluster ``--runs`` times at seed 0 with
   ``--work`` evaluations, and counts the distinct placements (the goal: 1);
-* solves ``--seeds`` seeds and simulates each placement (offline, IWRR, 60 s warm-up + 600 s),
+* solves ``--seeds`` seeds (with ``--check-window``, through the publish guard, whose check is a
+  simulation at simulator seed 1) and simulates each placement (offline, IWRR, 60 s warm-up + 600 s),
   then reports worst / median, and the authors' Helix placement as the baseline in the same run.
 """
 
@@ -131,7 +132,8 @@ def versus_helix_section(seeds: int, work: int, duration: float, time_limit_s: f
     """Our placement (default objective) against Helix's, simulated (offline, IWRR), per seed.
 
     Two baselines: the Helix-objective plan (our planner, objective ``max-flow``, same seed and
-    work) on every cluster, and on cluster24 also the authors' MILP placement.
+    work) on every cluster, and on cluster24 also the authors' MILP placement. With
+    ``check_window`` our plan goes through the publish guard (``plan_for_topology(check=...)``).
     """
     data = data_root()
     out = {}
