@@ -66,6 +66,7 @@ from p2pserve.types import SINK_INDEX, SOURCE_INDEX  # noqa: E402
 from planner_churn import churn_section  # noqa: E402  (this directory is on sys.path when run)
 from planner_estimate import estimate_check_section, print_estimate_check  # noqa: E402
 from planner_repro import (  # noqa: E402
+    REPRO_CLUSTERS,
     VERSUS_CLUSTERS,
     print_reproducibility,
     reproducibility_section,
@@ -249,6 +250,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="reproducibility, versus_helix: simulated checks the planner climbs on after its search")
     ap.add_argument("--versus-clusters", nargs="+", default=list(VERSUS_CLUSTERS), choices=list(VERSUS_CLUSTERS),
                     help="versus_helix: clusters to compare on")
+    ap.add_argument("--repro-clusters", nargs="+", default=list(REPRO_CLUSTERS), choices=list(REPRO_CLUSTERS),
+                    help="reproducibility: clusters to run (--runs 0 skips the same-seed runs under load)")
     ap.add_argument("--check-seeds", type=int, nargs="+", default=[1, 2],
                     help="estimate_check: planner seeds whose plans (and their perturbations) are held back")
     ap.add_argument("--check-perturbations", type=int, default=3, help="estimate_check: perturbations per plan")
@@ -299,7 +302,8 @@ def main(argv: list[str] | None = None) -> int:
         report["reproducibility"] = reproducibility_section(args.runs, args.seeds, args.work, args.burners,
                                                             120.0 if args.quick else 600.0,
                                                             check_window=args.check_window,
-                                                            refine_checks=args.refine_checks)
+                                                            refine_checks=args.refine_checks,
+                                                            clusters=args.repro_clusters)
         print_reproducibility(report["reproducibility"], print_table)
     if "versus_helix" not in args.skip:
         print("\n== ours vs Helix, simulated decode tok/s (70B offline IWRR), per seed ==")

@@ -83,11 +83,12 @@ def _planned(topo, cluster, model: str, seed: int, work: int, time_limit_s: floa
 
 def reproducibility_section(runs: int, seeds: int, work: int, burners: int, duration: float,
                             time_limit_s: float = 600.0, check_window: float | None = None,
-                            refine_checks: int = 0) -> dict:
+                            refine_checks: int = 0, clusters=tuple(REPRO_CLUSTERS)) -> dict:
     """Same-seed runs under load, and the spread over seeds in the simulator, per cluster."""
     data = data_root()
     out = {}
-    for cname, (path, model, helix_sol) in REPRO_CLUSTERS.items():
+    for cname in clusters:
+        path, model, helix_sol = REPRO_CLUSTERS[cname]
         topo = load_helix_topology(data / path, model)
         cluster = hf.load_cluster(data / path)
         cfg = PlannerConfig(work=work, time_limit_s=time_limit_s, seed=0)
@@ -109,7 +110,7 @@ def reproducibility_section(runs: int, seeds: int, work: int, burners: int, dura
             "work": work, "runs": runs, "burners": burners,
             "distinct_placements_same_seed": len(set(digests)),
             "stopped_by": sorted(set(stops)),
-            "solve_s_min_max": [round(min(secs), 2), round(max(secs), 2)],
+            "solve_s_min_max": [round(min(secs), 2), round(max(secs), 2)] if secs else None,
             "simulated_by_seed": per_seed,
             "worst_over_median": round(min(per_seed) / median, 3) if median else None,
             "helix_simulated": round(helix, 2),

@@ -72,3 +72,14 @@ def test_refine_climbs_on_the_check_and_is_seeded(geo):
     assert p1 == p2 and st1 == st2
     assert st1.checks <= 4 and st1.best_score >= st1.start_score
     assert check(p1) == pytest.approx(st1.best_score)
+
+
+def test_plan_with_refine_only_raises_the_check(geo):
+    """``refine_checks`` climbs from the guard's choice: the published placement's check is at
+    least the best the guard saw, and the climb stays within its budget."""
+    topo, check = geo
+    cfg = PlannerConfig(objective="max-flow", use_milp=False, work=300, time_limit_s=120, refine_checks=3, challengers=1)
+    sol = plan_for_topology(topo, cfg, check=check)
+    assert sol.stats["refine"]["checks"] <= 3
+    assert sol.stats["refine"]["best_score"] >= max(sol.stats["guard"]["scores"].values()) - 1e-3
+    assert check(sol.assignments) == pytest.approx(sol.stats["refine"]["best_score"], abs=1e-3)
