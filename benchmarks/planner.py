@@ -25,12 +25,16 @@ Sections:
 * ``reproducibility`` -- (``planner_repro.py``) ``--runs`` solves at one seed with a ``--work``
   budget while ``--burners`` processes load the machine: how many distinct placements (goal: 1);
   then ``--seeds`` seeds simulated: worst over median (goal: >= 0.9), median over Helix's placement.
+* ``estimate_check`` -- (``planner_estimate.py``) the decode estimate against the simulator on
+  held-back placements (other clusters, other planner and simulator seeds, perturbations): mean
+  and max error, bias and Spearman per cluster (``--check-seeds``, ``--check-perturbations``).
 * ``simulator`` -- simulated decode throughput (offline, IWRR, 600 s window) of the authors' Helix
   placement and of our throughput plan on cluster24.
 * ``versus_helix`` -- (``planner_repro.py``) our plan against Helix's on cluster24 and the paper's
   geo-distributed and high-heterogeneity clusters, ``--versus-seeds`` seeds at ``--work``: Helix =
   our planner with the max-flow objective (same seed and work), and the authors' placement on
-  cluster24. The reproducibility section covers these two clusters too.
+  cluster24. The reproducibility section covers these two clusters too. Our plan goes through the
+  publish guard with a ``--check-window`` second simulation (0: off), ``--refine-checks`` climbs on it.
 """
 
 from __future__ import annotations
@@ -60,7 +64,14 @@ from p2pserve.sim.run import SimConfig, simulate  # noqa: E402
 from p2pserve.sim.scenario import Part, build_scenario  # noqa: E402
 from p2pserve.types import SINK_INDEX, SOURCE_INDEX  # noqa: E402
 from planner_churn import churn_section  # noqa: E402  (this directory is on sys.path when run)
-from planner_repro import print_reproducibility, reproducibility_section, versus_helix_section  # noqa: E402
+from planner_estimate import estimate_check_section, print_estimate_check  # noqa: E402
+from planner_repro import (  # noqa: E402
+    REPRO_CLUSTERS,
+    VERSUS_CLUSTERS,
+    print_reproducibility,
+    reproducibility_section,
+    versus_helix_section,
+)
 
 BEST_KNOWN = {"cluster24": 1289.56, "cluster10": 286.587}
 CLUSTERS = {
@@ -227,11 +238,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--quick", action="store_true", help="10 s solves, 120 s simulator window")
     ap.add_argument("--time-limit", type=float, default=None)
     ap.add_argument("--skip", nargs="*", default=[],
-                    choices=["methods", "churn", "unseen", "simulator", "backends", "reproducibility", "versus_helix"])
+                    choices=["methods", "churn", "unseen", "simulator", "backends", "reproducibility", "versus_helix",
+                             "estimate_check"])
     ap.add_argument("--runs", type=int, default=10, help="reproducibility: solves at one seed")
     ap.add_argument("--seeds", type=int, default=10, help="reproducibility: seeds simulated")
     ap.add_argument("--work", type=int, default=20000, help="reproducibility: evaluations per solve")
     ap.add_argument("--versus-seeds", type=int, default=3, help="versus_helix: seeds per cluster")
+    ap.add_argument("--check-window", type=float, default=240.0,
+                    help="reproducibility, versus_helix: the publish guard's simulated window in seconds (0: no guard)")
+    ap.add_argument("--refine-checks", type=int, default=0,
+                    help="reproducibility, versus_helix: simulated checks the planner climbs on after its search")
+    ap.add_argument("--versus-clusters", nargs="+", default=list(VERSUS_CLUSTERS), choices=list(VERSUS_CLUSTERS),
+                    help="versus_helix: clusters to compare on")
+    ap.add_argument("--repro-clusters", nargs="+", default=list(REPRO_CLUSTERS), choices=list(REPRO_CLUSTERS),
+                    help="reproducibility: clusters to run (--runs 0 skips the same-seed runs under load)")
+    ap.add_argument("--check-seeds", type=int, nargs="+", default=[1, 2],
+                    help="estimate_check: planner seeds whose plans (and their perturbations) are held back")
+    ap.add_argument("--check-perturbations", type=int, default=3, help="estimate_check: perturbations per plan")
     ap.add_argument("--burners", type=int, default=2, help="reproducibility: busy processes loading the machine")
     ap.add_argument("--reload-share", type=float, nargs="+", default=[5e-3],
                     help="churn: reload cost per moved layer, as a share of the objective (several: a sweep)")
@@ -277,11 +300,22 @@ def main(argv: list[str] | None = None) -> int:
         report["simulator"] = simulator_section(report, args.quick)
     if "reproducibility" not in args.skip:
         report["reproducibility"] = reproducibility_section(args.runs, args.seeds, args.work, args.burners,
-                                                            120.0 if args.quick else 600.0)
+                                                            120.0 if args.quick else 600.0,
+                                                            check_window=args.check_window,
+                                                            refine_checks=args.refine_checks,
+                                                            clusters=args.repro_clusters)
         print_reproducibility(report["reproducibility"], print_table)
     if "versus_helix" not in args.skip:
         print("\n== ours vs Helix, simulated decode tok/s (70B offline IWRR), per seed ==")
-        report["versus_helix"] = versus_helix_section(args.versus_seeds, args.work, 120.0 if args.quick else 600.0)
+        report["versus_helix"] = versus_helix_section(args.versus_seeds, args.work, 120.0 if args.quick else 600.0,
+                                                      check_window=args.check_window,
+                                                      refine_checks=args.refine_checks,
+                                                      clusters=args.versus_clusters)
+    if "estimate_check" not in args.skip:
+        print("\n== decode estimate vs simulator, held-back placements (70B offline IWRR, sim seed 1) ==")
+        report["estimate_check"] = estimate_check_section(args.check_seeds, args.work, 120.0 if args.quick else 600.0,
+                                                          args.check_perturbations)
+        print_estimate_check(report["estimate_check"], print_table)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2))

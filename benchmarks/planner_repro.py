@@ -7,7 +7,8 @@ throughput stays within 0.9x of the median. This section:
 * loads the machine with ``--burners`` busy processes (default 2: as many as this project's
   reference machine has cores), then solves each cluster ``--runs`` times at seed 0 with
   ``--work`` evaluations, and counts the distinct placements (the goal: 1);
-* solves ``--seeds`` seeds and simulates each placement (offline, IWRR, 60 s warm-up + 600 s),
+* solves ``--seeds`` seeds (with ``--check-window``, through the publish guard, whose check is a
+  simulation at simulator seed 1) and simulates each placement (offline, IWRR, 60 s warm-up + 600 s),
   then reports worst / median, and the authors' Helix placement as the baseline in the same run.
 """
 
@@ -24,6 +25,7 @@ from p2pserve.helix import format as hf
 from p2pserve.helix.root import data_root
 from p2pserve.helix.topology import load_helix_topology
 from p2pserve.placement.planner import PlannerConfig, plan_for_topology
+from p2pserve.sim.plan_check import simulation_check
 from p2pserve.sim.run import SimConfig, simulate
 from p2pserve.sim.scenario import Part, build_scenario
 
@@ -70,12 +72,23 @@ def _simulated(cluster, model: str, placement, duration: float) -> float:
     return res.decode_throughput_tokens_per_s
 
 
+def _planned(topo, cluster, model: str, seed: int, work: int, time_limit_s: float, check_window: float | None,
+             refine_checks: int):
+    """Our plan (default objective); with ``check_window`` seconds the publish guard checks it by a
+    simulation (simulator seed 1, 60 s warm-up) and ``refine_checks`` climbs on that check."""
+    cfg = PlannerConfig(work=work, time_limit_s=time_limit_s, seed=seed, refine_checks=refine_checks)
+    check = None if not check_window else simulation_check(cluster, model, duration=check_window)
+    return plan_for_topology(topo, cfg, check=check)
+
+
 def reproducibility_section(runs: int, seeds: int, work: int, burners: int, duration: float,
-                            time_limit_s: float = 600.0) -> dict:
+                            time_limit_s: float = 600.0, check_window: float | None = None,
+                            refine_checks: int = 0, clusters=tuple(REPRO_CLUSTERS)) -> dict:
     """Same-seed runs under load, and the spread over seeds in the simulator, per cluster."""
     data = data_root()
     out = {}
-    for cname, (path, model, helix_sol) in REPRO_CLUSTERS.items():
+    for cname in clusters:
+        path, model, helix_sol = REPRO_CLUSTERS[cname]
         topo = load_helix_topology(data / path, model)
         cluster = hf.load_cluster(data / path)
         cfg = PlannerConfig(work=work, time_limit_s=time_limit_s, seed=0)
@@ -89,7 +102,7 @@ def reproducibility_section(runs: int, seeds: int, work: int, burners: int, dura
                 stops.append(plan.stats["search"]["stopped_by"])
         per_seed = []
         for seed in range(seeds):
-            plan = plan_for_topology(topo, PlannerConfig(work=work, time_limit_s=time_limit_s, seed=seed))
+            plan = _planned(topo, cluster, model, seed, work, time_limit_s, check_window, refine_checks)
             per_seed.append(round(_simulated(cluster, model, plan.assignments, duration), 2))
         helix = _simulated(cluster, model, _helix_placement(topo, helix_sol, work, time_limit_s), duration)
         median = statistics.median(per_seed)
@@ -97,7 +110,7 @@ def reproducibility_section(runs: int, seeds: int, work: int, burners: int, dura
             "work": work, "runs": runs, "burners": burners,
             "distinct_placements_same_seed": len(set(digests)),
             "stopped_by": sorted(set(stops)),
-            "solve_s_min_max": [round(min(secs), 2), round(max(secs), 2)],
+            "solve_s_min_max": [round(min(secs), 2), round(max(secs), 2)] if secs else None,
             "simulated_by_seed": per_seed,
             "worst_over_median": round(min(per_seed) / median, 3) if median else None,
             "helix_simulated": round(helix, 2),
@@ -114,26 +127,30 @@ def _helix_placement(topo, helix_sol, work: int, time_limit_s: float, seed: int 
     return plan_for_topology(topo, cfg).assignments
 
 
-def versus_helix_section(seeds: int, work: int, duration: float, time_limit_s: float = 900.0) -> dict:
+def versus_helix_section(seeds: int, work: int, duration: float, time_limit_s: float = 900.0,
+                         check_window: float | None = None, refine_checks: int = 0,
+                         clusters=VERSUS_CLUSTERS) -> dict:
     """Our placement (default objective) against Helix's, simulated (offline, IWRR), per seed.
 
     Two baselines: the Helix-objective plan (our planner, objective ``max-flow``, same seed and
-    work) on every cluster, and on cluster24 also the authors' MILP placement.
+    work) on every cluster, and on cluster24 also the authors' MILP placement. With
+    ``check_window`` our plan goes through the publish guard (``plan_for_topology(check=...)``).
     """
     data = data_root()
     out = {}
-    for cname in VERSUS_CLUSTERS:
+    for cname in clusters:
         path, model, helix_sol = REPRO_CLUSTERS[cname]
         topo = load_helix_topology(data / path, model)
         cluster = hf.load_cluster(data / path)
         rows = []
         for seed in range(seeds):
-            ours = plan_for_topology(topo, PlannerConfig(work=work, time_limit_s=time_limit_s, seed=seed))
+            ours = _planned(topo, cluster, model, seed, work, time_limit_s, check_window, refine_checks)
             mf = _helix_placement(topo, None, work, time_limit_s, seed)
             o, h = (_simulated(cluster, model, p, duration) for p in (ours.assignments, mf))
             rows.append({"seed": seed, "ours": round(o, 2), "helix_objective": round(h, 2),
                          "ours_over_helix_objective": round(o / h, 3), "ours_depth": round(ours.estimate.mean_depth, 1),
-                         "ours_estimate": round(ours.estimate.decode_tokens_per_s, 1)})
+                         "ours_estimate": round(ours.estimate.decode_tokens_per_s, 1), "method": ours.method,
+                         "guard": ours.stats.get("guard"), "refine": ours.stats.get("refine")})
         entry = {"work": work, "by_seed": rows,
                  "min_ours_over_helix_objective": min(r["ours_over_helix_objective"] for r in rows)}
         if helix_sol is not None:

@@ -1,0 +1,59 @@
+"""A placement's simulated decode throughput, as a callable the planner's publish guard can use.
+
+``placement/`` is pure and the simulator imports it, so the planner cannot import the
+simulator; callers that have a Helix cluster file (the benchmarks, ``p2pserve sim``) build the
+check here and hand it to ``plan_for_topology(..., check=...)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Callable, Mapping
+
+from p2pserve.helix import format as hf
+from p2pserve.sim.run import SimConfig, simulate
+from p2pserve.sim.scenario import Part, build_scenario
+
+Placement = Mapping[int, tuple[int, int]]
+
+
+def simulated_decode(
+    cluster: hf.HelixCluster,
+    model: str,
+    placement: Placement,
+    duration: float = 600.0,
+    warmup: float = 60.0,
+    seed: int = 0,
+    flows: Mapping[tuple[int, int], float] | None = None,
+    root: Path | None = None,
+) -> float:
+    """Decode tokens/s of ``placement`` (offline, IWRR) over ``warmup`` + ``duration`` seconds.
+
+    ``flows`` replaces the max-flow edge flows as IWRR's weights (routing experiments).
+    """
+    sc = build_scenario(model, [Part(cluster, dict(placement))], root=root)
+    if flows is not None:
+        sc = replace(sc, flows=dict(flows))
+    res = simulate(sc, SimConfig(duration=duration, warmup=warmup, seed=seed))
+    return res.decode_throughput_tokens_per_s
+
+
+def simulation_check(
+    cluster: hf.HelixCluster,
+    model: str,
+    duration: float = 600.0,
+    warmup: float = 60.0,
+    seed: int = 1,
+    root: Path | None = None,
+) -> Callable[[Placement], float]:
+    """A check for the planner's guard: placement -> simulated decode tokens/s.
+
+    Seed 1 by default, so that benchmarks reporting seed-0 simulations do not score the guard
+    on the very run it chose by.
+    """
+
+    def check(placement: Placement) -> float:
+        return simulated_decode(cluster, model, placement, duration, warmup, seed, root=root)
+
+    return check
