@@ -47,6 +47,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         default=BandwidthConvention.HELIX.value,
                         help="how to read the file's bandwidth numbers (default: the authors')")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--check-window", type=float, default=0.0, metavar="S",
+                        help="publish guard: rank the plan, every heuristic baseline and the estimate's best "
+                             "tiered candidates by a simulation of S seconds (after a 60 s warm-up) and keep the "
+                             "best, so a misleading estimate cannot win (0: off; docs/planner.md)")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
     parser.add_argument("--write-solution", default=None, help="also write a Helix *_sol.ini")
 
@@ -86,7 +90,7 @@ def _run(args: argparse.Namespace, out) -> int:
             seed=args.seed,
             work=args.work,
         )
-        solution = plan_for_topology(topo, config)
+        solution = plan_for_topology(topo, config, check=_check(args, cluster, root))
     except P2PServeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -97,6 +101,16 @@ def _run(args: argparse.Namespace, out) -> int:
         return 0
     print_solution(topo, args.model, solution)
     return 0
+
+
+def _check(args: argparse.Namespace, cluster, root):
+    """The simulation check of ``--check-window`` (None when off)."""
+    if args.check_window <= 0:
+        return None
+    from p2pserve.helix import format as hf
+    from p2pserve.sim.plan_check import simulation_check
+
+    return simulation_check(hf.load_cluster(cluster), args.model, duration=args.check_window, root=root)
 
 
 def print_solution(topo: Topology, model: str, plan: Solution) -> None:

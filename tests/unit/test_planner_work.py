@@ -78,3 +78,15 @@ def test_sim_json_is_one_document_on_stdout():
                      "planner", "--planner-time", "60", "--planner-work", "500", "--duration", "20", "--warmup",
                      "5", "--json")
     assert json.loads(out)["decode_throughput_tokens_per_s"] >= 0
+
+
+def test_plan_check_window_runs_the_publish_guard():
+    """``plan --check-window S`` ranks the plan and every heuristic baseline by a simulation and
+    publishes the best by it (the guard's scores are in the JSON's stats)."""
+    out = _stdout_of("plan", "--cluster", "ablation/cluster10.ini", "--model", "llama1-30b", "--work", "500",
+                     "--time-limit", "30", "--check-window", "10", "--json")
+    doc = json.loads(out)
+    guard = doc["stats"]["guard"]
+    assert "+guard(" in doc["method"]
+    assert guard["scores"][guard["chosen"]] == max(guard["scores"].values())
+    assert {"final", "petals", "swarm", "separate"} <= set(guard["scores"])
