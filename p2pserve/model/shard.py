@@ -80,6 +80,17 @@ _DYNAMIC_ROPE = ("dynamic", "longrope")
 _ROPE_TABLE_MIN = 256  # positions computed at once when the rotary table first grows
 
 
+
+def split_logits(segments: list[Segment], wanting: list[int], logits: torch.Tensor,
+                 outputs: list[torch.Tensor]) -> None:
+    """Hand each wanting segment its rows of ``logits`` [sum rows, V], in order: [V] for one
+    row, [rows, V] for several (speculative verification)."""
+    row = 0
+    for i in wanting:
+        rows = segments[i].logit_rows
+        outputs[i] = logits[row] if rows == 1 else logits[row:row + rows]
+        row += rows
+
 class Shard(torch.nn.Module):
     """Layers [start, end) of a model, plus embeddings if start == 0 and head if end == L."""
 
@@ -275,12 +286,7 @@ class Shard(torch.nn.Module):
                 logits = self.lm_head(self.norm(last))
             if logits.dtype != torch.float32:
                 logits = logits.float()
-            logits = logits.cpu()  # [sum rows, V]
-            row = 0
-            for i in wanting:
-                rows = segments[i].logit_rows
-                outputs[i] = logits[row] if rows == 1 else logits[row:row + rows]
-                row += rows
+            split_logits(segments, wanting, logits.cpu(), outputs)
         return outputs
 
     def _run_layers(self, segments: list[Segment], rope, layer) -> None:

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 from p2pserve.errors import BadRequestError, ConfigError, RequestError
 from p2pserve.model.fast_ops import gated_mlp, linear, qkv_of, rms_norm, rope
-from p2pserve.model.shard import TORCH_DTYPES, Segment, Shard
+from p2pserve.model.shard import TORCH_DTYPES, Segment, Shard, split_logits
 from p2pserve.model.spec import ModelSpec
 
 _cache_keys = itertools.count(1)
@@ -186,11 +186,7 @@ class TPShard(Shard):
         last = torch.cat([segments[i].hidden[-segments[i].logit_rows:] for i in wanting])  # [sum rows, H]
         norm, head_t, head_bias = self._head
         logits = linear(rms_norm(last, norm), head_t, head_bias).float().cpu()  # [sum rows, V]
-        row = 0
-        for i in wanting:
-            rows = segments[i].logit_rows
-            outputs[i] = logits[row] if rows == 1 else logits[row:row + rows]
-            row += rows
+        split_logits(segments, wanting, logits, outputs)
         return outputs
 
 

@@ -13,8 +13,10 @@ from p2pserve.protocol import DirectOffer, ErrorReply, FrameLimits, OpenDirect, 
 from p2pserve.transport.frames import read_frame, write_frame
 
 
-async def answer_direct_session(reader, writer, listener=None, remote: str = "", served=None) -> None:
-    """Serve one stream until it closes; ``served`` (a list) collects the ``remote`` of each stream."""
+async def answer_direct_session(reader, writer, listener=None, remote: str = "", served=None,
+                                name_writer: bool = False) -> None:
+    """Serve one stream until it closes; ``served`` (a list) collects the ``remote`` of each stream.
+    With ``name_writer``, the error reply names the writer's type instead (which transport carried it)."""
     if served is not None:
         served.append(remote)
     while True:
@@ -25,4 +27,5 @@ async def answer_direct_session(reader, writer, listener=None, remote: str = "",
         if isinstance(decode_request(header), OpenDirect):
             await write_frame(writer, listener.offer(remote) if listener else DirectOffer(port=0))
         else:
-            await write_frame(writer, ErrorReply(code="bad_request", message=remote))
+            await write_frame(writer, ErrorReply(code="bad_request",
+                                                 message=type(writer).__name__ if name_writer else remote))

@@ -40,32 +40,16 @@ def test_session_streams_move_to_the_direct_path_when_offered():
     """DirectTransport over an in-memory 'libp2p': OpenDirect, attach on loopback TCP, peer id checked."""
     import asyncio
 
-    from p2pserve.protocol import (
-        SESSION_PROTOCOL,
-        DirectOffer,
-        ErrorReply,
-        FrameLimits,
-        GetStats,
-        OpenDirect,
-        decode_reply,
-        decode_request,
-    )
+    from p2pserve.protocol import SESSION_PROTOCOL, FrameLimits, GetStats, decode_reply
+    from p2pserve.testing.direct import answer_direct_session
     from p2pserve.transport.frames import read_frame, write_frame
     from p2pserve.transport.memory import MemoryNetwork
     from p2pserve.transport.tcp import DirectListener, DirectTransport
 
-    async def answer(reader, writer, listener=None, remote="") -> None:
+    def answer(reader, writer, listener=None, remote=""):
         """The peer's session handler: offers the direct path; answers anything else with the
         name of the writer it answers on (which stream carried the frame)."""
-        while True:
-            try:
-                header, _ = await read_frame(reader, FrameLimits())
-            except (asyncio.IncompleteReadError, ConnectionError):
-                return
-            if isinstance(decode_request(header), OpenDirect):
-                await write_frame(writer, listener.offer(remote) if listener else DirectOffer(port=0))
-            else:
-                await write_frame(writer, ErrorReply(code="bad_request", message=type(writer).__name__))
+        return answer_direct_session(reader, writer, listener, remote, name_writer=True)
 
     async def carried_by(listener_peer_id):
         net = MemoryNetwork()
