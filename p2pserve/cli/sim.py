@@ -108,6 +108,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, out) -> int:
+    from dataclasses import replace
+
     from p2pserve.placement.topology import BandwidthConvention
     from p2pserve.sim.run import SimConfig, simulate
     from p2pserve.sim.scenario import build_scenario
@@ -121,27 +123,14 @@ def _run(args: argparse.Namespace, out) -> int:
         scenario = build_scenario(args.model, build_parts(args, root), convention=conv, root=root)
         kv_mask = None if args.kv_mask == "auto" else args.kv_mask == "on"
         duration = args.duration if args.duration is not None else (600.0 if args.mode == "offline" else 1800.0)
-        rate = args.rate
+        cfg = SimConfig(scheduler=args.scheduler, mode=args.mode, duration=duration, warmup=args.warmup,
+                        seed=args.seed, token_rate=args.rate, throttle=args.throttle, kv_mask=kv_mask,
+                        kv_model=args.kv_model, transport=transport)
         calibration = None
-        if args.mode == "online" and rate is None:
-            calibration = simulate(
-                scenario,
-                SimConfig(scheduler=args.scheduler, mode="offline", duration=300.0, seed=args.seed,
-                          throttle=args.throttle, kv_mask=kv_mask, kv_model=args.kv_model, transport=transport),
-            )
-            rate = ONLINE_LOAD_FACTOR * offline_token_rate(calibration.decode_throughput_tokens_per_s, root)
-        cfg = SimConfig(
-            scheduler=args.scheduler,
-            mode=args.mode,
-            duration=duration,
-            warmup=args.warmup,
-            seed=args.seed,
-            token_rate=rate,
-            throttle=args.throttle,
-            kv_mask=kv_mask,
-            kv_model=args.kv_model,
-            transport=transport,
-        )
+        if args.mode == "online" and args.rate is None:  # offered load: a share of this setup's own offline peak
+            calibration = simulate(scenario, replace(cfg, mode="offline", duration=300.0, warmup=SimConfig().warmup))
+            cfg = replace(cfg, token_rate=ONLINE_LOAD_FACTOR * offline_token_rate(
+                calibration.decode_throughput_tokens_per_s, root))
         result = simulate(scenario, cfg)
     except ConfigError as exc:  # also a client region the cluster lacks, a link client mode needs
         print(f"p2pserve sim: {exc}", file=sys.stderr)
