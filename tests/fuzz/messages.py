@@ -13,6 +13,7 @@ import math
 import msgspec
 from hypothesis import strategies as st
 
+from p2pserve.dht.machine_info import GPU_LINK_KINDS, GpuLink, GpuOffer, MachineInfo
 from p2pserve.dht.records import (
     CoordinatorCandidate,
     Flow,
@@ -153,9 +154,22 @@ def plans(draw) -> Plan:
                 created_at=draw(st.floats(0.0, 2e9)), reason=draw(st.text(max_size=20)))
 
 
+@st.composite
+def machine_infos(draw) -> MachineInfo:
+    """A machine agent's offer: 1-8 GPUs and measured links between distinct pairs of them."""
+    gpus = draw(st.lists(st.builds(GpuOffer, device=ids, memory_bytes=st.integers(1, 1 << 40)), min_size=1, max_size=8))
+    pairs = [(a, b) for a in range(len(gpus)) for b in range(a + 1, len(gpus))]
+    chosen = draw(st.lists(st.sampled_from(pairs), unique=True, max_size=len(pairs))) if pairs else []
+    links = [GpuLink(a=a, b=b, bandwidth=draw(st.floats(1.0, 1e12)), latency_s=draw(st.floats(0.0, 1.0)),
+                     kind=draw(st.sampled_from(sorted(GPU_LINK_KINDS)))) for a, b in chosen]
+    return MachineInfo(model=draw(ids), machine_id=draw(peer_ids), gpus=gpus, links=links,
+                       timestamp=draw(st.floats(0.0, 2e9)))
+
+
 RECORDS = {
     PeerInfo: peer_infos().map(msgspec.to_builtins),
     LinkInfo: link_infos().map(msgspec.to_builtins),
     CoordinatorCandidate: candidates.map(msgspec.to_builtins),
     Plan: plans().map(msgspec.to_builtins),
+    MachineInfo: machine_infos().map(msgspec.to_builtins),
 }

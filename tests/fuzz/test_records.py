@@ -17,6 +17,7 @@ from hypothesis import example, given
 
 from p2pserve.client.routing import RouteGraph
 from p2pserve.coordinator.plan_record import plan_changed, with_epoch
+from p2pserve.dht.machine_info import MAX_MACHINE_GPUS, MachineInfo
 from p2pserve.dht.records import (
     MAX_ADDRS,
     MAX_EPOCH,
@@ -93,6 +94,20 @@ def test_candidate(raw):
         return
     assert 0 < len(cand.public_key) <= 4096 and -(1 << 31) <= cand.priority < 1 << 31
     assert math.isfinite(cand.start_time)
+
+
+@FUZZ
+@given(hostile(RECORDS[MachineInfo]))
+@counted("records.MachineInfo")
+def test_machine_info(raw):
+    info = _decode(raw, MachineInfo)
+    if info is None:
+        return
+    n = len(info.gpus)
+    assert 1 <= n <= MAX_MACHINE_GPUS and all(g.memory_bytes >= 1 for g in info.gpus)
+    pairs = {(min(l.a, l.b), max(l.a, l.b)) for l in info.links}
+    assert len(pairs) == len(info.links) and all(0 <= a < b < n for a, b in pairs)
+    assert all(math.isfinite(l.bandwidth) and math.isfinite(l.latency_s) for l in info.links)
 
 
 @FUZZ
