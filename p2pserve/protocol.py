@@ -8,7 +8,8 @@ are checked against limits before anything is allocated, and nothing is ever unp
 Client -> peer: ``OpenSession``, ``Forward``, ``CloseSession``, ``GetStats``, ``OpenDirect``,
 ``AttachDirect``, ``AllowPush``, ``PushForward`` (also peer -> next peer, push mode), ``AwaitResult``.
 Peer -> client: ``SessionOpened``, ``ForwardResult``, ``SessionClosed``, ``PeerStats``,
-``DirectOffer``, ``DirectAttached``, ``PushAllowed``, ``PushAck`` (also peer -> previous peer), ``ErrorReply``.
+``DirectOffer``, ``DirectAttached``, ``PushAllowed``, ``PushAck`` (also peer -> previous peer), ``RingStopped``,
+``ErrorReply``.
 
 The same frames travel on a libp2p stream or, after ``OpenDirect``/``AttachDirect``, on a TLS
 connection to the peer pinned by the offer (the direct path; see ``p2pserve/transport/tcp.py``).
@@ -283,12 +284,39 @@ class PushHop(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     session_id: SessionIdText
 
 
+#: The most stop token ids a ring grant may name.
+MAX_RING_STOP_TOKENS = 64
+
+
+class RingGrant(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The owner's bounds on a ring (``AllowPush.ring``; docs/wan.md, "Ring"): the ring's first
+    step is ``start_step`` at ``start_position`` with ``start_tokens`` positions (the owner's own
+    push); every later step is one token at the next position, up to ``max_position``. A peer
+    accepts from the granted peer exactly these steps, each once and in order, so no peer can
+    make another run more than the owner allowed.
+
+    ``stop_tokens``: the last hop does not go on after sampling one, and the first hop refuses
+    one as a ring step's input. ``route`` (first hop only): where its ring steps go on, as in a
+    PushForward. ``successor`` (last hop only): the first hop, to which it pushes the next step."""
+
+    start_step: NonNegative
+    start_position: NonNegative
+    start_tokens: Annotated[int, msgspec.Meta(ge=1, le=INT64_MAX)]
+    max_position: NonNegative
+    stop_tokens: Annotated[list[NonNegative], msgspec.Meta(max_length=MAX_RING_STOP_TOKENS)] = []
+    route: Annotated[list[PushHop], msgspec.Meta(max_length=MAX_PUSH_HOPS)] = []
+    successor: PushHop | None = None
+
+
 class AllowPush(msgspec.Struct, frozen=True, tag_field="t", tag="allow_push"):
     """Sent by a session's owner: accept ``PushForward`` for this session from ``from_peer`` (the
-    previous hop, authenticated by its peer id on the stream it opens). Answered by ``PushAllowed``."""
+    previous hop, authenticated by its peer id on the stream it opens). Answered by ``PushAllowed``.
+    With ``ring``, ``from_peer`` may push only that ring's steps (for the first hop: the last
+    hop's, which close the ring); a later grant replaces an earlier one."""
 
     session_id: SessionIdText
     from_peer: PeerIdText
+    ring: RingGrant | None = None
 
 
 class PushAllowed(msgspec.Struct, frozen=True, tag_field="t", tag="push_allowed"):
@@ -305,6 +333,7 @@ class PushForward(msgspec.Struct, frozen=True, tag_field="t", tag="push_forward"
 
     forward: Forward
     route: Annotated[list[PushHop], msgspec.Meta(max_length=MAX_PUSH_HOPS)] = []
+    ring: bool = False  # a step of a granted ring (``RingGrant``): the last hop may push the next one
 
 
 class AwaitResult(msgspec.Struct, frozen=True, tag_field="t", tag="await_result"):
@@ -313,6 +342,15 @@ class AwaitResult(msgspec.Struct, frozen=True, tag_field="t", tag="await_result"
     step has run here, so the token goes straight to the client, not back along the chain."""
 
     session_id: SessionIdText
+    step: NonNegative
+    ring_until: NonNegative = 0  # ring mode: the last hop may push steps up to this one (the owner's credit)
+
+
+class RingStopped(msgspec.Struct, frozen=True, tag_field="t", tag="ring_stopped"):
+    """Answers an ``AwaitResult`` for a step past the ring's end: the ring stopped after ``step``
+    (a stop token, or its ``max_position``)."""
+
+    session_id: str
     step: NonNegative
 
 
@@ -327,7 +365,7 @@ class PushAck(msgspec.Struct, frozen=True, tag_field="t", tag="push_ack"):
 Request = Union[OpenSession, Forward, CloseSession, GetStats, OpenDirect, AttachDirect, AllowPush, PushForward,
                 AwaitResult]
 Reply = Union[SessionOpened, ForwardResult, SessionClosed, PeerStats, DirectOffer, DirectAttached, ErrorReply,
-              PushAllowed, PushAck]
+              PushAllowed, PushAck, RingStopped]
 
 _request_decoder = msgspec.msgpack.Decoder(Request)
 _reply_decoder = msgspec.msgpack.Decoder(Reply)

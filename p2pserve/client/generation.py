@@ -85,6 +85,7 @@ class Generation:
         self._stops = StopStringMatcher(tuple(params.stop))
         self._done = False
         self._drafter = drafter
+        self._stop_ids = frozenset() if params.ignore_eos else frozenset(eos_token_ids)  # a ring's stop tokens
         self.tuner = SpeculationTuner(speculative) if drafter is not None else None
         self._ready: list[int] = []  # tokens a speculative step yielded that are not returned yet
         self.rolled_back = 0  # tokens withdrawn because a peer that computed them was caught
@@ -115,6 +116,7 @@ class Generation:
                     self.pipeline.position + len(self._pending)):
                 self._pending = self.pipeline.history + self._pending
                 self.pipeline.rewind(0)
+            self._limit_ring()
             if self._drafter is None:
                 token = await self.pipeline.step(self._pending)
             else:
@@ -141,6 +143,15 @@ class Generation:
             self._done = True
             self.elapsed_s = self._clock() - self._t0
         return GenerationEvent(token, text)
+
+    def _limit_ring(self) -> None:
+        """Tell a pipeline that may run a ring (``client/ring.py``) how far this generation can
+        need it: the input position of its last token's step, and the tokens that end it; no ring
+        at all with a drafter (speculative steps are plain pushes)."""
+        if hasattr(self.pipeline, "ring_limit"):
+            remaining = self.params.max_new_tokens - len(self.result.tokens)  # tokens still to come, this one included
+            self.pipeline.ring_limit = None if self._drafter is not None else (
+                self.pipeline.position + len(self._pending) + remaining - 2, self._stop_ids)
 
     async def _speculate(self) -> list[int]:
         """One speculative step: draft k tokens, verify them with the pending ones in one Forward,

@@ -39,6 +39,7 @@ from p2pserve.client.failover import (
 from p2pserve.client.hop import Hop, check_chain
 from p2pserve.client.observer import ServiceObserver
 from p2pserve.client.push import PushConfig, PushedRoute
+from p2pserve.client.ring import RingRoute
 from p2pserve.client.rollback import Suspects
 from p2pserve.client.route_providers import ChainListRoutes, RouteProvider
 from p2pserve.client.tape import HopTape
@@ -88,6 +89,11 @@ class Pipeline:
         self.push = config.push or PushConfig()  # when steps are pushed peer to peer (client/push.py)
         self._pushed: Optional[PushedRoute] = None  # the current route's push state, once it pushed
         self.pushed_steps = 0  # steps that went peer to peer (push mode), for tests and reports
+        self._ring: Optional[RingRoute] = None  # the current route's ring, once it ran one
+        # a ring's bounds, set by the generation before each step: the last input position it may
+        # need and its stop token ids; None: no ring for this step (speculative drafting)
+        self.ring_limit: Optional[tuple[int, frozenset]] = (max_length - 1, frozenset())
+        self.ring_steps = 0  # steps whose token came round a ring, for tests and reports
         self.suspects = Suspects()  # who touched which outputs; its checks (client/rollback.py)
 
     @property
@@ -191,17 +197,39 @@ class Pipeline:
 
     async def _push(self, sent: list[int], meta, data, outputs: int):
         """Push mode (:mod:`p2pserve.client.push`): one PushForward to the first hop, forwarded
-        peer to peer; the hops are allowed to push into each other's sessions once per route."""
-        if self._pushed is None:
-            self._pushed = PushedRoute(self._links)
+        peer to peer; the hops are allowed to push into each other's sessions once per route.
+        As a ring (:mod:`p2pserve.client.ring`) when the config and the step allow it."""
         msg = Forward(session_id=self._links[0].session_id, step=self._steps, position=self._held, tensor=meta,
                       outputs=outputs)
         t0 = time.perf_counter()
-        reply = await self._pushed.step(msg, data, len(sent), self.vocab_size)
+        if self.push.ring and outputs == 1 and self.ring_limit is not None:
+            reply = await self._ring_step(msg, sent, data)
+        else:
+            if self._ring is not None:  # the hops' grants admit only ring steps: grant afresh
+                await self._ring.drain()
+                self._ring, self._pushed = None, None
+            if self._pushed is None:
+                self._pushed = PushedRoute(self._links)
+            reply = await self._pushed.step(msg, data, len(sent), self.vocab_size)
         self.pushed_steps += 1
         if self.metrics is not None:
             (self.metrics.hop_decode if len(sent) == 1 else self.metrics.hop_prefill).observe(time.perf_counter() - t0)
         return reply
+
+    async def _ring_step(self, msg: Forward, sent: list[int], data):
+        """The ring's next token when ``sent`` is the token the ring already has; else (re)start
+        the ring with this step, within ``ring_limit``."""
+        if self._ring is None:
+            if self._pushed is not None:  # the first hop's last ack, read before the ring uses its stream
+                await self._pushed.settle()
+                self._pushed = None
+            self._ring = RingRoute(self._links)
+        if self._ring.continues(sent, self._held, msg.step):
+            self.ring_steps += 1
+            return await self._ring.next(self.vocab_size)
+        last_position, stop = self.ring_limit
+        return await self._ring.start(msg, data, len(sent), self.vocab_size,
+                                      min(last_position, self.max_length - 1), stop)
 
     async def verify(self, token_ids: Sequence[int], outputs: int) -> list[int]:
         """Feed ``token_ids`` (the pending token and k draft tokens, ``outputs`` = k + 1) and
@@ -254,7 +282,7 @@ class Pipeline:
             if not isinstance(exc, Exception):  # interrupted: not the hop's failure
                 raise exc
             raise HopFailure(link.hop, exc) from exc
-        self._links, self._held, self._steps, self._pushed = links, 0, 0, None
+        self._links, self._held, self._steps, self._pushed, self._ring = links, 0, 0, None, None
         if self._rerouting:  # a failover that found a route (one that found none ends the request)
             self._rerouting = False
             if self.metrics is not None:
@@ -308,7 +336,9 @@ class Pipeline:
             self.verifier.route_done(self._tapes, self.suspects)
         if self._pushed is not None:  # the first hop's last ack, read (up to settle_s) before CloseSession
             await self._pushed.settle(settle_s)
-        links, self._links, self._tapes, self._pushed = self._links, None, [], None
+        if self._ring is not None:
+            self._ring.cancel()
+        links, self._links, self._tapes, self._pushed, self._ring = self._links, None, [], None, None
         if links:  # best effort: the route is being abandoned
             await asyncio.gather(*(c.close() for c in links), return_exceptions=True)
 

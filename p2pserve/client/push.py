@@ -43,8 +43,9 @@ from p2pserve.protocol import (
 )
 from p2pserve.transport.frames import read_frame, write_frame
 
-#: ``--push`` of ``p2pserve chat`` / ``api``: off (client-driven), auto (the rule), on (always).
-PUSH_MODES = ("off", "auto", "on")
+#: ``--push`` of ``p2pserve chat`` / ``api``: off (client-driven), auto (the rule), on (always),
+#: ring (the rule, and a pushed route runs as a ring: ``client/ring.py``).
+PUSH_MODES = ("off", "auto", "on", "ring")
 
 
 @dataclass(frozen=True)
@@ -57,18 +58,23 @@ class PushConfig:
     median round trip the client measured opening its sessions (no compute behind it: the link)
     is at least ``min_rtt_ms``, unless outputs are verified (the verifier re-executes each hop's
     recorded exchange, which push does not show the client).
+
+    ``ring``: a pushed route runs as a ring (``client/ring.py``: the last hop pushes each next
+    token to the first itself) for its one-token steps; speculative verification steps, and
+    generations with a drafter, stay plain pushes.
     """
 
     enabled: bool = False
     min_hops: int = 2
     min_rtt_ms: float = 10.0  # the rule and the measurements behind it: docs/wan.md, "Push mode"
+    ring: bool = False
 
     @classmethod
     def from_mode(cls, mode: str) -> "PushConfig":
         """The config of a ``--push`` mode (``PUSH_MODES``)."""
         if mode not in PUSH_MODES:
             raise ConfigError(f"--push must be one of {', '.join(PUSH_MODES)}, not {mode!r}")
-        return cls(enabled=mode != "off", min_rtt_ms=0.0 if mode == "on" else cls.min_rtt_ms)
+        return cls(enabled=mode != "off", min_rtt_ms=0.0 if mode == "on" else cls.min_rtt_ms, ring=mode == "ring")
 
     def use_push(self, hops: int, verified: bool, rtts_s: Sequence[float | None] = ()) -> bool:
         """Whether a route of ``hops`` hops, whose sessions opened in ``rtts_s`` seconds (None:
@@ -86,15 +92,23 @@ class PushConfig:
 async def grant(links: Sequence[HopConnection]) -> None:
     """Allow each hop's predecessor to push into its session (in parallel); HopFailure names the
     first hop, in route order, that refused."""
-    async def allow(prev: HopConnection, link: HopConnection) -> None:
+    await grant_all(links, [AllowPush(session_id=n.session_id, from_peer=p.hop.peer_id) for p, n in zip(links, links[1:])])
+
+
+async def grant_all(links: Sequence[HopConnection], grants: Sequence[AllowPush]) -> None:
+    """Send each grant to the hop whose session it names (in parallel); HopFailure names the
+    first hop, in route order, that refused."""
+    async def allow(link: HopConnection, msg: AllowPush) -> None:
         try:
-            reply, _ = await link.call(AllowPush(session_id=link.session_id, from_peer=prev.hop.peer_id))
+            reply, _ = await link.call(msg)
             if not isinstance(reply, PushAllowed) or reply.session_id != link.session_id:
                 raise MalformedFrameError(f"expected PushAllowed from {link.hop}, got {type(reply).__name__}")
         except Exception as e:  # whatever broke is this hop's failure
             raise HopFailure(link.hop, e) from e
 
-    results = await asyncio.gather(*(allow(p, n) for p, n in zip(links, links[1:])), return_exceptions=True)
+    by_session = {g.session_id: g for g in grants}
+    results = await asyncio.gather(*(allow(c, by_session[c.session_id]) for c in links if c.session_id in by_session),
+                                   return_exceptions=True)
     for r in results:
         if isinstance(r, BaseException):
             raise r
@@ -126,7 +140,7 @@ class PushedRoute:
             except Exception as e:
                 raise HopFailure(link.hop, e) from e
         self._ack = ack = asyncio.create_task(self._read_ack(self._ack, forward.step))
-        result = asyncio.create_task(_read(last))
+        result = asyncio.create_task(read_reply(last))
         try:
             async with asyncio.timeout(first.timeout_s * len(self.links)):  # a hop timeout per hop, as client-driven
                 await asyncio.wait([ack, result], return_when=asyncio.FIRST_COMPLETED)
@@ -164,7 +178,7 @@ class PushedRoute:
             await previous
         first = self.links[0]
         try:
-            reply, _ = await _read(first)
+            reply, _ = await read_reply(first)
         except asyncio.IncompleteReadError as e:
             raise HopFailure(first.hop, ConnectionError(f"peer {first.hop} closed the stream")) from e
         except Exception as e:
@@ -188,7 +202,7 @@ class PushedRoute:
             ack.cancel()
 
 
-async def _read(link: HopConnection):
+async def read_reply(link: HopConnection):
     """One reply frame from ``link``'s stream, decoded: (reply, payload)."""
     if link.stream is None:
         raise ConnectionError(f"stream to {link.hop} is closed")

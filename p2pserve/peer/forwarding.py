@@ -19,6 +19,8 @@ answers whoever pushed to it with a ``PushAck`` once the rest of the chain acked
 still travels back to the client: an ``ErrorReply`` whose ``failed_peer`` names the hop that
 failed (the next hop, or whatever later hop the next one named), and the client bans, re-routes
 and replays as ever. A peer accepts a push only from the peer id the session's owner allowed.
+Ring mode (``peer/ring.py``): the last hop also pushes the next step to the first; ring steps
+are acked once sent on, and a later failure of one is told up the ring to the last hop.
 """
 
 from __future__ import annotations
@@ -29,23 +31,27 @@ from dataclasses import dataclass
 from typing import Awaitable, Callable, Optional, Sequence
 
 import msgspec
+import torch
 
 from p2pserve.errors import WIRE_ERRORS, BadRequestError, ErrorCode, MalformedFrameError, P2PServeError
+from p2pserve.peer.push_link import PushLink, tell
+from p2pserve.peer.ring import RingState, check_grant
 from p2pserve.protocol import (
     SESSION_PROTOCOL,
     AllowPush,
     AwaitResult,
     ErrorReply,
+    Forward,
     FrameLimits,
     PushAck,
     PushAllowed,
     PushForward,
     PushHop,
-    decode_reply,
+    RingStopped,
     error_reply,
 )
-from p2pserve.transport import Stream, Transport
-from p2pserve.transport.frames import read_frame, write_frame
+from p2pserve.transport import Transport
+from p2pserve.transport.frames import tensor_from_wire, tensor_to_wire
 
 log = logging.getLogger(__name__)
 
@@ -75,16 +81,9 @@ def check_route(route: list[PushHop], self_id: str) -> None:
         raise BadRequestError("a push route names a session twice")
 
 
-class _Link:
-    """This peer's stream to the next hop of one session (one step in flight on it at a time)."""
-
-    def __init__(self, peer_id: str, stream: Stream, session):
-        self.peer_id, self.stream, self.session, self.lock = peer_id, stream, session, asyncio.Lock()
-
-
 class Forwarder:
     """The push half of a peer's session handler: grants, links to next hops, results held for
-    the owner's ``AwaitResult``.
+    the owner's ``AwaitResult``, and rings (``peer/ring.py``).
 
     ``run_local(forward, payload, owner)`` is the handler's own Forward path (it returns the
     ForwardResult and its payload, or raises a typed error); ``transport`` dials next hops at
@@ -100,15 +99,24 @@ class Forwarder:
         self.config = config
         self.resolve = resolve
         self._grants: dict[str, tuple[object, str]] = {}  # session id -> (session, allowed peer id)
-        self._links: dict[str, _Link] = {}  # our session id -> stream to its next hop
-        # the last hop's side: one result held per session until its owner asks, or one waiting owner
-        self._results: dict[str, tuple[object, int, object, bytes]] = {}  # sid -> (session, step, reply, payload)
+        self._rings: dict[str, tuple[object, RingState]] = {}  # session id -> (session, its granted ring)
+        self._links: dict[str, PushLink] = {}  # our session id -> stream to its next hop
+        # the last hop's side: results held per session until its owner asks, or one waiting owner
+        self._results: dict[str, tuple[object, dict]] = {}  # sid -> (session, {step: (reply, payload)})
         self._waiters: dict[str, tuple[object, int, asyncio.Future]] = {}  # sid -> (session, step, future)
 
     def allow(self, msg: AllowPush, stream) -> PushAllowed:
-        """Record the owner's grant: ``msg.from_peer`` may push into ``msg.session_id``."""
+        """Record the owner's grant: ``msg.from_peer`` may push into ``msg.session_id`` (with
+        ``msg.ring``: only that ring's steps)."""
         session = self.table.get(msg.session_id, stream)  # only the owner may grant
         self._prune()
+        self._rings.pop(session.id, None)
+        if msg.ring is not None:
+            check_grant(msg.ring, msg.from_peer, self.self_id)
+            if msg.ring.route:
+                check_route(msg.ring.route, self.self_id)
+            self._rings[session.id] = (session, RingState.of(msg.ring, msg.from_peer))
+            self._results.pop(session.id, None)  # a new ring: nothing held from an old one
         self._grants[msg.session_id] = (session, msg.from_peer)
         return PushAllowed(session_id=msg.session_id)
 
@@ -121,28 +129,52 @@ class Forwarder:
             return self.table.get(session_id, grant[0].owner)  # raises unless still open
         return self.table.get(session_id, stream)
 
+    def _admit_ring(self, session, msg: PushForward, payload: bytes, by_owner: bool) -> Optional[RingState]:
+        """The session's ring when ``msg`` is one of its steps (checked against the grant: raises
+        BadRequestError), None for a plain push. A ring grant admits ring steps only."""
+        ring = self._rings.get(session.id, (None, None))[1]
+        if ring is None:
+            if msg.ring:
+                raise BadRequestError("no ring was granted on this session")
+            return None
+        if by_owner:  # the owner starts the ring at the first hop (any other push of its own ends it)
+            if not msg.ring:
+                self._rings.pop(session.id, None)
+            return ring if msg.ring and msg.forward.step == ring.grant.start_step else None
+        if not msg.ring or (ring.first and msg.route):
+            raise BadRequestError("this session's grant admits only its ring's steps, routed by the owner")
+        fwd = msg.forward
+        n = fwd.tensor.shape[0] if fwd.tensor.shape else 0
+        token = None
+        if ring.first and n == 1 and fwd.tensor.dtype == "int64":
+            token = int(tensor_from_wire(fwd.tensor, payload)[0])
+        ring.admit(fwd, n, token)
+        return ring
+
     async def push(self, msg: PushForward, payload: bytes, stream, remote: str, run_local) -> tuple[object, bytes]:
         """Run ``msg`` here and, when a route follows, on the next hops; the reply to whoever
-        pushed: a PushAck, or an ErrorReply naming the later hop at fault."""
+        pushed: a PushAck, or an ErrorReply naming the later hop at fault. A ring's step after
+        its start is acked once it ran here and was sent on (``_ring_on``)."""
         check_route(msg.route, self.self_id)
         fwd = msg.forward
         session = self.session_for(fwd.session_id, stream, remote)
-        if not msg.route:  # the last hop: the result is the owner's, through its AwaitResult
-            try:
-                result, out = await run_local(fwd, payload, session.owner)
-            except Exception as e:
-                code = e.code if isinstance(e, WIRE_ERRORS) else ErrorCode.INTERNAL
-                self._deliver(session, fwd.step, error_reply(code, f"{type(e).__name__}: {e}", session.id, fwd.step), b"")
-                raise
-            self._deliver(session, fwd.step, result, out)
+        ring = self._admit_ring(session, msg, payload, by_owner=stream is session.owner)
+        route = ring.grant.route if ring is not None and ring.first and msg.ring else msg.route
+        if ring is not None and not ring.last and stream is not session.owner:
+            ring.upstream = getattr(stream, "writer", None)  # where a later failure of its steps is told
+        if not route:  # the last hop: the result is the owner's, through its AwaitResult
+            await self._run_last(session, fwd, payload, run_local, ring)
             return PushAck(session_id=session.id, step=fwd.step), b""
         result, out = await run_local(msgspec.structs.replace(fwd, outputs=1), payload, session.owner)
         if result.tensor is None:  # this span ends at the last layer: nothing to forward
             raise BadRequestError("a push route cannot follow the hop holding the last layer")
-        nxt = msg.route[0]
+        nxt = route[0]
         onward = PushForward(forward=msgspec.structs.replace(fwd, session_id=nxt.session_id, tensor=result.tensor),
-                             route=msg.route[1:])
+                             route=route[1:], ring=msg.ring)
         try:
+            if ring is not None and fwd.step != ring.grant.start_step:
+                await self._ring_on(session, ring, nxt, onward, out)
+                return PushAck(session_id=session.id, step=fwd.step), b""
             reply = await self._call_next(session, nxt, onward, out)
         except (*WIRE_ERRORS, ConnectionError, TimeoutError, asyncio.IncompleteReadError) as e:
             self._drop_link(fwd.session_id)  # out of sync, or gone
@@ -154,14 +186,90 @@ class Forwarder:
             return msgspec.structs.replace(reply, session_id=session.id, step=fwd.step), b""
         return PushAck(session_id=session.id, step=fwd.step), b""
 
+    async def _run_last(self, session, fwd: Forward, payload: bytes, run_local, ring: Optional[RingState]) -> None:
+        """The last hop runs a pushed step, hands its outcome to the owner's AwaitResult, and
+        (in a ring) pushes the next step to the first hop."""
+        try:
+            result, out = await run_local(fwd, payload, session.owner)
+        except Exception as e:
+            code = e.code if isinstance(e, WIRE_ERRORS) else ErrorCode.INTERNAL
+            self._deliver(session, fwd.step, error_reply(code, f"{type(e).__name__}: {e}", session.id, fwd.step), b"")
+            raise
+        self._deliver(session, fwd.step, result, out)
+        if ring is None or ring.failure is not None or result.token is None:
+            return
+        n = fwd.tensor.shape[0]
+        move = ring.after(fwd.step, fwd.position + n, result.token)
+        if move == "push":
+            await self._ring_push(session, ring, fwd.step + 1, fwd.position + n, result.token)
+        elif move == "stop":
+            self._answer_waiter(session)
+
+    async def _ring_push(self, session, ring: RingState, step: int, position: int, token: int) -> None:
+        """The last hop closes the ring: step ``step`` (``token`` at ``position``) to the first hop."""
+        meta, data = tensor_to_wire(torch.tensor([token], dtype=torch.int64))
+        succ = ring.grant.successor
+        msg = PushForward(forward=Forward(session_id=succ.session_id, step=step, position=position, tensor=meta),
+                          ring=True)
+        try:
+            await self._ring_on(session, ring, succ, msg, bytes(data))
+        except (*WIRE_ERRORS, ConnectionError, TimeoutError) as e:
+            self._drop_link(session.id)
+            self._ring_failed(session, ring, step, succ.peer_id, f"cannot reach the ring's first hop: {e!r}")
+
+    async def _ring_on(self, session, ring: RingState, nxt: PushHop, onward: PushForward, payload: bytes) -> None:
+        """Send a ring step on without waiting for its ack; a failure of it reported later (an
+        error reply, a broken link, no ack in time) is told up the ring (``_ring_failed``)."""
+        link, _ = await self._link(session, nxt, [h.peer_id for h in onward.route])
+        step = onward.forward.step
+
+        def later_failure(reply: ErrorReply) -> None:
+            blamed = reply.failed_peer if reply.failed_peer in link.later else nxt.peer_id
+            self._ring_failed(session, ring, reply.step or step, blamed, reply.message)
+
+        link.on_unsolicited = later_failure
+        link.on_broken = lambda e: self._ring_failed(session, ring, step, nxt.peer_id, f"link broken: {e!r}")
+        future = await link.send(onward, payload, step)
+        timer = asyncio.get_running_loop().call_later(
+            self.config.call_timeout_s, lambda: future.done() or future.set_exception(TimeoutError()))
+
+        def acked(f: asyncio.Future) -> None:
+            timer.cancel()
+            if f.cancelled():
+                return
+            reply = f.result() if f.exception() is None else None
+            if isinstance(reply, ErrorReply):
+                later_failure(reply)
+            elif not isinstance(reply, PushAck) or reply.step != step:
+                self._ring_failed(session, ring, step, nxt.peer_id, f"no ack of ring step {step}: {f.exception()!r}")
+
+        future.add_done_callback(acked)
+
+    def _ring_failed(self, session, ring: RingState, step: int, failed_peer: str, message: str) -> None:
+        """The ring broke at ``failed_peer`` (first report only): the last hop answers the owner's
+        wait with it; any other hop tells whoever pushed its ring steps to it."""
+        if ring.failure is not None or not self._open(session):
+            return
+        log.info("ring of session %s broke at %s: %s", session.id, failed_peer, message)
+        ring.failure = error_reply(ErrorCode.INTERNAL, f"ring broke at {failed_peer}: {message}", session.id, step,
+                                   failed_peer)
+        if ring.last:
+            self._answer_waiter(session)
+        elif ring.upstream is not None:
+            asyncio.ensure_future(tell(ring.upstream, ring.failure))
+
     async def await_result(self, msg: AwaitResult, stream) -> tuple[object, bytes]:
         """The owner's wait for its pushed step ``msg.step`` to run here (the route's last hop):
-        that step's ForwardResult and payload, or the ErrorReply it ended in."""
+        that step's ForwardResult and payload, the ErrorReply it ended in, or RingStopped (the
+        ring ended before it). ``msg.ring_until`` raises the ring's credit."""
         session = self.table.get(msg.session_id, stream)  # only the owner may wait
         self._prune()
-        held = self._results.pop(session.id, None)
-        if held is not None and held[1] == msg.step:
-            return held[2], held[3]
+        ring = self._rings.get(session.id, (None, None))[1]
+        if ring is not None and ring.last and (go := ring.resume(msg.ring_until)) is not None:
+            await self._ring_push(session, ring, *go)
+        early = self._answer_for(session, msg.step)
+        if early is not None:
+            return early
         old = self._waiters.pop(session.id, None)
         if old is not None and not old[2].done():  # the owner gave up on it
             old[2].set_exception(BadRequestError(f"a later AwaitResult replaced the wait for step {old[1]}"))
@@ -177,45 +285,64 @@ class Forwarder:
             if self._waiters.get(session.id, (None, None, None))[2] is future:
                 del self._waiters[session.id]
 
-    def _deliver(self, session, step: int, reply, payload: bytes) -> None:
-        """Hand a pushed step's outcome to the owner's waiting AwaitResult, or hold it for it."""
+    def _answer_for(self, session, step: int) -> Optional[tuple[object, bytes]]:
+        """What answers a wait for ``step`` now: its held outcome, the ring's failure or end;
+        None: wait for it."""
+        held = self._results.get(session.id, (None, {}))[1].pop(step, None)
+        if held is not None:
+            return held
+        ring = self._rings.get(session.id, (None, None))[1]
+        if ring is not None and ring.last and step > ring.last_run:
+            if ring.failure is not None:
+                return msgspec.structs.replace(ring.failure, step=step), b""
+            if ring.ended_after is not None:
+                return RingStopped(session_id=session.id, step=ring.ended_after), b""
+        return None
+
+    def _answer_waiter(self, session) -> None:
+        """Answer the owner's pending wait if its answer is there now."""
         waiter = self._waiters.get(session.id)
-        if waiter is not None and waiter[1] == step and not waiter[2].done():
-            waiter[2].set_result((reply, payload))
+        if waiter is not None and not waiter[2].done() and (answer := self._answer_for(session, waiter[1])):
+            waiter[2].set_result(answer)
             del self._waiters[session.id]
-        else:
-            self._results[session.id] = (session, step, reply, payload)
+
+    def _deliver(self, session, step: int, reply, payload: bytes) -> None:
+        """Hand a pushed step's outcome to the owner's waiting AwaitResult, or hold it for it
+        (a few at most: a ring runs at most a step past the owner's credit)."""
+        held = self._results.setdefault(session.id, (session, {}))[1]
+        held[step] = (reply, payload)
+        while len(held) > 4:
+            del held[min(held)]
+        self._answer_waiter(session)
 
     async def _call_next(self, session, nxt: PushHop, onward: PushForward, payload: bytes):
         """Send ``onward`` to ``nxt`` and return its checked reply: a PushAck, or an ErrorReply
         naming the hop at fault."""
-        link, fresh = await self._link(session, nxt)
+        later = [h.peer_id for h in onward.route]
+        link, fresh = await self._link(session, nxt, later)
         try:
-            header, _ = await self._exchange(link, onward, payload)
+            reply = await self._exchange(link, onward, payload)
         except (ConnectionError, asyncio.IncompleteReadError):
             if fresh:
                 raise
             # A link idle past the next peer's stream timeout was closed by it: that is not the
             # next hop failing. Once more on a new stream (a repeated Forward rewinds, so it is safe).
             self._drop_link(session.id)
-            link, _ = await self._link(session, nxt)
-            header, _ = await self._exchange(link, onward, payload)
-        reply = decode_reply(header)
+            link, _ = await self._link(session, nxt, later)
+            reply = await self._exchange(link, onward, payload)
         if isinstance(reply, ErrorReply):
             # A later hop's own blame is relayed only if it names a hop after the next one.
-            later = {h.peer_id for h in onward.route}
-            blamed = reply.failed_peer if reply.failed_peer in later else nxt.peer_id
+            blamed = reply.failed_peer if reply.failed_peer in link.later else nxt.peer_id
             return msgspec.structs.replace(reply, failed_peer=blamed)
         if not isinstance(reply, PushAck) or reply.step != onward.forward.step:
             raise MalformedFrameError(f"expected the PushAck of step {onward.forward.step}, got {reply!r:.80}")
         return reply
 
-    async def _exchange(self, link: _Link, msg: PushForward, payload: bytes) -> tuple[bytes, bytes]:
-        """One frame to the next hop and its reply frame, under the call timeout per hop still to
-        run: the hop nearest a hang times out first, so it is the one named."""
-        async with link.lock, asyncio.timeout(self.config.call_timeout_s * (1 + len(msg.route))):
-            await write_frame(link.stream.writer, msg, payload)
-            return await read_frame(link.stream.reader, self.limits)
+    async def _exchange(self, link: PushLink, msg: PushForward, payload: bytes):
+        """One frame to the next hop and its reply, under the call timeout per hop still to run:
+        the hop nearest a hang times out first, so it is the one named."""
+        async with asyncio.timeout(self.config.call_timeout_s * (1 + len(msg.route))):
+            return await (await link.send(msg, payload, msg.forward.step))
 
     async def _addresses(self, peer_id: str) -> list[str]:
         """Where ``peer_id`` announced itself, as this peer's swarm view says; ConnectionError
@@ -228,11 +355,12 @@ class Forwarder:
             raise ConnectionError(f"{peer_id} is not announced in this peer's view of the swarm; nothing dialled")
         return found
 
-    async def _link(self, session, nxt: PushHop) -> tuple[_Link, bool]:
+    async def _link(self, session, nxt: PushHop, later: Sequence[str] = ()) -> tuple[PushLink, bool]:
         """The stream to ``nxt`` for ``session``, opened on first use (authenticated to its id, at
         the addresses it announced), and whether it was opened just now."""
         link = self._links.get(session.id)
-        if link is not None and link.peer_id == nxt.peer_id and link.session is session:
+        if link is not None and link.peer_id == nxt.peer_id and link.session is session and not link.broken:
+            link.later = frozenset(later)
             return link, False
         self._drop_link(session.id)
         self._prune()
@@ -244,17 +372,18 @@ class Forwarder:
             raise
         except Exception as e:  # whatever dialling raised (the libp2p daemon's ControlFailure): unreachable
             raise ConnectionError(f"{type(e).__name__}: {e}") from e
-        link = self._links[session.id] = _Link(nxt.peer_id, stream, session)
+        link = self._links[session.id] = PushLink(nxt.peer_id, stream, session, self.limits)
+        link.later = frozenset(later)
         return link, True
 
     def _drop_link(self, session_id: str) -> None:
-        link: Optional[_Link] = self._links.pop(session_id, None)
+        link: Optional[PushLink] = self._links.pop(session_id, None)
         if link is not None:
-            link.stream.close()
+            link.close()
 
     def _prune(self) -> None:
-        """Forget grants, links, held results and waits of sessions no longer open."""
-        for table in (self._grants, self._results, self._waiters):
+        """Forget grants, rings, links, held results and waits of sessions no longer open."""
+        for table in (self._grants, self._rings, self._results, self._waiters):
             for sid in [s for s, entry in table.items() if not self._open(entry[0])]:
                 entry = table.pop(sid)
                 if table is self._waiters and not entry[2].done():
@@ -268,3 +397,4 @@ class Forwarder:
             return session is not None and self.table.get(session.id, session.owner) is session
         except WIRE_ERRORS:
             return False
+

@@ -75,10 +75,11 @@ DISCARD_BYTES = 64 * 1024
 class _StreamState:
     """One inbound stream: the object sessions are bound to, and who is behind it."""
 
-    __slots__ = ("remote", "opened")
+    __slots__ = ("remote", "opened", "writer")
 
-    def __init__(self, remote: str):
+    def __init__(self, remote: str, writer=None):
         self.remote = remote  # the authenticated peer id (``StreamHandler``'s ``remote``)
+        self.writer = writer  # a ring's later failure is told up the stream its steps came on (peer/forwarding.py)
         self.opened = False  # whether a session was ever opened on it (it may then idle longer)
 
 
@@ -121,7 +122,7 @@ class SessionHandler:
         except OverloadedError as e:
             await self._refuse_stream(reader, writer, e)
             return
-        stream = _StreamState(remote)
+        stream = _StreamState(remote, writer)
         self.streams_open += 1
         try:
             while await self._serve_frame(reader, writer, stream):

@@ -1,0 +1,211 @@
+"""Ring mode on the client: the last hop feeds each sampled token straight back to the first hop.
+
+Push mode (``client/push.py``) costs a decode token ``h + 1`` link crossings: client -> p1 -> ...
+-> ph -> client. In a ring the client pushes only the ring's first step (the prompt, or whatever
+the route does not hold yet); from then on the last hop, once it sampled step ``s``'s token,
+answers the client's ``AwaitResult`` and pushes step ``s + 1`` (that token as input) to the first
+hop itself (``peer/ring.py``). A decode token then crosses ``h`` links, and the client only
+listens: the network floor against client-driven's ``2 h`` is 0.5 whatever ``h``.
+
+The client bounds the ring when it starts it: every hop gets a ``RingGrant`` from its owner
+(the first step, the last position the ring may reach, the stop tokens), and checks each step
+against it. It also keeps the ring at most a step ahead of what it asked for (each
+``AwaitResult`` carries ``ring_until``), so when it stops for a reason the peers cannot see (a
+stop string, or a step that is not the ring's next token: a rewind, a new turn), the ring halts
+within a step; ``drain`` reads what is still coming before the route carries anything else.
+Positions the ring computed past the stop are rewound by the next step's position, as a
+speculative step's rejected ones are. Greedy output stays identical to ``generate``: the last
+hop samples exactly as for a pushed or client-driven step (seeded per absolute position).
+
+Failures: every hop reports a ring step it cannot send on, or a next hop's error, timeout or
+lost stream, up the ring to the last hop, which answers the client's wait with an ErrorReply
+whose ``failed_peer`` names the hop at fault; the client's own timeout covers a silent ring
+(blamed on the last hop, the one it waits on). Either becomes a HopFailure, and the pipeline
+bans, re-routes and replays as in every mode.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from typing import Optional, Sequence
+
+from p2pserve.client.connection import HopConnection
+from p2pserve.client.failover import HopFailure
+from p2pserve.client.push import grant_all, read_reply
+from p2pserve.errors import MalformedFrameError, error_from_reply
+from p2pserve.protocol import (
+    AllowPush,
+    AwaitResult,
+    ErrorReply,
+    Forward,
+    ForwardResult,
+    PushAck,
+    PushForward,
+    PushHop,
+    RingGrant,
+    RingStopped,
+)
+from p2pserve.transport.frames import write_frame
+
+
+def ring_grants(links: Sequence[HopConnection], start: Forward, n: int, max_position: int,
+                stop_tokens: Sequence[int]) -> list[AllowPush]:
+    """One grant per hop for a ring starting with ``start`` (``n`` positions): the first hop
+    takes ring steps from the last (and routes them on), each other from the hop before it,
+    and the last pushes to the first."""
+    hops = [PushHop(peer_id=c.hop.peer_id, session_id=c.session_id) for c in links]
+    base = dict(start_step=start.step, start_position=start.position, start_tokens=n, max_position=max_position,
+                stop_tokens=sorted(set(stop_tokens)))
+    grants = []
+    for i, hop in enumerate(hops):
+        ring = RingGrant(**base, route=hops[1:] if i == 0 else [], successor=hops[0] if i == len(hops) - 1 else None)
+        grants.append(AllowPush(session_id=hop.session_id, from_peer=hops[i - 1].peer_id, ring=ring))
+    return grants
+
+
+class RingRoute:
+    """One route's ring: started by ``start``, continued by ``next`` while the caller's step is
+    the ring's next token, and ``drain``ed before the route carries anything else."""
+
+    def __init__(self, links: Sequence[HopConnection]):
+        self.links = list(links)
+        self.active = False
+        self._asked: collections.deque[int] = collections.deque()  # steps asked of the last hop, in order
+        self._credit = -1  # the highest ring_until sent
+        self._last_asked = -1  # the latest step asked for
+        self._next: tuple[int, int, int] = (-1, -1, -1)  # (step, position, token) a continuation sends
+        self._max_position = 0
+        self._start_ack: Optional[asyncio.Task] = None  # the first hop's reply to the ring's start
+
+    def continues(self, sent: Sequence[int], position: int, step: int) -> bool:
+        """Whether step ``step`` of ``sent`` at ``position`` is the ring's next step."""
+        return self.active and len(sent) == 1 and (step, position, sent[0]) == self._next
+
+    async def start(self, forward: Forward, payload, n: int, vocab_size: Optional[int], max_position: int,
+                    stop_tokens: Sequence[int]) -> ForwardResult:
+        """Grant the ring to every hop, push its first step, and return its result."""
+        await self.drain()
+        first, last = self.links[0], self.links[-1]
+        self._max_position = max(max_position, forward.position + n - 1)
+        await grant_all(self.links, ring_grants(self.links, forward, n, self._max_position, stop_tokens))
+        self._asked.clear()
+        self._credit = self._last_asked = -1  # step numbers are the pipeline's: a new ring may reuse old ones
+        self.active = True
+        await self._ask(forward.step, forward.position + n)
+        msg = PushForward(forward=forward, route=[PushHop(peer_id=c.hop.peer_id, session_id=c.session_id)
+                                                  for c in self.links[1:]], ring=True)
+        await _write(first, msg, payload)
+        self._start_ack = asyncio.create_task(self._read_start_ack(forward.step))
+        return await self._result(forward.step, forward.position, n, vocab_size)
+
+    async def next(self, vocab_size: Optional[int]) -> ForwardResult:
+        """The ring's next step's result (the caller sent the token the ring already has)."""
+        step, position, _ = self._next
+        return await self._result(step, position, 1, vocab_size)
+
+    async def _ask(self, step: int, next_position: int) -> None:
+        """Ask the last hop for ``step``'s result, and (when the position allows) for the one
+        after it, which lets the ring run one step ahead."""
+        for s, position in ((step, next_position - 1), (step + 1, next_position)):
+            if s > self._last_asked and position <= self._max_position:
+                self._credit = max(self._credit, s + 1 if position + 1 <= self._max_position else s)
+                self._asked.append(s)
+                self._last_asked = s
+                await _write(self.links[-1], AwaitResult(session_id=self.links[-1].session_id, step=s,
+                                                         ring_until=self._credit))
+
+    async def _result(self, step: int, position: int, n: int, vocab_size: Optional[int]) -> ForwardResult:
+        """Read the last hop's answers up to ``step``'s, check it, and ask ahead for the next."""
+        last = self.links[-1]
+        reply, body = await self._unless_start_failed(self._read_until(step))
+        if isinstance(reply, RingStopped):
+            raise HopFailure(last.hop, MalformedFrameError(f"{last.hop} stopped the ring before step {step}"))
+        try:
+            last.check_forward(reply, body, n, step, position, True, vocab_size, 1)
+        except Exception as e:  # a bad answer, from the last hop itself
+            raise HopFailure(last.hop, e) from e
+        self._next = (step + 1, position + n, int(reply.token))
+        await self._ask(step + 1, position + n + 1)
+        return reply
+
+    async def _unless_start_failed(self, read):
+        """Await ``read``, unless the first hop reports first that the ring's start failed (a
+        ring that never started would otherwise be waited for until the timeout)."""
+        ack = self._start_ack
+        if ack is None or (ack.done() and ack.exception() is None):
+            return await read
+        task = asyncio.ensure_future(read)
+        try:
+            await asyncio.wait([task, ack], return_when=asyncio.FIRST_COMPLETED)
+            if ack.done() and ack.exception() is not None:
+                ack.result()
+            return await task
+        finally:
+            task.cancel()
+
+    async def _read_until(self, step: int):
+        """The last hop's answer to the AwaitResult of ``step`` (earlier ones, from before a
+        restart, are skipped); an ErrorReply becomes a HopFailure of the hop it names."""
+        last = self.links[-1]
+        while self._asked:
+            asked = self._asked.popleft()
+            try:
+                async with asyncio.timeout(last.timeout_s * len(self.links)):  # a silent ring
+                    reply, body = await read_reply(last)
+            except Exception as e:
+                raise HopFailure(last.hop, e) from e
+            if isinstance(reply, ErrorReply):
+                self.active = False
+                at = {c.hop.peer_id: c for c in self.links}.get(reply.failed_peer, last)
+                raise HopFailure(at.hop, error_from_reply(reply.code, reply.message, peer=at.hop.peer_id))
+            if asked == step:
+                return reply, body
+        raise HopFailure(last.hop, MalformedFrameError(f"step {step} was never asked of {last.hop}"))
+
+    async def _read_start_ack(self, step: int) -> None:
+        """The first hop's reply to the ring's start: its PushAck once the whole route ran it, or
+        an ErrorReply naming the hop at fault."""
+        first = self.links[0]
+        try:
+            reply, _ = await read_reply(first)
+        except Exception as e:
+            raise HopFailure(first.hop, e) from e
+        if isinstance(reply, ErrorReply):
+            at = {c.hop.peer_id: c for c in self.links[1:]}.get(reply.failed_peer, first)
+            raise HopFailure(at.hop, error_from_reply(reply.code, reply.message, peer=at.hop.peer_id))
+        if not isinstance(reply, PushAck) or reply.step != step:
+            raise HopFailure(first.hop, MalformedFrameError(f"expected the PushAck of step {step}, got {reply!r:.80}"))
+
+    async def drain(self) -> None:
+        """Let the ring halt (no more credit) and read every answer still coming, so the route's
+        streams carry nothing else; HopFailure if the ring broke meanwhile."""
+        if not self.active:
+            return
+        self.active = False
+        last = self.links[-1]
+        if not self._asked or self._asked[-1] < self._credit:  # the ring may run to the credit: ask for it
+            self._asked.append(self._credit)
+            await _write(last, AwaitResult(session_id=last.session_id, step=self._credit, ring_until=self._credit))
+        await self._unless_start_failed(self._read_until(self._asked[-1]))
+        if self._start_ack is not None:
+            ack, self._start_ack = self._start_ack, None
+            async with asyncio.timeout(self.links[0].timeout_s * len(self.links)):
+                await ack
+
+    def cancel(self) -> None:
+        """The route is being dropped: stop reading."""
+        self.active = False
+        if self._start_ack is not None:
+            self._start_ack.cancel()
+
+
+async def _write(link: HopConnection, msg, payload=b"") -> None:
+    """One frame to ``link``'s stream; HopFailure of that hop if it cannot be written."""
+    try:
+        if link.stream is None:
+            raise ConnectionError(f"stream to {link.hop} is closed")
+        async with asyncio.timeout(link.timeout_s):
+            await write_frame(link.stream.writer, msg, payload)
+    except Exception as e:
+        raise HopFailure(link.hop, e) from e
