@@ -224,7 +224,9 @@ class Forwarder:
         step = onward.forward.step
 
         def later_failure(reply: ErrorReply) -> None:
-            blamed = reply.failed_peer if reply.failed_peer in link.later else nxt.peer_id
+            # the last hop knows no route: it relays the first hop's blame, and the client checks it
+            named = reply.failed_peer in link.later or (ring.last and reply.failed_peer not in (None, self.self_id))
+            blamed = reply.failed_peer if named else nxt.peer_id
             self._ring_failed(session, ring, reply.step or step, blamed, reply.message)
 
         link.on_unsolicited = later_failure

@@ -140,3 +140,186 @@ def test_a_two_hop_ring_equals_client_driven(model):
         assert ringed == driven and pipeline.ring_steps == 7 and not pipeline.failures
     finally:
         s.stop()
+
+
+def test_a_killed_last_hop_is_banned_and_the_ring_replayed_on_a_new_route(swarm):
+    routes = ChainListRoutes([[swarm.hops[A], swarm.hops[B], swarm.hops[C]],
+                              [swarm.hops[A], swarm.hops[B], swarm.hops[C2]]])
+
+    async def main():
+        ref, _ = await _generate(swarm, ChainListRoutes([routes.chains[1]]), PushConfig(), [3, 1, 4], 10)
+        got, p = await _generate(swarm, routes, RING, [3, 1, 4], 10, kill_after=(4, C))
+        return ref, got, p
+
+    ref, got, pipeline = asyncio.run(main())
+    assert got == ref and [f.hop.peer_id for f in pipeline.failures] == [C]
+    assert pipeline.route[-1].peer_id == C2 and pipeline.ring_steps >= 5
+
+
+def test_a_killed_middle_hop_is_named_up_the_ring(model):
+    """B dies mid-ring: A's link to it breaks, A tells C (which pushed A its ring steps), and C
+    answers the client's wait naming B; the client bans B, not A or C."""
+    from tests.unit.test_push import Swarm
+
+    B2 = "QmPeerE"
+    s = Swarm(model, {A: (0, 1), B: (1, 2), B2: (1, 2), C: (2, 3)})
+    try:
+        routes = ChainListRoutes([[s.hops[A], s.hops[B], s.hops[C]], [s.hops[A], s.hops[B2], s.hops[C]]])
+
+        async def main():
+            ref, _ = await _generate(s, ChainListRoutes([routes.chains[1]]), PushConfig(), [8, 6, 4], 10)
+            got, p = await _generate(s, routes, RING, [8, 6, 4], 10, kill_after=(5, B))
+            return ref, got, p
+
+        ref, got, pipeline = asyncio.run(main())
+        assert got == ref and [f.hop.peer_id for f in pipeline.failures] == [B]
+    finally:
+        s.stop()
+
+
+def test_ringed_seeded_sampling_reproduces_client_driven(swarm):
+    sampling = SamplingParams(temperature=1.0, top_k=50, seed=11)
+    route = [swarm.hops[A], swarm.hops[B], swarm.hops[C]]
+
+    async def main():
+        ref, _ = await _generate(swarm, ChainListRoutes([route]), PushConfig(), [2, 7, 1], 10, sampling=sampling)
+        got, p = await _generate(swarm, ChainListRoutes([route]), RING, [2, 7, 1], 10, sampling=sampling)
+        return ref, got, p
+
+    ref, got, pipeline = asyncio.run(main())
+    assert got == ref and pipeline.ring_steps == 9
+
+
+def test_a_step_off_the_ring_drains_it_and_starts_another(swarm):
+    """A rewind (a stop string, a new turn) is not the ring's next token: the ring is drained
+    (its positions past the rewind are dropped by the next step) and a new one started."""
+    route = [swarm.hops[A], swarm.hops[B], swarm.hops[C]]
+
+    async def run(push):
+        from p2pserve.client.pipeline import Pipeline
+        from tests.unit.test_push import CONFIG
+
+        pipeline = Pipeline(swarm.net.transport("QmClient"), ChainListRoutes([route]), swarm.spec.model_id, 3, 64,
+                            config=CONFIG, vocab_size=swarm.spec.vocab_size)
+        pipeline.push = push
+        out, pending = [], [4, 4, 2]
+        try:
+            for i in range(12):
+                if i == 6:  # take two tokens back and go on from another one
+                    pipeline.rewind(pipeline.position - 2)
+                    del out[-2:]
+                    pending = [9]
+                tok = await pipeline.step(pending)
+                out.append(tok)
+                pending = [tok]
+            return out, pipeline.ring_steps
+        finally:
+            await pipeline.close()
+
+    async def main():
+        return await run(PushConfig()), await run(RING)
+
+    (ref, _), (got, ring_steps) = asyncio.run(main())
+    assert got == ref and ring_steps == 10  # two starts: 12 steps, 2 of them not round the ring
+
+
+async def _ringed_sessions(swarm, max_position=12, stop_tokens=(2,)):
+    """Sessions sa, sb, sc on A, B, C owned by one client, granted a ring starting at step 0
+    with 3 tokens; the client's streams."""
+    conns = [await _open(swarm, "QmClient", pid, sid) for pid, sid in ((A, "sa"), (B, "sb"), (C, "sc"))]
+    hops = [PushHop(A, "sa"), PushHop(B, "sb"), PushHop(C, "sc")]
+    base = dict(start_step=0, start_position=0, start_tokens=3, max_position=max_position, stop_tokens=list(stop_tokens))
+    await conns[0].call(AllowPush(session_id="sa", from_peer=C, ring=RingGrant(**base, route=hops[1:])))
+    await conns[1].call(AllowPush(session_id="sb", from_peer=A, ring=RingGrant(**base)))
+    await conns[2].call(AllowPush(session_id="sc", from_peer=B, ring=RingGrant(**base, successor=hops[0])))
+    return conns
+
+
+def _ring_step(step, position, token, session="sa"):
+    meta, data = tensor_to_wire(torch.tensor([token], dtype=torch.int64))
+    return PushForward(forward=Forward(session_id=session, step=step, position=position, tensor=meta), ring=True), data
+
+
+def test_a_third_party_cannot_inject_ring_steps(swarm):
+    """Only the peer the owner granted (the last hop, C) may push ring steps into the first
+    hop's session: anyone else gets the unknown_session of an id never opened, and nothing runs."""
+    async def main():
+        conns = await _ringed_sessions(swarm)
+        eve = swarm.net.transport("QmEve")
+        replies = [await _raw(eve, A, *_ring_step(1, 3, 5)),
+                   await _raw(swarm.net.transport(B), A, *_ring_step(1, 3, 5))]  # B is granted into C's... not A's
+        position = swarm.handlers[A].table.get("sa", swarm.handlers[A].forwarder._grants["sa"][0].owner).position
+        for c in conns:
+            await c.close()
+        return replies, position
+
+    replies, position = asyncio.run(main())
+    assert all(isinstance(r, ErrorReply) and r.code == "unknown_session" for r in replies)
+    assert position == 0
+
+
+def test_a_last_hop_cannot_make_the_first_run_past_the_owners_bounds(swarm):
+    """C, the granted last hop, pushes ring steps into A's session by hand: out of order, at a
+    rewound position, after a stop token, past max_position. Each is refused (bad_request) before
+    any compute; only the steps the grant allows run."""
+    async def main():
+        conns = await _ringed_sessions(swarm, max_position=4, stop_tokens=(2,))
+        # the owner's own start: 3 tokens at 0 through A, B, C
+        meta, data = tensor_to_wire(torch.tensor([1, 2, 3], dtype=torch.int64))
+        start = PushForward(forward=Forward(session_id="sa", step=0, position=0, tensor=meta),
+                            route=[PushHop(B, "sb"), PushHop(C, "sc")], ring=True)
+        await conns[0].call(start, data)
+        mallory = swarm.net.transport(C)  # C's own identity, as a hostile last hop would push
+        got = {
+            "skip": await _raw(mallory, A, *_ring_step(2, 4, 5)),
+            "rewind": await _raw(mallory, A, *_ring_step(1, 1, 5)),
+            "stop": await _raw(mallory, A, *_ring_step(1, 3, 2)),
+        }
+        got["ok"] = await _raw(mallory, A, *_ring_step(1, 3, 5))
+        got["again"] = await _raw(mallory, A, *_ring_step(1, 3, 5))
+        got["ok2"] = await _raw(mallory, A, *_ring_step(2, 4, 5))
+        got["past"] = await _raw(mallory, A, *_ring_step(3, 5, 5))  # max_position 4
+        for c in conns:
+            await c.close()
+        return got
+
+    got = asyncio.run(main())
+    for key in ("skip", "rewind", "stop", "again", "past"):
+        assert isinstance(got[key], ErrorReply) and got[key].code == "bad_request", key
+    assert isinstance(got["ok"], PushAck) and isinstance(got["ok2"], PushAck)
+
+
+def test_the_ring_stops_at_a_stop_token_and_the_next_turn_goes_on(swarm):
+    """EOS is a stop token of the ring: the last hop does not push past it (the client's wait
+    ahead is answered RingStopped), and the next turn on the same pipeline starts a new ring."""
+    from p2pserve.client.generation import Generation
+    from p2pserve.client.params import GenerationParams
+    from p2pserve.client.pipeline import Pipeline
+    from tests.unit.test_push import CONFIG
+
+    route = [swarm.hops[A], swarm.hops[B], swarm.hops[C]]
+
+    async def turns(push, eos):
+        pipeline = Pipeline(swarm.net.transport("QmClient"), ChainListRoutes([route]), swarm.spec.model_id, 3, 64,
+                            config=CONFIG, vocab_size=swarm.spec.vocab_size)
+        pipeline.push = push
+        try:
+            got = []
+            prompt = [9, 8, 7]
+            for _ in range(2):
+                gen = Generation(pipeline, prompt, GenerationParams(max_new_tokens=8), eos)
+                async for _ev in gen:
+                    pass
+                got.append((gen.result.tokens, gen.result.finish_reason))
+                prompt = prompt + gen.result.tokens + [3]
+            return got, pipeline.ring_steps
+        finally:
+            await pipeline.close()
+
+    async def main():
+        plain, _ = await turns(PushConfig(), set())
+        eos = {plain[0][0][4]}  # a token that comes first at index 4
+        return plain, await turns(PushConfig(), eos), await turns(RING, eos)
+
+    plain, (ref, _), (got, ring_steps) = asyncio.run(main())
+    assert got == ref and ref[0] == (plain[0][0][:5], "stop") and ring_steps > 4
