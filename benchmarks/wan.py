@@ -20,13 +20,16 @@ paragraph, a summary quoting its text; each reply up to its end of turn, at most
 ``benchmarks/speculative.py``'s ``measure_prompts``) over the same relayed hops, total tokens over
 total seconds, with ``identical`` (every prompt), the draft's acceptance, and each prompt's
 figures under ``speculative.prompts``.
-``push_vs_client_ms_per_token``: push mode's (``p2pserve/client/push.py``: the client sends each
-step to the first hop, the peers forward it to each other, the last hop answers the client
-directly) median ms/token over client-driven's at the same delay, measured the same way right
-after it over the same peers (which meet at a bootstrap node, where each finds the next hop's
-announced relay address); ``push`` holds its ms/token, tokens/s, ``identical`` (its greedy tokens
-equal the client-driven run's), and ``network_floor_ms``: (hops + 1) x delay, the least a pushed
-step can cost, against client-driven's hops x 2 x delay (a ratio of 0.667 at 3 hops).
+``push_vs_client_ms_per_token``: push mode's median ms/token over client-driven's at the same
+delay, for the faster of its two variants, each measured the same way right after client-driven
+over the same peers (which meet at a bootstrap node, where each finds the next hop's announced
+relay address). ``push_chain_vs_client_ms_per_token``: the chain (``p2pserve/client/push.py``:
+the client sends each step to the first hop, the peers forward it to each other, the last hop
+answers the client directly; network floor (hops + 1) x delay, 0.667x client-driven's
+hops x 2 x delay at 3 hops). ``push_ring_vs_client_ms_per_token``: the ring
+(``p2pserve/client/ring.py``: the last hop also pushes each next token to the first hop, so a
+token crosses hops links, 0.5x). ``push`` holds each variant's ms/token, tokens/s, ``identical``
+(its greedy tokens equal the client-driven run's) and ``network_floor_ms``, and which was ``best``.
 
 Usage: PYTHONPATH=. python benchmarks/wan.py [--model default] [--delays 5 25 50] [--tokens 32]
        [--rate-mbps 100] [--repeats 2] [--spec-rounds 2] [--no-push] [--no-speculative] [--json PATH]
@@ -108,14 +111,19 @@ def best_of(model, hops, prompt_ids, tokens: int, repeats: int, push: PushConfig
 
 
 def measure_push(model, hops, prompt_ids, tokens: int, repeats: int, client: dict, delay_ms: float) -> dict:
-    """Push mode over ``hops``: its figures, and its ms/token over ``client``'s (the client-driven
-    run over the same hops)."""
-    run = best_of(model, hops, prompt_ids, tokens, repeats, PushConfig(enabled=True, min_rtt_ms=0))
-    return dict(ms_per_token=round(run["ms_per_token"], 2), tokens_per_s=round(run["tokens_per_s"], 2),
-                vs_client_ms_per_token=round(run["ms_per_token"] / client["ms_per_token"], 3),
-                network_floor_ms=(len(hops) + 1) * delay_ms,
-                floor_vs_client_floor=round((len(hops) + 1) / (2 * len(hops)), 3),
-                identical=run["tokens"] == client["tokens"] and run["identical_across_repeats"])
+    """Push mode over ``hops``, as a chain and as a ring: the figures of each (``chain``,
+    ``ring``) and of the faster (``best``), each ms/token over ``client``'s (the client-driven run
+    over the same hops)."""
+    h = len(hops)
+    out = {}
+    for name, ring, links in (("chain", False, h + 1), ("ring", True, h)):
+        run = best_of(model, hops, prompt_ids, tokens, repeats, PushConfig(enabled=True, min_rtt_ms=0, ring=ring))
+        out[name] = dict(ms_per_token=round(run["ms_per_token"], 2), tokens_per_s=round(run["tokens_per_s"], 2),
+                         vs_client_ms_per_token=round(run["ms_per_token"] / client["ms_per_token"], 3),
+                         network_floor_ms=links * delay_ms, floor_vs_client_floor=round(links / (2 * h), 3),
+                         identical=run["tokens"] == client["tokens"] and run["identical_across_repeats"])
+    best = min(out, key=lambda k: out[k]["ms_per_token"])
+    return dict(out, best=best, **{k: out[best][k] for k in ("ms_per_token", "vs_client_ms_per_token", "identical")})
 
 
 def measure_speculative(model, hops, tokens: int, rounds: int = 2) -> Optional[dict]:
@@ -173,7 +181,9 @@ def at_delay(model_path: str, model, ranges, prompt_ids, delay_ms: float, base: 
                                    tokens_per_s=round(run["tokens_per_s"] / base["tokens_per_s"], 3)),
             network_floor_ms=len(hops) * 2 * delay_ms,
             identical=run["tokens"] == base["tokens"] and run["identical_across_repeats"],
-            push_vs_client_ms_per_token=push["vs_client_ms_per_token"] if push else None,
+            push_vs_client_ms_per_token=push["vs_client_ms_per_token"] if push else None,  # the faster variant
+            push_chain_vs_client_ms_per_token=push["chain"]["vs_client_ms_per_token"] if push else None,
+            push_ring_vs_client_ms_per_token=push["ring"]["vs_client_ms_per_token"] if push else None,
             push=push,
             speculative_speedup=spec["speculative_speedup"] if spec else None,
             speculative=spec,
@@ -217,11 +227,14 @@ def main() -> int:
                   f"({row['ratio_vs_loopback']['ms_per_token']:.1f}x loopback; round trips alone "
                   f"{row['network_floor_ms']:.0f} ms), {row['client_tokens_per_s']:.2f} tokens/s "
                   f"({row['ratio_vs_loopback']['tokens_per_s']:.3f}x), identical={row['identical']}", flush=True)
+            for name in ("chain", "ring") if row["push"] else ():
+                pu = row["push"][name]
+                print(f"  push ({name}): {pu['ms_per_token']:.1f} ms/token ({pu['vs_client_ms_per_token']:.2f}x "
+                      f"client-driven; network floor {pu['network_floor_ms']:.0f} ms, {pu['floor_vs_client_floor']:.3f}x "
+                      f"client-driven's), identical={pu['identical']}", flush=True)
             if row["push"]:
-                pu = row["push"]
-                print(f"  push: {pu['ms_per_token']:.1f} ms/token ({pu['vs_client_ms_per_token']:.2f}x client-driven; "
-                      f"network floor {pu['network_floor_ms']:.0f} ms, {pu['floor_vs_client_floor']:.3f}x client-driven's), "
-                      f"identical={pu['identical']}", flush=True)
+                print(f"  push_vs_client_ms_per_token (best: {row['push']['best']}): "
+                      f"{row['push_vs_client_ms_per_token']:.3f}", flush=True)
             if row["speculative"]:
                 sp = row["speculative"]
                 print(f"  prompt-lookup speculation: {sp['speculative_speedup']:.2f}x tokens/s "
