@@ -1,6 +1,6 @@
 """Push mode with real peer processes: steps forwarded peer to peer over libp2p / the direct path.
 
-Four `p2pserve peer` processes on the tiny Llama: [0:3), [3:6) and two replicas of [6:8), each
+Five `p2pserve peer` processes on the tiny Llama: [0:3), [3:6) and three replicas of [6:8), each
 behind a delay relay adding 25 ms each way (``p2pserve/testing/wan.py``), so every link, client to
 peer and peer to peer, is a slow one. They meet at a bootstrap node and announce the relays'
 addresses, where each finds the next hop of a pushed step (the route names peer ids only). The
@@ -11,6 +11,8 @@ on it breaks, or its predecessor reports it unreachable: the client bans it, re-
 replica and replays). The route is pushed by the rule itself (``PushConfig(enabled=True)``: the
 sessions' open round trips are over its 10 ms).
 A route cannot make a peer dial an address of the client's choosing (a listener sees nothing).
+Ring mode (``client/ring.py``) too: greedy output equal to `generate`, with and without its last
+peer SIGKILLed mid-generation, and seeded sampling equal to client-driven.
 """
 
 from __future__ import annotations
@@ -43,9 +45,10 @@ from tests.harness import client_node, reference_generate
 
 pytestmark = pytest.mark.integration
 
-RANGES = [(0, 3), (3, 6), (6, 8), (6, 8)]
+RANGES = [(0, 3), (3, 6), (6, 8), (6, 8), (6, 8)]  # three replicas of the last hop: two of them die
 CONFIG = ClientConfig(hop_timeout_s=60.0, max_retries=3, ban_base_s=30.0)
 GREEDY = GenerationParams(max_new_tokens=12, ignore_eos=True)
+RING = PushConfig(enabled=True, ring=True)  # pushed by the rule (slow links), as a ring
 
 
 @pytest.fixture(scope="module")
@@ -65,12 +68,13 @@ def cluster(model_dir, tmp_path_factory):
 
 
 async def _generate(path, peers, prompt_ids, kill_after: int | None = None, params: GenerationParams = GREEDY,
-                    push: PushConfig = PushConfig(enabled=True), last: int = 2):
-    """Generation over the chains [A, B, C] then [A, B, C2] (``last`` = 3: [A, B, C2] alone),
-    pushed when ``push`` says so; kills C after ``kill_after`` tokens. Returns (tokens, pipeline)."""
+                    push: PushConfig = PushConfig(enabled=True), lasts: tuple[int, ...] = (2, 3)):
+    """Generation over the chains [A, B, peers[i]] for i in ``lasts``, in order, pushed when
+    ``push`` says so; kills the first chain's last peer after ``kill_after`` tokens. Returns
+    (tokens, pipeline)."""
     model = LocalModelInfo.load(path)
     a, b = peers[:2]
-    routes = ChainListRoutes([[a.hop(), b.hop(), c.hop()] for c in peers[last:]])
+    routes = ChainListRoutes([[a.hop(), b.hop(), peers[i].hop()] for i in lasts])
     async with client_node(CONFIG) as transport:
         pipeline = Pipeline(transport, routes, model.spec.model_id, model.spec.num_layers, 256, params.validate(),
                             CONFIG, FailoverState(CONFIG), vocab_size=model.spec.vocab_size)
@@ -81,7 +85,7 @@ async def _generate(path, peers, prompt_ids, kill_after: int | None = None, para
             async for _ in gen:
                 n += 1
                 if n == kill_after:
-                    await asyncio.to_thread(peers[2].kill)
+                    await asyncio.to_thread(peers[lasts[0]].kill)
             return gen.result.tokens, pipeline
         finally:
             await pipeline.close()
@@ -104,9 +108,31 @@ def test_seeded_sampling_pushed_reproduces_client_driven(cluster):
     path, peers = cluster
     ids = _prompt(path, "Pick your words at random, but the same ones twice.")
     sampled = GenerationParams(max_new_tokens=8, ignore_eos=True, temperature=1.0, top_k=50, seed=11)
-    driven, _ = asyncio.run(_generate(path, peers, ids, params=sampled, push=PushConfig(), last=3))
-    pushed, pipeline = asyncio.run(_generate(path, peers, ids, params=sampled, last=3))
+    driven, _ = asyncio.run(_generate(path, peers, ids, params=sampled, push=PushConfig(), lasts=(3,)))
+    pushed, pipeline = asyncio.run(_generate(path, peers, ids, params=sampled, lasts=(3,)))
     assert pushed == driven and pipeline.pushed_steps == sampled.max_new_tokens
+    ringed, pipeline = asyncio.run(_generate(path, peers, ids, params=sampled, push=RING, lasts=(3,)))
+    assert ringed == driven and pipeline.ring_steps == sampled.max_new_tokens - 1
+
+
+def test_ringed_greedy_output_is_token_identical(cluster):
+    """Ring mode: after the first step the last hop pushes each token to the first hop itself."""
+    path, peers = cluster
+    ids = _prompt(path, "Round and round the ring it goes.")
+    tokens, pipeline = asyncio.run(_generate(path, peers, ids, push=RING, lasts=(3,)))
+    assert tokens == reference_generate(path, ids, GREEDY.max_new_tokens)
+    assert not pipeline.failures and pipeline.ring_steps == GREEDY.max_new_tokens - 1
+
+
+def test_a_peer_killed_mid_ring_is_reported_and_routed_around(cluster):
+    """The ring's last peer dies: the client's wait on it breaks (or the hop before it reports
+    it): the client bans it, re-routes to a replica and replays; the output is unchanged."""
+    path, peers = cluster
+    ids = _prompt(path, "Even when the ring breaks on the way.")
+    tokens, pipeline = asyncio.run(_generate(path, peers, ids, kill_after=5, push=RING, lasts=(4, 3)))
+    assert tokens == reference_generate(path, ids, GREEDY.max_new_tokens)
+    assert [f.hop.peer_id for f in pipeline.failures] == [peers[4].peer_id]
+    assert pipeline.route[-1].peer_id == peers[3].peer_id and pipeline.ring_steps > 5
 
 
 def test_a_route_cannot_make_a_peer_dial_a_host_of_the_clients_choosing(cluster):
