@@ -370,10 +370,8 @@ class Forwarder:
         try:
             stream = await self.transport.open_stream(nxt.peer_id, maddrs, SESSION_PROTOCOL,
                                                       self.config.connect_timeout_s)
-        except (ConnectionError, TimeoutError):
-            raise
         except Exception as e:  # whatever dialling raised (the libp2p daemon's ControlFailure): unreachable
-            raise ConnectionError(f"{type(e).__name__}: {e}") from e
+            raise e if isinstance(e, (ConnectionError, TimeoutError)) else ConnectionError(f"{type(e).__name__}: {e}")
         link = self._links[session.id] = PushLink(nxt.peer_id, stream, session, self.limits)
         link.later = frozenset(later)
         return link, True
