@@ -42,6 +42,8 @@ from p2pserve.protocol import (
     PushAllowed,
     PushForward,
     PushHop,
+    RingGrant,
+    RingStopped,
     SamplingParams,
     SessionClosed,
     SessionOpened,
@@ -75,10 +77,15 @@ requests = st.one_of(
     st.just(OpenDirect()),
     st.builds(AttachDirect, token=st.text(max_size=32)),
     st.builds(AllowPush, session_id=ids, from_peer=peer_ids),
-    st.builds(AwaitResult, session_id=ids, step=small),
+    st.builds(AllowPush, session_id=ids, from_peer=peer_ids, ring=st.builds(
+        RingGrant, start_step=small, start_position=small, start_tokens=st.integers(1, 64), max_position=small,
+        stop_tokens=st.lists(small, max_size=4), route=st.lists(st.builds(PushHop, peer_id=peer_ids, session_id=ids),
+                                                                max_size=3),
+        successor=st.none() | st.builds(PushHop, peer_id=peer_ids, session_id=ids))),
+    st.builds(AwaitResult, session_id=ids, step=small, ring_until=small),
     st.builds(PushForward, forward=st.builds(Forward, session_id=ids, step=small, position=small,
                                              tensor=tensor_metas()),
-              route=st.lists(st.builds(PushHop, peer_id=peer_ids, session_id=ids), max_size=3)),
+              route=st.lists(st.builds(PushHop, peer_id=peer_ids, session_id=ids), max_size=3), ring=st.booleans()),
 ).map(msgspec.to_builtins)
 
 replies = st.one_of(
@@ -94,6 +101,7 @@ replies = st.one_of(
     st.builds(DirectAttached, peer_id=ids),
     st.builds(PushAllowed, session_id=ids),
     st.builds(PushAck, session_id=ids, step=small),
+    st.builds(RingStopped, session_id=ids, step=small),
     st.builds(ErrorReply, code=st.sampled_from(["malformed", "overloaded", "bad_request", "nonsense"]),
               message=st.text(max_size=40), session_id=st.none() | ids, step=st.none() | small,
               failed_peer=st.none() | peer_ids),
