@@ -46,11 +46,13 @@ def add_client_arguments(parser: argparse.ArgumentParser) -> None:
     r.add_argument("--verify-share", type=float, default=ClientConfig.verify_share,
                    help="share of each hop's steps re-executed on another replica in the background "
                         "(0 = off; docs/trust.md)")
-    r.add_argument("--push", default="off", choices=["off", "auto", "on"],
+    r.add_argument("--push", default="off", choices=["off", "auto", "on", "ring"],  # client/push.py PUSH_MODES
                    help="push mode (docs/wan.md): peers forward each step to each other and the last returns the "
-                        "token; auto: on routes whose median session-open round trip is at least 10 ms; needs "
-                        "peers that find each other in the swarm's records (not --peers), and --verify-share 0 "
-                        "(a pushed step does not show the client each hop's output to re-execute)")
+                        "token; auto: on routes whose median session-open round trip is at least 10 ms; on: on "
+                        "every route; ring: as auto, and the last peer also feeds each token back to the first "
+                        "itself (a token crosses one link per hop; with --speculative, steps push as on). Needs peers that find "
+                        "each other in the swarm's records (not --peers), and --verify-share 0 (a pushed step "
+                        "does not show the client each hop's output to re-execute)")
     r.add_argument("--verify-hold", action="store_true",
                    help="a non-streamed reply waits for the checks drawn on it, and is regenerated without a "
                         "peer they convict (docs/trust.md, 'Rolling back')")

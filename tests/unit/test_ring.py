@@ -323,3 +323,12 @@ def test_the_ring_stops_at_a_stop_token_and_the_next_turn_goes_on(swarm):
 
     plain, (ref, _), (got, ring_steps) = asyncio.run(main())
     assert got == ref and ref[0] == (plain[0][0][:5], "stop") and ring_steps > 4
+
+
+def test_the_ring_flag_maps_to_the_rule_with_a_ring():
+    from p2pserve.cli import build_parser
+    from p2pserve.cli.api import client_from_args
+
+    assert PushConfig.from_mode("ring") == PushConfig(enabled=True, ring=True)
+    fixed = ("chat", "--initial-peers", "/ip4/127.0.0.1/tcp/1/p2p/QmA", "--push", "ring", "--verify-share", "0")
+    assert client_from_args(build_parser("chat").parse_args(fixed)).config.push == PushConfig(enabled=True, ring=True)
