@@ -2,9 +2,9 @@
 
 A ring (``peer/ring.py``) sends the next step down a link before the reply to the previous one
 came back: waiting for it would cost a link delay per token. So writes do not wait for replies;
-one reader task matches the replies, in order, to the frames that asked for them, and hands any
-other frame (a later hop's failure of a step already acked, relayed back up the ring) to
-``on_unsolicited``. Push mode's chain steps use the same link and simply await their reply.
+one reader task matches the replies, in order, to the frames that asked for them, and hands an
+error for a step already acked (a later hop's failure, relayed back up the ring) to
+``on_unsolicited``, after which the link is closed (so a next hop cannot keep the reader busy). Push mode's chain steps use the same link and simply await their reply.
 """
 
 from __future__ import annotations
@@ -69,8 +69,8 @@ class PushLink:
                 # another step reports a later failure of a step already acked
                 if isinstance(reply, ErrorReply) and reply.step is not None and (
                         not self._pending or reply.step != self._pending[0][0]):
-                    self.on_unsolicited(reply)  # a later failure of a step already acked
-                    continue
+                    self.on_unsolicited(reply)  # a later failure of a step already acked: the link is done
+                    raise ConnectionError(f"{self.peer_id} reported a later failure: {reply.message}")
                 if not self._pending:
                     raise ConnectionError(f"{self.peer_id} sent a {type(reply).__name__} nothing asked for")
                 _, future = self._pending.popleft()
