@@ -332,3 +332,36 @@ def test_the_ring_flag_maps_to_the_rule_with_a_ring():
     assert PushConfig.from_mode("ring") == PushConfig(enabled=True, ring=True)
     fixed = ("chat", "--initial-peers", "/ip4/127.0.0.1/tcp/1/p2p/QmA", "--push", "ring", "--verify-share", "0")
     assert client_from_args(build_parser("chat").parse_args(fixed)).config.push == PushConfig(enabled=True, ring=True)
+
+
+def test_a_first_hop_that_hangs_on_ring_steps_is_named_by_the_last(model):
+    """A silently drops the ring steps C pushes it (it stays up and answers the client): C gets
+    no ack in ``call_timeout_s`` and answers the client's wait naming A, which is banned and
+    routed around; the output is unchanged."""
+    from p2pserve.peer.forwarding import ForwardingConfig
+    from tests.unit.test_push import Swarm
+
+    A2 = "QmPeerF"
+    s = Swarm(model, {A: (0, 1), A2: (0, 1), B: (1, 2), C: (2, 3)})
+    try:
+        s.handlers[C].forwarder.config = ForwardingConfig(call_timeout_s=0.5)
+        honest = s.handlers[A].forwarder.push
+
+        async def hang_on_ring_steps(msg, payload, stream, remote, run_local):
+            if remote == C:
+                await asyncio.sleep(3600)
+            return await honest(msg, payload, stream, remote, run_local)
+
+        s.handlers[A].forwarder.push = hang_on_ring_steps
+        routes = ChainListRoutes([[s.hops[A], s.hops[B], s.hops[C]], [s.hops[A2], s.hops[B], s.hops[C]]])
+
+        async def main():
+            ref, _ = await _generate(s, ChainListRoutes([routes.chains[1]]), PushConfig(), [1, 2, 3], 6)
+            got, p = await _generate(s, routes, RING, [1, 2, 3], 6)
+            return ref, got, p
+
+        ref, got, pipeline = asyncio.run(main())
+        assert got == ref and [f.hop.peer_id for f in pipeline.failures] == [A]
+        assert "no ack" in pipeline.failures[0].reason
+    finally:
+        s.stop()
