@@ -21,8 +21,9 @@ paragraph, a summary quoting its text; each reply up to its end of turn, at most
 total seconds, with ``identical`` (every prompt), the draft's acceptance, and each prompt's
 figures under ``speculative.prompts``.
 ``push_vs_client_ms_per_token``: push mode's median ms/token over client-driven's at the same
-delay, for the faster of its two variants, each measured the same way right after client-driven
-over the same peers (which meet at a bootstrap node, where each finds the next hop's announced
+delay, for the faster of its two variants, each measured the same way as client-driven, in
+turns with it (a warm-up of each, then rounds of one request per mode: a drifting load weighs on
+all modes alike), over the same peers (which meet at a bootstrap node, where each finds the next hop's announced
 relay address). ``push_chain_vs_client_ms_per_token``: the chain (``p2pserve/client/push.py``:
 the client sends each step to the first hop, the peers forward it to each other, the last hop
 answers the client directly; network floor (hops + 1) x delay, 0.667x client-driven's
@@ -103,21 +104,37 @@ async def client_run(model: LocalModelInfo, hops, prompt_ids: list[int], tokens:
 
 def best_of(model, hops, prompt_ids, tokens: int, repeats: int, push: PushConfig = PushConfig()) -> dict:
     """A warm-up request, then the fastest of ``repeats`` (a busy host only slows a run down)."""
-    asyncio.run(client_run(model, hops, prompt_ids, 4, push))
-    runs = [asyncio.run(client_run(model, hops, prompt_ids, tokens, push)) for _ in range(repeats)]
-    best = min(runs, key=lambda r: r["ms_per_token"])
-    best["identical_across_repeats"] = all(r["tokens"] == runs[0]["tokens"] for r in runs)
+    return interleaved(model, hops, prompt_ids, tokens, repeats, {"run": push})["run"]
+
+
+def interleaved(model, hops, prompt_ids, tokens: int, repeats: int, modes: dict[str, PushConfig]) -> dict[str, dict]:
+    """Each mode's fastest of ``repeats`` requests, after a warm-up of each; the modes take turns
+    in every round, so a load that drifts during the run weighs on all of them alike."""
+    for push in modes.values():
+        asyncio.run(client_run(model, hops, prompt_ids, 4, push))
+    runs: dict[str, list] = {name: [] for name in modes}
+    for _ in range(repeats):
+        for name, push in modes.items():
+            runs[name].append(asyncio.run(client_run(model, hops, prompt_ids, tokens, push)))
+    best = {}
+    for name, done in runs.items():
+        best[name] = min(done, key=lambda r: r["ms_per_token"])
+        best[name]["identical_across_repeats"] = all(r["tokens"] == done[0]["tokens"] for r in done)
     return best
 
 
-def measure_push(model, hops, prompt_ids, tokens: int, repeats: int, client: dict, delay_ms: float) -> dict:
-    """Push mode over ``hops``, as a chain and as a ring: the figures of each (``chain``,
-    ``ring``) and of the faster (``best``), each ms/token over ``client``'s (the client-driven run
-    over the same hops)."""
-    h = len(hops)
+#: Push mode's two variants, forced on whatever the links (the rule would push them anyway).
+PUSH_MODES = {"chain": PushConfig(enabled=True, min_rtt_ms=0), "ring": PushConfig(enabled=True, min_rtt_ms=0, ring=True)}
+
+
+def push_figures(runs: dict[str, dict], hops, delay_ms: float) -> dict:
+    """Push mode as a chain and as a ring (``runs``, measured in turns with ``runs["client"]``,
+    the client-driven run over the same hops): the figures of each (``chain``, ``ring``) and of
+    the faster (``best``), each ms/token over client-driven's."""
+    h, client = len(hops), runs["client"]
     out = {}
-    for name, ring, links in (("chain", False, h + 1), ("ring", True, h)):
-        run = best_of(model, hops, prompt_ids, tokens, repeats, PushConfig(enabled=True, min_rtt_ms=0, ring=ring))
+    for name, links in (("chain", h + 1), ("ring", h)):
+        run = runs[name]
         out[name] = dict(ms_per_token=round(run["ms_per_token"], 2), tokens_per_s=round(run["tokens_per_s"], 2),
                          vs_client_ms_per_token=round(run["ms_per_token"] / client["ms_per_token"], 3),
                          network_floor_ms=links * delay_ms, floor_vs_client_floor=round(links / (2 * h), 3),
@@ -169,8 +186,10 @@ def at_delay(model_path: str, model, ranges, prompt_ids, delay_ms: float, base: 
         if boot:  # each finds the next hop's announced address
             wait_announced(model_path, boot, [rp.peer.peer_id for rp in peers], model.spec.num_layers)
         hops = [rp.peer.hop() for rp in peers]
-        run = best_of(model, hops, prompt_ids, args.tokens, args.repeats)
-        push = None if args.no_push else measure_push(model, hops, prompt_ids, args.tokens, args.repeats, run, delay_ms)
+        runs = interleaved(model, hops, prompt_ids, args.tokens, args.repeats,
+                           {"client": PushConfig(), **({} if args.no_push else PUSH_MODES)})
+        run = runs["client"]
+        push = None if args.no_push else push_figures(runs, hops, delay_ms)
         spec = None if args.no_speculative else measure_speculative(model, hops, args.tokens, args.spec_rounds)
         return dict(
             delay_ms=delay_ms,
