@@ -16,27 +16,42 @@ import msgspec
 import pytest
 import torch
 
+from p2pserve.cli import build_parser
+from p2pserve.cli.api import client_from_args
+from p2pserve.client.generation import Generation
+from p2pserve.client.params import GenerationParams
+from p2pserve.client.pipeline import Pipeline
 from p2pserve.client.push import PushConfig
 from p2pserve.client.route_providers import ChainListRoutes
 from p2pserve.errors import BadRequestError, MalformedFrameError
+from p2pserve.peer.forwarding import ForwardingConfig
 from p2pserve.peer.ring import RingState, check_grant, ring_position
 from p2pserve.protocol import (
     MAX_RING_STOP_TOKENS,
     AllowPush,
-    AwaitResult,
     ErrorReply,
     Forward,
-    ForwardResult,
     PushAck,
     PushForward,
     PushHop,
     RingGrant,
-    RingStopped,
     SamplingParams,
     decode_request,
 )
 from p2pserve.transport.frames import tensor_to_wire
-from tests.unit.test_push import A, B, C, C2, _generate, _open, _raw, model, swarm  # noqa: F401 (fixtures)
+from tests.unit.test_push import (  # noqa: F401 (model, swarm: fixtures)
+    A,
+    B,
+    C,
+    C2,
+    CONFIG,
+    Swarm,
+    _generate,
+    _open,
+    _raw,
+    model,
+    swarm,
+)
 
 RING = PushConfig(enabled=True, min_rtt_ms=0, ring=True)
 PUSH = PushConfig(enabled=True, min_rtt_ms=0)
@@ -125,8 +140,6 @@ def test_ringed_greedy_output_equals_client_driven(swarm):
 
 
 def test_a_two_hop_ring_equals_client_driven(model):
-    from tests.unit.test_push import Swarm
-
     s = Swarm(model, {A: (0, 2), C: (2, 3)})
     try:
         route = [s.hops[A], s.hops[C]]
@@ -159,8 +172,6 @@ def test_a_killed_last_hop_is_banned_and_the_ring_replayed_on_a_new_route(swarm)
 def test_a_killed_middle_hop_is_named_up_the_ring(model):
     """B dies mid-ring: A's link to it breaks, A tells C (which pushed A its ring steps), and C
     answers the client's wait naming B; the client bans B, not A or C."""
-    from tests.unit.test_push import Swarm
-
     B2 = "QmPeerE"
     s = Swarm(model, {A: (0, 1), B: (1, 2), B2: (1, 2), C: (2, 3)})
     try:
@@ -196,9 +207,6 @@ def test_a_step_off_the_ring_drains_it_and_starts_another(swarm):
     route = [swarm.hops[A], swarm.hops[B], swarm.hops[C]]
 
     async def run(push):
-        from p2pserve.client.pipeline import Pipeline
-        from tests.unit.test_push import CONFIG
-
         pipeline = Pipeline(swarm.net.transport("QmClient"), ChainListRoutes([route]), swarm.spec.model_id, 3, 64,
                             config=CONFIG, vocab_size=swarm.spec.vocab_size)
         pipeline.push = push
@@ -292,11 +300,6 @@ def test_a_last_hop_cannot_make_the_first_run_past_the_owners_bounds(swarm):
 def test_the_ring_stops_at_a_stop_token_and_the_next_turn_goes_on(swarm):
     """EOS is a stop token of the ring: the last hop does not push past it (the client's wait
     ahead is answered RingStopped), and the next turn on the same pipeline starts a new ring."""
-    from p2pserve.client.generation import Generation
-    from p2pserve.client.params import GenerationParams
-    from p2pserve.client.pipeline import Pipeline
-    from tests.unit.test_push import CONFIG
-
     route = [swarm.hops[A], swarm.hops[B], swarm.hops[C]]
 
     async def turns(push, eos):
@@ -326,9 +329,6 @@ def test_the_ring_stops_at_a_stop_token_and_the_next_turn_goes_on(swarm):
 
 
 def test_the_ring_flag_maps_to_the_rule_with_a_ring():
-    from p2pserve.cli import build_parser
-    from p2pserve.cli.api import client_from_args
-
     assert PushConfig.from_mode("ring") == PushConfig(enabled=True, ring=True)
     fixed = ("chat", "--initial-peers", "/ip4/127.0.0.1/tcp/1/p2p/QmA", "--push", "ring", "--verify-share", "0")
     assert client_from_args(build_parser("chat").parse_args(fixed)).config.push == PushConfig(enabled=True, ring=True)
@@ -338,9 +338,6 @@ def test_a_first_hop_that_hangs_on_ring_steps_is_named_by_the_last(model):
     """A silently drops the ring steps C pushes it (it stays up and answers the client): C gets
     no ack in ``call_timeout_s`` and answers the client's wait naming A, which is banned and
     routed around; the output is unchanged."""
-    from p2pserve.peer.forwarding import ForwardingConfig
-    from tests.unit.test_push import Swarm
-
     A2 = "QmPeerF"
     s = Swarm(model, {A: (0, 1), A2: (0, 1), B: (1, 2), C: (2, 3)})
     try:
