@@ -115,7 +115,7 @@ class WitnessPool:
         session = _Session(secrets.token_hex(16), replica.start, replica.end, room, sampling)
         await entry.conn.call(OpenSession(version=PROTOCOL_VERSION, model_id=self.model_id,
                                           session_id=session.session_id, start=replica.start, end=replica.end,
-                                          max_length=room, sampling=sampling))
+                                          max_length=room, sampling=sampling, background=True))
         self.opened += 1
         entry.sessions[span] = session
         return session
