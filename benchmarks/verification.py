@@ -170,8 +170,10 @@ async def overhead(path, model, peers, rounds: int, concurrency: int, new_tokens
                 arm["tokens"] += n
                 arm["s"] += dt
                 arm["drain_s"] += dt - (t1 - t0)
-                arm["cpu_s"] += cpu_seconds() - cpu0
+                cpu_s = cpu_seconds() - cpu0
+                arm["cpu_s"] += cpu_s
                 cycle[name] = n / dt
+                cycle[name + "_cpu"] = cpu_s / n
             cycles.append(cycle)
         pool = clients["on"].verifier.witnesses
         stats = dict(asdict(clients["on"].verifier.stats), witness_sessions_opened=pool.opened,
@@ -189,8 +191,8 @@ async def overhead(path, model, peers, rounds: int, concurrency: int, new_tokens
     tps = {k: v["tokens"] / v["s"] for k, v in totals.items()}
     cpu = {k: 1000 * v["cpu_s"] / v["tokens"] for k, v in totals.items()}
 
-    def paired(arm: str) -> dict:
-        ratios = sorted(c[arm] / c["off"] for c in cycles)
+    def paired(arm: str, cpu: bool = False) -> dict:
+        ratios = sorted(c["off_cpu"] / c[arm + "_cpu"] if cpu else c[arm] / c["off"] for c in cycles)
         return {"median": round(statistics.median(ratios), 4), "min": round(ratios[0], 4),
                 "max": round(ratios[-1], 4), "cycles": len(ratios)}
 
@@ -199,6 +201,7 @@ async def overhead(path, model, peers, rounds: int, concurrency: int, new_tokens
             "ratio_hold": round(tps["hold"] / tps["off"], 4), "paired": paired("on"), "paired_hold": paired("hold"),
             "cpu_ms_per_token": {k: round(v, 4) for k, v in cpu.items()},
             "cpu_ratio": round(cpu["off"] / cpu["on"], 4), "cpu_ratio_hold": round(cpu["off"] / cpu["hold"], 4),
+            "cpu_paired": paired("on", cpu=True), "cpu_paired_hold": paired("hold", cpu=True),
             "drain_share": {k: round(v["drain_s"] / v["s"], 4) for k, v in totals.items() if k != "off"},
             "load_average_1min": load, "verifier": stats, "verifier_hold": hold_stats}
 

@@ -207,9 +207,8 @@ class Verifier:
     async def check(self, tape: HopTape, sampling: SamplingParams) -> Optional[str]:
         """Verify the latest step of ``tape``; returns the culprit's peer id if one was proven."""
         hop, step = tape.hop, tape.last
-        claim = self._claim(tape, step)
         key = self.reply_key(hop.peer_id)
-        if key and not verify_claim(key, claim, step.reply.signature):
+        if key and not verify_claim(key, self._claim(tape, step), step.reply.signature):
             self.stats.bad_signatures += 1
             self._exclude(hop.peer_id, "reply signature does not verify")
             return hop.peer_id
