@@ -150,8 +150,9 @@ class Verifier:
         """
         if suspects is not None:
             suspects.stepped(tapes)
+        every = self.config.verify_every_request
         for tape in tapes:
-            if self.rng.random() >= self.config.verify_share or tape.last is None:
+            if (self.rng.random() >= self.config.verify_share and not every) or tape.last is None:
                 continue
             self.stats.sampled += 1
             if tape.hop.end == self.num_layers and tape.last.reply.tokens is not None:
@@ -172,7 +173,7 @@ class Verifier:
 
     def _start(self, tape: HopTape, sampling: SamplingParams, checks: Optional[set] = None) -> None:
         """Check ``tape`` as it is now in a background task, unless too many checks run already."""
-        if len(self._tasks) >= self.config.verify_max_inflight:
+        if len(self._tasks) >= self.config.verify_max_inflight and not self.config.verify_every_request:
             self.stats.skipped += 1
             return
         snapshot = HopTape(tape.hop, tape.session_id, list(tape.steps))  # later steps must not leak in
@@ -237,8 +238,8 @@ class Verifier:
         payload, rows = join(tape.inputs_before(end))
         if tape.hop.end == self.num_layers:
             return await self._first_token_difference(tape, witness, sampling, done, end, payload, rows)
-        out, _ = await self._run(witness, [(0, rows, step.inputs.dtype, payload)], end, sampling)
-        theirs = _rows(out[0], out[1])
+        replies, _ = await self._run(witness, [(0, rows, step.inputs.dtype, payload, 1)], end, sampling)
+        theirs = _rows(replies[-1][0].tensor, replies[-1][1])
         tol = TOLERANCE.get(_dtype(step), 1e-3)
         # One distance over every row of every step, a handful of torch calls whatever the
         # session's length: a call per step cost the client more CPU than the check's Forward.
@@ -260,20 +261,23 @@ class Verifier:
 
     async def _first_token_difference(self, tape: HopTape, witness: Hop, sampling: SamplingParams, done, end: int,
                                       payload: bytes, rows: int):
-        """The last hop's first one-token step, among the last ``MAX_VERIFY_OUTPUTS`` positions,
-        whose token the witness does not reproduce: one Forward of the whole history asks for the
-        token after each of those positions (the peers sample with a seed per position)."""
-        outputs = min(MAX_VERIFY_OUTPUTS, rows)
-        (_, _, reply), _ = await self._run(witness, [(0, rows, tape.last.inputs.dtype, payload)], end, sampling,
-                                           whole=True, outputs=outputs)
-        theirs = reply.tokens if outputs > 1 else [reply.token]
-        base = end - outputs  # theirs[i] is the token returned after position base + i
-        for s in done:
-            after = s.inputs.position + s.inputs.count - 1
-            if s.reply.tokens is not None or after < base:
-                continue  # a speculative step, or one too far back for this replay
+        """The last hop's first one-token step whose token the witness does not reproduce. The
+        history is replayed in Forwards that ask for the token after each position from the first
+        one a step returned a token after, at most ``MAX_VERIFY_OUTPUTS`` per Forward (peers sample
+        with a seed per position), so every token the hop returned is compared."""
+        steps = [s for s in done if s.reply.tokens is None]  # a speculative step is not re-executed yet
+        if not steps:
+            return None
+        first = steps[0].inputs.position + steps[0].inputs.count - 1
+        calls = token_windows(first, end, rows, tape.last.inputs.dtype, payload)
+        replies, _ = await self._run(witness, calls, end, sampling)
+        theirs: dict[int, int] = {}  # position -> the witness's token after it
+        for (position, n, _, _, k), (reply, _) in zip(calls, replies):
+            tokens = reply.tokens if k > 1 else [reply.token]
+            theirs.update(zip(range(position + n - k, position + n), tokens))
+        for s in steps:
             self.stats.verified += 1
-            if theirs[after - base] != s.reply.token:
+            if theirs.get(s.inputs.position + s.inputs.count - 1) != s.reply.token:
                 return s
         return None
 
@@ -318,9 +322,10 @@ class Verifier:
         """``replica`` runs the history before ``step`` as a prefill, then ``step`` alone."""
         p = step.inputs.position
         payload, rows = join(tape.inputs_before(p))
-        calls = ([(0, rows, step.inputs.dtype, payload)] if rows else []) + [
-            (p, step.inputs.count, step.inputs.dtype, step.inputs.data)]
-        (meta, out, reply), sid = await self._run(replica, calls, p + step.inputs.count, sampling, whole=True)
+        calls = ([(0, rows, step.inputs.dtype, payload, 1)] if rows else []) + [
+            (p, step.inputs.count, step.inputs.dtype, step.inputs.data, 1)]
+        replies, sid = await self._run(replica, calls, p + step.inputs.count, sampling)
+        (reply, out), meta = replies[-1], replies[-1][0].tensor
         claim = ReplyClaim(model=self.model_id, peer_id=replica.peer_id, session_id=sid, start=tape.hop.start,
                            end=tape.hop.end, position=p, count=step.inputs.count,
                            commitment=tape.commitment(p + step.inputs.count),
@@ -328,18 +333,29 @@ class Verifier:
         hidden = _rows(meta, out) if meta is not None else None
         return Answer(replica, claim, reply.signature, reply.token, hidden, bytes(out) if meta is not None else b"")
 
-    async def _run(self, replica: Hop, calls, max_length: int, sampling: SamplingParams, whole: bool = False,
-                   outputs: int = 1):
-        """Send ``calls`` (``(position, rows, dtype, payload)``, the first at position 0, the last
-        asking for ``outputs`` tokens) to a check session over ``replica``'s span, kept open between
-        checks (``client/witness_pool.py``); the last reply's (meta, bytes[, reply]) and the session id."""
-        (reply, out), sid = await self.witnesses.run(replica, calls, max_length, sampling, outputs)
-        return ((reply.tensor, out, reply) if whole else (reply.tensor, out)), sid
+    async def _run(self, replica: Hop, calls, max_length: int, sampling: SamplingParams):
+        """Send ``calls`` (``(position, rows, dtype, payload, outputs)``, the first at position 0)
+        to a check session over ``replica``'s span, kept open between checks
+        (``client/witness_pool.py``); each call's (reply, bytes), and the session id."""
+        return await self.witnesses.run(replica, calls, max_length, sampling)
 
     def _exclude(self, peer: str, why: str) -> None:
         if peer not in self.excluded:
             log.warning("verification: no longer routing to %s: %s", peer, why)
         self.excluded[peer] = why
+
+
+def token_windows(first: int, end: int, rows: int, dtype: str, payload: bytes) -> list[tuple]:
+    """Calls ``(position, rows, dtype, payload, outputs)`` that replay ``rows`` input rows ending at
+    ``end`` (``payload``, from position 0) and ask for the token after each position in
+    [``first``, ``end``): the first call also carries the rows before ``first``, and no call asks
+    for more than ``MAX_VERIFY_OUTPUTS`` tokens."""
+    size = len(payload) // max(rows, 1)
+    cuts = [0] + list(range(min(first + MAX_VERIFY_OUTPUTS, end), end, MAX_VERIFY_OUTPUTS)) + [end]
+    calls = []
+    for a, b in zip(cuts, cuts[1:]):
+        calls.append((a, b - a, dtype, payload[a * size:b * size], b - max(a, first)))
+    return calls
 
 
 def _agree(a: tuple, b: tuple, tol: float) -> tuple[bool, float]:
