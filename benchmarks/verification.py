@@ -16,6 +16,8 @@ of peers (``AsyncClient(peers=...)``), so no control plane is involved. Figures:
   between cycles; ``cpu_ratio``: CPU seconds per token of the whole benchmark (peers, their
   libp2p daemons, the client) off over on, the work the checks add, which the load of other
   processes on the machine barely moves;
+* the same for ``verify_every_request`` with ``verify_hold`` (``ratio_every``): every hop of every
+  request checked before it returns (docs/trust.md, "Every request");
 * ``requests_to_exclusion`` — a dishonest peer (``tests/dishonest.py``) joins as a fourth replica
   of [0, 4) and corrupts 10% of its steps; a fresh client per trial at 2% verification counts
   the requests until it bans the peer (the integration test shows the plan dropping it);
@@ -144,7 +146,8 @@ async def overhead(path, model, peers, rounds: int, concurrency: int, new_tokens
     client) off over on: the work the checks add, which other engineers' load barely moves."""
     share = ClientConfig().verify_share
     arms = {"off": replace(BASE, verify_share=0.0), "on": replace(BASE, verify_share=share),
-            "hold": replace(BASE, verify_share=share, verify_hold=True)}
+            "hold": replace(BASE, verify_share=share, verify_hold=True),
+            "every": replace(BASE, verify_share=share, verify_hold=True, verify_every_request=True)}
     totals = {k: {"tokens": 0, "s": 0.0, "drain_s": 0.0, "cpu_s": 0.0} for k in arms}
     cycles: list[dict] = []
     load = [os.getloadavg()[0]]
@@ -159,7 +162,7 @@ async def overhead(path, model, peers, rounds: int, concurrency: int, new_tokens
         names = list(arms)
         for p in range(max(1, rounds // phase)):
             cycle = {}
-            for name in names[p % 3:] + names[:p % 3]:
+            for name in names[p % len(names):] + names[:p % len(names)]:
                 client, cpu0, t0 = clients[name], cpu_seconds(), time.perf_counter()
                 n = await _workers(client, concurrency, phase, new_tokens, p * phase)
                 t1 = time.perf_counter()
@@ -197,11 +200,13 @@ async def overhead(path, model, peers, rounds: int, concurrency: int, new_tokens
                 "max": round(ratios[-1], 4), "cycles": len(ratios)}
 
     return {"verify_share": share, "tokens_per_s_on": round(tps["on"], 2), "tokens_per_s_off": round(tps["off"], 2),
-            "tokens_per_s_hold": round(tps["hold"], 2), "ratio": round(tps["on"] / tps["off"], 4),
+            "tokens_per_s_hold": round(tps["hold"], 2), "tokens_per_s_every": round(tps["every"], 2), "ratio": round(tps["on"] / tps["off"], 4),
             "ratio_hold": round(tps["hold"] / tps["off"], 4), "paired": paired("on"), "paired_hold": paired("hold"),
             "cpu_ms_per_token": {k: round(v, 4) for k, v in cpu.items()},
             "cpu_ratio": round(cpu["off"] / cpu["on"], 4), "cpu_ratio_hold": round(cpu["off"] / cpu["hold"], 4),
             "cpu_paired": paired("on", cpu=True), "cpu_paired_hold": paired("hold", cpu=True),
+            "ratio_every": round(tps["every"] / tps["off"], 4), "paired_every": paired("every"),
+            "cpu_ratio_every": round(cpu["off"] / cpu["every"], 4), "cpu_paired_every": paired("every", cpu=True),
             "drain_share": {k: round(v["drain_s"] / v["s"], 4) for k, v in totals.items() if k != "off"},
             "load_average_1min": load, "verifier": stats, "verifier_hold": hold_stats}
 
