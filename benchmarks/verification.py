@@ -135,8 +135,9 @@ def cpu_seconds() -> float:
 
 
 async def overhead(path, model, peers, rounds: int, concurrency: int, new_tokens: int, phase: int = 3) -> dict:
-    """Aggregate tokens/s with verification at the default share over without, and with
-    ``verify_hold`` over without. Each arm runs ``rounds`` requests per worker (``concurrency``
+    """Aggregate tokens/s with verification at the default share over without, with
+    ``verify_hold`` over without, and with ``verify_every_request`` and ``verify_hold`` over
+    without ("every"). Each arm runs ``rounds`` requests per worker (``concurrency``
     closed-loop workers) in phases of ``phase``; a cycle runs one phase of each arm, in an order
     that rotates from cycle to cycle, so load drift on a shared machine hits every arm alike. A
     verifying phase ends when its last check is done, so it pays for every check it started (none
