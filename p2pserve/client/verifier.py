@@ -1,16 +1,17 @@
 """Re-execution of sampled steps on another replica, off the critical path; verdicts; evidence.
 
 After each successful step, :meth:`Verifier.after_step` draws, per hop, whether to verify it
-(``ClientConfig.verify_share``). A drawn hop is checked by a background task, never by the
-user's request, once its route is done, covering all its steps:
+(``ClientConfig.verify_share``; with ``verify_every_request`` every hop is checked). A drawn hop
+is checked by a background task, never by the user's request (unless it holds for it,
+``verify_hold``), once its route is done, covering all its steps:
 
 1. the reply's signature is checked against the peer's announced ``reply_key`` (a bad one bans
    the peer locally at once: it is malformed, there is nothing to prove);
 2. a *witness* (another peer serving the hop's layers) gets the hop's whole input history.
    For hidden states one prefill returns every position, and all of the hop's steps so far are
    compared with what it returned (within :data:`TOLERANCE` of its dtype); for the last hop the
-   same one Forward asks for the token after each of the last ``MAX_VERIFY_OUTPUTS`` positions,
-   and every token the hop returned there is compared;
+   replay asks for the token after each position the hop returned one for, at most
+   ``MAX_VERIFY_OUTPUTS`` per Forward (:func:`token_windows`), and every token is compared;
 3. on a difference the first differing step is replayed *aligned* (history as a prefill, then
    exactly that step) on the witness and on a third replica, each signing its claim over the same
    inputs. Whoever disagrees with both others is the culprit; with no third replica, or three
@@ -18,7 +19,8 @@ user's request, once its route is done, covering all its steps:
 
 A culprit is banned by this client at once and, when the client is in a swarm, listed in its
 :class:`~p2pserve.dht.evidence.Evidence` record with every signed claim. Pure parts:
-:func:`distance`, :func:`culprit`.
+:func:`distance`, :func:`culprit`, :func:`token_windows`. The witness runs a check as background
+work (``OpenSession.background``): only in its spare compute steps.
 """
 
 from __future__ import annotations
