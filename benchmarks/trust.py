@@ -10,7 +10,8 @@ timed the same way in the same run, and gathers their results:
   capture, with the claim policy off ("before") and on ("after");
 * ``benchmarks/verification.py``: ``verification_overhead`` (aggregate tokens/s with
   verification on at the default share against off, over the whole run and paired within each
-  cycle of phases, and with ``verify_hold`` against off), ``requests_to_exclusion`` of a peer that
+  cycle of phases, as CPU seconds per token, and with ``verify_hold`` and with every request
+  checked against off), ``requests_to_exclusion`` of a peer that
   corrupts 10% of its steps, ``false_exclusions`` over verified honest steps in fp32 and bf16,
   and the signing cost per step.
 
@@ -88,8 +89,11 @@ def summarize(out: dict) -> dict:
     for key in ("verification_overhead", "requests_to_exclusion", "false_exclusions", "sign_us_per_step"):
         if key in verification:
             summary[key] = verification[key]
-    if "paired" in verification.get("verification_overhead", {}):  # load drift between cycles cancelled
-        summary["verification_overhead_paired_median"] = verification["verification_overhead"]["paired"]["median"]
+    overhead = verification.get("verification_overhead", {})
+    if "paired" in overhead:  # load drift between cycles cancelled
+        summary["verification_overhead_paired_median"] = overhead["paired"]["median"]
+    if "cpu_ratio" in overhead:  # CPU seconds per token off over on: the checks' work, load barely moves it
+        summary["verification_overhead_cpu_ratio"] = overhead["cpu_ratio"]
     if "sybil_flow_share" in out.get("sybil", {}):
         summary["sybil_flow_share"] = out["sybil"]["sybil_flow_share"]
     if "encryption_cost_per_hop" in out.get("tls", {}):

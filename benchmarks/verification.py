@@ -8,11 +8,16 @@ of peers (``AsyncClient(peers=...)``), so no control plane is involved. Figures:
 * ``signing`` — per step: the peer's input commitment for one row, output digest and Ed25519
   signature, and the client's signature check, for a 4096-wide bf16 row (Llama-3-8B) and the
   tiny model's row; microbenchmarked in this process;
-* ``verification_overhead`` — aggregate generated tokens/s of 4 concurrent greedy requests with
-  verification on at the default share (``ClientConfig.verify_share``) over the same with it off,
-  and with ``verify_hold`` over off, in rotating phases of 3 rounds on the same peers, each
-  verifying phase waiting for its own checks (target >= 0.97); ``paired``: the ratio within each
-  cycle of phases (median, range), which cancels load drift between cycles;
+* ``verification_overhead`` — aggregate generated tokens/s of 4 closed-loop workers sending
+  greedy requests, with verification on at the default share (``ClientConfig.verify_share``) over
+  the same with it off, and with ``verify_hold`` over off, in rotating phases of 3 requests per
+  worker on the same peers, each verifying phase waiting for its own checks (target >= 0.97);
+  ``paired``: the ratio within each cycle of phases (median, range), which cancels load drift
+  between cycles; ``cpu_ratio``: CPU seconds per token of the whole benchmark (peers, their
+  libp2p daemons, the client) off over on, the work the checks add, which the load of other
+  processes on the machine barely moves;
+* the same for ``verify_every_request`` with ``verify_hold`` (``ratio_every``): every hop of every
+  request checked before it returns (docs/trust.md, "Every request");
 * ``requests_to_exclusion`` — a dishonest peer (``tests/dishonest.py``) joins as a fourth replica
   of [0, 4) and corrupts 10% of its steps; a fresh client per trial at 2% verification counts
   the requests until it bans the peer (the integration test shows the plan dropping it);
@@ -28,6 +33,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -92,39 +98,86 @@ async def _round(client, concurrency: int, new_tokens: int, offset: int) -> tupl
     return sum(len(r.tokens) for r in replies), time.perf_counter() - t0
 
 
-async def overhead(path, model, peers, rounds: int, concurrency: int, new_tokens: int, phase: int = 3) -> dict:
-    """Aggregate tokens/s with verification at the default share over without, and with
-    ``verify_hold`` over without. Each arm runs ``rounds`` rounds in phases of ``phase``; a cycle
-    runs one phase of each arm, in an order that rotates from cycle to cycle, so load drift on a
-    shared machine hits every arm alike. A verifying phase ends when its last check is done, so it
-    pays for every check it started (none spill into the next phase). ``paired`` gives the ratio
-    within each cycle (its median and range): the drift between cycles cancels there."""
-    import os
+async def _workers(client, concurrency: int, requests: int, new_tokens: int, offset: int) -> int:
+    """``concurrency`` closed-loop workers, each sending ``requests`` greedy requests back to back
+    (no barrier between requests: a request that waits lets the others run); tokens generated."""
 
+    async def worker(i: int) -> int:
+        n = 0
+        for r in range(requests):
+            reply = await client.generate(PROMPTS[(offset + i + r) % len(PROMPTS)], max_new_tokens=new_tokens,
+                                          ignore_eos=True)
+            n += len(reply.tokens)
+        return n
+
+    return sum(await asyncio.gather(*(worker(i) for i in range(concurrency))))
+
+
+def cpu_seconds() -> float:
+    """CPU time (user + system) of this process and all its descendants (the peer processes and
+    every libp2p daemon): the work the whole benchmark does, whatever else runs on the machine."""
+    parents, times = {}, {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the process ended meanwhile
+            continue
+        parents[int(entry)] = int(fields[1])
+        times[int(entry)] = (int(fields[11]) + int(fields[12])) / tick
+    mine, more = set(), {os.getpid()}
+    while more:  # descendants, generation by generation
+        mine |= more
+        more = {p for p, pp in parents.items() if pp in mine} - mine
+    return sum(times[p] for p in mine)
+
+
+async def overhead(path, model, peers, rounds: int, concurrency: int, new_tokens: int, phase: int = 3) -> dict:
+    """Aggregate tokens/s with verification at the default share over without, with
+    ``verify_hold`` over without, and with ``verify_every_request`` and ``verify_hold`` over
+    without ("every"). Each arm runs ``rounds`` requests per worker (``concurrency``
+    closed-loop workers) in phases of ``phase``; a cycle runs one phase of each arm, in an order
+    that rotates from cycle to cycle, so load drift on a shared machine hits every arm alike. A
+    verifying phase ends when its last check is done, so it pays for every check it started (none
+    spill into the next phase); ``drain_share`` is the part of its time spent waiting for them.
+    ``paired`` gives the ratio within each cycle (median and range): the drift between cycles
+    cancels there. ``cpu_ratio`` is CPU seconds per token (peers, their libp2p daemons and the
+    client) off over on: the work the checks add, which other engineers' load barely moves."""
     share = ClientConfig().verify_share
     arms = {"off": replace(BASE, verify_share=0.0), "on": replace(BASE, verify_share=share),
-            "hold": replace(BASE, verify_share=share, verify_hold=True)}
-    totals = {k: [0, 0.0] for k in arms}
+            "hold": replace(BASE, verify_share=share, verify_hold=True),
+            "every": replace(BASE, verify_share=share, verify_hold=True, verify_every_request=True)}
+    totals = {k: {"tokens": 0, "s": 0.0, "drain_s": 0.0, "cpu_s": 0.0} for k in arms}
     cycles: list[dict] = []
     load = [os.getloadavg()[0]]
     clients = {k: AsyncClient(peers=_entries(peers), model=path, config=c, seed=1, model_info=model) for k, c in arms.items()}
     for c in clients.values():
         await c.start()
     try:
-        await _round(clients["off"], concurrency, 4, 0)  # warm-up
+        for c in clients.values():  # warm-up: streams, sessions and witness sessions of every arm
+            await _round(c, concurrency, 4, 0)
+            if c.verifier is not None:
+                await c.verifier.drain()
         names = list(arms)
         for p in range(max(1, rounds // phase)):
             cycle = {}
-            for name in names[p % 3:] + names[:p % 3]:
-                client, t0, n = clients[name], time.perf_counter(), 0
-                for r in range(phase):
-                    n += (await _round(client, concurrency, new_tokens, p * phase + r))[0]
+            for name in names[p % len(names):] + names[:p % len(names)]:
+                client, cpu0, t0 = clients[name], cpu_seconds(), time.perf_counter()
+                n = await _workers(client, concurrency, phase, new_tokens, p * phase)
+                t1 = time.perf_counter()
                 if client.verifier is not None:
                     await client.verifier.drain()
                 dt = time.perf_counter() - t0
-                totals[name][0] += n
-                totals[name][1] += dt
+                arm = totals[name]
+                arm["tokens"] += n
+                arm["s"] += dt
+                arm["drain_s"] += dt - (t1 - t0)
+                cpu_s = cpu_seconds() - cpu0
+                arm["cpu_s"] += cpu_s
                 cycle[name] = n / dt
+                cycle[name + "_cpu"] = cpu_s / n
             cycles.append(cycle)
         pool = clients["on"].verifier.witnesses
         stats = dict(asdict(clients["on"].verifier.stats), witness_sessions_opened=pool.opened,
@@ -139,16 +192,23 @@ async def overhead(path, model, peers, rounds: int, concurrency: int, new_tokens
         for c in clients.values():
             await c.close()
     load.append(os.getloadavg()[0])
-    tps = {k: v[0] / v[1] for k, v in totals.items()}
+    tps = {k: v["tokens"] / v["s"] for k, v in totals.items()}
+    cpu = {k: 1000 * v["cpu_s"] / v["tokens"] for k, v in totals.items()}
 
-    def paired(arm: str) -> dict:
-        ratios = sorted(c[arm] / c["off"] for c in cycles)
+    def paired(arm: str, cpu: bool = False) -> dict:
+        ratios = sorted(c["off_cpu"] / c[arm + "_cpu"] if cpu else c[arm] / c["off"] for c in cycles)
         return {"median": round(statistics.median(ratios), 4), "min": round(ratios[0], 4),
                 "max": round(ratios[-1], 4), "cycles": len(ratios)}
 
     return {"verify_share": share, "tokens_per_s_on": round(tps["on"], 2), "tokens_per_s_off": round(tps["off"], 2),
-            "tokens_per_s_hold": round(tps["hold"], 2), "ratio": round(tps["on"] / tps["off"], 4),
+            "tokens_per_s_hold": round(tps["hold"], 2), "tokens_per_s_every": round(tps["every"], 2), "ratio": round(tps["on"] / tps["off"], 4),
             "ratio_hold": round(tps["hold"] / tps["off"], 4), "paired": paired("on"), "paired_hold": paired("hold"),
+            "cpu_ms_per_token": {k: round(v, 4) for k, v in cpu.items()},
+            "cpu_ratio": round(cpu["off"] / cpu["on"], 4), "cpu_ratio_hold": round(cpu["off"] / cpu["hold"], 4),
+            "cpu_paired": paired("on", cpu=True), "cpu_paired_hold": paired("hold", cpu=True),
+            "ratio_every": round(tps["every"] / tps["off"], 4), "paired_every": paired("every"),
+            "cpu_ratio_every": round(cpu["off"] / cpu["every"], 4), "cpu_paired_every": paired("every", cpu=True),
+            "drain_share": {k: round(v["drain_s"] / v["s"], 4) for k, v in totals.items() if k != "off"},
             "load_average_1min": load, "verifier": stats, "verifier_hold": hold_stats}
 
 

@@ -54,9 +54,9 @@ class BatchingConfig:
     kv_threshold: float = 0.05  # KVthresh: below this free share, prefill gets #MinP only
     pipeline_depth: int = 1  # PP depth seen by this peer's decode spreading
     max_batch_tokens: int = 4096  # hard cap on tokens in one step, whatever the formula says
-    # A decode from the only session active for this long runs on the I/O thread itself, skipping
-    # two thread handoffs (~0.2 ms a hop); 0 disables it. Concurrent sessions always batch.
+    # A lone session's decode after this long runs on the I/O thread (no two thread handoffs, ~0.2 ms a hop); 0: never
     inline_lone_decode_s: float = 0.05
+    background_max_skips: int = 64  # a witness replay (OpenSession.background) passed over this often runs anyway
 
 
 @dataclass(frozen=True)
@@ -77,16 +77,15 @@ class PeerConfig:
     request_timeout_s: float = 120.0
     frame_limits: FrameLimits = field(default_factory=FrameLimits)
     batching: BatchingConfig = field(default_factory=BatchingConfig)
-    # Plan-driven mode: the most layers to hold (None: derived from weights_memory_bytes).
-    max_layers: int | None = None
+    max_layers: int | None = None  # plan-driven mode: the most layers to hold (None: from weights_memory_bytes)
     weights_memory_bytes: int = 8 * 1024**3
     profile_batch: int = 32  # concurrent sessions the announced decode throughput assumes
     announce: bool = False  # join the control plane: profile, probe links, announce, follow plans
     swarm_model: str | None = None  # model name in DHT keys; None = the checkpoint's model_id
     direct_port: int | None = 0  # TCP port of the direct path (0: any free one; None: libp2p only)
     probe_max_bytes: int = 64 * 1024**2  # largest link-probe transfer (caps the CPU a fast link's probe costs)
-    # Hardening (docs/hardening.md): a step running longer than this withdraws the peer (it is
-    # announced as draining) until the step ends; a dead compute thread is restarted at once.
+    # Hardening (docs/hardening.md): a step running longer than this withdraws the peer (announced as
+    # draining) until the step ends; a dead compute thread is restarted at once.
     stuck_step_s: float = 60.0
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
 
@@ -101,20 +100,21 @@ class ClientConfig:
     direct: bool = True  # use a peer's direct TCP path when it offers one and it is reachable
     direct_connect_timeout_s: float = 2.0
     max_retries: int = 3  # pipeline rebuilds per request before GenerationFailedError
-    ban_base_s: float = 5.0  # first ban of a failed peer; doubles per repeat failure
+    ban_base_s: float = 5.0  # first ban of a failed peer; doubles per repeat failure (up to ban_max_s)
     ban_max_s: float = 120.0
     stale_route_pause_s: float = 0.25  # after "range moved": let the peer's new announcement land
-    # When no usable route exists (bans, a peer still loading, a record not yet announced), wait up to this
-    # long in all, re-reading the swarm, before failing the request (0: fail at once, HTTP 503; churn: tests/chaos).
+    # No usable route (bans, a peer loading, a record not yet announced): wait up to this long in all,
+    # re-reading the swarm, before failing (0: fail at once, HTTP 503; churn: tests/chaos).
     no_route_wait_s: float = 0.0
-    # Output verification (client/verifier.py, docs/trust.md): the share of each hop's steps
-    # re-executed on another replica in the background. 2% keeps the extra work small while a peer
-    # corrupting 10% of its steps is caught in tens of requests (a check covers the whole session).
-    # 0 turns verification off (no input history is kept either). A caught peer's outputs are
-    # regenerated (client/rollback.py); verify_hold makes a request await its own checks first.
+    # Output verification (client/verifier.py, docs/trust.md): the share of each hop's steps re-executed
+    # on another replica in the background; 2% catches a peer corrupting 10% of its steps in tens of
+    # requests (a check covers the whole session); 0: off. A caught peer's outputs are regenerated
+    # (client/rollback.py); verify_hold makes a request await its own checks first, and
+    # verify_every_request (with verify_share > 0) checks every hop of every route, never skipped.
     verify_share: float = 0.02
     verify_max_inflight: int = 4  # background checks at once; a draw beyond that is skipped
     verify_hold: bool = False
+    verify_every_request: bool = False
     evidence_ttl_s: float = 3600.0  # how long this client's evidence record lives in the DHT
     # Observed service rates (client/observer.py): every report_period_s, a swarm client publishes
     # the per-session decode rates it measured at the peers it used (its last report_window

@@ -66,6 +66,9 @@ class OpenSession(msgspec.Struct, frozen=True, tag_field="t", tag="open"):
     ``max_length`` bounds the positions the session will ever hold; the peer reserves that much
     KV cache up front (or answers "overloaded"). When ``end`` is the model's last layer the
     peer samples a token with ``sampling``; otherwise it returns hidden states.
+    ``background`` asks the peer to run the session's Forwards only in steps that have no other
+    work (a verifier's witness replay: it must not delay anyone's tokens); it lowers the
+    session's own priority and nothing else.
     """
 
     version: int
@@ -75,6 +78,7 @@ class OpenSession(msgspec.Struct, frozen=True, tag_field="t", tag="open"):
     end: NonNegative
     max_length: NonNegative
     sampling: SamplingParams = SamplingParams()
+    background: bool = False
 
 
 #: How many trailing positions of a Forward the last hop returns a next token for.

@@ -56,6 +56,10 @@ def add_client_arguments(parser: argparse.ArgumentParser) -> None:
     r.add_argument("--verify-hold", action="store_true",
                    help="a non-streamed reply waits for the checks drawn on it, and is regenerated without a "
                         "peer they convict (docs/trust.md, 'Rolling back')")
+    r.add_argument("--verify-every-request", action="store_true",
+                   help="check every hop of every request in full on another replica, never skipped; with "
+                        "--verify-hold, no non-streamed reply returns before its checks passed (docs/trust.md, "
+                        "'Every request'; costs about one prefill per hop per request)")
     r.add_argument("--speculative", default=None, metavar="prompt-lookup|draft:PATH",
                    help="speculative decoding (docs/speculative.md): draft tokens by prompt lookup or with a small "
                         "local model sharing the tokenizer, verify several per step. Off by default: it helps "
@@ -95,10 +99,13 @@ def client_from_args(args: argparse.Namespace):
         raise ConfigError("give --initial-peers or --config (a swarm), or --peers (fixed peers)")
     if not 0.0 <= args.verify_share <= 1.0:
         raise ConfigError(f"--verify-share must be in [0, 1], got {args.verify_share}")
+    if args.verify_every_request and args.verify_share <= 0:
+        raise ConfigError("--verify-every-request needs --verify-share above 0 (0 turns verification off)")
     if args.push != "off" and args.verify_share > 0:
         raise ConfigError(f"--push {args.push} needs --verify-share 0: verified routes are never pushed (docs/wan.md)")
     config = ClientConfig(hop_timeout_s=args.hop_timeout, max_retries=args.max_retries, verify_share=args.verify_share,
-                          push=PushConfig.from_mode(args.push), verify_hold=args.verify_hold)
+                          push=PushConfig.from_mode(args.push), verify_hold=args.verify_hold,
+                          verify_every_request=args.verify_every_request)
     return AsyncClient(initial_peers=tuple(args.initial_peers or ()), model=args.model, peers=args.peers or None,
                        config=config, swarm_model=args.swarm_model, swarm_id=args.swarm_id,
                        trusted_coordinators=tuple(args.trusted_coordinator or ()), seed=args.seed,

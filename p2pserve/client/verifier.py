@@ -1,16 +1,17 @@
 """Re-execution of sampled steps on another replica, off the critical path; verdicts; evidence.
 
 After each successful step, :meth:`Verifier.after_step` draws, per hop, whether to verify it
-(``ClientConfig.verify_share``). A drawn hop is checked by a background task, never by the
-user's request, once its route is done, covering all its steps:
+(``ClientConfig.verify_share``; with ``verify_every_request`` every hop is checked). A drawn hop
+is checked by a background task, never by the user's request (unless it holds for it,
+``verify_hold``), once its route is done, covering all its steps:
 
 1. the reply's signature is checked against the peer's announced ``reply_key`` (a bad one bans
    the peer locally at once: it is malformed, there is nothing to prove);
 2. a *witness* (another peer serving the hop's layers) gets the hop's whole input history.
    For hidden states one prefill returns every position, and all of the hop's steps so far are
    compared with what it returned (within :data:`TOLERANCE` of its dtype); for the last hop the
-   same one Forward asks for the token after each of the last ``MAX_VERIFY_OUTPUTS`` positions,
-   and every token the hop returned there is compared;
+   replay asks for the token after each position the hop returned one for, at most
+   ``MAX_VERIFY_OUTPUTS`` per Forward (:func:`token_windows`), and every token is compared;
 3. on a difference the first differing step is replayed *aligned* (history as a prefill, then
    exactly that step) on the witness and on a third replica, each signing its claim over the same
    inputs. Whoever disagrees with both others is the culprit; with no third replica, or three
@@ -18,12 +19,14 @@ user's request, once its route is done, covering all its steps:
 
 A culprit is banned by this client at once and, when the client is in a swarm, listed in its
 :class:`~p2pserve.dht.evidence.Evidence` record with every signed claim. Pure parts:
-:func:`distance`, :func:`culprit`.
+:func:`distance`, :func:`culprit`, :func:`token_windows`. The witness runs a check as background
+work (``OpenSession.background``): only in its spare compute steps.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import random
 from dataclasses import dataclass, field, replace
@@ -46,18 +49,21 @@ from p2pserve.dht.evidence import (
     output_digest,
     verify_claim,
 )
-from p2pserve.protocol import MAX_VERIFY_OUTPUTS, SamplingParams
+from p2pserve.protocol import MAX_VERIFY_OUTPUTS, SamplingParams, TensorMeta
 from p2pserve.transport.frames import tensor_from_wire
 
 log = logging.getLogger(__name__)
 
 
+def row_distances(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Relative L2 error of each row of two [n, hidden] tensors: [n]."""
+    a, b = a.float(), b.float()
+    return torch.linalg.vector_norm(a - b, dim=-1) / torch.linalg.vector_norm(b, dim=-1).clamp_min(1e-6)
+
+
 def distance(a: torch.Tensor, b: torch.Tensor) -> float:
     """Largest relative L2 error over rows of two [n, hidden] tensors (0 for identical)."""
-    a, b = a.float(), b.float()
-    num = torch.linalg.vector_norm(a - b, dim=-1)
-    den = torch.linalg.vector_norm(b, dim=-1).clamp_min(1e-6)
-    return float((num / den).max()) if a.numel() else 0.0
+    return float(row_distances(a, b).max()) if a.numel() else 0.0
 
 
 def culprit(agree_aw: bool, agree_at: Optional[bool], agree_wt: Optional[bool]) -> Optional[str]:
@@ -146,8 +152,9 @@ class Verifier:
         """
         if suspects is not None:
             suspects.stepped(tapes)
+        every = self.config.verify_every_request
         for tape in tapes:
-            if self.rng.random() >= self.config.verify_share or tape.last is None:
+            if (self.rng.random() >= self.config.verify_share and not every) or tape.last is None:
                 continue
             self.stats.sampled += 1
             if tape.hop.end == self.num_layers and tape.last.reply.tokens is not None:
@@ -168,7 +175,7 @@ class Verifier:
 
     def _start(self, tape: HopTape, sampling: SamplingParams, checks: Optional[set] = None) -> None:
         """Check ``tape`` as it is now in a background task, unless too many checks run already."""
-        if len(self._tasks) >= self.config.verify_max_inflight:
+        if len(self._tasks) >= self.config.verify_max_inflight and not self.config.verify_every_request:
             self.stats.skipped += 1
             return
         snapshot = HopTape(tape.hop, tape.session_id, list(tape.steps))  # later steps must not leak in
@@ -203,9 +210,8 @@ class Verifier:
     async def check(self, tape: HopTape, sampling: SamplingParams) -> Optional[str]:
         """Verify the latest step of ``tape``; returns the culprit's peer id if one was proven."""
         hop, step = tape.hop, tape.last
-        claim = self._claim(tape, step)
         key = self.reply_key(hop.peer_id)
-        if key and not verify_claim(key, claim, step.reply.signature):
+        if key and not verify_claim(key, self._claim(tape, step), step.reply.signature):
             self.stats.bad_signatures += 1
             self._exclude(hop.peer_id, "reply signature does not verify")
             return hop.peer_id
@@ -234,12 +240,20 @@ class Verifier:
         payload, rows = join(tape.inputs_before(end))
         if tape.hop.end == self.num_layers:
             return await self._first_token_difference(tape, witness, sampling, done, end, payload, rows)
-        out, _ = await self._run(witness, [(0, rows, step.inputs.dtype, payload)], end, sampling)
-        theirs = _rows(out[0], out[1])
+        replies, _ = await self._run(witness, [(0, rows, step.inputs.dtype, payload, 1)], end, sampling)
+        theirs = _rows(replies[-1][0].tensor, replies[-1][1])
         tol = TOLERANCE.get(_dtype(step), 1e-3)
-        for s in done:
-            ours = _rows(s.reply.tensor, s.output)
-            d = distance(ours, theirs[s.inputs.position:s.inputs.position + s.inputs.count])
+        # One distance over every row of every step, a handful of torch calls whatever the
+        # session's length: a call per step cost the client more CPU than the check's Forward.
+        first = done[0].reply.tensor
+        data = b"".join(bytes(s.output) for s in done)
+        rows_of = [s.inputs.count for s in done]
+        ours = _rows(TensorMeta(first.dtype, [sum(rows_of), *first.shape[1:]], len(data)), data)
+        at = torch.tensor([p for s in done for p in range(s.inputs.position, s.inputs.position + s.inputs.count)])
+        per_row = row_distances(ours, theirs[at]).tolist()
+        offsets = [0] + list(itertools.accumulate(rows_of))
+        for i, s in enumerate(done):
+            d = max(per_row[offsets[i]:offsets[i + 1]])
             self.stats.verified += 1
             if d > tol:
                 return s
@@ -249,20 +263,23 @@ class Verifier:
 
     async def _first_token_difference(self, tape: HopTape, witness: Hop, sampling: SamplingParams, done, end: int,
                                       payload: bytes, rows: int):
-        """The last hop's first one-token step, among the last ``MAX_VERIFY_OUTPUTS`` positions,
-        whose token the witness does not reproduce: one Forward of the whole history asks for the
-        token after each of those positions (the peers sample with a seed per position)."""
-        outputs = min(MAX_VERIFY_OUTPUTS, rows)
-        (_, _, reply), _ = await self._run(witness, [(0, rows, tape.last.inputs.dtype, payload)], end, sampling,
-                                           whole=True, outputs=outputs)
-        theirs = reply.tokens if outputs > 1 else [reply.token]
-        base = end - outputs  # theirs[i] is the token returned after position base + i
-        for s in done:
-            after = s.inputs.position + s.inputs.count - 1
-            if s.reply.tokens is not None or after < base:
-                continue  # a speculative step, or one too far back for this replay
+        """The last hop's first one-token step whose token the witness does not reproduce. The
+        history is replayed in Forwards that ask for the token after each position from the first
+        one a step returned a token after, at most ``MAX_VERIFY_OUTPUTS`` per Forward (peers sample
+        with a seed per position), so every token the hop returned is compared."""
+        steps = [s for s in done if s.reply.tokens is None]  # a speculative step is not re-executed yet
+        if not steps:
+            return None
+        first = steps[0].inputs.position + steps[0].inputs.count - 1
+        calls = token_windows(first, end, rows, tape.last.inputs.dtype, payload)
+        replies, _ = await self._run(witness, calls, end, sampling)
+        theirs: dict[int, int] = {}  # position -> the witness's token after it
+        for (position, n, _, _, k), (reply, _) in zip(calls, replies):
+            tokens = reply.tokens if k > 1 else [reply.token]
+            theirs.update(zip(range(position + n - k, position + n), tokens))
+        for s in steps:
             self.stats.verified += 1
-            if theirs[after - base] != s.reply.token:
+            if theirs.get(s.inputs.position + s.inputs.count - 1) != s.reply.token:
                 return s
         return None
 
@@ -307,9 +324,10 @@ class Verifier:
         """``replica`` runs the history before ``step`` as a prefill, then ``step`` alone."""
         p = step.inputs.position
         payload, rows = join(tape.inputs_before(p))
-        calls = ([(0, rows, step.inputs.dtype, payload)] if rows else []) + [
-            (p, step.inputs.count, step.inputs.dtype, step.inputs.data)]
-        (meta, out, reply), sid = await self._run(replica, calls, p + step.inputs.count, sampling, whole=True)
+        calls = ([(0, rows, step.inputs.dtype, payload, 1)] if rows else []) + [
+            (p, step.inputs.count, step.inputs.dtype, step.inputs.data, 1)]
+        replies, sid = await self._run(replica, calls, p + step.inputs.count, sampling)
+        (reply, out), meta = replies[-1], replies[-1][0].tensor
         claim = ReplyClaim(model=self.model_id, peer_id=replica.peer_id, session_id=sid, start=tape.hop.start,
                            end=tape.hop.end, position=p, count=step.inputs.count,
                            commitment=tape.commitment(p + step.inputs.count),
@@ -317,18 +335,29 @@ class Verifier:
         hidden = _rows(meta, out) if meta is not None else None
         return Answer(replica, claim, reply.signature, reply.token, hidden, bytes(out) if meta is not None else b"")
 
-    async def _run(self, replica: Hop, calls, max_length: int, sampling: SamplingParams, whole: bool = False,
-                   outputs: int = 1):
-        """Send ``calls`` (``(position, rows, dtype, payload)``, the first at position 0, the last
-        asking for ``outputs`` tokens) to a check session over ``replica``'s span, kept open between
-        checks (``client/witness_pool.py``); the last reply's (meta, bytes[, reply]) and the session id."""
-        (reply, out), sid = await self.witnesses.run(replica, calls, max_length, sampling, outputs)
-        return ((reply.tensor, out, reply) if whole else (reply.tensor, out)), sid
+    async def _run(self, replica: Hop, calls, max_length: int, sampling: SamplingParams):
+        """Send ``calls`` (``(position, rows, dtype, payload, outputs)``, the first at position 0)
+        to a check session over ``replica``'s span, kept open between checks
+        (``client/witness_pool.py``); each call's (reply, bytes), and the session id."""
+        return await self.witnesses.run(replica, calls, max_length, sampling)
 
     def _exclude(self, peer: str, why: str) -> None:
         if peer not in self.excluded:
             log.warning("verification: no longer routing to %s: %s", peer, why)
         self.excluded[peer] = why
+
+
+def token_windows(first: int, end: int, rows: int, dtype: str, payload: bytes) -> list[tuple]:
+    """Calls ``(position, rows, dtype, payload, outputs)`` that replay ``rows`` input rows ending at
+    ``end`` (``payload``, from position 0) and ask for the token after each position in
+    [``first``, ``end``): the first call also carries the rows before ``first``, and no call asks
+    for more than ``MAX_VERIFY_OUTPUTS`` tokens."""
+    size = len(payload) // max(rows, 1)
+    cuts = [0] + list(range(min(first + MAX_VERIFY_OUTPUTS, end), end, MAX_VERIFY_OUTPUTS)) + [end]
+    calls = []
+    for a, b in zip(cuts, cuts[1:]):
+        calls.append((a, b - a, dtype, payload[a * size:b * size], b - max(a, first)))
+    return calls
 
 
 def _agree(a: tuple, b: tuple, tol: float) -> tuple[bool, float]:

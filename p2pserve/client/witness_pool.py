@@ -61,17 +61,17 @@ class WitnessPool:
         self.opened = 0  # sessions opened on witnesses (each check used to open one)
         self.forwards = 0  # Forwards sent to witnesses
 
-    async def run(self, replica: Hop, calls, max_length: int, sampling: SamplingParams, outputs: int = 1):
-        """Send ``calls`` (``(position, rows, dtype, payload)``, the first at position 0, the last
-        asking for ``outputs`` tokens) to a check session over ``replica``'s span; returns the last
-        (reply, payload) and the session id. A session that fails is dropped and the calls are
-        sent once more on a fresh stream and session."""
+    async def run(self, replica: Hop, calls, max_length: int, sampling: SamplingParams):
+        """Send ``calls`` (``(position, rows, dtype, payload, outputs)``, the first at position 0;
+        ``outputs`` tokens asked of a last hop, else 1) to a check session over ``replica``'s span;
+        returns each call's (reply, payload) and the session id. A session that fails is dropped
+        and the calls are sent once more on a fresh stream and session."""
         entry = self._replicas.setdefault(replica.peer_id, _Replica())
         async with entry.lock:
             for attempt in (0, 1):
                 fresh = entry.conn is None or (replica.start, replica.end) not in entry.sessions
                 try:
-                    return await self._send(entry, replica, calls, max_length, sampling, outputs)
+                    return await self._send(entry, replica, calls, max_length, sampling)
                 except asyncio.CancelledError:
                     raise
                 except Exception:
@@ -81,8 +81,7 @@ class WitnessPool:
                         raise
         raise AssertionError("unreachable")
 
-    async def _send(self, entry: _Replica, replica: Hop, calls, max_length: int, sampling: SamplingParams,
-                    outputs: int):
+    async def _send(self, entry: _Replica, replica: Hop, calls, max_length: int, sampling: SamplingParams):
         cfg = self.config
         if entry.conn is None or entry.conn.stream is None:
             entry.conn = HopConnection(self.transport, replica, cfg.frame_limits, cfg.hop_timeout_s,
@@ -92,14 +91,16 @@ class WitnessPool:
         session = await self._session(entry, replica, max_length, sampling)
         link = HopConnection(self.transport, replica, cfg.frame_limits, cfg.hop_timeout_s, cfg.connect_timeout_s)
         link.stream, link.session_id = entry.conn.stream, session.session_id
-        for i, (position, rows, dtype, payload) in enumerate(calls):
-            meta, k = _meta(dtype, rows, payload), outputs if i == len(calls) - 1 else 1
+        replies = []
+        for position, rows, dtype, payload, k in calls:
+            meta = _meta(dtype, rows, payload)
             step, session.steps = session.steps, session.steps + 1
             self.forwards += 1
             reply, out = await link.call(Forward(session_id=session.session_id, step=step, position=position,
                                                  tensor=meta, outputs=k), payload)
             link.check_forward(reply, out, rows, step, position, replica.end == self.num_layers, outputs=k)
-        return (reply, out), session.session_id
+            replies.append((reply, out))
+        return replies, session.session_id
 
     async def _session(self, entry: _Replica, replica: Hop, max_length: int, sampling: SamplingParams) -> _Session:
         """The open session over ``replica``'s span, opened (again) when it is too short or samples
@@ -115,7 +116,7 @@ class WitnessPool:
         session = _Session(secrets.token_hex(16), replica.start, replica.end, room, sampling)
         await entry.conn.call(OpenSession(version=PROTOCOL_VERSION, model_id=self.model_id,
                                           session_id=session.session_id, start=replica.start, end=replica.end,
-                                          max_length=room, sampling=sampling))
+                                          max_length=room, sampling=sampling, background=True))
         self.opened += 1
         entry.sessions[span] = session
         return session

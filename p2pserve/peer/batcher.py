@@ -3,7 +3,10 @@
 Pure logic: ``TokenThrottle.schedule()`` picks work from the waiting queue given the free KV
 share; the compute worker runs what it picked and calls ``Pending.advance()``. Decode tokens
 (one per session) go first because a whole pipeline is waiting on each of them; prefill is
-chunked so a long prompt cannot stall every decode behind it.
+chunked so a long prompt cannot stall every decode behind it. Background work (a verifier's
+witness replay, ``OpenSession.background``) runs only in steps that have no other work, so it never
+delays a serving session's step beyond the one background step already running; a background
+request passed over ``BatchingConfig.background_max_skips`` times runs anyway (no starvation).
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ class Pending:
     total: int
     arrival: int  # monotonically increasing ticket, for FIFO order
     done: int = 0
+    background: bool = False  # runs only when nothing else waits (a verifier's witness replay)
+    skipped: int = 0  # steps that ran while this background request waited
 
     @property
     def remaining(self) -> int:
@@ -68,9 +73,20 @@ class TokenThrottle:
         return max(1, math.ceil(waiting_decode / max(1, self.config.pipeline_depth)))
 
     def schedule(self, waiting: list[Pending], kv_free_fraction: float) -> list[Chunk]:
-        """Choose this step's chunks; never returns an empty list when work is waiting."""
+        """Choose this step's chunks; never returns an empty list when work is waiting.
+
+        Background requests are left out while anything else waits (each one left out counts a
+        skip), unless they were skipped ``background_max_skips`` times already.
+        """
         if not waiting:
             return []
+        limit = self.config.background_max_skips
+        urgent = [p for p in waiting if not p.background or p.skipped >= limit]
+        if urgent and len(urgent) < len(waiting):
+            for p in waiting:
+                if p.background and p.skipped < limit:
+                    p.skipped += 1
+            waiting = urgent
         decodes = [p for p in waiting if p.is_decode]
         prefills = sorted((p for p in waiting if not p.is_decode), key=lambda p: p.arrival)
         cap = self.config.max_batch_tokens

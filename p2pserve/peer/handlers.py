@@ -338,7 +338,10 @@ class SessionHandler:
         job.on_settled = self.table.settle
         session.job = job
         # A lone decode token, or a lone speculative step (only the tokens it verifies), runs inline.
-        if not (n == msg.outputs and self._alone(session.id) and self.worker.run_inline(job)):
+        # A background session (a witness replay) neither runs inline nor ends another session's
+        # streak of being alone: a check must not move a serving session off the inline path.
+        alone = not session.background and self._alone(session.id)
+        if not (n == msg.outputs and alone and self.worker.run_inline(job)):
             self.worker.submit(job)
         try:
             # asyncio.timeout wraps no extra task around the future (wait_for would): this is

@@ -44,6 +44,7 @@ class Session:
     job: object = None  # the Forward the compute worker holds for it (one at a time), or None
     closed: bool = False  # closed while a job ran: the reservation is released when it settles
     chain: InputChain = field(default_factory=InputChain)  # commitment to every input consumed (signed replies)
+    background: bool = False  # its Forwards run only in spare steps (OpenSession.background)
 
     @property
     def position(self) -> int:
@@ -130,6 +131,7 @@ class SessionTable:
             owner=owner,
             last_used=self.clock(),
             principal=principal,
+            background=msg.background,
         )
         self._sessions[msg.session_id] = session
         return session

@@ -164,7 +164,7 @@ class ComputeWorker:
             if self._busy or self._stop or self._incoming or self._waiting or self.shard is None:
                 return False
             self._busy, self._step_since = True, time.monotonic()
-            pending = Pending(job, job.inputs.shape[0], next(self._tickets))
+            pending = Pending(job, job.inputs.shape[0], next(self._tickets), background=job.session.background)
             self._waiting.append(pending)
         done: list[Delivery] = []
         try:
@@ -187,7 +187,8 @@ class ComputeWorker:
                 if self._stop:
                     break
                 for job in self._incoming:
-                    self._waiting.append(Pending(job, job.inputs.shape[0], next(self._tickets)))
+                    self._waiting.append(Pending(job, job.inputs.shape[0], next(self._tickets),
+                                                 background=job.session.background))
                 self._incoming.clear()
                 self._busy, self._step_since = True, time.monotonic()
             done: list[Delivery] = []

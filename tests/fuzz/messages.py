@@ -70,7 +70,7 @@ sampling = st.builds(SamplingParams, temperature=st.floats(0.0, 100.0), top_k=st
 
 requests = st.one_of(
     st.builds(OpenSession, version=st.just(PROTOCOL_VERSION), model_id=ids, session_id=ids, start=small, end=small,
-              max_length=small, sampling=sampling),
+              max_length=small, sampling=sampling, background=st.booleans()),
     st.builds(Forward, session_id=ids, step=small, position=small, tensor=tensor_metas()),
     st.builds(CloseSession, session_id=ids),
     st.just(GetStats()),

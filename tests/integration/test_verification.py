@@ -24,6 +24,7 @@ What is asserted, request by request (at most 200 requests, 24 greedy tokens eac
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 
 import pytest
@@ -47,6 +48,7 @@ DEADLINE = 120.0  # generous for a loaded two-core machine, not a performance cl
 MAX_REQUESTS = 200
 PROMPTS = [[1, 5, 9, 13], [2, 4, 8, 16, 32], [3, 7, 11], [6, 10, 20, 30, 40, 50]]
 NEW_TOKENS = 24
+EVERY_REQUEST_MAX = 40  # a request through the dishonest peer carries a corrupted step w.p. 1 - 0.9^24 = 0.92
 
 
 async def _until(fn, what: str):
@@ -90,6 +92,45 @@ def swarm(model_dir, tmp_path_factory):
         if bad is not None:
             bad.kill()
         children.stop_all(timeout=0)
+
+
+def test_every_request_checked_before_it_returns_is_identical_throughout(swarm, tmp_path):
+    """``verify_every_request`` with ``verify_hold``: every hop of every request is checked before
+    the request returns, so a request through the corrupting peer is caught and regenerated in the
+    same request, and *every* request is token-identical to ``generate``. Runs first, with a key the
+    coordinator does not trust: its evidence alone does not drop the peer from the plan, which the
+    next test needs."""
+    model, path, bad = swarm["model"], swarm["path"], swarm["bad"]
+    refs = [reference_generate(path, p, NEW_TOKENS) for p in PROMPTS]
+    config = ClientConfig(verify_share=0.02, verify_hold=True, verify_every_request=True, hop_timeout_s=30.0,
+                          max_retries=3)
+    dht = dataclasses.replace(swarm["dht"], key_path=str(tmp_path / "untrusted.key"))
+
+    async def main():
+        async with AsyncClient(model=path, dht_config=dht, config=config, seed=5, model_info=model) as client:
+            routes = client.swarm_routes
+
+            async def flow_through_bad():
+                await routes.refresh(force=True)
+                return routes.plan is not None and any(f.src == bad and f.rate > 0 for f in routes.plan.flows)
+
+            await _until(flow_through_bad, "a plan with flow through the dishonest peer")
+            log, caught_at = [], None
+            for i in range(EVERY_REQUEST_MAX):
+                prompt = i % len(PROMPTS)
+                reply = await client.generate(PROMPTS[prompt], max_new_tokens=NEW_TOKENS, ignore_eos=True)
+                log.append(({h.peer_id for r in reply.routes for h in r}, reply.tokens == refs[prompt], reply.rolled_back))
+                if caught_at is None and bad in client.verifier.excluded:
+                    caught_at = i
+                if caught_at is not None and i >= caught_at + 3:
+                    break
+            return log, caught_at, client.verifier.stats
+
+    log, caught_at, stats = asyncio.run(main())
+    print(f"caught at request {caught_at}; rolled back: {[(i, n) for i, (_, _, n) in enumerate(log) if n]}; {stats}")
+    assert caught_at is not None, f"not caught in {len(log)} requests: {stats}"
+    assert log[caught_at][2] > 0  # the catching request went through it, was rolled back and regenerated
+    assert all(same for _, same, _ in log), [i for i, (_, same, _) in enumerate(log) if not same]
 
 
 def test_a_corrupting_peer_is_excluded_and_output_stays_identical_after(swarm):

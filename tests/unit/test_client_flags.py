@@ -65,3 +65,19 @@ def test_client_config_refuses_out_of_range_values(kw):
 
     with pytest.raises(ConfigError):
         ClientConfig(**kw)
+
+
+def test_verify_every_request_flag_needs_a_verify_share():
+    """``--verify-every-request`` (docs/trust.md, "Every request") reaches ``ClientConfig``, on chat
+    and api alike, and is refused with ``--verify-share 0``, which turns verification off."""
+    from p2pserve.cli import build_parser
+    from p2pserve.cli.api import client_from_args
+    from p2pserve.errors import ConfigError
+
+    for command in ("chat", "api"):
+        fixed = (command, "--initial-peers", "/ip4/127.0.0.1/tcp/1/p2p/QmA")
+        config = client_from_args(build_parser(command).parse_args([*fixed, "--verify-every-request", "--verify-hold"])).config
+        assert config.verify_every_request and config.verify_hold
+        assert not client_from_args(build_parser(command).parse_args(fixed)).config.verify_every_request
+        with pytest.raises(ConfigError, match="verify-share"):
+            client_from_args(build_parser(command).parse_args([*fixed, "--verify-every-request", "--verify-share", "0"]))

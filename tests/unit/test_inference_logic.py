@@ -77,6 +77,19 @@ def test_schedule_puts_decodes_first_and_chunks_prefill():
     assert [(c.pending.key, c.offset, c.n) for c in chunks] == [("p1", 100, 50), ("p2", 0, 30)]
 
 
+def test_background_requests_run_only_in_spare_steps():
+    """A witness replay (background) never joins a step with serving work, unless passed over
+    ``background_max_skips`` times; alone, it runs at once."""
+    th = TokenThrottle(BatchingConfig(throttle_steps=1, min_prefill_tokens=1, kv_threshold=0.0, background_max_skips=2))
+    check = Pending("check", 20, 0, background=True)
+    decode, prefill = Pending("d1", 1, 1), Pending("p1", 8, 2)
+    assert [c.pending.key for c in th.schedule([check, decode, prefill], 1.0)] == ["d1", "p1"]
+    assert check.skipped == 1
+    assert [c.pending.key for c in th.schedule([check, decode], 1.0)] == ["d1"]
+    assert [c.pending.key for c in th.schedule([check, decode], 1.0)] == ["d1", "check"]  # skipped twice: runs
+    assert [(c.pending.key, c.n) for c in th.schedule([Pending("c2", 5, 3, background=True)], 1.0)] == [("c2", 5)]
+
+
 def test_kv_budget_and_cache():
     budget = KVBudget(100)  # whole blocks of 16: 96 token-layers
     assert budget.capacity == 96

@@ -16,7 +16,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption,
 
 from p2pserve.client.hop import Hop
 from p2pserve.client.tape import HopTape
-from p2pserve.client.verifier import TOLERANCE, culprit, distance
+from p2pserve.client.verifier import TOLERANCE, culprit, distance, token_windows
 from p2pserve.config import CoordinatorConfig, DHTConfig
 from p2pserve.coordinator.exclusion import ExclusionBook, case_holds, judge
 from p2pserve.coordinator.service import CoordinatorService
@@ -329,3 +329,17 @@ def test_hostile_evidence_bytes_get_typed_errors_and_judging_never_raises(trio):
         for trusted in (True, False):  # must not raise, whichever path judges it
             judge([Signed(record, "key-x", 1e9)], peers, lambda s, r: trusted, 1)
     assert decoded > 0
+
+
+def test_token_windows_ask_for_every_returned_token_at_most_64_per_forward():
+    """A last hop's check replays the history from position 0 and asks for the token after every
+    position from the first one a step returned a token after: one Forward for a short session,
+    several (at most 64 tokens each) for a long one, so no returned token goes unchecked."""
+    payload = bytes(range(200)) * 4  # 200 rows of 4 bytes
+    short = token_windows(first=3, end=19, rows=19, dtype="float32", payload=payload[:76])
+    assert [(p, n, k) for p, n, _, _, k in short] == [(0, 19, 16)]
+    calls = token_windows(first=9, end=200, rows=200, dtype="float32", payload=payload)
+    assert [(p, n, k) for p, n, _, _, k in calls] == [(0, 73, 64), (73, 64, 64), (137, 63, 63)]
+    assert b"".join(c[3] for c in calls) == payload
+    asked = [p + n - k + i for p, n, _, _, k in calls for i in range(k)]
+    assert asked == list(range(9, 200))
