@@ -84,3 +84,15 @@ def topology_check(
         return res.decode_throughput_tokens_per_s
 
     return check
+
+
+def live_check(duration: float = 240.0, warmup: float = 60.0, seed: int = 1) -> Callable[[Topology], Callable[[Placement], float] | None]:
+    """A check factory for a coordinator (``CoordinatorService(plan_check=...)``): each round's
+    topology gets a :func:`topology_check` when it is :func:`simulable`, else None (no guard)."""
+
+    def factory(topo: Topology) -> Callable[[Placement], float] | None:
+        if not simulable(topo):
+            return None
+        return topology_check(topo, duration=duration, warmup=warmup, seed=seed)
+
+    return factory
