@@ -35,6 +35,9 @@ Sections:
   our planner with the max-flow objective (same seed and work), and the authors' placement on
   cluster24. The reproducibility section covers these two clusters too. Our plan goes through the
   publish guard with a ``--check-window`` second simulation (0: off), ``--refine-checks`` climbs on it.
+* ``bottleneck`` -- (``planner_bottleneck.py``) what limits our cluster24 placement and Helix's in
+  the simulator: prefill interference, KV (requests in flight), compute; ``--bottleneck-climb N``
+  adds a simulator-scored hill-climb from our plan.
 """
 
 from __future__ import annotations
@@ -63,6 +66,7 @@ from p2pserve.placement.topology import LinkSpec, Topology  # noqa: E402
 from p2pserve.sim.run import SimConfig, simulate  # noqa: E402
 from p2pserve.sim.scenario import Part, build_scenario  # noqa: E402
 from p2pserve.types import SINK_INDEX, SOURCE_INDEX  # noqa: E402
+from planner_bottleneck import bottleneck_section, print_bottleneck  # noqa: E402  (this directory is on sys.path)
 from planner_churn import churn_section  # noqa: E402  (this directory is on sys.path when run)
 from planner_estimate import estimate_check_section, print_estimate_check  # noqa: E402
 from planner_repro import (  # noqa: E402
@@ -239,7 +243,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--time-limit", type=float, default=None)
     ap.add_argument("--skip", nargs="*", default=[],
                     choices=["methods", "churn", "unseen", "simulator", "backends", "reproducibility", "versus_helix",
-                             "estimate_check"])
+                             "estimate_check", "bottleneck"])
     ap.add_argument("--runs", type=int, default=10, help="reproducibility: solves at one seed")
     ap.add_argument("--seeds", type=int, default=10, help="reproducibility: seeds simulated")
     ap.add_argument("--work", type=int, default=20000, help="reproducibility: evaluations per solve")
@@ -264,6 +268,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="churn: also search the lane neighbourhood exhaustively for this long per scenario")
     ap.add_argument("--objective", nargs="+", default=["max-flow", "throughput"], choices=["max-flow", "throughput"],
                     help="churn: objectives to run")
+    ap.add_argument("--bottleneck-seeds", type=int, nargs="+", default=[0, 1],
+                    help="bottleneck: simulator seeds each change is measured at (mean)")
+    ap.add_argument("--bottleneck-climb", type=int, default=0,
+                    help="bottleneck: checks of the simulator-scored hill-climb from our plan (0: skip)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "planner.json"))
     return ap.parse_args(argv)
 
@@ -316,6 +324,11 @@ def main(argv: list[str] | None = None) -> int:
         report["estimate_check"] = estimate_check_section(args.check_seeds, args.work, 120.0 if args.quick else 600.0,
                                                           args.check_perturbations)
         print_estimate_check(report["estimate_check"], print_table)
+    if "bottleneck" not in args.skip:
+        print("\n== what limits our placement on cluster24, one change at a time (simulated) ==")
+        report["bottleneck"] = bottleneck_section(args.work, 120.0 if args.quick else 600.0, args.bottleneck_seeds,
+                                                  args.bottleneck_climb)
+        print_bottleneck(report["bottleneck"], print_table)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2))

@@ -18,6 +18,7 @@ from p2pserve.coordinator.snapshot import Snapshot
 from p2pserve.coordinator.targets import build_topology, plan_targets
 from p2pserve.coordinator.trigger import Reason
 from p2pserve.dht.records import Flow, Plan
+from p2pserve.placement.guard import CheckFactory
 from p2pserve.placement.maxflow import max_flow
 from p2pserve.types import SINK, SINK_INDEX, SOURCE, SOURCE_INDEX, LayerRange
 
@@ -50,11 +51,13 @@ def make_plan(
     reason: Reason,
     now: float,
     clock: Clock = clocks.monotonic,
+    plan_check: Optional[CheckFactory] = None,
 ) -> Plan:
     """A complete Plan: targets over plannable peers, flows over served ranges.
 
     ``Plan.reason`` is the reason's text and, when the planner ran, the method it used;
-    ``clock`` times the solve.
+    ``clock`` times the solve. ``plan_check`` builds the publish guard's check from the round's
+    topology (None, or a factory returning None for it: the planner runs without the guard).
     """
     t0 = clock()
     ids = snap.plannable()
@@ -70,7 +73,8 @@ def make_plan(
             span = current_targets.get(pid) or p.loading or p.serving
             if span is not None:
                 current[pid] = span
-        targets, method = plan_targets(topo, ids, current, cfg, reason.trigger)
+        check = plan_check(topo) if plan_check is not None else None
+        targets, method = plan_targets(topo, ids, current, cfg, reason.trigger, check=check)
         text = f"{text}; {method}"
     flows, value, bound, spans, defaulted_f = compute_flows(snap, cfg)
     # the bound of the *target* placement is the meaningful one: what the swarm could reach

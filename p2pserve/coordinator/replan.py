@@ -18,6 +18,7 @@ from p2pserve.coordinator.snapshot import Snapshot, Summary
 from p2pserve.coordinator.trigger import Reason, Trigger
 from p2pserve.dht.election import next_epoch
 from p2pserve.dht.records import Plan
+from p2pserve.placement.guard import CheckFactory
 
 
 def decide_replan(
@@ -97,13 +98,15 @@ def replan(
     cfg: CoordinatorConfig,
     leader_id: str,
     model: str,
+    plan_check: Optional[CheckFactory] = None,
 ) -> Decision:
     """One leader round: decide whether to re-plan and which plan to publish.
 
     ``elected``: this node was not the leader last round. ``latest_seen``: the highest-epoch
     trusted plan any coordinator published. The new plan continues from the newest placement
     (ours or ``latest_seen``), so a takeover reloads nothing. May run a placement solve
-    (seconds): the service calls it off its event loop.
+    (seconds): the service calls it off its event loop. ``plan_check``: see
+    :func:`~p2pserve.coordinator.plan_record.make_plan`.
     """
     summary = Summary.of(snap, cfg.activation_bytes)
     reason = why_replan(state, summary, elected=elected, latest_seen=latest_seen, now=now, cfg=cfg)
@@ -113,7 +116,7 @@ def replan(
     if latest_seen is not None and (basis is None or latest_seen.epoch > basis.epoch):
         basis = latest_seen
     plan = make_plan(snap, basis.targets if basis else {}, epoch=0, leader_id=leader_id, model=model, cfg=cfg,
-                     reason=reason, now=now)
+                     reason=reason, now=now, plan_check=plan_check)
     state = replace(state, summary=summary, planned_at=now)
     if not (reason.trigger.bumps_epoch or plan_changed(state.plan, plan)):
         return Decision(state, reason, solve_s=plan.solve_time)

@@ -31,6 +31,7 @@ from p2pserve.dht.records import CoordinatorCandidate, Plan
 from p2pserve.dht.reports import ServiceReports
 from p2pserve.dht.view import SwarmView
 from p2pserve.metrics import CoordinatorMetrics
+from p2pserve.placement.guard import CheckFactory
 
 logger = logging.getLogger(__name__)
 
@@ -65,12 +66,15 @@ class CoordinatorService:
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         shape: Optional[Shape] = None,
         prober: Optional[ComputeProber] = None,
+        plan_check: Optional[CheckFactory] = None,
     ):
         self.swarm = swarm
         self.config = config
         # peers announcing another shape than this are left out of the plan (None: no check;
         # readers knowing num_layers drop other depths anyway)
         self.shape = shape
+        # builds the publish guard's check from each round's topology (None: no guard)
+        self.plan_check = plan_check
         self.shape_refused: dict[str, str] = {}  # of the last round, by peer id
         self._clock = clock
         self._sleep = sleep
@@ -208,6 +212,7 @@ class CoordinatorService:
         decision = await asyncio.to_thread(
             replan, snap, self._state, elected=not was_leader, latest_seen=self._latest_seen, now=now,
             cfg=self.config, leader_id=self.coordinator_id, model=self.swarm.config.model,
+            plan_check=self.plan_check,
         )
         self._state = decision.state
         if decision.solve_s is not None:

@@ -16,6 +16,7 @@ from p2pserve.coordinator.trigger import Trigger
 from p2pserve.coordinator.snapshot import Snapshot
 from p2pserve.errors import ConfigError, PlanningError
 from p2pserve.placement import churn as inc
+from p2pserve.placement.guard import Check
 from p2pserve.placement.heuristics import coverage, fill_weakest_windows, petals_greedy
 from p2pserve.placement.planner import PlannerConfig, plan_for_topology
 from p2pserve.placement.topology import LinkSpec, NodeSpec, Topology
@@ -103,6 +104,7 @@ def plan_targets(
     current: Mapping[str, LayerRange],
     cfg: CoordinatorConfig,
     trigger: Optional[Trigger] = None,
+    check: Optional[Check] = None,
 ) -> tuple[dict[str, LayerRange], str]:
     """Target ranges for peers ``ids`` with the planner's churn handling; returns (targets, method).
 
@@ -113,6 +115,8 @@ def plan_targets(
     * anything else (leave, served ranges or links changed): ``churn.on_leave``, which
       keeps the placement and only recomputes flows while every layer stays covered.
 
+    With a ``check`` (a simulation of ``topo``, see :data:`placement.guard.CheckFactory`) the full
+    solve goes through the planner's publish guard, and the method names what the guard kept.
     Peers the planner leaves idle get a replica (:func:`replicate_idle`). If the planner fails (e.g.
     the swarm is too small for the model) the greedy fallback covers what it can.
     """
@@ -123,8 +127,10 @@ def plan_targets(
         if reload_cost is None:
             reload_cost = inc.default_reload_cost(topo, cur, pc, cfg.reload_share)
         if not cur:
-            result = plan_for_topology(topo, pc)
+            result = plan_for_topology(topo, pc, check=check)
             method = f"solve:{result.method}"
+            if "guard" in result.stats:
+                method += f", guard kept {result.stats['guard']['chosen']}"
             assignments = result.assignments
         else:
             if any(pid not in cur for pid in ids):

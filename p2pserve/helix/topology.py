@@ -32,6 +32,7 @@ def helix_node_spec(
     kmax = len(throughput) - 1
     kv = tuple([0] + [mp.kv_capacity(gpu_type, k) for k in range(1, kmax + 1)])
     dmax = tuple([0] + [gp.decode_max_tokens[k] for k in range(1, kmax + 1)])
+    preq = tuple([0] + [gp.prompt_max_requests[k] for k in range(1, kmax + 1)])
     try:
         mem = hf.vram_bytes(gpu_type, root)
     except ConfigError:
@@ -44,6 +45,7 @@ def helix_node_spec(
         kv_capacity=kv,
         decode_max_tokens=dmax,
         profile=hf.load_profile(model, gpu_type, root),
+        prompt_max_requests=preq,
     )
 
 

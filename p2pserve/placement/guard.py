@@ -13,11 +13,17 @@ planner's own candidate.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Optional
+
+from p2pserve.placement.topology import Topology
 
 Placement = Mapping[int, tuple[int, int]]
 #: placement -> validated score (higher is better), e.g. simulated decode tokens/s.
 Check = Callable[[Placement], float]
+#: topology -> its check, or None where the topology carries too little to check (a coordinator
+#: builds its topology every round, so it is handed a factory, e.g.
+#: ``p2pserve.sim.plan_check.live_check``).
+CheckFactory = Callable[[Topology], Optional[Check]]
 #: The name of the planner's own candidate in a :class:`GuardResult`.
 FINAL = "final"
 

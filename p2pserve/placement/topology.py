@@ -50,7 +50,8 @@ class NodeSpec:
     ``max_layers + 1``. ``kv_capacity[k]`` is the number of token-layer KV entries the node can
     hold with ``k`` layers loaded (0 = unknown). ``profile`` (optional) gives per-layer prompt and
     decode latency in ms for the latency/throughput estimate. ``decode_max_tokens[k]`` caps a
-    decode batch (0 = no cap known).
+    decode batch (0 = no cap known), ``prompt_max_requests[k]`` a prompt batch (prompts per batch; empty:
+    one).
     """
 
     name: str
@@ -60,6 +61,7 @@ class NodeSpec:
     kv_capacity: tuple[int, ...] = ()
     decode_max_tokens: tuple[int, ...] = ()
     profile: LatencyProfile | None = None
+    prompt_max_requests: tuple[int, ...] = ()
 
     @property
     def max_layers(self) -> int:

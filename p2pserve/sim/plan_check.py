@@ -1,8 +1,9 @@
 """A placement's simulated decode throughput, as a callable the planner's publish guard can use.
 
 ``placement/`` is pure and the simulator imports it, so the planner cannot import the
-simulator; callers that have a Helix cluster file (the benchmarks, ``p2pserve sim``) build the
-check here and hand it to ``plan_for_topology(..., check=...)``.
+simulator; callers build the check here and hand it to ``plan_for_topology(..., check=...)``:
+from a Helix cluster file (the benchmarks, ``p2pserve plan``/``sim``: :func:`simulation_check`),
+or from the planner's ``Topology`` alone (a live swarm: :func:`topology_check`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from typing import Callable, Mapping
 
 from p2pserve.helix import format as hf
 from p2pserve.sim.run import SimConfig, simulate
-from p2pserve.sim.scenario import Part, build_scenario
+from p2pserve.placement.topology import Topology
+from p2pserve.sim.scenario import Part, build_scenario, topology_scenario
 
 Placement = Mapping[int, tuple[int, int]]
 
@@ -57,3 +59,40 @@ def simulation_check(
         return simulated_decode(cluster, model, placement, duration, warmup, seed, root=root)
 
     return check
+
+
+def simulable(topo: Topology) -> bool:
+    """Whether every node of ``topo`` carries what :func:`topology_check` needs (a latency
+    profile and KV capacities); a live swarm whose peers announce less cannot be simulated."""
+    return bool(topo.nodes) and all(n.profile is not None and any(n.kv_capacity) for n in topo.nodes)
+
+
+def topology_check(
+    topo: Topology,
+    duration: float = 240.0,
+    warmup: float = 60.0,
+    seed: int = 1,
+    root: Path | None = None,
+) -> Callable[[Placement], float]:
+    """A check for the guard built from the planner's ``Topology`` (no cluster file): offline,
+    IWRR, Azure lengths, ``warmup`` + ``duration`` seconds at simulator ``seed``. See
+    :func:`p2pserve.sim.scenario.topology_scenario` for what each node must carry."""
+
+    def check(placement: Placement) -> float:
+        sc = topology_scenario(topo, placement, root=root)
+        res = simulate(sc, SimConfig(duration=duration, warmup=warmup, seed=seed))
+        return res.decode_throughput_tokens_per_s
+
+    return check
+
+
+def live_check(duration: float = 240.0, warmup: float = 60.0, seed: int = 1) -> Callable[[Topology], Callable[[Placement], float] | None]:
+    """A check factory for a coordinator (``CoordinatorService(plan_check=...)``): each round's
+    topology gets a :func:`topology_check` when it is :func:`simulable`, else None (no guard)."""
+
+    def factory(topo: Topology) -> Callable[[Placement], float] | None:
+        if not simulable(topo):
+            return None
+        return topology_check(topo, duration=duration, warmup=warmup, seed=seed)
+
+    return factory

@@ -18,6 +18,7 @@ Sources of each number:
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -26,6 +27,7 @@ from p2pserve.helix import format as hf
 from p2pserve.helix.topology import topology_from_helix
 from p2pserve.placement.maxflow import max_flow
 from p2pserve.placement.planner import PlannerConfig, plan_for_topology
+from p2pserve.placement.profile import LatencyProfile
 from p2pserve.placement.topology import BandwidthConvention, LinkSpec, Topology
 from p2pserve.sim.batching import BatchCaps
 from p2pserve.sim.graph import Assignment, StageGraph
@@ -182,11 +184,62 @@ def build_scenario(
     graph = StageGraph.build(join_topologies(topos), assignments)
     if not graph.covers_model():
         raise ConfigError("the placement leaves no source-to-sink path through all layers")
-    per_layer = [0.0] * mp.num_layers
+    layer_kv = min_layer_kv(assignments, mp.num_layers)
+    return Scenario(model, graph, flows, flow_value, latencies, prior, layer_kv, list(parts), part_of, root)
+
+
+def min_layer_kv(assignments: Mapping[int, Assignment], num_layers: int) -> float:
+    """Tokens of KV the least-provisioned layer can hold, summed over the nodes holding it."""
+    per_layer = [0.0] * num_layers
     for a in assignments.values():
         for l in range(a.start, a.end):
             per_layer[l] += a.kv_capacity / a.layers
-    return Scenario(model, graph, flows, flow_value, latencies, prior, min(per_layer), list(parts), part_of, root)
+    return min(per_layer)
+
+
+def topology_scenario(topo: Topology, placement: Placement, max_input_len: int = 2048,
+                      root: Path | None = None) -> Scenario:
+    """A scenario from the planner's :class:`Topology` alone, without a cluster file.
+
+    This is what a coordinator has for a live swarm. Every serving node must carry a latency
+    profile and its KV capacity for the layers it holds (``NodeSpec.profile``,
+    ``kv_capacity[k]``); batch caps come from ``decode_max_tokens[k]`` (0: none) and
+    ``prompt_max_requests[k]`` (absent: one prompt of ``max_input_len`` tokens). Edge flows are
+    the placement's max-flow on ``topo``'s own links and bandwidth convention. ``root``: where
+    the workload traces are read (the Helix data root by default). On a Helix cluster it builds
+    the same scenario as :func:`build_scenario` (``tests/unit/test_sim_topology_scenario.py``).
+    """
+    ranges = {i: (int(s), int(e)) for i, (s, e) in placement.items() if e > s}
+    assignments: dict[int, Assignment] = {}
+    latencies: dict[int, LayerLatency] = {}
+    prior: dict[int, float] = {}
+    for i, (s, e) in sorted(ranges.items()):
+        if not (0 <= i < topo.num_nodes and 0 <= s < e <= topo.num_layers):
+            raise ConfigError(f"placement entry {i}: [{s}, {e}) is not valid for {topo.name or 'the topology'}")
+        node, k = topo.nodes[i], e - s
+        kv = node.kv_capacity[k] if k < len(node.kv_capacity) else 0
+        if node.profile is None or kv <= 0:
+            raise ConfigError(f"node {node.name} has no latency profile or KV capacity for {k} layers: "
+                              "it cannot be simulated")
+        req = node.prompt_max_requests[k] if k < len(node.prompt_max_requests) else 1
+        dmax = node.decode_max_tokens[k] if k < len(node.decode_max_tokens) else 0
+        caps = BatchCaps(req, req * max_input_len, dmax if dmax > 0 else 1 << 30)
+        assignments[i] = Assignment(s, e, int(kv), caps)
+        latencies[i] = _profile_latency(node.profile)
+        prior[i] = node.throughput[k] * k if k < len(node.throughput) else 0.0
+    graph = StageGraph.build(topo, assignments)
+    if not graph.covers_model():
+        raise ConfigError("the placement leaves no source-to-sink path through all layers")
+    fr = max_flow(topo, ranges)
+    layer_kv = min_layer_kv(assignments, topo.num_layers)
+    return Scenario(topo.model, graph, dict(fr.edge_flows), fr.value, latencies, prior, layer_kv,
+                    [], {i: 0 for i in assignments}, root)
+
+
+@lru_cache(maxsize=64)
+def _profile_latency(profile: LatencyProfile) -> LayerLatency:
+    # Tabulating costs ~10k interpolations; nodes of one GPU type share one profile.
+    return LayerLatency.from_profile(profile)
 
 
 def helix_part(cluster_path: str | Path, placement_path: str | Path, kv_from_layout: bool = True) -> Part:
