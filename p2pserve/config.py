@@ -258,7 +258,8 @@ class DHTConfig:
         """Lifetime of a record of ``kind`` (a ``RecordKind`` or its value): the most a reader
         accepts, beyond its clock skew."""
         return {"peers": self.peer_ttl, "links": self.link_ttl, "coordinators": self.candidate_ttl,
-                "plan": self.plan_ttl, "reports": self.report_ttl, "evidence": self.evidence_ttl}[kind]
+                "plan": self.plan_ttl, "reports": self.report_ttl, "evidence": self.evidence_ttl,
+                "machines": self.peer_ttl}[kind]
 
     def replace(self, **changes) -> "DHTConfig":
         """A copy with some fields changed."""
