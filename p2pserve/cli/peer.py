@@ -219,6 +219,8 @@ async def serve(config: PeerConfig, args: argparse.Namespace, tp=None) -> None:
                     lambda: describe(agent.state, agent.loading, agent.loaded, peer.served)))
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
+        if agent is not None:  # SIGUSR1: announce draining, keep serving (a machine agent regroups)
+            loop.add_signal_handler(signal.SIGUSR1, agent.retire)
         layers = f"{peer.served[0]}:{peer.served[1]}" if peer.served else "none"
         if peer.metrics_server is not None:
             print(f"P2PSERVE_METRICS_READY url={peer.metrics_server.url}", flush=True)
