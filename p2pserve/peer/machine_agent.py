@@ -38,6 +38,7 @@ from p2pserve.launch import Child
 log = logging.getLogger(__name__)
 
 Slots = tuple[int, ...]
+STOP_GRACE_S = 30.0  # a stopping group's peer gets this long to withdraw and exit
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,7 @@ class RunningGroup:
     child: Child
     peer_id: str = ""
     retired: bool = False
+    stopping_since: Optional[float] = None  # SIGTERM sent (monotonic); SIGKILL after STOP_GRACE_S
 
 
 @dataclass
@@ -158,10 +160,19 @@ class MachineAgent:
                 log.info("retiring the group on slots %s (%s)", list(slots), g.peer_id[-8:])
                 g.child.proc.send_signal(signal.SIGUSR1)
                 g.retired = True
+        self._stop_retired(peers)
+
+    def _stop_retired(self, peers: Mapping[str, PeerInfo]) -> None:
+        """SIGTERM retired groups whose layers are served elsewhere; forget them once exited (the
+        agent's loop keeps announcing meanwhile: a peer may take seconds to withdraw)."""
+        now = time.monotonic()
         for slots, g in list(self.groups.items()):
-            if g.retired and may_stop(g.peer_id, peers):
+            if g.retired and g.stopping_since is None and may_stop(g.peer_id, peers):
                 log.info("stopping the group on slots %s: its layers are served elsewhere", list(slots))
-                await asyncio.to_thread(g.child.stop, 30.0)
+                g.child.terminate()
+                g.stopping_since = now
+            if g.stopping_since is not None and (not g.child.alive or now - g.stopping_since > STOP_GRACE_S):
+                g.child.kill()  # the group's DHT / daemon children too
                 del self.groups[slots]
 
     async def run(self, stop: asyncio.Event) -> None:
