@@ -91,6 +91,7 @@ class CoordinatorService:
         self.prober = prober  # the leader's own compute probes (coordinator/compute_probe.py), if any
         self._probe_targets: dict = {}  # the peers of the last snapshot, which the prober measures
         self.metrics = CoordinatorMetrics()  # served by `p2pserve coordinator --metrics-port`
+        self.grouping = GroupingPolicy.parse(str(config.grouping))  # a bad --grouping fails at start
 
     @property
     def plan(self) -> Optional[Plan]:
@@ -237,9 +238,8 @@ class CoordinatorService:
         if not machines and (self.plan is None or not self.plan.groupings):
             return decision
         cfg = self.config
-        policy = GroupingPolicy.parse(str(cfg.grouping))
         groupings = await asyncio.to_thread(choose_groupings, machines, snap.peers, cfg.num_layers,
-                                            cfg.activation_bytes or 1, policy)
+                                            cfg.activation_bytes or 1, self.grouping)
         if decision.publish is not None:
             plan = msgspec.structs.replace(decision.publish, groupings=groupings)
         elif self.plan is not None and groupings != self.plan.groupings:

@@ -126,7 +126,7 @@ class SwarmAgent:
     def retire(self) -> None:
         """Announce draining but keep serving (SIGUSR1 of ``p2pserve peer``): the plan moves the
         layers elsewhere while this peer still answers; a machine agent stops it once they are
-        served (make-before-break of a regroup, ``peer/machine_agent.py``)."""
+        served (make-before-break of a regroup, ``machine/agent.py``)."""
         self.retiring = True
         self.announcer.poke()
 

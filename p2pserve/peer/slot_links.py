@@ -107,7 +107,11 @@ def parse_result(text: str, n: int, kind: str) -> list[GpuLink]:
         raise ConfigError("the slot link measurement printed no result")
     try:
         rows = json.loads(line)
-        links = [GpuLink(a=int(a), b=int(b), bandwidth=fit_pair(SMALL_BYTES, s, LARGE_BYTES, l)[0],
+        if not isinstance(rows, list) or [tuple(r[:2]) for r in rows] != pairs(n):
+            raise ValueError("not one row per slot pair")
+        if not all(isinstance(t, float) and 0.0 <= t < 60.0 for r in rows for t in r[2:]) or any(len(r) != 4 for r in rows):
+            raise ValueError("times are not seconds")
+        links = [GpuLink(a=a, b=b, bandwidth=fit_pair(SMALL_BYTES, s, LARGE_BYTES, l)[0],
                          latency_s=fit_pair(SMALL_BYTES, s, LARGE_BYTES, l)[1], kind=kind) for a, b, s, l in rows]
         MachineInfo(model="m", machine_id="m", gpus=[GpuOffer(device="x", memory_bytes=1)] * n, links=links).validate()
     except (ValueError, TypeError, RecordRejected) as e:
