@@ -72,9 +72,12 @@ def transition(running: Sequence[Slots], wanted: Sequence[Slots]) -> tuple[list[
 
 
 def may_stop(peer_id: str, peers: Mapping[str, PeerInfo]) -> bool:
-    """Whether a retired group may stop: every layer it serves is served by a peer not draining."""
+    """Whether a retired group may stop: every layer it serves is served by a peer not draining
+    (its own record missing from a read is a miss, not a sign that it serves nothing: wait)."""
     me = peers.get(peer_id)
-    if me is None or me.serving is None:
+    if me is None:
+        return False
+    if me.serving is None:
         return True
     served = set()
     for pid, p in peers.items():

@@ -33,11 +33,13 @@ PEER_FLAGS = ("--device", "cpu", "--host-maddrs", LOOPBACK, "--num-threads", "1"
               "--profile-batch", "4", *TIMING_FLAGS)
 
 
-def _observer(boot, name: str, num_layers: int):
+def _observer(boot, name: str, num_layers: int, **timing):
+    """A DHT node of the test's own (it reads, and may publish a plan), on the swarm's timing."""
     from p2pserve.dht.swarm import Swarm
 
+    timing = {"peer_refresh": 0.5, "plan_refresh": 2.0, "max_clock_skew": 2.0, **timing}
     return Swarm.create(DHTConfig(model=name, initial_peers=tuple(boot), host_maddrs=(LOOPBACK,), num_layers=num_layers,
-                                  peer_refresh=0.5, plan_refresh=2.0, max_clock_skew=2.0))
+                                  **timing))
 
 
 def _records(obs):
