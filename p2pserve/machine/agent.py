@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -130,8 +131,9 @@ class MachineAgent:
         """Start the group's plan-driven ``p2pserve peer``."""
         name = "group-" + "-".join(map(str, slots))
         log_path = self.config.logdir / f"{name}.log" if self.config.logdir else None
-        self.groups[slots] = RunningGroup(slots, Child.spawn(name, self._peer_cmd(slots), log_path=log_path))
-        log.info("started TP-%d group on slots %s", len(slots), list(slots))
+        child = Child.spawn(name, self._peer_cmd(slots), log_path=log_path)
+        self.groups[slots] = RunningGroup(slots, child)
+        log.info("started TP-%d group on slots %s (pid %d)", len(slots), list(slots), child.proc.pid)
 
     async def wanted(self) -> Optional[list[Slots]]:
         """The grouping to run: the fixed one, else the plan's for this machine (None: none yet)."""
@@ -178,6 +180,18 @@ class MachineAgent:
                 g.child.kill()  # the group's DHT / daemon children too
                 del self.groups[slots]
 
+    def stop_all(self, grace_s: float = 20.0) -> None:
+        """SIGTERM every group at once (each withdraws and exits), SIGKILL what is left after ``grace_s``."""
+        for g in self.groups.values():
+            g.child.terminate()
+        deadline = time.monotonic() + grace_s
+        for g in self.groups.values():
+            try:
+                g.child.proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+            g.child.kill()
+
     async def run(self, stop: asyncio.Event) -> None:
         """Announce and follow until ``stop``; then stop every group."""
         try:
@@ -197,8 +211,7 @@ class MachineAgent:
                 except asyncio.TimeoutError:
                     pass
         finally:
-            for g in self.groups.values():
-                await asyncio.to_thread(g.child.stop, 30.0)
+            await asyncio.to_thread(self.stop_all)
             try:
                 await self.swarm.withdraw(RecordKind.MACHINES)
             except Exception:
