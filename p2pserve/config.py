@@ -255,10 +255,9 @@ class DHTConfig:
         return ttl_for(self.plan_refresh, self.max_clock_skew)
 
     def ttl(self, kind: str) -> float:
-        """Lifetime of a record of ``kind`` (a ``RecordKind`` or its value): the most a reader
-        accepts, beyond its clock skew."""
+        """Lifetime of a record of ``kind`` (a ``RecordKind`` or its value): the most a reader accepts, beyond its skew."""
         return {"peers": self.peer_ttl, "links": self.link_ttl, "coordinators": self.candidate_ttl,
-                "plan": self.plan_ttl, "reports": self.report_ttl, "evidence": self.evidence_ttl}[kind]
+                "plan": self.plan_ttl, "reports": self.report_ttl, "evidence": self.evidence_ttl, "machines": self.peer_ttl}[kind]
 
     def replace(self, **changes) -> "DHTConfig":
         """A copy with some fields changed."""
@@ -301,6 +300,7 @@ class CoordinatorConfig:
     default_rtt: float = 0.1  # seconds assumed for an unmeasured link
     client_bandwidth: float = 12.5e6  # bytes/s of source/sink edges (clients are not probed)
     objective: str = "throughput"  # planner objective: "throughput" (decode estimate) or "max-flow"
+    grouping: str = "auto"  # machine agents' groupings: "auto" or a TP degree (checked by coordinator/groupings.py)
     solve_time_limit: float = 5.0  # wall-clock budget of one placement solve (s)
     reload_cost_per_layer: Optional[float] = None  # in the objective's units; None: from reload_share
     # Moving a whole model's worth of layers must gain this share of the objective. Peers flip

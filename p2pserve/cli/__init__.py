@@ -18,6 +18,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "bootstrap": ("p2pserve.cli.bootstrap", "run a long-lived DHT bootstrap node"),
     "peer": ("p2pserve.cli.peer", "serve layers of a model to the swarm"),
     "coordinator": ("p2pserve.cli.coordinator", "run a placement coordinator (election candidate)"),
+    "machine": ("p2pserve.cli.machine", "offer a machine's GPUs (or CPU slots) as tensor-parallel peers the plan groups"),
     "chat": ("p2pserve.cli.chat", "interactive chat through the swarm"),
     "api": ("p2pserve.cli.api", "OpenAI-compatible HTTP server"),
     "status": ("p2pserve.cli.status", "show the swarm: peers, links, leader, plan, flows"),

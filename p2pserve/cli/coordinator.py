@@ -31,7 +31,7 @@ _FLAGS = ("num_layers", "activation_bytes", "replan_period", "link_change_thresh
           "solve_time_limit", "priority", "coordinator_id", "check_claims", "claim_slack", "claim_batch",
           "min_report_samples", "min_reporter_addresses", "max_rtt_credit", "unobserved_share", "unobserved_total_share",
           "cold_claim_slack", "max_peers_per_address", "trusted_verifiers", "trust_verifiers",
-          "evidence_min_reporters", "exclusion_s")
+          "evidence_min_reporters", "exclusion_s", "grouping")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -48,6 +48,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     c.add_argument("--replan-period", type=float, default=None, help="re-plan at least this often (s)")
     c.add_argument("--link-change-threshold", type=float, default=None, help="relative bandwidth change that re-plans")
     c.add_argument("--objective", choices=("throughput", "max-flow"), default=None, help="planner objective")
+    c.add_argument("--grouping", default=None, metavar="auto|1|2|4|8",
+                   help="how machine agents (p2pserve machine) group their slots into tensor-parallel peers: auto "
+                        "(default) chooses per machine by the cost model and the planner, a number fixes the TP "
+                        "degree (docs/machine-agent.md)")
     c.add_argument("--solve-time-limit", type=float, default=None, help="seconds per placement solve")
     t = parser.add_argument_group("claims (docs/trust.md, \"Claims\")")
     t.add_argument("--check-claims", action=argparse.BooleanOptionalAction, default=None,

@@ -217,8 +217,7 @@ async def serve(config: PeerConfig, args: argparse.Namespace, tp=None) -> None:
             if agent.follow_plan:  # say what the peer waits for: the plan, a load, a handover
                 watch = asyncio.create_task(progress.follow(
                     lambda: describe(agent.state, agent.loading, agent.loaded, peer.served)))
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
+        _handle_signals(loop, stop, agent)
         layers = f"{peer.served[0]}:{peer.served[1]}" if peer.served else "none"
         if peer.metrics_server is not None:
             print(f"P2PSERVE_METRICS_READY url={peer.metrics_server.url}", flush=True)
@@ -236,6 +235,15 @@ async def serve(config: PeerConfig, args: argparse.Namespace, tp=None) -> None:
             raise GroupFailedError(f"tensor-parallel group failed: {peer.tp.comm.failed}")
     finally:
         swarm.shutdown()
+
+
+def _handle_signals(loop, stop: asyncio.Event, agent) -> None:
+    """SIGINT/SIGTERM stop the peer; SIGUSR1 retires it: announced draining, still serving, so that
+    the plan moves its layers elsewhere before a machine agent stops it (docs/machine-agent.md)."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    if agent is not None:
+        loop.add_signal_handler(signal.SIGUSR1, agent.retire)
 
 
 async def _start_agent(peer, swarm, config: PeerConfig, progress):

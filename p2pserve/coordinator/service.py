@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+
+import msgspec
 from dataclasses import replace
 from typing import Awaitable, Callable, Optional
 
@@ -24,7 +26,9 @@ from p2pserve.coordinator.compute_probe import ComputeProber
 from p2pserve.coordinator.replan import Decision, LeaderState, replan
 from p2pserve.coordinator.shape import Shape, agree, mismatched
 from p2pserve.coordinator.snapshot import LivePeers, Snapshot
-from p2pserve.dht.election import elect_leader
+from p2pserve.coordinator.groupings import GroupingPolicy, choose_groupings
+from p2pserve.dht.election import elect_leader, next_epoch
+from p2pserve.dht.machine_info import MachineInfo
 from p2pserve.dht.evidence import Evidence
 from p2pserve.dht.keys import RecordKind
 from p2pserve.dht.records import CoordinatorCandidate, Plan
@@ -91,6 +95,7 @@ class CoordinatorService:
         self.prober = prober  # the leader's own compute probes (coordinator/compute_probe.py), if any
         self._probe_targets: dict = {}  # the peers of the last snapshot, which the prober measures
         self.metrics = CoordinatorMetrics()  # served by `p2pserve coordinator --metrics-port`
+        self.grouping = GroupingPolicy.parse(str(config.grouping))  # a bad --grouping fails at start
 
     @property
     def plan(self) -> Optional[Plan]:
@@ -215,6 +220,7 @@ class CoordinatorService:
             plan_check=self.plan_check,
         )
         self._state = decision.state
+        decision = await self._with_groupings(decision, snap)
         if decision.solve_s is not None:
             self.metrics.solve_seconds.observe(decision.solve_s)
         if decision.publish is not None:
@@ -225,6 +231,31 @@ class CoordinatorService:
             self._last_publish_at = now
             return "refreshed"
         return None
+
+    async def _with_groupings(self, decision: Decision, snap: Snapshot) -> Decision:
+        """``decision`` with the machine agents' groupings in its plan; a change of grouping alone
+        publishes the current plan under a new epoch (``coordinator/groupings.py``)."""
+        try:
+            machines = {s.record.machine_id: s.record for s in await self.swarm.read(RecordKind.MACHINES, MachineInfo)}
+        except (asyncio.TimeoutError, OSError) as e:  # keep the groupings in force
+            logger.warning(f"reading machine agents failed: {e!r}")
+            return decision
+        if not machines and (self.plan is None or not self.plan.groupings):
+            return decision
+        cfg = self.config
+        groupings = await asyncio.to_thread(choose_groupings, machines, snap.peers, cfg.num_layers,
+                                            cfg.activation_bytes or 1, self.grouping)
+        if decision.publish is not None:
+            plan = msgspec.structs.replace(decision.publish, groupings=groupings)
+        elif self.plan is not None and groupings != self.plan.groupings:
+            seen = [self.plan.epoch] + ([self._latest_seen.epoch] if self._latest_seen else [])
+            plan = msgspec.structs.replace(self.plan, groupings=groupings, epoch=next_epoch(seen),
+                                           reason="machine groupings changed")
+            logger.info(f"machine groupings: {groupings}")
+        else:
+            return decision
+        self._state = replace(self._state, plan=plan)
+        return replace(decision, state=self._state, publish=plan)
 
     async def _publish(self, decision: Decision, now: float) -> None:
         plan = decision.publish

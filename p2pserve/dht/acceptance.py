@@ -26,13 +26,13 @@ from p2pserve.dht.identity import looks_like_peer_id
 from p2pserve.errors import ConfigError
 
 #: fields naming the peer a record is about or by: they must be the signer's own peer id
-BOUND_ID_FIELDS = ("peer_id", "reporter_id")
+BOUND_ID_FIELDS = ("peer_id", "reporter_id", "machine_id")
 #: ids that may be a free name; when shaped like a peer id, it must be the signer's
 NAMED_ID_FIELDS = ("coordinator_id", "leader_id")
 #: self-reported times, in DHT (wall clock) seconds
 TIME_FIELDS = frozenset({"timestamp", "created_at", "start_time", "measured_at", "observed_at"})
 #: record kinds (``RecordKind`` values) a member writes about itself: subject to the allow-list
-MEMBER_KINDS = frozenset({"peers", "links", "reports", "evidence"})
+MEMBER_KINDS = frozenset({"peers", "links", "reports", "evidence", "machines"})
 
 
 def _short(peer_id: str) -> str:

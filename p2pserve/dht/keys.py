@@ -29,6 +29,7 @@ class RecordKind(str, Enum):
     PLAN = "plan"
     REPORTS = "reports"  # service rates clients observed at peers (p2pserve.dht.reports)
     EVIDENCE = "evidence"  # signed proof that a peer's output differed from a replica's (p2pserve.dht.evidence)
+    MACHINES = "machines"  # a machine agent's slots and the links between them (p2pserve.dht.machine_info)
 
 
 def check_name(value: str, what: str) -> str:

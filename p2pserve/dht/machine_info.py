@@ -15,6 +15,10 @@ import msgspec
 
 from p2pserve.dht.records import (
     MAX_BANDWIDTH_BYTES_S,
+    MAX_LAYERS,
+    MAX_TOKENS_PER_S,
+    MAX_TP,
+    MAX_MACHINE_SLOTS,
     MAX_MEMORY_BYTES,
     MAX_RTT_S,
     SCHEMA_VERSION,
@@ -25,15 +29,18 @@ from p2pserve.dht.records import (
 )
 from p2pserve.errors import RecordRejected
 
-MAX_MACHINE_GPUS = 16
+MAX_MACHINE_GPUS = MAX_MACHINE_SLOTS
 GPU_LINK_KINDS: tuple[str, ...] = ("nvlink", "pcie", "other")
 
 
 class GpuOffer(msgspec.Struct, kw_only=True, frozen=True, array_like=True):
-    """One GPU a machine agent offers: device name and memory in bytes."""
+    """One GPU a machine agent offers: device name, memory in bytes and, when profiled, the
+    slot's decode throughput holding k = 1, 2, ... layers (``PeerInfo.throughput_decode``'s form:
+    what the coordinator's grouping estimate starts from)."""
 
     device: str
     memory_bytes: int
+    throughput_decode: list[float] = []
 
 
 class GpuLink(msgspec.Struct, kw_only=True, frozen=True, array_like=True):
@@ -47,6 +54,14 @@ class GpuLink(msgspec.Struct, kw_only=True, frozen=True, array_like=True):
     kind: str = "other"
 
 
+class MachineGroup(msgspec.Struct, kw_only=True, frozen=True, array_like=True):
+    """A TP group the agent runs now: its slots (indices into ``MachineInfo.gpus``) and the
+    peer id it serves as (so the coordinator knows which peers a regrouping replaces)."""
+
+    slots: list[int]
+    peer_id: str
+
+
 class MachineInfo(msgspec.Struct, kw_only=True, frozen=True):
     """What a machine agent announces: the GPUs it offers and the measured links between them
     (the placement chooses how to group them into TP peers; placement/grouping.py)."""
@@ -56,6 +71,8 @@ class MachineInfo(msgspec.Struct, kw_only=True, frozen=True):
     machine_id: str  # libp2p peer id of the agent
     gpus: list[GpuOffer] = []
     links: list[GpuLink] = []
+    groups: list[MachineGroup] = []
+    tp_degrees: list[int] = []  # TP degrees > 1 the model splits into (heads, KV heads, MLP width); 1 always
     timestamp: float = 0.0
 
     def validate(self) -> None:
@@ -69,6 +86,10 @@ class MachineInfo(msgspec.Struct, kw_only=True, frozen=True):
         for i, g in enumerate(self.gpus):
             _str(f"gpus[{i}].device", g.device)
             _int(f"gpus[{i}].memory_bytes", g.memory_bytes, 1, MAX_MEMORY_BYTES)
+            if len(g.throughput_decode) > MAX_LAYERS:
+                raise RecordRejected(f"gpus[{i}]: a profile of {len(g.throughput_decode)} layers")
+            for k, t in enumerate(g.throughput_decode):
+                _finite(f"gpus[{i}].throughput_decode[{k}]", t, 0.0, MAX_TOKENS_PER_S)
         if len(self.links) > n * (n - 1) // 2:
             raise RecordRejected(f"{len(self.links)} links among {n} GPUs")
         seen: set[tuple[int, int]] = set()
@@ -83,7 +104,24 @@ class MachineInfo(msgspec.Struct, kw_only=True, frozen=True):
             _finite(f"latency {pair}", link.latency_s, 0.0, MAX_RTT_S)
             if link.kind not in GPU_LINK_KINDS:
                 raise RecordRejected(f"link kind {link.kind[:32]!r} not one of {GPU_LINK_KINDS}")
+        self._validate_groups(n)
+        if len(self.tp_degrees) > 4 or any(d not in (1, 2, 4, 8) or d > n for d in self.tp_degrees):
+            raise RecordRejected(f"TP degrees {self.tp_degrees[:5]} are not powers of two up to {n}")
         _finite("timestamp", self.timestamp, 0.0, 1e11)
+
+    def _validate_groups(self, n: int) -> None:
+        """Groups name known, distinct slots, at most ``MAX_TP`` each, and a peer id each."""
+        used: set[int] = set()
+        if len(self.groups) > n:
+            raise RecordRejected(f"{len(self.groups)} groups over {n} slots")
+        for g in self.groups:
+            _str("group peer id", g.peer_id)
+            _int("group size", len(g.slots), 1, MAX_TP)
+            for s in g.slots:
+                _int("group slot", s, 0, n - 1)
+                if s in used:
+                    raise RecordRejected(f"slot {s} is in two groups")
+                used.add(s)
 
     def bottleneck(self, gpus: list[int]) -> Optional[tuple[float, float]]:
         """(lowest bandwidth, highest latency) over every pair of ``gpus``; None when some pair

@@ -42,6 +42,7 @@ MAX_LINKS = 4096
 MAX_PEERS_IN_PLAN = 4096
 MAX_FLOWS = 1 << 17
 MAX_TP = 8  # tensor-parallel degree of one peer (a TP group inside one machine)
+MAX_MACHINE_SLOTS = 16  # GPUs (or CPU slots) one machine agent offers
 
 PeerState = Literal["joining", "loading", "serving", "draining"]
 PEER_STATES: tuple[str, ...] = ("joining", "loading", "serving", "draining")
@@ -268,6 +269,9 @@ class Plan(msgspec.Struct, kw_only=True, frozen=True):
     defaulted_links: list[tuple[str, str]] = []
     created_at: float = 0.0
     reason: str = ""
+    # machine agents' groupings: machine id -> TP degrees of its groups, in slot order
+    # ([2, 1, 1]: slots 0-1 as one TP-2 peer, slots 2 and 3 alone; coordinator/groupings.py)
+    groupings: dict[str, list[int]] = {}
 
     def validate(self) -> None:
         """Raise :class:`RecordRejected` on malformed ranges, negative flows, absurd sizes."""
@@ -292,6 +296,14 @@ class Plan(msgspec.Struct, kw_only=True, frozen=True):
         for name, x in (("max_flow", self.max_flow), ("upper_bound", self.upper_bound), ("solve_time", self.solve_time)):
             _finite(name, x, 0.0, 1e12)
         _finite("created_at", self.created_at, 0.0, 1e11)
+        if len(self.groupings) > MAX_PEERS_IN_PLAN:
+            raise RecordRejected("too many machines in plan")
+        for machine, degrees in self.groupings.items():
+            _str("machine id", machine)
+            if not 1 <= len(degrees) <= MAX_MACHINE_SLOTS or sum(degrees) > MAX_MACHINE_SLOTS:
+                raise RecordRejected(f"grouping of {len(degrees)} groups over {sum(degrees)} slots")
+            for d in degrees:
+                _int("TP degree", d, 1, MAX_TP)
 
     def coverage(self, use_targets: bool = False) -> list[int]:
         """How many peers hold each layer (in ``spans``, or in ``targets`` if asked)."""

@@ -67,6 +67,7 @@ class SwarmAgent:
         self._monotonic = monotonic
         self.loading: Span | None = None
         self.loaded = False  # the loading range is in memory, waiting for the handover
+        self.retiring = False  # announced as draining while still serving (a machine agent regroups)
         self.state = "joining" if peer.served is None else "serving"
         identity = getattr(swarm, "_key", None)  # the RSA key of our DHT records (a real Swarm's)
         if identity is not None:  # one reply key per identity, stable across restarts
@@ -94,7 +95,7 @@ class SwarmAgent:
             serving=served,
             loading=self.loading,
             loaded=self.loaded,
-            state="draining" if self.peer.stuck else self.state,
+            state="draining" if self.peer.stuck or self.retiring else self.state,
             kv_free_tokens=budget.free // layers_held,
             queued_tokens=self.peer.worker.queued_tokens,
             version=__version__,
@@ -122,9 +123,19 @@ class SwarmAgent:
         if self.follow_plan:
             self._tasks.append(asyncio.create_task(self._plan_loop()))
 
+    def retire(self) -> None:
+        """Announce draining but keep serving (SIGUSR1 of ``p2pserve peer``): the plan moves the
+        layers elsewhere while this peer still answers; a machine agent stops it once they are
+        served (make-before-break of a regroup, ``machine/agent.py``)."""
+        self.retiring = True
+        self.announcer.poke()
+
     async def _plan_loop(self) -> None:
         period = max(0.2, self.swarm.config.plan_refresh / 2)
         while True:
+            if self.retiring:
+                await asyncio.sleep(period)
+                continue
             try:
                 signed = await self.swarm.get_plan()
                 plan = signed.plan if signed else None

@@ -13,7 +13,7 @@ import math
 import msgspec
 from hypothesis import strategies as st
 
-from p2pserve.dht.machine_info import GPU_LINK_KINDS, GpuLink, GpuOffer, MachineInfo
+from p2pserve.dht.machine_info import GPU_LINK_KINDS, GpuLink, GpuOffer, MachineGroup, MachineInfo
 from p2pserve.dht.records import (
     CoordinatorCandidate,
     Flow,
@@ -159,19 +159,31 @@ def plans(draw) -> Plan:
                           max_size=6))
     return Plan(model=draw(ids), epoch=draw(st.integers(0, 1 << 40)), leader_id=draw(ids), num_layers=num_layers,
                 targets=targets, spans=spans_now, flows=flows, max_flow=draw(finite), upper_bound=draw(finite),
-                created_at=draw(st.floats(0.0, 2e9)), reason=draw(st.text(max_size=20)))
+                created_at=draw(st.floats(0.0, 2e9)), reason=draw(st.text(max_size=20)),
+                groupings=draw(st.dictionaries(ids, st.lists(st.sampled_from([1, 2, 4, 8]), min_size=1, max_size=2),
+                                               max_size=3)))
 
 
 @st.composite
 def machine_infos(draw) -> MachineInfo:
-    """A machine agent's offer: 1-8 GPUs and measured links between distinct pairs of them."""
-    gpus = draw(st.lists(st.builds(GpuOffer, device=ids, memory_bytes=st.integers(1, 1 << 40)), min_size=1, max_size=8))
+    """A machine agent's offer: 1-8 GPUs (with a profile), measured links between distinct pairs of
+    them, and groups on distinct slots."""
+    gpus = draw(st.lists(st.builds(GpuOffer, device=ids, memory_bytes=st.integers(1, 1 << 40),
+                                   throughput_decode=st.lists(st.floats(0.0, 1e6), max_size=4)), min_size=1, max_size=8))
     pairs = [(a, b) for a in range(len(gpus)) for b in range(a + 1, len(gpus))]
     chosen = draw(st.lists(st.sampled_from(pairs), unique=True, max_size=len(pairs))) if pairs else []
     links = [GpuLink(a=a, b=b, bandwidth=draw(st.floats(1.0, 1e12)), latency_s=draw(st.floats(0.0, 1.0)),
                      kind=draw(st.sampled_from(sorted(GPU_LINK_KINDS)))) for a, b in chosen]
-    return MachineInfo(model=draw(ids), machine_id=draw(peer_ids), gpus=gpus, links=links,
-                       timestamp=draw(st.floats(0.0, 2e9)))
+    slots = draw(st.permutations(range(len(gpus))))
+    sizes = draw(st.lists(st.integers(1, 2), max_size=len(gpus)))
+    groups, at = [], 0
+    for i, size in enumerate(sizes):
+        if at + size <= len(gpus):
+            groups.append(MachineGroup(slots=list(slots[at:at + size]), peer_id=f"peer{i}"))
+            at += size
+    degrees = [d for d in (2, 4, 8) if d <= len(gpus) and draw(st.booleans())]
+    return MachineInfo(model=draw(ids), machine_id=draw(peer_ids), gpus=gpus, links=links, groups=groups,
+                       tp_degrees=degrees, timestamp=draw(st.floats(0.0, 2e9)))
 
 
 RECORDS = {
