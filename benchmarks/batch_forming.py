@@ -1,8 +1,8 @@
 """The ``batching`` section of benchmarks/runtime.py: batch forming on against off, paired.
 
 Two sets of 3 SmolLM2 peer processes (a third of the layers each), one with ``--batch-wait-ms 0``
-(each step starts on the first arrival, as before batch forming) and one with the default
-(peer/batch_forming.py), measured in alternating rounds (``--batching-rounds``) so that load on a
+(each step starts on the first arrival, the default) and one with ``--batch-wait-ms``
+(``--batching-wait-ms`` here, default 250; peer/batch_forming.py), measured in alternating rounds (``--batching-rounds``) so that load on a
 shared machine hits both alike. Per round and arm: aggregate decode tokens/s of 1 session and of
 16 concurrent sessions (`runtime.aggregate_rate`, as the default section's
 ``batching_gain_16_vs_1``), and the compute steps each peer ran for the 16 sessions
@@ -61,7 +61,7 @@ def run_batching(args) -> dict:
     ids = model.chat_ids([{"role": "user", "content": PROMPT}])
     L = model.spec.num_layers
     thirds = [(0, L // 3), (L // 3, 2 * L // 3), (2 * L // 3, L)]
-    arms = {"off": ["--batch-wait-ms", "0"], "on": []}
+    arms = {"off": ["--batch-wait-ms", "0"], "on": ["--batch-wait-ms", str(args.batch_wait_ms)]}
     rounds = {arm: [] for arm in arms}
     for r in range(args.batching_rounds):
         for arm, flags in arms.items():

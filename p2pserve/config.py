@@ -56,7 +56,7 @@ class BatchingConfig:
     max_batch_tokens: int = 4096  # hard cap on tokens in one step, whatever the formula says
     # A lone session's decode runs on the I/O thread after this long alone (~0.2 ms a hop; 0: never).
     inline_lone_decode_s: float = 0.05
-    max_batch_wait_s: float = 0.25  # longest hold of a step for sessions due (peer/batch_forming.py; 0: off)
+    max_batch_wait_s: float = 0.0  # longest hold of a step for sessions due (peer/batch_forming.py); 0: off
 
 
 @dataclass(frozen=True)

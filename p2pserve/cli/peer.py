@@ -65,7 +65,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "--max-batch-tokens)")
     p.add_argument("--batch-wait-ms", type=float, default=b.max_batch_wait_s * 1000, metavar="MS",
                    help="batch forming: hold a step at most this long (and at most one recent step's compute "
-                        "time) for sessions whose next Forward is due; 0 runs each step on the first arrival")
+                        "time) for sessions whose next Forward is due; 0 (default) runs each step on the first arrival")
     p.add_argument("--direct-port", type=int, default=d.direct_port, metavar="PORT",
                    help="TCP port of the direct path, which clients that reach this host use instead of "
                         "libp2p (lower latency; TLS 1.3 pinned through libp2p); 0 picks a free port")

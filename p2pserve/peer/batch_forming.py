@@ -61,20 +61,16 @@ class ArrivalForecast:
         is due by ``ready_at + horizon`` and not overdue by more than ``horizon``, hold until
         ``ready_at + horizon`` (the caller re-asks at each arrival)."""
         deadline = ready_at + horizon
-        if horizon <= 0 or now >= deadline:
-            return 0.0
         due = False
-        for sid, seen in list(self._sessions.items()):
+        for sid, seen in list(self._sessions.items()):  # every step: closed and silent ones leave
             if getattr(seen.session, "closed", False) or self._stale(seen, now):
                 del self._sessions[sid]
                 continue
-            if sid in waiting or seen.period is None:
+            if due or horizon <= 0 or sid in waiting or seen.period is None:
                 continue
             expected = seen.last + seen.period
-            if expected <= deadline and expected + horizon >= now:
-                due = True
-                break
-        return deadline - now if due else 0.0
+            due = expected <= deadline and expected + horizon >= now
+        return deadline - now if due and now < deadline else 0.0
 
     def _stale(self, seen: _Arrivals, now: float) -> bool:
         limit = self._STALE_S if seen.period is None else max(self._STALE_PERIODS * seen.period, 1.0)

@@ -62,6 +62,10 @@ def test_no_horizon_no_hold_and_a_reused_id_starts_over():
     steady(f, "a", a, [0.0, 0.1, 0.2])
     steady(f, "b", b, [0.0, 0.1])
     assert f.hold_s({"a"}, ready_at=0.2, now=0.2, horizon=0.0) == 0.0
+    b.closed = True
+    f.hold_s({"a"}, ready_at=0.2, now=0.2, horizon=0.0)  # off, closed sessions still leave
+    assert len(f) == 1
+    b.closed = False
     f.arrived("b", b2, 0.15)  # a new session under a closed one's id: no period yet
     assert f.hold_s({"a"}, ready_at=0.2, now=0.2, horizon=0.05) == 0.0
 
