@@ -3,9 +3,12 @@
 Pure logic; the compute worker asks `ArrivalForecast.hold_s` before each step and waits that
 long (or until the next arrival) on its condition variable.
 
-Why: a peer's step costs nearly the same for 1 decode token as for 16 (a decode step reads
-every weight of the span once; on CPU the matmuls of a few rows cost about what one row does),
-so the throughput of many sessions depends on how many of them each step carries. Sessions
+Off by default (``BatchingConfig.max_batch_wait_s`` = 0, ``--batch-wait-ms``): on the shared 2-core
+machine it cut steps but not time (docs/kv-cache.md).
+
+Why: a peer's step of 16 decode tokens costs far less than 16 steps of one (a decode step reads
+every weight of the span once; in process, SmolLM2's 16-session step took 2.4× a lone one), so
+the throughput of many sessions depends on how many of them each step carries. Sessions
 driven through a pipeline reach a peer in bursts, one burst per step of the previous hop, spread
 over the time the client (or the previous peer) takes to relay them. A worker that starts a
 step on the first arrival splits every burst: in a 3-peer SmolLM2 pipeline with 16 sessions,
