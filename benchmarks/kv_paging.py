@@ -9,8 +9,12 @@
   ``..._mid_reply`` counts them halfway through their reply; ``..._by_declared_cap`` repeats
   the final-length count for other caps (the gain is the cap's to make); ``..._shared_system_prompt``
   assumes the first ``--kv-system-prompt`` tokens of every prompt are one system prompt, whose
-  full blocks the sessions share (the trace has lengths only, no content). Through the real
-  `SessionTable`, `PagedCache` and `KVBudget` (no tensors are written).
+  full blocks the sessions share (the trace has lengths only, no content);
+  ``..._shipped_default_caps`` is the baseline the shipped clients declare when a request names
+  no limit: ``max_length = prompt + max_new_tokens`` with the Python API's default 128 and the
+  OpenAI API's (and ``p2pserve chat``'s) 256, each reply cut at that cap on both sides (what
+  those clients generate). Through the real `SessionTable`, `PagedCache` and `KVBudget` (no
+  tensors are written).
 * ``batching_gain_16_vs_1_in_process``: aggregate decode tokens/s of 16 sessions at distinct
   lengths over 1 through one in-process SmolLM2 shard of every layer (``Shard.forward_batch``;
   the fastest step of each, configurations interleaved, since the machine is shared), with the
@@ -152,6 +156,10 @@ def run_kv(args) -> dict:
                     ("2048", 2048), ("4096", 4096)):
         o, f = admitted(spec, capacity, pairs, c, lambda p, r: p + r)
         by_cap[name] = {"cap": c, "reservation": o, "paged": f, "ratio": f / o}
+    shipped = {}
+    for name, c in (("python_api_128", 128), ("openai_api_256", 256)):
+        o, f = admitted(spec, capacity, pairs, c, lambda p, r, c=c: p + min(r, c))
+        shipped[name] = {"cap": c, "reservation": o, "paged": f, "ratio": f / o}
     return {
         "model": spec.model_id,
         "threads": args.threads,
@@ -164,6 +172,7 @@ def run_kv(args) -> dict:
         "admitted_sessions_vs_reservation": final / old,
         "admitted_sessions_vs_reservation_mid_reply": mid / old,
         "admitted_sessions_vs_reservation_by_declared_cap": by_cap,
+        "admitted_sessions_vs_reservation_shipped_default_caps": shipped,
         "shared_system_prompt_tokens": system,
         "sessions_held_paged_shared_system_prompt": shared_final,
         "admitted_sessions_vs_reservation_shared_system_prompt": shared_final / old,

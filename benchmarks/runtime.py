@@ -30,6 +30,9 @@ Other sections (``--sections``, comma-separated; the default runs everything abo
 * ``throttle``: gLLM token throttling with chunked prefill on against off (``--prefill-throttle``)
   on a 3-peer SmolLM2 pipeline under a mixed load of trace-drawn prompts and replies arriving
   over time (benchmarks/throttle.py): ``throttle_p95_tbt_gain``, ``throttle_throughput_ratio``.
+* ``batching``: batch forming (peer/batch_forming.py, ``--batch-wait-ms``) on against off, paired
+  in alternating rounds on two sets of 3 SmolLM2 peers (benchmarks/batch_forming.py): the 16-vs-1
+  session gain of each, the paired 16-session ratio, and the steps each peer ran.
 * ``llama3``: a random-initialised bf16 model shaped like Llama-3-8B (``--shape tiny``: a
   2-layer, hidden-256 version of it, to try the path on a CPU), built once into ``--model-dir``
   (safetensors), served by 2 peer processes on ``--device`` (layers [0, L/2) and [L/2, L)),
@@ -70,6 +73,7 @@ from p2pserve.launch import start_peers  # noqa: E402
 from p2pserve.transport.libp2p import Libp2pTransport  # noqa: E402
 from p2pserve.transport.tcp import DirectTransport  # noqa: E402
 
+from batch_forming import run_batching  # noqa: E402  (benchmarks/batch_forming.py)
 from kv_paging import run_kv  # noqa: E402  (benchmarks/kv_paging.py)
 from throttle import run_throttle  # noqa: E402  (benchmarks/throttle.py)
 
@@ -687,7 +691,8 @@ def run_hop(args) -> dict:
     }
 
 
-SECTIONS = {"default": run_default, "hop": run_hop, "llama3": run_llama3, "kv": run_kv, "throttle": run_throttle}
+SECTIONS = {"default": run_default, "hop": run_hop, "llama3": run_llama3, "kv": run_kv, "throttle": run_throttle,
+            "batching": run_batching}
 
 
 def main() -> int:
@@ -712,6 +717,9 @@ def main() -> int:
     ap.add_argument("--throttle-max-prompt", type=int, default=384, help="throttle section: longest prompt (tokens)")
     ap.add_argument("--throttle-max-reply", type=int, default=24, help="throttle section: longest reply (tokens)")
     ap.add_argument("--throttle-rounds", type=int, default=1, help="throttle section: off/on runs, alternating")
+    ap.add_argument("--batching-rounds", type=int, default=2, help="batching section: off/on rounds, alternating")
+    ap.add_argument("--batching-wait-ms", dest="batch_wait_ms", type=float, default=250.0,
+                    help="batching section: the on arm's --batch-wait-ms")
     ap.add_argument("--copy-to", default=None, metavar="DIR", help="also write the JSON into DIR")
     args = ap.parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -54,9 +54,9 @@ class BatchingConfig:
     kv_threshold: float = 0.05  # KVthresh: below this free share, prefill gets #MinP only
     pipeline_depth: int = 1  # PP depth seen by this peer's decode spreading
     max_batch_tokens: int = 4096  # hard cap on tokens in one step, whatever the formula says
-    # A lone session's decode after this long runs on the I/O thread (no two thread handoffs, ~0.2 ms a hop); 0: never
-    inline_lone_decode_s: float = 0.05
+    inline_lone_decode_s: float = 0.05  # a lone session's decode runs on the I/O thread after this long alone; 0: never
     background_max_skips: int = 64  # a witness replay (OpenSession.background) passed over this often runs anyway
+    max_batch_wait_s: float = 0.0  # longest hold of a step for sessions due (peer/batch_forming.py); 0: off
 
 
 @dataclass(frozen=True)

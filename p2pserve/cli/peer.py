@@ -63,6 +63,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="gLLM token throttling: split waiting prompts into chunks under each step's prefill "
                         "budget (on), or run every waiting prompt whole in the next step (off; up to "
                         "--max-batch-tokens)")
+    p.add_argument("--batch-wait-ms", type=float, default=b.max_batch_wait_s * 1000, metavar="MS",
+                   help="batch forming: hold a step at most this long (and at most one recent step's compute "
+                        "time) for sessions whose next Forward is due; 0 (default) runs each step on the first arrival")
     p.add_argument("--direct-port", type=int, default=d.direct_port, metavar="PORT",
                    help="TCP port of the direct path, which clients that reach this host use instead of "
                         "libp2p (lower latency; TLS 1.3 pinned through libp2p); 0 picks a free port")
@@ -286,7 +289,8 @@ def run(args: argparse.Namespace) -> int:
 def batching_config(args) -> BatchingConfig:
     """The step's token budget from the flags; ``--prefill-throttle off`` spreads waiting prefill
     over one step with no minimum under the cap, i.e. whole prompts."""
+    common = dict(max_batch_tokens=args.max_batch_tokens, pipeline_depth=args.pipeline_depth,
+                  max_batch_wait_s=args.batch_wait_ms / 1000)
     if args.prefill_throttle == "off":
-        return BatchingConfig(max_batch_tokens=args.max_batch_tokens, pipeline_depth=args.pipeline_depth,
-                              throttle_steps=1, min_prefill_tokens=args.max_batch_tokens)
-    return BatchingConfig(max_batch_tokens=args.max_batch_tokens, pipeline_depth=args.pipeline_depth)
+        return BatchingConfig(**common, throttle_steps=1, min_prefill_tokens=args.max_batch_tokens)
+    return BatchingConfig(**common)

@@ -26,6 +26,7 @@ import torch
 
 from p2pserve.errors import OverloadedError, P2PServeError, RangeMovedError, RequestError, SessionNotFoundError
 from p2pserve.model.shard import Segment, Shard
+from p2pserve.peer.batch_forming import ArrivalForecast
 from p2pserve.peer.batcher import Pending, TokenThrottle
 from p2pserve.peer.kv_cache import KVBudget
 from p2pserve.peer.sampling import sample_token, sample_tokens
@@ -81,6 +82,7 @@ class ComputeWorker:
         self._incoming: list[Job] = []
         self._waiting: list[Pending] = []
         self._tickets = itertools.count()
+        self.forecast = ArrivalForecast()  # when sessions' next Forwards are due (batch forming)
         self._stop = False
         self._busy = False  # a step is running (on this thread or inline on the caller's)
         self._step_since: float | None = None  # time.monotonic() when the running step began
@@ -152,6 +154,7 @@ class ComputeWorker:
         """Queue a job; its future resolves with hidden states [n, H] or a token id."""
         with self._cv:
             self._incoming.append(job)
+            self.forecast.arrived(job.session.id, job.session, time.monotonic())
             self._cv.notify()
 
     def run_inline(self, job: Job) -> bool:
@@ -164,6 +167,7 @@ class ComputeWorker:
             if self._busy or self._stop or self._incoming or self._waiting or self.shard is None:
                 return False
             self._busy, self._step_since = True, time.monotonic()
+            self.forecast.arrived(job.session.id, job.session, self._step_since)
             pending = Pending(job, job.inputs.shape[0], next(self._tickets), background=job.session.background)
             self._waiting.append(pending)
         done: list[Delivery] = []
@@ -186,10 +190,9 @@ class ComputeWorker:
                     self._cv.wait()
                 if self._stop:
                     break
-                for job in self._incoming:
-                    self._waiting.append(Pending(job, job.inputs.shape[0], next(self._tickets),
-                                                 background=job.session.background))
-                self._incoming.clear()
+                self._form_batch()
+                if self._stop:
+                    break
                 self._busy, self._step_since = True, time.monotonic()
             done: list[Delivery] = []
             try:
@@ -207,6 +210,25 @@ class ComputeWorker:
                 _deliver_all(done)
         for p in self._waiting:
             _resolve(p.key, exc=RequestError("peer is shutting down"))
+
+    def _take_incoming(self) -> None:
+        for job in self._incoming:
+            self._waiting.append(Pending(job, job.inputs.shape[0], next(self._tickets),
+                                         background=job.session.background))
+        self._incoming.clear()
+
+    def _form_batch(self) -> None:
+        """Queue what was submitted, holding the step (lock released while waiting) for the
+        sessions due within about one step's compute time (peer/batch_forming.py)."""
+        ready = time.monotonic()
+        horizon = min(self.throttle.config.max_batch_wait_s, self.stats.compute.median_ms / 1000)
+        while True:
+            self._take_incoming()
+            waiting = {p.key.session.id for p in self._waiting}
+            hold = self.forecast.hold_s(waiting, ready, time.monotonic(), horizon)
+            if hold <= 0 or self._stop:
+                return
+            self._cv.wait(hold)
 
     def _fail_waiting(self, err: BaseException) -> list[Delivery]:
         """Fail every waiting job, dropping positions they may have half written."""
