@@ -132,13 +132,7 @@ class PushedRoute:
         route = [PushHop(peer_id=c.hop.peer_id, session_id=c.session_id) for c in self.links[1:]]
         wait = AwaitResult(session_id=last.session_id, step=forward.step)
         for link, msg, data in ((last, wait, b""), (first, PushForward(forward=forward, route=route), payload)):
-            try:
-                if link.stream is None:
-                    raise ConnectionError(f"stream to {link.hop} is closed")
-                async with asyncio.timeout(link.timeout_s):
-                    await write_frame(link.stream.writer, msg, data)
-            except Exception as e:
-                raise HopFailure(link.hop, e) from e
+            await write_to(link, msg, data)
         self._ack = ack = asyncio.create_task(self._read_ack(self._ack, forward.step))
         result = asyncio.create_task(read_reply(last))
         try:
@@ -208,3 +202,14 @@ async def read_reply(link: HopConnection):
         raise ConnectionError(f"stream to {link.hop} is closed")
     header, body = await read_frame(link.stream.reader, link.limits)
     return decode_reply(header), body
+
+
+async def write_to(link: HopConnection, msg, payload=b"") -> None:
+    """One frame to ``link``'s stream; HopFailure of that hop if it cannot be written."""
+    try:
+        if link.stream is None:
+            raise ConnectionError(f"stream to {link.hop} is closed")
+        async with asyncio.timeout(link.timeout_s):
+            await write_frame(link.stream.writer, msg, payload)
+    except Exception as e:
+        raise HopFailure(link.hop, e) from e

@@ -32,7 +32,7 @@ from typing import Optional, Sequence
 
 from p2pserve.client.connection import HopConnection
 from p2pserve.client.failover import HopFailure
-from p2pserve.client.push import grant_all, read_reply
+from p2pserve.client.push import grant_all, read_reply, write_to
 from p2pserve.errors import MalformedFrameError, error_from_reply
 from p2pserve.protocol import (
     AllowPush,
@@ -46,7 +46,6 @@ from p2pserve.protocol import (
     RingGrant,
     RingStopped,
 )
-from p2pserve.transport.frames import write_frame
 
 
 def ring_grants(links: Sequence[HopConnection], start: Forward, n: int, max_position: int,
@@ -95,7 +94,7 @@ class RingRoute:
         await self._ask(forward.step, forward.position + n)
         msg = PushForward(forward=forward, route=[PushHop(peer_id=c.hop.peer_id, session_id=c.session_id)
                                                   for c in self.links[1:]], ring=True)
-        await _write(first, msg, payload)
+        await write_to(first, msg, payload)
         self._start_ack = asyncio.create_task(self._read_start_ack(forward.step))
         return await self._result(forward.step, forward.position, n, vocab_size)
 
@@ -112,7 +111,7 @@ class RingRoute:
                 self._credit = max(self._credit, s + 1 if position + 1 <= self._max_position else s)
                 self._asked.append(s)
                 self._last_asked = s
-                await _write(self.links[-1], AwaitResult(session_id=self.links[-1].session_id, step=s,
+                await write_to(self.links[-1], AwaitResult(session_id=self.links[-1].session_id, step=s,
                                                          ring_until=self._credit))
 
     async def _result(self, step: int, position: int, n: int, vocab_size: Optional[int]) -> ForwardResult:
@@ -186,7 +185,7 @@ class RingRoute:
         last = self.links[-1]
         if not self._asked or self._asked[-1] < self._credit:  # the ring may run to the credit: ask for it
             self._asked.append(self._credit)
-            await _write(last, AwaitResult(session_id=last.session_id, step=self._credit, ring_until=self._credit))
+            await write_to(last, AwaitResult(session_id=last.session_id, step=self._credit, ring_until=self._credit))
         await self._unless_start_failed(self._read_until(self._asked[-1]))
         if self._start_ack is not None:
             ack, self._start_ack = self._start_ack, None
@@ -199,13 +198,3 @@ class RingRoute:
         if self._start_ack is not None:
             self._start_ack.cancel()
 
-
-async def _write(link: HopConnection, msg, payload=b"") -> None:
-    """One frame to ``link``'s stream; HopFailure of that hop if it cannot be written."""
-    try:
-        if link.stream is None:
-            raise ConnectionError(f"stream to {link.hop} is closed")
-        async with asyncio.timeout(link.timeout_s):
-            await write_frame(link.stream.writer, msg, payload)
-    except Exception as e:
-        raise HopFailure(link.hop, e) from e
