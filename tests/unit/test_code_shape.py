@@ -7,6 +7,7 @@ above it, starts with ``# long:`` and says why.
 from __future__ import annotations
 
 import ast
+import gc
 from pathlib import Path
 
 import p2pserve
@@ -26,6 +27,25 @@ def _excused(lines: list[str], node: ast.AST) -> bool:
     return any("# long:" in line for line in around)
 
 
+def _parse(text: str) -> ast.AST:
+    """``ast.parse``, shielded from CPython 3.11's shared AST recursion counter: a collection that
+    runs another thread's Python code (finalizers of tasks that earlier tests left) in the middle
+    of a parse raised ``SystemError: AST constructor recursion depth mismatch`` in a CI dry run.
+    Collections are held off during the parse, and a parse that still trips is tried again."""
+    for attempt in range(3):
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            return ast.parse(text)
+        except SystemError:
+            if attempt == 2:
+                raise
+        finally:
+            if enabled:
+                gc.enable()
+    raise AssertionError("unreachable")
+
+
 def test_no_module_over_the_line_limit():
     too_long = {}
     for path in _sources():
@@ -40,7 +60,7 @@ def test_no_function_over_the_line_limit_without_a_reason():
     for path in _sources():
         text = path.read_text()
         lines = text.splitlines()
-        for node in ast.walk(ast.parse(text)):
+        for node in ast.walk(_parse(text)):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 n = node.end_lineno - node.lineno + 1
                 if n > MAX_FUNCTION_LINES and not _excused(lines, node):
