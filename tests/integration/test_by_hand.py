@@ -54,12 +54,17 @@ def qwen2(tmp_path_factory):
     return path, model, ids, reference_generate(path, ids, NEW_TOKENS)
 
 
-def start_swarm(tmp: Path, coordinator_model: str, peer_model: str, *peer_extra: str) -> tuple[Children, list[str]]:
-    children = Children(tmp)
+def start_bootstrap(children: Children, tmp: Path) -> list[str]:
+    """``p2pserve bootstrap`` on loopback as child "boot"; its multiaddrs once it wrote them."""
     maddrs_file = tmp / "boot.maddrs"
     children.start("boot", "bootstrap", "--host-maddrs", LOOPBACK, "--maddrs-file", str(maddrs_file))
     wait_for(maddrs_file.exists, children, "the bootstrap node")
-    boot = maddrs_file.read_text().split()
+    return maddrs_file.read_text().split()
+
+
+def start_swarm(tmp: Path, coordinator_model: str, peer_model: str, *peer_extra: str) -> tuple[Children, list[str]]:
+    children = Children(tmp)
+    boot = start_bootstrap(children, tmp)
     children.start("coord", "coordinator", "--model", coordinator_model, "--initial-peers", *boot,
                    "--host-maddrs", LOOPBACK, "--solve-time-limit", "0.5", *TIMING_FLAGS)
     for i in range(3):

@@ -27,7 +27,7 @@ from p2pserve.dht.keys import RecordKind
 from p2pserve.dht.machine_info import MachineInfo
 from p2pserve.launch import Children
 from tests.harness import reference_generate
-from tests.integration.test_by_hand import LOOPBACK, chat_through, wait_for
+from tests.integration.test_by_hand import LOOPBACK, chat_through, start_bootstrap, wait_for
 from tests.integration.test_tp_plan import _observer, _records
 
 pytestmark = pytest.mark.integration
@@ -95,10 +95,7 @@ def test_machine_agent_regroups_two_tp1_into_one_tp2_without_uncovering_a_layer(
     children = Children(tmp_path)
     obs = None
     try:
-        boot_file = tmp_path / "boot.maddrs"
-        children.start("boot", "bootstrap", "--host-maddrs", LOOPBACK, "--maddrs-file", str(boot_file))
-        wait_for(boot_file.exists, children, "the bootstrap node")
-        boot = boot_file.read_text().split()
+        boot = start_bootstrap(children, tmp_path)
         coord = ("coordinator", "--model", path, "--initial-peers", *boot, "--host-maddrs", LOOPBACK,
                  "--solve-time-limit", "0.5", *TIMING_FLAGS)
         children.start("coord1", *coord, "--grouping", "1", "--priority", "1")

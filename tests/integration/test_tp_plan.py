@@ -24,7 +24,7 @@ from p2pserve.config import DHTConfig
 from p2pserve.dht.records import Plan
 from p2pserve.launch import Children
 from tests.harness import reference_generate, run_chain
-from tests.integration.test_by_hand import LOOPBACK, TIMING_FLAGS, chat_through, wait_for
+from tests.integration.test_by_hand import LOOPBACK, TIMING_FLAGS, chat_through, start_bootstrap, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -60,10 +60,7 @@ def test_plan_driven_tp_peer_serves_and_moves(model_dir, tmp_path):
     children = Children(tmp_path)
     obs = None
     try:
-        boot_file = tmp_path / "boot.maddrs"
-        children.start("boot", "bootstrap", "--host-maddrs", LOOPBACK, "--maddrs-file", str(boot_file))
-        wait_for(boot_file.exists, children, "the bootstrap node")
-        boot = boot_file.read_text().split()
+        boot = start_bootstrap(children, tmp_path)
         children.start("coord", "coordinator", "--model", path, "--initial-peers", *boot, "--host-maddrs", LOOPBACK,
                        "--solve-time-limit", "0.5", *TIMING_FLAGS)
         children.start("tp2", "peer", "--model", path, "--initial-peers", *boot, "--tp", "2", *PEER_FLAGS)
