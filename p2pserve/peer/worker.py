@@ -168,7 +168,7 @@ class ComputeWorker:
                 return False
             self._busy, self._step_since = True, time.monotonic()
             self.forecast.arrived(job.session.id, job.session, self._step_since)
-            pending = Pending(job, job.inputs.shape[0], next(self._tickets), background=job.session.background)
+            pending = self._pending(job)
             self._waiting.append(pending)
         done: list[Delivery] = []
         try:
@@ -212,10 +212,13 @@ class ComputeWorker:
             _resolve(p.key, exc=RequestError("peer is shutting down"))
 
     def _take_incoming(self) -> None:
-        for job in self._incoming:
-            self._waiting.append(Pending(job, job.inputs.shape[0], next(self._tickets),
-                                         background=job.session.background))
+        self._waiting.extend(self._pending(job) for job in self._incoming)
         self._incoming.clear()
+
+    def _pending(self, job: Job) -> Pending:
+        """``job`` as the batcher's queue entry: its rows, a FIFO ticket and whether it is
+        background work (a witness replay, run only in spare steps)."""
+        return Pending(job, job.inputs.shape[0], next(self._tickets), background=job.session.background)
 
     def _form_batch(self) -> None:
         """Queue what was submitted, holding the step (lock released while waiting) for the
