@@ -33,7 +33,8 @@ token crosses hops links, 0.5x). ``push`` holds each variant's ms/token, tokens/
 (its greedy tokens equal the client-driven run's) and ``network_floor_ms``, and which was ``best``.
 
 Usage: PYTHONPATH=. python benchmarks/wan.py [--model default] [--delays 5 25 50] [--tokens 32]
-       [--rate-mbps 100] [--repeats 2] [--spec-rounds 2] [--no-push] [--no-speculative] [--json PATH]
+       [--rate-mbps 100] [--repeats 2] [--spec-rounds 2] [--peer-threads 2] [--no-push] [--no-speculative]
+       [--json PATH]
 """
 
 from __future__ import annotations
@@ -162,9 +163,14 @@ def _rounded(value):
     return round(value, 3) if isinstance(value, float) else value
 
 
+def peer_flags(args) -> tuple[str, ...]:
+    """Flags every peer of the run gets: its torch threads."""
+    return ("--num-threads", str(args.peer_threads))
+
+
 def loopback(model_path: str, model, ranges, prompt_ids, args) -> dict:
     """The baseline: the same 3 peers on loopback, no relay."""
-    peers = start_peers(model_path, ranges)
+    peers = start_peers(model_path, ranges, *peer_flags(args))
     try:
         return best_of(model, [p.hop() for p in peers], prompt_ids, args.tokens, args.repeats)
     finally:
@@ -176,7 +182,8 @@ def at_delay(model_path: str, model, ranges, prompt_ids, delay_ms: float, base: 
     """Fresh relayed peers at ``delay_ms``; the client-driven figures and their ratios to ``base``."""
     children, boot = (None, []) if args.no_push else start_bootstrap(workdir)  # push: the peers meet there
     try:
-        peers = start_relayed_peers(model_path, ranges, *(("--initial-peers", *boot, *SWARM_TIMING) if boot else ()),
+        peers = start_relayed_peers(model_path, ranges, *peer_flags(args),
+                                    *(("--initial-peers", *boot, *SWARM_TIMING) if boot else ()),
                                     delay_ms=delay_ms, rate_mbps=args.rate_mbps, workdir=workdir)
     except BaseException:
         if children is not None:
@@ -221,6 +228,9 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=32, help="greedy tokens per request")
     ap.add_argument("--rate-mbps", type=float, default=100.0, help="each relay direction's rate (0: unlimited)")
     ap.add_argument("--repeats", type=int, default=2, help="measured requests per setting (the fastest counts)")
+    ap.add_argument("--peer-threads", type=int, default=2,
+                    help="torch threads per peer (default 2: one sequence keeps one peer busy at a time, so each "
+                         "gets the machine's two cores, as a volunteer's peer has its own machine)")
     ap.add_argument("--no-speculative", action="store_true", help="skip the speculative decoding measurement")
     ap.add_argument("--no-push", action="store_true", help="skip the push mode measurement")
     ap.add_argument("--spec-rounds", type=int, default=2,
@@ -232,7 +242,8 @@ def main() -> int:
     ranges = thirds(model.spec.num_layers)
     prompt_ids = model.chat_ids([{"role": "user", "content": PROMPT}])
     base = loopback(model_path, model, ranges, prompt_ids, args)
-    result = dict(model=model.spec.model_id, peers=ranges, tokens=args.tokens, prompt_tokens=len(prompt_ids),
+    result = dict(model=model.spec.model_id, peers=ranges, peer_threads=args.peer_threads, tokens=args.tokens,
+                  prompt_tokens=len(prompt_ids),
                   rate_mbps=args.rate_mbps, mode="client-driven",
                   loopback=dict(client_ms_per_token=round(base["ms_per_token"], 2),
                                 client_tokens_per_s=round(base["tokens_per_s"], 2)),

@@ -21,6 +21,7 @@ from p2pserve.model.default import cache_dir
 from p2pserve.model.shard import TORCH_DTYPES, Segment, Shard
 from p2pserve.model.spec import ModelSpec
 from p2pserve.peer.kv_cache import BLOCK_SIZE, KVBudget, PagedCache
+from p2pserve.peer.threads import adopt_torch_threads
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +97,7 @@ def load_or_measure(model_path: str, spec: ModelSpec, device: str, max_layers: i
     batches across sessions, so its capacity is the throughput of a typical batch, not of one
     stream (Helix profiles nodes the same way). ``tp`` (a ``TPGroup``) times the group instead.
     """
+    adopt_torch_threads()  # called in a worker thread: time it with the peer's thread count
     name = torch.cuda.get_device_name(device) if device.startswith("cuda") else "cpu"
     extra, label = {}, device
     if tp is not None:  # announced as the group's device: "cpu x2", "cuda:0 x4"

@@ -9,7 +9,10 @@ One exception, for latency: ``run_inline`` runs a job on the caller's (I/O) thre
 worker is idle. The handler uses it for a single decode token of a session that has been alone
 on the peer for a while; that saves the wake-up of this thread and of the loop (~0.2 ms a hop)
 and costs nothing, since there is nobody to batch with. Either way one step runs at a time
-(``_busy``), so the shard and the KV caches never see two steps at once.
+(``_busy``), so the shard and the KV caches never see two steps at once. Not on a CPU peer with
+more than one torch thread: there the I/O thread's steps ran on one core (SmolLM2, whole model,
+2 threads: 47 ms a token inline against 27 ms on the compute thread, which applies the thread
+count, ``peer/threads.py``; at 1 thread both took 47-48 ms).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from p2pserve.peer.batcher import Pending, TokenThrottle
 from p2pserve.peer.kv_cache import KVBudget
 from p2pserve.peer.sampling import sample_token, sample_tokens
 from p2pserve.peer.sessions import Session
+from p2pserve.peer.threads import adopt_torch_threads
 from p2pserve.peer.timing import RecentTimes
 
 log = logging.getLogger(__name__)
@@ -166,6 +170,8 @@ class ComputeWorker:
         with self._cv:
             if self._busy or self._stop or self._incoming or self._waiting or self.shard is None:
                 return False
+            if self.shard.device.type == "cpu" and torch.get_num_threads() > 1:
+                return False  # see the module docstring: multi-threaded CPU steps run on the thread
             self._busy, self._step_since = True, time.monotonic()
             self.forecast.arrived(job.session.id, job.session, self._step_since)
             pending = self._pending(job)
@@ -184,6 +190,7 @@ class ComputeWorker:
 
     # ------------------------------------------------------------------ thread
     def _run(self) -> None:
+        adopt_torch_threads()
         while True:
             with self._cv:
                 while not self._stop and (self._busy or (not self._incoming and not self._waiting)):

@@ -50,11 +50,32 @@ def test_a_lone_decode_runs_inline_and_matches_the_worker_thread(tmp_path):
         assert not idle.run_inline(queued) and not queued.future.done()
         return tokens
 
+    threads = torch.get_num_threads()
     try:
         on_thread = asyncio.run(run(inline=False))
         before = worker.stats.inline_steps
+        torch.set_num_threads(1)  # inline steps are for one-threaded CPU peers (and GPUs)
         inline = asyncio.run(run(inline=True))
     finally:
+        torch.set_num_threads(threads)
         worker.stop()
     assert inline == on_thread
     assert before == 0 and worker.stats.inline_steps == 3
+
+
+def test_a_multi_threaded_cpu_peer_runs_its_steps_on_the_compute_thread(tmp_path):
+    # The I/O thread does not get the torch thread count's speed-up (peer/worker.py docstring).
+    path, spec, budget, table = tiny_session_table(tmp_path / "tiny")
+    worker = ComputeWorker(Shard.load(path, spec, 0, spec.num_layers), TokenThrottle(BatchingConfig()), budget)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        async def run() -> bool:
+            loop = asyncio.get_running_loop()
+            job = Job(session=open_session(table, "s"), inputs=torch.tensor(PROMPT), position=0, sample=True,
+                      future=loop.create_future(), loop=loop)
+            return worker.run_inline(job)
+
+        assert not asyncio.run(run())
+    finally:
+        torch.set_num_threads(threads)
