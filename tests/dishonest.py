@@ -5,7 +5,7 @@ Run as a real peer process: ``python -m tests.dishonest --corrupt-share 0.1 [--s
 [--claim-factor F] peer ARGS`` (``ARGS`` as for ``p2pserve peer``). ``--claim-factor F`` multiplies
 the throughput tables it measured by ``F`` before it announces them (a liar about its speed). Corrupted hidden states get Gaussian noise as large as the
 values themselves (a relative error near 1, far beyond any tolerance); a corrupted token is
-another token. The peer signs what it sends, corrupted or not: an unsigned or badly signed reply
+another token (in a speculative step, one of its tokens). The peer signs what it sends, corrupted or not: an unsigned or badly signed reply
 would be caught without any re-execution.
 """
 
@@ -28,6 +28,9 @@ def corrupt_handler(share: float, seed: int = 0) -> None:
         if rng.random() < share:
             if isinstance(result, int):
                 result = (result + 1) % self.spec.vocab_size
+            elif isinstance(result, list):  # a speculative step's tokens: one of them changed
+                i = rng.randrange(len(result))
+                result = result[:i] + [(result[i] + 1) % self.spec.vocab_size] + result[i + 1:]
             else:
                 gen = torch.Generator().manual_seed(rng.getrandbits(31))
                 noise = torch.randn(result.shape, generator=gen).to(result.dtype)

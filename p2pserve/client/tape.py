@@ -4,7 +4,10 @@ A :class:`HopTape` holds, for one hop's session, every input chunk the client se
 hidden-state bytes, position, row count) and each step's signed reply with its output bytes. The
 bytes are the very objects the pipeline relayed (no copy): a hop's outputs are the next hop's
 inputs. A rewind (a step starting before the tape's end) drops what follows it, as the peer
-drops it from its cache and its input commitment.
+drops it from its cache and its input commitment; a step it cuts in two keeps its head, and the
+whole step as sent and signed (``Step.whole``). That is how a speculative step ends (the rows of
+rejected drafts are rewound): the head's rows and their outputs are the ones the client kept,
+and evidence about them needs the signed original.
 """
 
 from __future__ import annotations
@@ -34,11 +37,41 @@ class Chunk:
 
 @dataclass
 class Step:
-    """One step of a hop: its inputs' chunk, the peer's reply and output bytes."""
+    """One step of a hop: its inputs' chunk, the peer's reply and output bytes. The head of a
+    step cut by a rewind has no reply and the whole step in ``whole``."""
 
     inputs: Chunk
     reply: object  # the ForwardResult
     output: bytes | memoryview
+    whole: Optional["Step"] = None
+
+    @property
+    def signed(self) -> Optional["Step"]:
+        """The step as the peer signed it: this one, the whole one a head was cut from, or None."""
+        return self if self.reply is not None else self.whole
+
+    def tokens_kept(self) -> list[tuple[int, int]]:
+        """(position, token): the tokens the last hop returned after positions still on the tape
+        (a one-token step's token after its last row; a speculative step's tokens after each of
+        its last ``len(tokens)`` rows, as far as the head reaches)."""
+        signed = self.signed
+        if signed is None:
+            return []
+        end = self.inputs.position + self.inputs.count
+        tokens = signed.reply.tokens
+        if tokens is None:
+            return [(end - 1, signed.reply.token)] if signed is self and signed.reply.token is not None else []
+        first = signed.inputs.position + signed.inputs.count - len(tokens)
+        return [(first + i, t) for i, t in enumerate(tokens) if first + i < end]
+
+    def output_kept(self) -> bytes | memoryview:
+        """The hidden-state bytes of this step's rows still on the tape (a head's share of the
+        whole step's output)."""
+        signed = self.signed
+        if signed is None or signed is self:
+            return self.output if signed is not None else b""
+        size = len(signed.output) // signed.inputs.count
+        return memoryview(signed.output)[: self.inputs.count * size]
 
 
 @dataclass
@@ -61,7 +94,7 @@ class HopTape:
             self.steps.pop()
         if self.steps and self.steps[-1].inputs.position + self.steps[-1].inputs.count > position:
             last = self.steps.pop()
-            self.steps.append(Step(last.inputs.head(position - last.inputs.position), None, b""))
+            self.steps.append(Step(last.inputs.head(position - last.inputs.position), None, b"", last.signed))
 
     def inputs_before(self, position: int) -> list[Chunk]:
         """The input chunks covering positions [0, position)."""
@@ -73,6 +106,15 @@ class HopTape:
         for chunk in self.inputs_before(position):
             chain.extend(row_digests(chunk.data, chunk.count))
         return chain.at(position)
+
+    def commitment_of(self, step: Step) -> bytes:
+        """The commitment ``step``'s reply signed: the inputs before its position, then its own
+        rows (a whole speculative step's rows are no longer all on the tape)."""
+        chain = InputChain()
+        for chunk in self.inputs_before(step.inputs.position):
+            chain.extend(row_digests(chunk.data, chunk.count))
+        chain.extend(row_digests(step.inputs.data, step.inputs.count))
+        return chain.at(step.inputs.position + step.inputs.count)
 
     @property
     def last(self) -> Optional[Step]:

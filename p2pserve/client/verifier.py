@@ -11,7 +11,10 @@ is checked by a background task, never by the user's request (unless it holds fo
    For hidden states one prefill returns every position, and all of the hop's steps so far are
    compared with what it returned (within :data:`TOLERANCE` of its dtype); for the last hop the
    replay asks for the token after each position the hop returned one for, at most
-   ``MAX_VERIFY_OUTPUTS`` per Forward (:func:`token_windows`), and every token is compared;
+   ``MAX_VERIFY_OUTPUTS`` per Forward (:func:`token_windows`), and every token is compared,
+   the tokens of speculative steps (several positions each) among them: those after the rows
+   the client kept (``Step.tokens_kept``; a draft's rejected rows were rewound and the tokens
+   after them were never used);
 3. on a difference the first differing step is replayed *aligned* (history as a prefill, then
    exactly that step) on the witness and on a third replica, each signing its claim over the same
    inputs. Whoever disagrees with both others is the culprit; with no third replica, or three
@@ -49,7 +52,7 @@ from p2pserve.dht.evidence import (
     output_digest,
     verify_claim,
 )
-from p2pserve.protocol import MAX_VERIFY_OUTPUTS, SamplingParams, TensorMeta
+from p2pserve.protocol import MAX_VERIFY_OUTPUTS, SamplingParams, TensorMeta, tokens_bytes
 from p2pserve.transport.frames import tensor_from_wire
 
 log = logging.getLogger(__name__)
@@ -88,7 +91,7 @@ class Answer:
     hop: Hop
     claim: ReplyClaim
     signature: bytes
-    token: Optional[int]
+    token: Optional[int | tuple]  # a token, or a speculative step's tokens (a tuple)
     hidden: Optional[torch.Tensor]  # [count, hidden] (None from the last layers)
     output: bytes = b""  # the raw output bytes (hidden states), as signed
 
@@ -104,6 +107,7 @@ class VerifyStats:
 
     sampled: int = 0
     verified: int = 0  # steps compared against a witness (each hidden step of a screen counts)
+    verified_speculative: int = 0  # of which the last hop's speculative steps
     skipped: int = 0  # sampled, but no replica, or too many checks in flight
     mismatches: int = 0
     inconclusive: int = 0
@@ -157,12 +161,6 @@ class Verifier:
             if (self.rng.random() >= self.config.verify_share and not every) or tape.last is None:
                 continue
             self.stats.sampled += 1
-            if tape.hop.end == self.num_layers and tape.last.reply.tokens is not None:
-                # A speculative step's tokens (docs/speculative.md) are not re-executed yet: the
-                # witness would have to run the same multi-output Forward. The hops before the last
-                # are still checked on these steps, and the last hop on its one-token steps.
-                self.stats.skipped += 1
-                continue
             tape.due = sampling
 
     def route_done(self, tapes: list[HopTape], suspects=None) -> None:
@@ -229,24 +227,24 @@ class Verifier:
         chunk = step.inputs
         return ReplyClaim(model=self.model_id, peer_id=tape.hop.peer_id, session_id=tape.session_id,
                           start=tape.hop.start, end=tape.hop.end, position=chunk.position, count=chunk.count,
-                          commitment=tape.commitment(chunk.position + chunk.count),
-                          output=reply_output_digest(step))
+                          commitment=tape.commitment_of(step), output=reply_output_digest(step))
 
     async def _first_difference(self, tape: HopTape, witness: Hop, sampling: SamplingParams):
-        """The first step of ``tape`` whose output the witness does not reproduce, or None."""
+        """The first step of ``tape`` (as signed: a head's whole step) whose output on rows still
+        on the tape the witness does not reproduce, or None."""
         step = tape.last
-        done = [s for s in tape.steps if s.reply is not None]
+        done = [s for s in tape.steps if s.signed is not None]
         end = step.inputs.position + step.inputs.count
         payload, rows = join(tape.inputs_before(end))
         if tape.hop.end == self.num_layers:
-            return await self._first_token_difference(tape, witness, sampling, done, end, payload, rows)
+            return await self._first_token_difference(tape, witness, sampling, end, payload, rows)
         replies, _ = await self._run(witness, [(0, rows, step.inputs.dtype, payload, 1)], end, sampling)
         theirs = _rows(replies[-1][0].tensor, replies[-1][1])
         tol = TOLERANCE.get(_dtype(step), 1e-3)
         # One distance over every row of every step, a handful of torch calls whatever the
         # session's length: a call per step cost the client more CPU than the check's Forward.
-        first = done[0].reply.tensor
-        data = b"".join(bytes(s.output) for s in done)
+        first = done[0].signed.reply.tensor
+        data = b"".join(bytes(s.output_kept()) for s in done)
         rows_of = [s.inputs.count for s in done]
         ours = _rows(TensorMeta(first.dtype, [sum(rows_of), *first.shape[1:]], len(data)), data)
         at = torch.tensor([p for s in done for p in range(s.inputs.position, s.inputs.position + s.inputs.count)])
@@ -256,38 +254,41 @@ class Verifier:
             d = max(per_row[offsets[i]:offsets[i + 1]])
             self.stats.verified += 1
             if d > tol:
-                return s
-            key = _dtype(s)
+                return s.signed
+            key = _dtype(s.signed)
             self.stats.max_distance[key] = max(self.stats.max_distance.get(key, 0.0), d)
         return None
 
-    async def _first_token_difference(self, tape: HopTape, witness: Hop, sampling: SamplingParams, done, end: int,
+    async def _first_token_difference(self, tape: HopTape, witness: Hop, sampling: SamplingParams, end: int,
                                       payload: bytes, rows: int):
-        """The last hop's first one-token step whose token the witness does not reproduce. The
-        history is replayed in Forwards that ask for the token after each position from the first
-        one a step returned a token after, at most ``MAX_VERIFY_OUTPUTS`` per Forward (peers sample
-        with a seed per position), so every token the hop returned is compared."""
-        steps = [s for s in done if s.reply.tokens is None]  # a speculative step is not re-executed yet
-        if not steps:
+        """The last hop's first step (as signed: a speculative head's whole step) with a token
+        the witness does not reproduce. The history is replayed in Forwards that ask for the token
+        after each position from the first one a step returned a token after, at most
+        ``MAX_VERIFY_OUTPUTS`` per Forward (peers sample with a seed per position), so every
+        token the hop returned after a position still on the tape is compared."""
+        kept = [(s, s.tokens_kept()) for s in tape.steps]
+        kept = [(s, pairs) for s, pairs in kept if pairs]
+        if not kept:
             return None
-        first = steps[0].inputs.position + steps[0].inputs.count - 1
+        first = kept[0][1][0][0]
         calls = token_windows(first, end, rows, tape.last.inputs.dtype, payload)
         replies, _ = await self._run(witness, calls, end, sampling)
         theirs: dict[int, int] = {}  # position -> the witness's token after it
         for (position, n, _, _, k), (reply, _) in zip(calls, replies):
             tokens = reply.tokens if k > 1 else [reply.token]
             theirs.update(zip(range(position + n - k, position + n), tokens))
-        for s in steps:
+        for s, pairs in kept:
             self.stats.verified += 1
-            if theirs.get(s.inputs.position + s.inputs.count - 1) != s.reply.token:
-                return s
+            self.stats.verified_speculative += s.signed.reply.tokens is not None
+            if any(theirs.get(position) != token for position, token in pairs):
+                return s.signed
         return None
 
     async def _settle(self, tape: HopTape, step, others: list[Hop], sampling: SamplingParams) -> Optional[str]:
         """Replay the differing ``step`` aligned on the witness and a third replica; blame the odd one."""
         w = await self._replay(tape, step, others[0], sampling)
         t = await self._replay(tape, step, others[1], sampling) if len(others) > 1 else None
-        mine = (step.reply.token, _rows(step.reply.tensor, step.output) if step.output else None)
+        mine = (_token_answer(step.reply), _rows(step.reply.tensor, step.output) if step.output else None)
         tol = TOLERANCE.get(_dtype(step), 0.0)
         aw, d = _agree(mine, w.answer, tol)
         at = wt = None
@@ -321,19 +322,23 @@ class Verifier:
         return peer
 
     async def _replay(self, tape: HopTape, step, replica: Hop, sampling: SamplingParams) -> Answer:
-        """``replica`` runs the history before ``step`` as a prefill, then ``step`` alone."""
+        """``replica`` runs the history before ``step`` as a prefill, then ``step`` alone (asking,
+        for a speculative step, the token after each of as many positions)."""
         p = step.inputs.position
         payload, rows = join(tape.inputs_before(p))
+        outputs = len(step.reply.tokens) if step.reply.tokens is not None else 1
         calls = ([(0, rows, step.inputs.dtype, payload, 1)] if rows else []) + [
-            (p, step.inputs.count, step.inputs.dtype, step.inputs.data, 1)]
+            (p, step.inputs.count, step.inputs.dtype, step.inputs.data, outputs)]
         replies, sid = await self._run(replica, calls, p + step.inputs.count, sampling)
         (reply, out), meta = replies[-1], replies[-1][0].tensor
+        output = (output_digest(tokens_bytes(reply.tokens)) if reply.tokens is not None
+                  else output_digest(out, reply.token))
         claim = ReplyClaim(model=self.model_id, peer_id=replica.peer_id, session_id=sid, start=tape.hop.start,
                            end=tape.hop.end, position=p, count=step.inputs.count,
-                           commitment=tape.commitment(p + step.inputs.count),
-                           output=output_digest(out, reply.token))
+                           commitment=tape.commitment_of(step), output=output)
         hidden = _rows(meta, out) if meta is not None else None
-        return Answer(replica, claim, reply.signature, reply.token, hidden, bytes(out) if meta is not None else b"")
+        return Answer(replica, claim, reply.signature, _token_answer(reply), hidden,
+                      bytes(out) if meta is not None else b"")
 
     async def _run(self, replica: Hop, calls, max_length: int, sampling: SamplingParams):
         """Send ``calls`` (``(position, rows, dtype, payload, outputs)``, the first at position 0)
@@ -367,6 +372,11 @@ def _agree(a: tuple, b: tuple, tol: float) -> tuple[bool, float]:
         d = distance(a[1], b[1])
         return d <= tol, d
     return a[0] == b[0] and a[1] is None and b[1] is None, 0.0
+
+
+def _token_answer(reply) -> Optional[int | tuple]:
+    """A reply's token, or its tokens as a tuple (a speculative step)."""
+    return tuple(reply.tokens) if reply.tokens is not None else reply.token
 
 
 def _dtype(step) -> str:

@@ -79,6 +79,38 @@ def test_client_tape_mirrors_the_peer_commitment_through_a_rewind():
     assert [s.inputs.position for s in tape.steps] == [0, 4]
 
 
+def test_a_speculative_step_cut_by_a_rewind_keeps_its_signed_whole_and_the_tokens_kept():
+    # Positions 0-3 a prompt (token after 3: 50), then a draft step: rows [50, 61, 62, 63] at
+    # 4-7, tokens after each [61, 62, 70, 71]: drafts 61 and 62 accepted, 63 rejected (70 is
+    # the correction), so the next step starts at 7 with 70 and rewinds row 7.
+    peer_chain, signer = InputChain(), ReplySigner("p", "m")
+    tape = HopTape(Hop("p", 0, 2), "s")
+    spec_rows = torch.tensor([50, 61, 62, 63])
+    steps = [(0, torch.arange(4), dict(token=50)), (4, spec_rows, dict(tokens=[61, 62, 70, 71])),
+             (7, torch.tensor([70]), dict(token=80))]
+    signed = []
+    for position, ids, out in steps:
+        data = ids.numpy().tobytes()
+        signed.append(signer.consume(peer_chain, position, data, len(ids)))
+        tape.record(position, len(ids), "int64", data, ForwardResult(session_id="s", step=0, position=0, **out), b"")
+    head = tape.steps[1]
+    assert head.reply is None and head.inputs.count == 3 and head.whole.inputs.count == 4
+    assert head.tokens_kept() == [(4, 61), (5, 62), (6, 70)]  # 71 came after the rewound row
+    assert tape.steps[0].tokens_kept() == [(3, 50)] and tape.steps[2].tokens_kept() == [(7, 80)]
+    # the whole step's commitment is the one the peer signed, though row 7 is now another
+    assert tape.commitment_of(head.whole) == signed[1] != tape.commitment(8)
+    assert tape.commitment_of(tape.steps[2]) == tape.commitment(8)
+
+
+def test_a_cut_hidden_step_keeps_the_output_rows_of_its_head():
+    tape = HopTape(Hop("p", 0, 2), "s")
+    out = torch.arange(12, dtype=torch.float32).reshape(4, 3).numpy().tobytes()
+    tape.record(0, 4, "int64", torch.arange(4).numpy().tobytes(), ForwardResult(session_id="s", step=0, position=0), out)
+    tape.record(2, 1, "int64", torch.tensor([9]).numpy().tobytes(), ForwardResult(session_id="s", step=1, position=0), b"")
+    head = tape.steps[0]
+    assert head.signed is head.whole and bytes(head.output_kept()) == out[:2 * 12]
+
+
 def test_row_digests_refuse_a_payload_that_does_not_split():
     with pytest.raises(ValueError):
         row_digests(b"abc", 2)
