@@ -2,7 +2,7 @@
 ``peer/ring.py``).
 
 The grant's pure bounds first; then the same real single-layer handlers of a tiny Llama on an
-in-memory transport as ``test_push.py`` (its ``Swarm``): ringed greedy output equals
+in-memory transport as ``test_push.py`` (``tests/push_swarm.py``'s ``Swarm``): ringed greedy output equals
 client-driven, also with a hop killed, seeded sampling reproduces client-driven, the ring stops
 at the owner's bounds, and hostile peers (a third party injecting ring steps, a last hop
 pushing past the budget, after a stop token, or out of order) get typed errors and no compute.
@@ -39,7 +39,7 @@ from p2pserve.protocol import (
     decode_request,
 )
 from p2pserve.transport.frames import tensor_to_wire
-from tests.unit.test_push import (  # noqa: F401 (model, swarm: fixtures)
+from tests.push_swarm import (  # noqa: F401 (model, swarm: fixtures)
     A,
     B,
     C,

@@ -1,0 +1,120 @@
+"""The push tests' in-memory swarm, shared by ``tests/unit/test_push.py`` and ``test_ring.py``.
+
+Real peer handlers, each holding a span of a real tiny Llama (real shards and compute workers),
+on an in-memory transport; each finds the next hop's addresses in its own view of an in-memory
+swarm (``FakeSwarm``, with the real reader's identity rules). The fixtures ``model`` and
+``swarm`` are imported by the test modules that use them.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from p2pserve.client.connection import HopConnection
+from p2pserve.client.failover import FailoverState
+from p2pserve.client.hop import Hop
+from p2pserve.client.pipeline import Pipeline
+from p2pserve.client.push import PushConfig
+from p2pserve.config import BatchingConfig, ClientConfig
+from p2pserve.dht.keys import RecordKind
+from p2pserve.dht.records import PeerInfo
+from p2pserve.model.shard import Shard
+from p2pserve.peer.batcher import TokenThrottle
+from p2pserve.peer.forwarding import Forwarder
+from p2pserve.peer.handlers import SessionHandler
+from p2pserve.peer.next_hop import AnnouncedAddresses
+from p2pserve.peer.sessions import SessionTable
+from p2pserve.peer.worker import ComputeWorker
+from p2pserve.protocol import SESSION_PROTOCOL, FrameLimits, SamplingParams, decode_reply
+from p2pserve.testing.swarm import FakeSwarm, FakeSwarmStore
+from p2pserve.transport.frames import read_frame, write_frame
+from p2pserve.transport.memory import MemoryNetwork
+from tests.harness import tiny_session_table
+
+# base58 peer ids (no 0, O, I, l), as libp2p's
+A, B, C, C2 = "QmPeerA", "QmPeerB", "QmPeerC", "QmPeerD"
+CONFIG = ClientConfig(max_retries=3, stale_route_pause_s=0.0, hop_timeout_s=20.0)
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    """A 3-layer tiny Llama: its path and spec."""
+    path, spec, _, _ = tiny_session_table(tmp_path_factory.mktemp("tiny"), num_layers=3)
+    return path, spec
+
+
+class Swarm:
+    """Real handlers on an in-memory network: ``spans`` maps peer id -> (start, end)."""
+
+    def __init__(self, model, spans: dict[str, tuple[int, int]]):
+        path, spec = model
+        self.spec, self.net, self.workers, self.handlers = spec, MemoryNetwork(), [], {}
+        self.records = FakeSwarmStore()  # each peer's PeerInfo, signed by its own (fake) key
+        for pid in spans:
+            self.records.put(RecordKind.PEERS, f"key-{pid}", PeerInfo(model="tiny", peer_id=pid, addrs=[f"/memory/p2p/{pid}"]))
+        for pid, (start, end) in spans.items():
+            _, _, budget, table = tiny_session_table_for(model, start, end)
+            worker = ComputeWorker(Shard.load(path, spec, start, end), TokenThrottle(BatchingConfig()), budget)
+            worker.start()
+            handler = SessionHandler(spec, table, worker, FrameLimits(), request_timeout_s=20)
+            handler.forwarder = Forwarder(table, self.net.transport(pid), pid, FrameLimits(),
+                                          resolve=AnnouncedAddresses(FakeSwarm(self.records, name=pid)))
+            self.net.serve(pid, SESSION_PROTOCOL, handler.handle_stream)
+            self.workers.append(worker)
+            self.handlers[pid] = handler
+        self.hops = {pid: Hop(pid, *span, (f"/memory/p2p/{pid}",)) for pid, span in spans.items()}
+
+    def stop(self):
+        for w in self.workers:
+            w.stop()
+
+
+def tiny_session_table_for(model, start, end):
+    from p2pserve.peer.kv_cache import KVBudget
+
+    path, spec = model
+    budget = KVBudget(1_000_000)
+    table = SessionTable(spec=spec, served=(start, end), budget=budget, idle_timeout_s=60.0, torch_dtype=torch.float32)
+    return path, spec, budget, table
+
+
+@pytest.fixture
+def swarm(model):
+    s = Swarm(model, {A: (0, 1), B: (1, 2), C: (2, 3), C2: (2, 3)})
+    yield s
+    s.stop()
+
+
+async def _generate(swarm, routes, push: PushConfig, prompt, n, kill_after=None, sampling=SamplingParams()):
+    pipeline = Pipeline(swarm.net.transport("QmClient"), routes, swarm.spec.model_id, 3, 64, sampling,
+                        CONFIG, FailoverState(CONFIG), vocab_size=swarm.spec.vocab_size)
+    pipeline.push = push
+    out, pending = [], list(prompt)
+    try:
+        for i in range(n):
+            tok = await pipeline.step(pending)
+            out.append(tok)
+            pending = [tok]
+            if kill_after is not None and i + 1 == kill_after[0]:
+                if callable(kill_after[1]):
+                    kill_after[1]()
+                else:
+                    swarm.net.disconnect(kill_after[1])
+        return out, pipeline
+    finally:
+        await pipeline.close()
+
+
+async def _raw(transport, peer, msg, payload=b""):
+    """One frame on a fresh stream from ``transport`` to ``peer``; the decoded reply."""
+    stream = await transport.open_stream(peer, [], SESSION_PROTOCOL, 5)
+    await write_frame(stream.writer, msg, payload)
+    header, _ = await read_frame(stream.reader, FrameLimits())
+    stream.close()
+    return decode_reply(header)
+
+
+async def _open(swarm, client, pid, sid):
+    conn = HopConnection(swarm.net.transport(client), swarm.hops[pid], FrameLimits(), 10)
+    await conn.open(swarm.spec.model_id, sid, 16, SamplingParams())
+    return conn
