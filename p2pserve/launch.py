@@ -6,7 +6,9 @@ libp2p daemon along, and single-threaded by default (the test machine has two sh
 Output goes to a log file or, without one, into ``Child.lines``. ``PeerProcess.wait_ready``
 waits for a peer's ready line (``Child.ready`` reads it from any peer child, log file or not);
 :class:`Children` stops a whole set together. ``Child.pause``/``resume`` freeze the process
-itself (not its DHT child or daemon): a hung peer, for the chaos tests.
+itself (not its DHT child or daemon): a hung peer, for the chaos tests. Every child stops its
+whole group once this process is gone (``p2pserve/parent_watch.py``), so a killed test run or
+benchmark leaves no orphans behind.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pathlib import Path
 from typing import Mapping, Optional
 
 from p2pserve.client.hop import Hop
+from p2pserve.parent_watch import PARENT_ENV
 
 
 @dataclass
@@ -42,7 +45,8 @@ class Child:
         makes the child import the same source tree as its parent.
         """
         cmd = [sys.executable, "-m", "p2pserve.cli", *args]
-        env = dict(os.environ, OMP_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false", **(env or {}))
+        env = dict(os.environ, OMP_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false",
+                   **{PARENT_ENV: str(os.getpid())}, **(env or {}))  # it stops when we are gone
         if log_path is not None:
             with open(log_path, "wb") as log:
                 proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)

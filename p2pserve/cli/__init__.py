@@ -13,6 +13,8 @@ import importlib
 import importlib.util
 import sys
 
+from p2pserve.parent_watch import exit_with_launcher
+
 # name -> (module path, one-line help). Order is the order shown by --help.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "bootstrap": ("p2pserve.cli.bootstrap", "run a long-lived DHT bootstrap node"),
@@ -61,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.command:
         parser.print_help()
         return 2
+    exit_with_launcher()  # a child of p2pserve.launch stops with it (p2pserve/parent_watch.py)
     module = importlib.import_module(_available()[args.command][0])
     return int(module.run(args) or 0)
 

@@ -14,8 +14,6 @@ import argparse
 import logging
 import os
 import sys
-import threading
-import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
@@ -24,6 +22,7 @@ from p2pserve.model.shard import TORCH_DTYPES, Segment
 from p2pserve.model.spec import load_spec
 from p2pserve.model.tensor_parallel import TPShard, local_spec
 from p2pserve.model.tp_comm import LOAD, PING, STEP, STOP, Message, TPComm
+from p2pserve.parent_watch import watch_parent
 from p2pserve.peer.kv_cache import SequenceCache
 
 log = logging.getLogger(__name__)
@@ -79,13 +78,6 @@ class RankServer:
         shard.compute(segments)
 
 
-def _watch_parent(parent: int) -> None:
-    """Exit as soon as the process that started this one is gone (its children are reparented)."""
-    while os.getppid() == parent:
-        time.sleep(0.5)
-    os._exit(3)
-
-
 def main(argv: list[str] | None = None) -> int:
     """Entry point of a child rank."""
     p = argparse.ArgumentParser(prog="python -m p2pserve.peer.tp_rank")
@@ -99,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--num-threads", type=int, default=None)
     args = p.parse_args(argv)
     logging.basicConfig(level="WARNING", format=f"%(asctime)s %(levelname)s tp-rank{args.rank}: %(message)s")
-    threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
+    watch_parent(os.getppid(), lambda: os._exit(3))  # exit as soon as the peer that started this rank is gone
     if args.num_threads:
         torch.set_num_threads(args.num_threads)
     spec = load_spec(args.model, dtype=args.dtype)
