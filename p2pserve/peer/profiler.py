@@ -97,8 +97,9 @@ def load_or_measure(model_path: str, spec: ModelSpec, device: str, max_layers: i
     batches across sessions, so its capacity is the throughput of a typical batch, not of one
     stream (Helix profiles nodes the same way). ``tp`` (a ``TPGroup``) times the group instead.
     """
-    adopt_torch_threads()  # called in a worker thread: time it with the peer's thread count
-    name = torch.cuda.get_device_name(device) if device.startswith("cuda") else "cpu"
+    threads = adopt_torch_threads()  # called in a worker thread: time it with the peer's thread count
+    # a CPU profile holds for its thread count only (``--num-threads`` changes it 1.7x on SmolLM2)
+    name = torch.cuda.get_device_name(device) if device.startswith("cuda") else f"cpu-t{threads}"
     extra, label = {}, device
     if tp is not None:  # announced as the group's device: "cpu x2", "cuda:0 x4"
         label = f"{device} x{tp.config.world}"
