@@ -102,19 +102,13 @@ class HopTape:
 
     def commitment(self, position: int) -> bytes:
         """``c[position]`` over the inputs recorded, as the peer computes it."""
-        chain = InputChain()
-        for chunk in self.inputs_before(position):
-            chain.extend(row_digests(chunk.data, chunk.count))
-        return chain.at(position)
+        return _commitment(self.inputs_before(position), position)
 
     def commitment_of(self, step: Step) -> bytes:
         """The commitment ``step``'s reply signed: the inputs before its position, then its own
         rows (a whole speculative step's rows are no longer all on the tape)."""
-        chain = InputChain()
-        for chunk in self.inputs_before(step.inputs.position):
-            chain.extend(row_digests(chunk.data, chunk.count))
-        chain.extend(row_digests(step.inputs.data, step.inputs.count))
-        return chain.at(step.inputs.position + step.inputs.count)
+        chunks = self.inputs_before(step.inputs.position) + [step.inputs]
+        return _commitment(chunks, step.inputs.position + step.inputs.count)
 
     @property
     def last(self) -> Optional[Step]:
@@ -122,13 +116,21 @@ class HopTape:
         return self.steps[-1] if self.steps and self.steps[-1].reply is not None else None
 
 
-def reply_output_digest(step: Step) -> bytes:
-    """The digest a step's reply signed over: its token, its tokens (a speculative step), or its
-    hidden-state bytes."""
-    tokens = getattr(step.reply, "tokens", None)
+def _commitment(chunks: list[Chunk], position: int) -> bytes:
+    """``c[position]`` of the input chain over ``chunks`` (rows from position 0 on)."""
+    chain = InputChain()
+    for chunk in chunks:
+        chain.extend(row_digests(chunk.data, chunk.count))
+    return chain.at(position)
+
+
+def reply_output_digest(reply, output: bytes | memoryview) -> bytes:
+    """The digest a ForwardResult signed over: its token, its tokens (a speculative step), or its
+    hidden-state bytes ``output``."""
+    tokens = getattr(reply, "tokens", None)
     if tokens is not None:
         return output_digest(tokens_bytes(tokens))
-    return output_digest(step.output, getattr(step.reply, "token", None))
+    return output_digest(output, getattr(reply, "token", None))
 
 
 def join(chunks: list[Chunk]) -> tuple[bytes, int]:

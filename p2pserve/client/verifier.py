@@ -49,10 +49,9 @@ from p2pserve.dht.evidence import (
     Mismatch,
     ReplyClaim,
     SignedClaim,
-    output_digest,
     verify_claim,
 )
-from p2pserve.protocol import MAX_VERIFY_OUTPUTS, SamplingParams, TensorMeta, tokens_bytes
+from p2pserve.protocol import MAX_VERIFY_OUTPUTS, SamplingParams, TensorMeta
 from p2pserve.transport.frames import tensor_from_wire
 
 log = logging.getLogger(__name__)
@@ -227,7 +226,8 @@ class Verifier:
         chunk = step.inputs
         return ReplyClaim(model=self.model_id, peer_id=tape.hop.peer_id, session_id=tape.session_id,
                           start=tape.hop.start, end=tape.hop.end, position=chunk.position, count=chunk.count,
-                          commitment=tape.commitment_of(step), output=reply_output_digest(step))
+                          commitment=tape.commitment_of(step),
+                          output=reply_output_digest(step.reply, step.output))
 
     async def _first_difference(self, tape: HopTape, witness: Hop, sampling: SamplingParams):
         """The first step of ``tape`` (as signed: a head's whole step) whose output on rows still
@@ -331,11 +331,9 @@ class Verifier:
             (p, step.inputs.count, step.inputs.dtype, step.inputs.data, outputs)]
         replies, sid = await self._run(replica, calls, p + step.inputs.count, sampling)
         (reply, out), meta = replies[-1], replies[-1][0].tensor
-        output = (output_digest(tokens_bytes(reply.tokens)) if reply.tokens is not None
-                  else output_digest(out, reply.token))
         claim = ReplyClaim(model=self.model_id, peer_id=replica.peer_id, session_id=sid, start=tape.hop.start,
                            end=tape.hop.end, position=p, count=step.inputs.count,
-                           commitment=tape.commitment_of(step), output=output)
+                           commitment=tape.commitment_of(step), output=reply_output_digest(reply, out))
         hidden = _rows(meta, out) if meta is not None else None
         return Answer(replica, claim, reply.signature, _token_answer(reply), hidden,
                       bytes(out) if meta is not None else b"")
