@@ -229,7 +229,7 @@ class ClusterSim:
     def _finish(self, query: Query) -> None:
         now = self.loop.now
         query.finished = now
-        self.recorder.finish(now)
+        self.recorder.finish(now, query)
         self.kv.release(query)
         nodes = self.nodes
         for st in query.route:
@@ -271,6 +271,7 @@ class ClusterSim:
                 kv_gate_waits=sum(n.kv_waits for n in self.nodes.values()),
                 kv_preemptions=sum(n.preemptions for n in self.nodes.values()),
             ),
+            completions=list(rec.completions),
         )
 
 

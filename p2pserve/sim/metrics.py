@@ -30,7 +30,7 @@ class Distribution:
 class Recorder:
     """Collects per-job events that complete inside the measurement window ``[t0, t1]``."""
 
-    __slots__ = ("t0", "t1", "decode_tokens", "prompt_lat", "decode_lat", "prompts", "finished")
+    __slots__ = ("t0", "t1", "decode_tokens", "prompt_lat", "decode_lat", "prompts", "finished", "completions")
 
     def __init__(self, t0: float, t1: float) -> None:
         self.t0 = t0
@@ -40,6 +40,9 @@ class Recorder:
         self.decode_lat: list[float] = []
         self.prompts = 0
         self.finished = 0
+        # (input_len, output_len, end-to-end latency s) of queries that *arrived* in the window,
+        # whenever they finish: what a latency SLO is judged on (p2pserve.sim.slo).
+        self.completions: list[tuple[int, int, float]] = []
 
     def prompt(self, now: float, latency: float) -> None:
         """A prompt job reached the sink ``latency`` s after its query arrived."""
@@ -54,10 +57,12 @@ class Recorder:
             self.decode_tokens += tokens
             self.decode_lat.append(latency)
 
-    def finish(self, now: float) -> None:
-        """A query produced its last token."""
+    def finish(self, now: float, query=None) -> None:
+        """A query produced its last token (``query``: a :class:`~p2pserve.sim.request.Query`)."""
         if self.t0 <= now <= self.t1:
             self.finished += 1
+        if query is not None and self.t0 <= query.arrival <= self.t1:
+            self.completions.append((query.input_len, query.output_len, now - query.arrival))
 
 
 @dataclass
@@ -77,9 +82,13 @@ class SimResult:
     avg_route_depth: float
     node_utilization: dict[int, float] = field(default_factory=dict)
     extra: dict = field(default_factory=dict)
+    #: (input_len, output_len, latency s) of queries that arrived in the window and finished
+    #: before the run ended (``Recorder.completions``); not in :meth:`to_dict`.
+    completions: list = field(default_factory=list, repr=False)
 
     def to_dict(self) -> dict:
         """Plain-dict view for ``--json``."""
         out = asdict(self)
+        out.pop("completions")
         out["node_utilization"] = {str(k): v for k, v in self.node_utilization.items()}
         return out

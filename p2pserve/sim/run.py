@@ -45,7 +45,8 @@ class SimConfig:
     kv: KvSettings | None = None  # default by mode (Helix's values)
     feeding: OfflineFeeding = field(default_factory=OfflineFeeding)
     lengths: str = "azure_conv"
-    arrivals: str = "azure_conv"
+    arrivals: str = "azure_conv"  # online arrival pattern: a trace's counts, or "poisson" (constant rate)
+    drain: float = 0.0  # online: seconds run past the window with no new arrivals (latency SLOs)
     entry_overhead: bool = True
     kv_mask: bool | None = None  # Helix's KV-estimate mask; default: on for iwrr only
     kv_model: str = "reserve"  # node KV: "reserve" (whole footprint) or "vllm" (preemption)
@@ -121,11 +122,12 @@ def simulate(scenario: Scenario, cfg: SimConfig) -> SimResult:
     else:
         if cfg.token_rate is None or cfg.token_rate <= 0:
             raise ConfigError("online mode needs a positive token rate (--rate)")
-        n = _attach_online(sim, sampler, cfg, end, scenario.root)
+        n, in_window = _attach_online(sim, sampler, cfg, end, scenario.root)
         extra["token_rate"] = cfg.token_rate
         extra["arrivals"] = n
+        extra["arrivals_in_window"] = in_window
     t, c = time.perf_counter(), time.process_time()
-    sim.loop.run(end)
+    sim.loop.run(end + (cfg.drain if cfg.mode == "online" else 0.0))
     wall = time.perf_counter() - t
     # CPU seconds too: the machine is shared, so wall time alone says little about our speed.
     extra["cpu_s"] = time.process_time() - c
@@ -163,9 +165,10 @@ def _attach_offline(sim: ClusterSim, sampler: LengthSampler, feeding: OfflineFee
 
 
 def _attach_online(sim: ClusterSim, sampler: LengthSampler, cfg: SimConfig, until: float,
-                   root: Path | None) -> int:
-    """Schedule the rescaled Azure arrivals; returns how many there are."""
-    counts = load_arrival_counts(cfg.arrivals, root)
+                   root: Path | None) -> tuple[int, int]:
+    """Schedule the arrivals (a trace's counts rescaled, or Poisson at a constant rate); returns
+    how many there are and how many fall in the measurement window."""
+    counts = np.ones(1) if cfg.arrivals == "poisson" else load_arrival_counts(cfg.arrivals, root)
     rng = np.random.default_rng(cfg.seed + 2)
     times = online_arrival_times(counts, cfg.token_rate, sampler.mean_tokens(), until, rng)
     pairs = sampler.draw(len(times))
@@ -175,4 +178,4 @@ def _attach_online(sim: ClusterSim, sampler: LengthSampler, cfg: SimConfig, unti
 
     for qid, (t, (inp, out)) in enumerate(zip(times.tolist(), pairs)):
         sim.loop.at(t, arrive, Query(qid, inp, out, t))
-    return len(times)
+    return len(times), int(((times >= until - cfg.duration) & (times <= until)).sum())
