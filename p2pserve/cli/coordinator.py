@@ -34,6 +34,15 @@ _FLAGS = ("num_layers", "activation_bytes", "replan_period", "link_change_thresh
           "evidence_min_reporters", "exclusion_s", "grouping")
 
 
+def publish_guard(args: argparse.Namespace):
+    """The publish guard's check factory (a short simulation of each round's topology), or None."""
+    if not getattr(args, "publish_guard", True):
+        return None
+    from p2pserve.sim.plan_check import live_check  # the simulator loads only when asked for
+
+    return live_check()
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of ``p2pserve coordinator`` (None: not given, the file or the default applies)."""
     add_dht_arguments(parser)
@@ -53,6 +62,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "(default) chooses per machine by the cost model and the planner, a number fixes the TP "
                         "degree (docs/machine-agent.md)")
     c.add_argument("--solve-time-limit", type=float, default=None, help="seconds per placement solve")
+    c.add_argument("--publish-guard", action=argparse.BooleanOptionalAction, default=True,
+                   help="simulate each placement before publishing it, against the heuristic baselines (full solves) "
+                        "or the current placement (churn moves); runs when every peer announces its latency and KV "
+                        "capacity (default: on; docs/planner.md, \"The publish guard\")")
     t = parser.add_argument_group("claims (docs/trust.md, \"Claims\")")
     t.add_argument("--check-claims", action=argparse.BooleanOptionalAction, default=None,
                    help="cap claimed throughput by the service rates clients report (default on)")
@@ -234,7 +247,7 @@ async def _serve(swarm, args: argparse.Namespace, file: SwarmFile, name: str, gi
     # Peers announcing another shape are left out of the plan (readers drop other depths anyway).
     checked = from_peers and "activation_bytes" not in given
     service = CoordinatorService(swarm, cfg, shape=Shape(cfg.num_layers, cfg.activation_bytes if checked else 0),
-                                 prober=compute_prober(args, name))
+                                 prober=compute_prober(args, name), plan_check=publish_guard(args))
     metrics = serve_metrics(service.metrics.registry, mcfg) if mcfg.port is not None else None
     if metrics is not None:
         print(f"P2PSERVE_METRICS_READY url={metrics.url}", flush=True)

@@ -43,7 +43,7 @@ import msgspec
 
 from p2pserve.config import CoordinatorConfig
 from p2pserve.coordinator.snapshot import Snapshot
-from p2pserve.dht.records import PeerInfo
+from p2pserve.dht.records import MAX_LAYER_MS, LatencyPoints, PeerInfo
 from p2pserve.dht.reports import ServiceReports
 from p2pserve.transport.tcp import maddr_hosts
 
@@ -179,11 +179,17 @@ def verdicts(peers: Mapping[str, PeerInfo], reports: Sequence[ServiceReports], c
 
 
 def scaled(p: PeerInfo, factor: float) -> PeerInfo:
-    """``p`` with both throughput tables multiplied by ``factor`` (<= 1)."""
+    """``p`` with both throughput tables multiplied by ``factor`` (<= 1) and its announced
+    latencies divided by it: a peer observed at half its claim is simulated at half speed too."""
     if factor >= 1.0:
         return p
+    latency = p.latency
+    if latency is not None:
+        slow = 1.0 / max(factor, 1e-3)
+        latency = LatencyPoints(prompt=[(n, min(ms * slow, MAX_LAYER_MS)) for n, ms in latency.prompt],
+                                decode=[(n, min(ms * slow, MAX_LAYER_MS)) for n, ms in latency.decode])
     return msgspec.structs.replace(p, throughput_decode=[t * factor for t in p.throughput_decode],
-                                   throughput_prefill=[t * factor for t in p.throughput_prefill])
+                                   throughput_prefill=[t * factor for t in p.throughput_prefill], latency=latency)
 
 
 def police(snap: Snapshot, reports: Sequence[ServiceReports], cfg: CoordinatorConfig,

@@ -14,11 +14,14 @@ from typing import Mapping, Optional, Sequence
 from p2pserve.config import CoordinatorConfig
 from p2pserve.coordinator.trigger import Trigger
 from p2pserve.coordinator.snapshot import Snapshot
+from p2pserve.dht.records import PeerInfo
 from p2pserve.errors import ConfigError, PlanningError
 from p2pserve.placement import churn as inc
 from p2pserve.placement.guard import Check
 from p2pserve.placement.heuristics import coverage, fill_weakest_windows, petals_greedy
+from p2pserve.placement.moves import by_index
 from p2pserve.placement.planner import PlannerConfig, plan_for_topology
+from p2pserve.placement.profile import LatencyProfile
 from p2pserve.placement.topology import LinkSpec, NodeSpec, Topology
 from p2pserve.types import SINK_INDEX, SOURCE_INDEX, LayerRange
 
@@ -34,11 +37,7 @@ def build_topology(
     ``default_bandwidth``/``default_rtt`` and is returned in the defaulted list (flagged in the
     plan). Every peer is assumed reachable from clients at ``client_bandwidth``.
     """
-    nodes = []
-    for pid in ids:
-        p = snap.peers[pid]
-        thr = tuple([0.0] + list(p.throughput_decode)) if p.throughput_decode else (0.0,)
-        nodes.append(NodeSpec(name=pid, gpu_type=p.device, throughput=thr, memory_bytes=float(p.weights_memory_bytes)))
+    nodes = [peer_node(pid, snap.peers[pid]) for pid in ids]
     links: list[LinkSpec] = []
     defaulted: list[tuple[str, str]] = []
     for i, a in enumerate(ids):
@@ -62,6 +61,35 @@ def build_topology(
         token_bytes=cfg.token_bytes,
     )
     return topo, defaulted
+
+
+def peer_node(pid: str, p: PeerInfo) -> NodeSpec:
+    """A peer as a planner node. Its announced latency points and KV capacity, when it gives
+    both, make the node simulable (``sim/plan_check.simulable``: the publish guard)."""
+    k = len(p.throughput_decode)
+    thr = (0.0, *p.throughput_decode) if k else (0.0,)
+    profile, kv = None, ()
+    if p.latency is not None and p.kv_capacity() > 0:
+        profile = LatencyProfile(tuple(n for n, _ in p.latency.prompt), tuple(ms for _, ms in p.latency.prompt),
+                                 tuple(n for n, _ in p.latency.decode), tuple(ms for _, ms in p.latency.decode))
+        kv = (0,) + (p.kv_capacity(),) * k
+    return NodeSpec(name=pid, gpu_type=p.device, throughput=thr, memory_bytes=float(p.weights_memory_bytes),
+                    kv_capacity=kv, profile=profile)
+
+
+def _guard_move(topo: Topology, current: Mapping[int, tuple[int, int]], moved: Mapping[int, tuple[int, int]],
+                check: Check) -> tuple[Mapping[int, tuple[int, int]], bool]:
+    """A churn re-solve's layer moves pass the publish guard too: they are published only if the
+    check (a simulation) ranks them above the current placement, when that still covers every
+    layer. Returns (placement, whether the current one was kept)."""
+    if not current or min(coverage(topo.num_layers, current.values()), default=0) == 0:
+        return moved, False
+    try:
+        keep = check(current) >= check(moved)
+    except (ConfigError, PlanningError) as e:  # a placement the simulator cannot run: no verdict
+        logger.warning(f"publish guard could not check a move ({e}); publishing it unchecked")
+        return moved, False
+    return (dict(current), True) if keep else (moved, False)
 
 
 def greedy_targets(topo: Topology, ids: Sequence[str], current: Mapping[str, LayerRange]) -> dict[str, LayerRange]:
@@ -143,6 +171,9 @@ def plan_targets(
                 r = inc.on_leave(topo, cur, pc, reload_cost, cfg.solve_time_limit, tolerance=cfg.churn_tolerance)
             method = f"{r.plan.method} ({r.layers_moved} layers to load)"
             assignments = r.plan.assignments
+            if check is not None and r.layers_moved > 0:
+                assignments, kept = _guard_move(topo, by_index(topo, cur), assignments, check)
+                method += ", guard kept the current placement" if kept else ", guard passed the move"
         targets = {ids[i]: (int(s), int(e)) for i, (s, e) in assignments.items() if e > s}
     except (PlanningError, ConfigError) as e:
         logger.warning(f"planner failed ({e}); using the greedy fallback")

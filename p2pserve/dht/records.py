@@ -43,6 +43,9 @@ MAX_PEERS_IN_PLAN = 4096
 MAX_FLOWS = 1 << 17
 MAX_TP = 8  # tensor-parallel degree of one peer (a TP group inside one machine)
 MAX_MACHINE_SLOTS = 16  # GPUs (or CPU slots) one machine agent offers
+MAX_LATENCY_POINTS = 8  # measured (tokens, ms) points per phase of a latency profile
+MAX_LAYER_MS = 1e5  # one layer's batch taking 100 s is no serving peer
+MAX_KV_ENTRY_BYTES = 1 << 24  # one token's K and V for one layer
 
 PeerState = Literal["joining", "loading", "serving", "draining"]
 PEER_STATES: tuple[str, ...] = ("joining", "loading", "serving", "draining")
@@ -91,6 +94,29 @@ def _check_quant(quant: str, model: str) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
+class LatencyPoints(msgspec.Struct, kw_only=True, frozen=True, array_like=True):
+    """A peer's measured milliseconds for ONE layer against batch tokens, ``(tokens, ms)`` points
+    per phase (prefill: the batch's prompt tokens; decode: its decode tokens), tokens strictly
+    increasing. What the simulator needs to replay a live swarm (the coordinator's publish guard,
+    ``sim/plan_check.live_check``); read as ``placement.profile.LatencyProfile``."""
+
+    prompt: list[tuple[float, float]] = []
+    decode: list[tuple[float, float]] = []
+
+    def validate(self) -> None:
+        """Raise :class:`RecordRejected` unless both phases hold 1-8 sane, increasing points."""
+        for name, points in (("prompt", self.prompt), ("decode", self.decode)):
+            if not 1 <= len(points) <= MAX_LATENCY_POINTS:
+                raise RecordRejected(f"latency {name}: {len(points)} points, 1-{MAX_LATENCY_POINTS} allowed")
+            last = 0.0
+            for tokens, ms in points:
+                _finite(f"latency {name} tokens", tokens, 1.0, float(MAX_TOKENS))
+                _finite(f"latency {name} ms", ms, 1e-6, MAX_LAYER_MS)
+                if tokens <= last:
+                    raise RecordRejected(f"latency {name}: token counts must increase")
+                last = tokens
+
+
 class PeerInfo(msgspec.Struct, kw_only=True, frozen=True):
     """What a peer announces about itself (refreshed every few seconds).
 
@@ -134,6 +160,11 @@ class PeerInfo(msgspec.Struct, kw_only=True, frozen=True):
     # Tensor-parallel degree: the peer is a TP group of this many GPUs of one machine (its
     # throughput tables are the group's); 1 for a single-GPU peer and for older peers.
     tp: int = 1
+    # Measured per-layer latency by batch size (None: not announced, as by older peers) and the
+    # bytes of one token-layer KV entry (0: unknown): with ``kv_memory_bytes`` they let a
+    # coordinator simulate the swarm before it publishes a placement.
+    latency: Optional[LatencyPoints] = None
+    kv_entry_bytes: int = 0
 
     def validate(self, num_layers: Optional[int] = None) -> None:
         """Raise :class:`RecordRejected` if any figure is absurd or inconsistent (with the
@@ -176,6 +207,13 @@ class PeerInfo(msgspec.Struct, kw_only=True, frozen=True):
         check_reply_key(self.reply_key)
         _check_quant(self.quant, self.model)
         _int("tp", self.tp, 1, MAX_TP)
+        _int("kv_entry_bytes", self.kv_entry_bytes, 0, MAX_KV_ENTRY_BYTES)
+        if self.latency is not None:
+            self.latency.validate()
+
+    def kv_capacity(self) -> int:
+        """Token-layer KV entries the peer's KV memory holds (0 if it does not say)."""
+        return self.kv_memory_bytes // self.kv_entry_bytes if self.kv_entry_bytes else 0
 
     def decode_rate(self, n_layers: int) -> float:
         """Decode tokens/s when holding ``n_layers`` layers (0 if unknown)."""

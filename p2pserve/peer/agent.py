@@ -19,7 +19,7 @@ from p2pserve import clock as clocks
 from p2pserve.clock import Clock
 from p2pserve.dht.announcer import Announcer
 from p2pserve.dht.evidence import derive_reply_key
-from p2pserve.dht.records import MAX_ADDRS, MAX_STR, LinkInfo, PeerInfo, Plan
+from p2pserve.dht.records import MAX_ADDRS, MAX_STR, LatencyPoints, LinkInfo, PeerInfo, Plan
 from p2pserve.dht.view import LinkProbes, SwarmView
 from p2pserve.peer.handover import OtherPeer, flip_decision
 from p2pserve.peer.profiler import Profile
@@ -105,6 +105,9 @@ class SwarmAgent:
             activation_bytes=spec.activation_bytes_per_token,
             quant=spec.quant or "",
             tp=self.peer.tp.config.world if self.peer.tp is not None else 1,
+            latency=LatencyPoints(prompt=list(self.profile.prompt_ms), decode=list(self.profile.decode_ms))
+            if self.profile.prompt_ms and self.profile.decode_ms else None,
+            kv_entry_bytes=spec.kv_bytes_per_token_layer,
         )
 
     def link_info(self) -> LinkInfo | None:

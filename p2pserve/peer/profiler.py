@@ -28,13 +28,16 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Profile:
-    """T[j] for j = 1..max_layers, decode and prefill, in tokens/s."""
+    """T[j] for j = 1..max_layers, decode and prefill, in tokens/s; and the per-layer latency
+    behind them, ``(tokens, ms)`` points per phase (what ``PeerInfo.latency`` announces)."""
 
     device: str
     model_id: str
     max_layers: int
     decode: list[float]
     prefill: list[float]
+    prompt_ms: list[tuple[float, float]] = ()
+    decode_ms: list[tuple[float, float]] = ()
 
 
 def _step_time(shard: Shard, spec: ModelSpec, n_layers: int, batch: int, tokens: int, context: int, reps: int,
@@ -80,13 +83,26 @@ def measure(model_path: str, spec: ModelSpec, device: str, max_layers: int, deco
     dk = _step_time(shard, spec, k, decode_batch, 1, context, reps, kv_heads)
     p1 = _step_time(shard, spec, 1, 1, prefill_tokens, context, reps, kv_heads)
     pk = _step_time(shard, spec, k, 1, prefill_tokens, context, reps, kv_heads)
+    # one session's decode step: the latency end of the profile (a lone token per layer)
+    s1 = _step_time(shard, spec, 1, 1, 1, context, reps, kv_heads)
+    sk = _step_time(shard, spec, k, 1, 1, context, reps, kv_heads)
+
+    def per_layer(t1: float, tk: float) -> float:
+        return max((tk - t1) / (k - 1), 1e-9) if k > 1 else t1
 
     def table(t1: float, tk: float, tokens: int) -> list[float]:
-        per_layer = max((tk - t1) / (k - 1), 1e-9) if k > 1 else t1
-        fixed = max(t1 - per_layer, 0.0)
-        return [tokens / (fixed + j * per_layer) for j in range(1, max_layers + 1)]
+        layer = per_layer(t1, tk)
+        fixed = max(t1 - layer, 0.0)
+        return [tokens / (fixed + j * layer) for j in range(1, max_layers + 1)]
 
-    return Profile(device, spec.model_id, max_layers, table(d1, dk, decode_batch), table(p1, pk, prefill_tokens))
+    # Per-layer ms by batch tokens (fixed costs left out, as Helix's profiles): a one-token
+    # prompt costs what a lone decode token does, so both phases start at (1, lone).
+    lone, batch = 1e3 * per_layer(s1, sk), 1e3 * per_layer(d1, dk)
+    prompt = 1e3 * per_layer(p1, pk)
+    prompt_ms = [(1.0, lone)] + ([(float(prefill_tokens), max(prompt, lone))] if prefill_tokens > 1 else [])
+    decode_ms = [(1.0, lone)] + ([(float(decode_batch), max(batch, lone))] if decode_batch > 1 else [])
+    return Profile(device, spec.model_id, max_layers, table(d1, dk, decode_batch), table(p1, pk, prefill_tokens),
+                   prompt_ms, decode_ms)
 
 
 def load_or_measure(model_path: str, spec: ModelSpec, device: str, max_layers: int, decode_batch: int = 32,
@@ -105,11 +121,13 @@ def load_or_measure(model_path: str, spec: ModelSpec, device: str, max_layers: i
         label = f"{device} x{tp.config.world}"
         name = f"{name}-tp{tp.config.world}"
         extra = dict(load=tp.load, kv_heads=spec.num_kv_heads // tp.config.world)
-    key = f"{name}-{spec.model_id}-{spec.dtype}-{max_layers}-b{decode_batch}-paged".replace("/", "_").replace(" ", "_")
+    key = f"{name}-{spec.model_id}-{spec.dtype}-{max_layers}-b{decode_batch}-paged-lat".replace("/", "_").replace(" ", "_")
     path = cache_dir() / "profiles" / f"{key}.json"
     if path.is_file():
         try:
-            return dataclasses.replace(Profile(**json.loads(path.read_text())), device=label)
+            cached = Profile(**json.loads(path.read_text()))
+            return dataclasses.replace(cached, device=label, prompt_ms=[tuple(x) for x in cached.prompt_ms],
+                                       decode_ms=[tuple(x) for x in cached.decode_ms])
         except (TypeError, ValueError):
             log.warning("ignoring unreadable profile cache %s", path)
     t = time.perf_counter()

@@ -130,8 +130,10 @@ def swarm(model_dir, tmp_path_factory):
         write_local_swarm_file(cfg_path, model.spec, boot, "real-peers", "/ip4/127.0.0.1/tcp/0", TIMING, 0.5,
                                trusted_coordinators=trusted)
         for name, priority in COORDINATORS:
+            # coord-1 simulates each placement before publishing it (the publish guard, on by default)
+            guard = [] if name == "coord-1" else ["--no-publish-guard"]
             procs[name] = spawn(["coordinator", "--config", str(cfg_path), "--key-path", keys[name],
-                                 "--priority", str(priority), "--coordinator-id", name], tmp / f"{name}.log")
+                                 "--priority", str(priority), "--coordinator-id", name, *guard], tmp / f"{name}.log")
         for i in range(4):
             procs[f"peer{i}"] = spawn_peer(path, cfg_path, tmp / f"peer{i}.log")
         observer = Swarm.create(DHTConfig(model=model.spec.model_id, swarm_id="real-peers", initial_peers=tuple(boot),
@@ -190,6 +192,10 @@ def test_plan_assigns_ranges_and_swarm_generates_exactly(swarm):
     assert plan.plan.max_flow > 0
     for info in peers.values():
         assert info.throughput_decode and info.max_layers == MAX_LAYERS  # real profile was announced
+        # ... with the per-layer latency and KV size that make the swarm simulable
+        assert info.latency is not None and info.kv_capacity() > 0
+    # coord-1 ran its placements through the publish guard (a simulation of the live topology)
+    wait_for(lambda: "guard" in (swarm["tmp"] / "coord-1.log").read_text(), "coord-1 to guard a placement")
     messages = [{"role": "user", "content": "Hello! How are you today?"}]
     ids = model.chat_ids(messages)
     ref = reference_generate(swarm["path"], ids, 16)

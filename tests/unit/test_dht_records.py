@@ -8,6 +8,7 @@ import pytest
 from p2pserve.dht.records import (
     CoordinatorCandidate,
     Flow,
+    LatencyPoints,
     LinkInfo,
     LinkStat,
     PeerInfo,
@@ -32,6 +33,9 @@ def peer(**kw):
 def test_peer_roundtrip():
     p = peer()
     assert decode_record(encode_record(p), PeerInfo) == p
+    p = peer(latency=LatencyPoints(prompt=[(1.0, 0.5), (128.0, 4.0)], decode=[(1.0, 0.5), (32.0, 1.5)]),
+             kv_entry_bytes=1 << 10)
+    assert decode_record(encode_record(p), PeerInfo) == p and p.kv_capacity() == 1 << 20
     assert p.decode_rate(2) == 50.0 and p.decode_rate(3) == 0.0
 
 
@@ -49,6 +53,13 @@ def test_peer_roundtrip():
         (dict(kv_free_tokens=-5), "kv_free_tokens"),
         (dict(schema=99), "schema"),
         (dict(peer_id=""), "peer_id"),
+        (dict(kv_entry_bytes=-1), "kv_entry_bytes"),
+        (dict(latency=LatencyPoints(prompt=[], decode=[(1.0, 1.0)])), "latency prompt"),
+        (dict(latency=LatencyPoints(prompt=[(1.0, 1.0)], decode=[(1.0, 0.0)])), "latency decode ms"),
+        (dict(latency=LatencyPoints(prompt=[(1.0, 1.0)], decode=[(1.0, math.inf)])), "latency decode ms"),
+        (dict(latency=LatencyPoints(prompt=[(8.0, 1.0), (2.0, 2.0)], decode=[(1.0, 1.0)])), "increase"),
+        (dict(latency=LatencyPoints(prompt=[(0.5, 1.0)], decode=[(1.0, 1.0)])), "latency prompt tokens"),
+        (dict(latency=LatencyPoints(prompt=[(float(i), 1.0) for i in range(1, 10)], decode=[(1.0, 1.0)])), "points"),
     ],
 )
 def test_peer_rejects_absurd(kw, fragment):
