@@ -22,6 +22,10 @@ on LLaMA-2-70B with the HexGen cost model (:mod:`p2pserve.placement.tp_cost`). S
   the same planner budget, the best by simulated throughput), offline (Helix's rule, Azure
   conversation lengths, IWRR). Ratios are against baselines simulated in the same run; the
   planner's solve time (wall and CPU) is reported with the machine's load average.
+* ``slo`` -- the same comparison under HexGen's own metric (§5, :mod:`p2pserve.sim.slo`): the
+  peak Poisson request rate at which >= ``--slo-goal`` of requests finish within ``--slo-scale``
+  x their latency alone on one A100, and the decode tokens/s there. The grouping search is
+  scored by that rate (``slo_score``); every method is reported on held-out simulator seeds.
 """
 
 from __future__ import annotations
@@ -42,7 +46,8 @@ from p2pserve.placement.grouping import GroupingConfig, plan_choice, plan_groupi
 from p2pserve.placement.machines import NetLink, group_topology  # noqa: E402
 from p2pserve.placement.tp_cost import fit_link  # noqa: E402
 from p2pserve.sim.run import SimConfig, simulate  # noqa: E402
-from p2pserve.sim.tp_groups import fixed_lengths_file, group_scenario, sim_score  # noqa: E402
+from p2pserve.sim.slo import SloSearch, SloSpec, peak_rate, reference_profile  # noqa: E402
+from p2pserve.sim.tp_groups import fixed_lengths_file, group_scenario, sim_score, slo_score  # noqa: E402
 from p2pserve.sim.workload import OfflineFeeding  # noqa: E402
 
 MODEL = "llama2-70b"
@@ -132,6 +137,36 @@ def methods_section(cluster, cfg: GroupingConfig, duration: float, seeds: list[i
     return out
 
 
+def slo_section(cluster, cfg: GroupingConfig, spec: SloSpec, search: SloSearch, seeds: list[int]) -> dict:
+    """Peak request rate within the SLO: the SLO-scored planner (search on ``search.seed``)
+    against TP = 1 and every fixed degree, each reported as the mean over held-out ``seeds``."""
+    t0, c0, load_before = time.perf_counter(), time.process_time(), load()
+    chosen = plan_grouping(cluster, cfg, score=slo_score(spec, search))
+    solve = {"wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0,
+             "candidates": len(chosen.tried), "load_avg": [load_before, load()]}
+    placed = {"planner": (chosen.choice, chosen.topology, chosen.solution)}
+    for d, choice in uniform_choices(cluster, cfg).items():
+        try:
+            _, topo, sol = plan_choice(cluster, choice, cfg, cfg.eval_work)
+        except Exception:  # a degree whose groups cannot hold a copy of the model
+            continue
+        placed[f"tp{d}"] = (choice, topo, sol)
+    rows = {}
+    for name, (choice, topo, sol) in placed.items():
+        scenario = group_scenario(topo, sol.assignments)
+        points = [peak_rate(scenario, spec, SloSearch(**{**search.__dict__, "seed": s})) for s in seeds]
+        rows[name] = {"choice": [list(g) for g in choice], "nodes": topo.num_nodes,
+                      "peak_rate_qps_by_seed": [p.rate_qps for p in points],
+                      "peak_rate_qps": sum(p.rate_qps for p in points) / len(points),
+                      "slo_decode_tokens_per_s": sum(p.decode_tokens_per_s for p in points) / len(points)}
+    fixed = {k: v for k, v in rows.items() if k.startswith("tp")}
+    best = max(fixed, key=lambda k: fixed[k]["peak_rate_qps"])
+    p = rows["planner"]["peak_rate_qps"]
+    return {"cluster": cluster.name, "solve": solve, "rows": rows, "best_fixed": best,
+            "planner_over_tp1": p / rows["tp1"]["peak_rate_qps"] if rows.get("tp1", {}).get("peak_rate_qps") else None,
+            "planner_over_best_fixed": p / fixed[best]["peak_rate_qps"] if fixed[best]["peak_rate_qps"] else None}
+
+
 def _row(choice, topo, sol, duration: float, seeds: list[int], lengths: str | None) -> dict:
     row = {
         "choice": [list(g) for g in choice],
@@ -158,6 +193,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="held-out simulator seeds the methods are reported on")
     ap.add_argument("--latencies-ms", type=float, nargs="+", default=[2.0, 5.0, 8.0, 10.0],
                     help="case study: inter-box one-way latencies to sweep")
+    ap.add_argument("--slo-scale", type=float, default=5.0,
+                    help="SLO: multiple of a request's latency alone on one A100 (HexGen §5)")
+    ap.add_argument("--slo-goal", type=float, default=0.95, help="SLO attainment the peak rate must keep")
+    ap.add_argument("--skip", nargs="*", default=[], choices=["case_study", "methods", "slo"],
+                    help="sections not to run")
     args = ap.parse_args(argv)
     duration = 60.0 if args.quick else 120.0
     cfg = GroupingConfig(eval_work=100 if args.quick else 300, max_candidates=20 if args.quick else 60,
@@ -168,18 +208,30 @@ def main(argv: list[str] | None = None) -> int:
                                                       "max_candidates": cfg.max_candidates, "seed": args.seed,
                                                       "eval_seeds": args.eval_seeds}}
         res["fit"] = fit_section()
-        res["case_study"] = case_study_section(lengths, args.latencies_ms, 1200.0)
-        res["methods"] = {
-            "case_study": methods_section(case_study(), cfg, duration, args.eval_seeds, lengths),
-            "full_price": methods_section(full_price(), cfg, duration, args.eval_seeds, None),
-        }
+        if "case_study" not in args.skip:
+            res["case_study"] = case_study_section(lengths, args.latencies_ms, 1200.0)
+        if "methods" not in args.skip:
+            res["methods"] = {
+                "case_study": methods_section(case_study(), cfg, duration, args.eval_seeds, lengths),
+                "full_price": methods_section(full_price(), cfg, duration, args.eval_seeds, None),
+            }
+        if "slo" not in args.skip:
+            spec = SloSpec(reference_profile(MODEL), 80, scale=args.slo_scale, goal=args.slo_goal)
+            search = SloSearch(duration=duration, seed=args.seed)
+            res["config"]["slo"] = {"scale": spec.scale, "goal": spec.goal, "reference": "a100",
+                                    "window_s": search.duration, "drain_s": search.drain, "steps": search.steps}
+            res["slo"] = {"case_study": slo_section(case_study(), cfg, spec, search, args.eval_seeds),
+                          "full_price": slo_section(full_price(), cfg, spec, search, args.eval_seeds)}
         res["load_avg_end"] = load()
     finally:
         os.unlink(lengths)
     _print(res)
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(res, indent=1))
+        path = Path(args.json)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # Keep the sections this run skipped: a partial run updates the file, it does not shrink it.
+        old = json.loads(path.read_text()) if path.exists() else {}
+        path.write_text(json.dumps({**old, **res}, indent=1))
     return 0
 
 
@@ -187,12 +239,19 @@ def _print(res: dict) -> None:
     for gpu, f in res["fit"].items():
         print(f"fit {gpu}: beta {f['bus_GB_per_s']:.2f} GB/s alpha {f['alpha_us']:.0f} us "
               f"mean rel err {100 * f['mean_rel_error']:.1f}%")
-    for r in res["case_study"]["rows"]:
+    for r in res.get("case_study", {}).get("rows", []):
         t = r["decode_tokens_per_s"]
         print(f"case study @{r['inter_box_latency_ms']:g} ms: hexgen {t['hexgen']:.2f} pp8 {t['pp8']:.2f} "
               f"pp2_tp4 {t['pp2_tp4']:.2f} tok/s; hexgen/pp8 {r['hexgen_over_pp8']:.2f}x "
               f"hexgen/pp2_tp4 {r['hexgen_over_pp2_tp4']:.1f}x")
-    for name, m in res["methods"].items():
+    for name, m in res.get("slo", {}).items():
+        print(f"SLO {name}: planner {m['rows']['planner']['choice']} solve {m['solve']['wall_s']:.1f} s")
+        for k, v in m["rows"].items():
+            print(f"  {k:8s} peak {v['peak_rate_qps']:6.2f} req/s  {v['slo_decode_tokens_per_s']:8.1f} decode tok/s")
+        o1, ob = m["planner_over_tp1"], m["planner_over_best_fixed"]
+        print(f"  planner / tp1 {'-' if o1 is None else f'{o1:.2f}x'}, / best fixed ({m['best_fixed']}) "
+              f"{'-' if ob is None else f'{ob:.2f}x'}")
+    for name, m in res.get("methods", {}).items():
         print(f"{name}: planner {m['rows']['planner']['choice']} solve {m['solve']['wall_s']:.1f} s "
               f"(load {m['solve']['load_avg'][0][0]})")
         for k, v in m["rows"].items():

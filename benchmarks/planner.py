@@ -331,7 +331,9 @@ def main(argv: list[str] | None = None) -> int:
         print_bottleneck(report["bottleneck"], print_table)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2))
+    # A run with --skip updates the sections it ran and keeps the others' last results.
+    previous = json.loads(out.read_text()) if out.exists() else {}
+    out.write_text(json.dumps({**previous, **report}, indent=2))
     print(f"\nwrote {out}")
     return 0
 

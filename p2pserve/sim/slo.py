@@ -63,7 +63,8 @@ def attainment(result: SimResult, spec: SloSpec) -> float:
 @dataclass(frozen=True)
 class SloPoint:
     """The peak rate found: requests/s, the attainment and decode tokens/s measured there, and
-    how many simulations the search ran. ``rate_qps`` is 0 when even ``low`` misses the goal."""
+    how many simulations the search ran. ``rate_qps`` (and the decode tokens/s within the SLO) is
+    0 when the first probe misses the goal; ``attainment`` is then that probe's."""
 
     rate_qps: float
     attainment: float
@@ -110,13 +111,13 @@ def peak_rate(scenario: Scenario, spec: SloSpec, search: SloSearch = SloSearch()
         a, r = probe(scenario, spec, at_least, search)
         sims += 1
         if a < spec.goal:
-            return SloPoint(0.0, a, r.decode_throughput_tokens_per_s, sims)
+            return SloPoint(0.0, a, 0.0, sims)
         lo, best = at_least, SloPoint(at_least, a, r.decode_throughput_tokens_per_s, sims)
     else:
         a, r = probe(scenario, spec, lo, search)
         sims += 1
         if a < spec.goal:
-            return SloPoint(0.0, a, r.decode_throughput_tokens_per_s, sims)
+            return SloPoint(0.0, a, 0.0, sims)
         best = SloPoint(lo, a, r.decode_throughput_tokens_per_s, sims)
     for _ in range(search.steps):
         mid = math.sqrt(lo * hi)
