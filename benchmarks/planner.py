@@ -333,7 +333,9 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     # A run with --skip updates the sections it ran and keeps the others' last results.
     previous = json.loads(out.read_text()) if out.exists() else {}
-    out.write_text(json.dumps({**previous, **report}, indent=2))
+    merged = {**previous, **{k: {**previous[k], **v} if isinstance(previous.get(k), dict) and isinstance(v, dict)
+                             else v for k, v in report.items()}}  # e.g. versus_helix run cluster by cluster
+    out.write_text(json.dumps(merged, indent=2))
     print(f"\nwrote {out}")
     return 0
 

@@ -66,18 +66,21 @@ def _digest(assignments) -> str:
     return hashlib.sha1(json.dumps(sorted((int(i), list(r)) for i, r in assignments.items())).encode()).hexdigest()[:12]
 
 
-def _simulated(cluster, model: str, placement, duration: float) -> float:
+def _simulated(cluster, model: str, placement, duration: float, throttle: bool | str = False) -> float:
+    """Decode tok/s of ``placement`` (offline, IWRR, sim seed 0); ``throttle``: the nodes' batching
+    (``SimConfig.throttle``; ``"chunked"`` is p2pserve's engine: gLLM throttling, chunked prefill)."""
     sc = build_scenario(model, [Part(cluster, dict(placement))])
-    res = simulate(sc, SimConfig(duration=duration, warmup=60.0, seed=0))
+    res = simulate(sc, SimConfig(duration=duration, warmup=60.0, seed=0, throttle=throttle))
     return res.decode_throughput_tokens_per_s
 
 
 def _planned(topo, cluster, model: str, seed: int, work: int, time_limit_s: float, check_window: float | None,
-             refine_checks: int):
+             refine_checks: int, throttle: bool | str = False):
     """Our plan (default objective); with ``check_window`` seconds the publish guard checks it by a
-    simulation (simulator seed 1, 60 s warm-up) and ``refine_checks`` climbs on that check."""
+    simulation (simulator seed 1, 60 s warm-up, nodes batching by ``throttle``) and
+    ``refine_checks`` climbs on that check."""
     cfg = PlannerConfig(work=work, time_limit_s=time_limit_s, seed=seed, refine_checks=refine_checks)
-    check = None if not check_window else simulation_check(cluster, model, duration=check_window)
+    check = None if not check_window else simulation_check(cluster, model, duration=check_window, throttle=throttle)
     return plan_for_topology(topo, cfg, check=check)
 
 
@@ -147,20 +150,35 @@ def versus_helix_section(seeds: int, work: int, duration: float, time_limit_s: f
             ours = _planned(topo, cluster, model, seed, work, time_limit_s, check_window, refine_checks)
             mf = _helix_placement(topo, None, work, time_limit_s, seed)
             o, h = (_simulated(cluster, model, p, duration) for p in (ours.assignments, mf))
+            # On p2pserve's engine the guard simulates that engine too (it may keep another candidate).
+            ours_c = _planned(topo, cluster, model, seed, work, time_limit_s, check_window, refine_checks,
+                              "chunked") if check_window else ours
+            oc, hc = (_simulated(cluster, model, p, duration, "chunked") for p in (ours_c.assignments, mf))
             rows.append({"seed": seed, "ours": round(o, 2), "helix_objective": round(h, 2),
                          "ours_over_helix_objective": round(o / h, 3), "ours_depth": round(ours.estimate.mean_depth, 1),
                          "ours_estimate": round(ours.estimate.decode_tokens_per_s, 1), "method": ours.method,
-                         "guard": ours.stats.get("guard"), "refine": ours.stats.get("refine")})
+                         "guard": ours.stats.get("guard"), "refine": ours.stats.get("refine"),
+                         "ours_chunked": round(oc, 2), "helix_objective_chunked": round(hc, 2),
+                         "guard_chunked": ours_c.stats.get("guard")})
         entry = {"work": work, "by_seed": rows,
                  "min_ours_over_helix_objective": min(r["ours_over_helix_objective"] for r in rows)}
         if helix_sol is not None:
-            authors = _simulated(cluster, model, hf.load_solution(data / helix_sol), duration)
+            sol = hf.load_solution(data / helix_sol)
+            authors = _simulated(cluster, model, sol, duration)
             entry["authors_helix"] = round(authors, 2)
             entry["min_ours_over_authors"] = round(min(r["ours"] for r in rows) / authors, 3)
+            # Both placements on p2pserve's engine (chunked prefill), and our whole system
+            # (placement + engine) against Helix's (its placement on atomic prompts, Helix's caps).
+            authors_c = _simulated(cluster, model, sol, duration, "chunked")
+            entry["authors_helix_chunked"] = round(authors_c, 2)
+            entry["min_ours_over_authors_both_chunked"] = round(min(r["ours_chunked"] for r in rows) / authors_c, 3)
+            entry["min_system_over_helix_system"] = round(min(r["ours_chunked"] for r in rows) / authors, 3)
         out[cname] = entry
         print(f"  {cname}: " + ", ".join(f"seed {r['seed']}: {r['ours']} vs {r['helix_objective']} "
-                                         f"({r['ours_over_helix_objective']}x)" for r in rows)
-              + (f"; authors' Helix {entry['authors_helix']}" if helix_sol else ""), flush=True)
+                                         f"({r['ours_over_helix_objective']}x); chunked prefill {r['ours_chunked']} vs "
+                                         f"{r['helix_objective_chunked']}" for r in rows)
+              + (f"; authors' Helix {entry['authors_helix']}, chunked {entry['authors_helix_chunked']}"
+                 if helix_sol else ""), flush=True)
     return out
 
 

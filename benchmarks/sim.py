@@ -212,13 +212,13 @@ def throttling(args, seeds) -> dict:
     out = {}
     print(f"{'mode':<8} {'batching':<9} {'tok/s':>7} {'prompt mean/p95':>17} {'decode mean/p95':>17}")
     for mode in ("offline", "online"):
-        for thr in ("off", "on", "prefill"):
+        for thr in ("off", "on", "prefill", "chunked"):
             kw = dict(scheduler="iwrr", mode=mode, throttle=thr)
             if mode == "offline":
                 r = run_seeds(sc, seeds, duration=args.offline_s, **kw)
             else:
                 r = run_seeds(sc, seeds[:1], duration=args.online_s, token_rate=700.0, **kw)
-            name = {"off": "caps", "on": "throttle", "prefill": "prefill"}[thr]
+            name = {"off": "caps", "on": "throttle", "prefill": "prefill", "chunked": "chunked"}[thr]
             out[f"{mode}/{name}"] = r
             p, dl = r["prompt_latency_s"], r["decode_latency_s"]
             print(f"{mode:<8} {name:<9} {r['decode_throughput_tokens_per_s']:7.1f} "

@@ -63,6 +63,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="gLLM token throttling: split waiting prompts into chunks under each step's prefill "
                         "budget (on), or run every waiting prompt whole in the next step (off; up to "
                         "--max-batch-tokens)")
+    p.add_argument("--min-prefill-tokens", type=int, default=b.min_prefill_tokens, metavar="N",
+                   help="gLLM's #MinP: the smallest prompt chunk a throttled step takes (default %(default)s; "
+                        "larger floors cut time to first token, and the simulator favours 128-256 across regions: "
+                        "docs/sim.md, section 4)")
     p.add_argument("--batch-wait-ms", type=float, default=b.max_batch_wait_s * 1000, metavar="MS",
                    help="batch forming: hold a step at most this long (and at most one recent step's compute "
                         "time) for sessions whose next Forward is due; 0 (default) runs each step on the first arrival")
@@ -293,4 +297,6 @@ def batching_config(args) -> BatchingConfig:
                   max_batch_wait_s=args.batch_wait_ms / 1000)
     if args.prefill_throttle == "off":
         return BatchingConfig(**common, throttle_steps=1, min_prefill_tokens=args.max_batch_tokens)
-    return BatchingConfig(**common)
+    if args.min_prefill_tokens < 1:
+        raise ConfigError("--min-prefill-tokens must be at least 1")
+    return BatchingConfig(**common, min_prefill_tokens=args.min_prefill_tokens)

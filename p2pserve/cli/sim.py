@@ -53,8 +53,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rate", type=float, default=None,
                         help="online offered load, prompt+output tokens/s (default: calibrated)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--throttle", nargs="?", const="on", default="off", choices=["off", "on", "prefill"],
-                        help="gLLM token throttling instead of the fixed batch caps (prefill: prompt budget only)")
+    parser.add_argument("--throttle", nargs="?", const="on", default="off", choices=["off", "on", "prefill", "chunked"],
+                        help="gLLM token throttling instead of the fixed batch caps (prefill: prompt budget only; "
+                             "chunked: throttling with chunked prefill, as p2pserve peers batch)")
     parser.add_argument("--kv-mask", choices=["auto", "on", "off"], default="auto",
                         help="route with Helix's KV estimate mask (auto: only for iwrr)")
     parser.add_argument("--kv-model", choices=["reserve", "vllm"], default="reserve",

@@ -10,8 +10,10 @@ prompt requests, prompt tokens and decode tokens may it take from that layer's F
   ``#WP`` is the waiting prompt tokens; decode tokens per batch ``#D = ceil(#RD / depth)`` where
   ``#RD`` is the decode-phase queries running through the node and ``depth`` their mean pipeline
   depth, so that each micro-batch in the pipeline carries an even share of the decode work.
-  Prompts are not chunked here (a prompt job is atomic), so a batch always admits at least its
-  first waiting prompt; the budget limits how many more join it.
+  With ``chunk_prefill`` (Sarathi/gLLM chunked prefill) a prompt that does not fit the batch's
+  prefill budget is split: the batch takes the tokens that fit and the rest waits at that layer
+  for the next batch there. Without it a prompt job is atomic: a batch always admits at least its
+  first waiting prompt, and the budget limits how many more join it.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ class CapsPolicy:
 
     name = "caps"
     dynamic = False
+    chunk_prefill = False
 
     def limits(self, caps: BatchCaps, waiting_prompt_tokens: int, kv_free: float,
                running_decodes: int, mean_depth: float) -> tuple[int, int, int]:
@@ -50,6 +53,7 @@ class ThrottlePolicy:
     min_prefill: int = 32  # #MinP
     kv_thresh: float = 0.05  # KVthresh
     throttle_decode: bool = True  # False: only the prefill budget (decode keeps its cap)
+    chunk_prefill: bool = False  # split prompts at the prefill budget (chunked prefill)
     name: str = "throttle"
     dynamic: bool = True
 

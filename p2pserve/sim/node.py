@@ -249,6 +249,17 @@ class Node:
         layer = self.start + li
         max_req, max_tok, max_dec = self._limits(li)
         bp, ptok, entering = self._take_prompts(li, layer, max_req, max_tok)
+        if self.policy.chunk_prefill and ptok < max_tok and len(bp) < max_req:
+            # chunked prefill: the next prompt's first tokens fill the budget; it stays queued here
+            q = self.pq[li]
+            if q:
+                j = q[0]
+                take = min(max_tok - ptok, j.tokens - j.chunk_done - 1)
+                if take > 0:
+                    j.chunk_done += take
+                    ptok += take
+                    if j.entry == layer:
+                        entering += take
         bd = self._take_decodes(li, max_dec)
         nd = sum(j.tokens for j in bd) if self.multi_token else len(bd)
         for j in bd:
@@ -287,7 +298,7 @@ class Node:
         caps = self.caps
         if not self.policy.dynamic:
             return caps.prompt_max_requests, caps.prompt_max_tokens, caps.decode_max_tokens
-        waiting = sum(j.tokens for j in self.pq[li])
+        waiting = sum(j.tokens - j.chunk_done for j in self.pq[li])
         free = self.kv_free(self.idx) if self.kv_free is not None else 1.0
         depth = self.depth_sum / self.running_decodes if self.running_decodes else 1.0
         return self.policy.limits(caps, waiting, free, self.running_decodes, depth)
@@ -302,13 +313,18 @@ class Node:
         if not q:
             return [], 0, 0
         n = ptok = entering = 0
+        chunked = self.policy.chunk_prefill
         for j in q:
-            if n and (n >= max_req or ptok + j.tokens > max_tok):
+            rest = j.tokens - j.chunk_done  # a chunked prompt's tokens not yet through this layer
+            if n and (n >= max_req or ptok + rest > max_tok):
                 break
+            if chunked and not n and rest > max_tok:
+                break  # the head does not fit whole: the caller takes a chunk of it
             n += 1
-            ptok += j.tokens
+            ptok += rest
             if j.entry == layer:
-                entering += j.tokens
+                entering += rest
+            j.chunk_done = 0
         if n == len(q):
             self.pq[li] = []
             return q, ptok, entering

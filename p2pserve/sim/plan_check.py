@@ -48,15 +48,21 @@ def simulation_check(
     warmup: float = 60.0,
     seed: int = 1,
     root: Path | None = None,
+    throttle: bool | str = False,
 ) -> Callable[[Placement], float]:
     """A check for the planner's guard: placement -> simulated decode tokens/s.
 
     Seed 1 by default, so that benchmarks reporting seed-0 simulations do not score the guard
-    on the very run it chose by.
+    on the very run it chose by. ``throttle``: the nodes' batching (``SimConfig.throttle``):
+    Helix's caps by default, ``"chunked"`` for p2pserve's engine.
     """
 
     def check(placement: Placement) -> float:
-        return simulated_decode(cluster, model, placement, duration, warmup, seed, root=root)
+        if throttle in (False, None, "off"):
+            return simulated_decode(cluster, model, placement, duration, warmup, seed, root=root)
+        sc = build_scenario(model, [Part(cluster, dict(placement))], root=root)
+        cfg = SimConfig(duration=duration, warmup=warmup, seed=seed, throttle=throttle)
+        return simulate(sc, cfg).decode_throughput_tokens_per_s
 
     return check
 
@@ -73,14 +79,16 @@ def topology_check(
     warmup: float = 60.0,
     seed: int = 1,
     root: Path | None = None,
+    throttle: bool | str = "chunked",
 ) -> Callable[[Placement], float]:
     """A check for the guard built from the planner's ``Topology`` (no cluster file): offline,
-    IWRR, Azure lengths, ``warmup`` + ``duration`` seconds at simulator ``seed``. See
+    IWRR, Azure lengths, ``warmup`` + ``duration`` seconds at simulator ``seed``, nodes batching
+    as p2pserve peers do by default (gLLM throttling with chunked prefill; ``throttle``). See
     :func:`p2pserve.sim.scenario.topology_scenario` for what each node must carry."""
 
     def check(placement: Placement) -> float:
         sc = topology_scenario(topo, placement, root=root)
-        res = simulate(sc, SimConfig(duration=duration, warmup=warmup, seed=seed))
+        res = simulate(sc, SimConfig(duration=duration, warmup=warmup, seed=seed, throttle=throttle))
         return res.decode_throughput_tokens_per_s
 
     return check

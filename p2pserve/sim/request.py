@@ -45,6 +45,7 @@ class Query:
         "prompt_done",
         "finished",
         "recompute",
+        "chunk_done",
     )
 
     def __init__(self, qid: int, input_len: int, output_len: int, arrival: float) -> None:
@@ -64,6 +65,7 @@ class Query:
         self.prompt_done = -1.0
         self.finished = -1.0
         self.recompute = False  # a decode job rebuilding context preempted on this node
+        self.chunk_done = 0  # chunked prefill: tokens of this prompt job already through its current layer
 
     def __repr__(self) -> str:
         kind = "prompt" if self.is_prompt else f"decode#{self.decoded}"

@@ -41,7 +41,7 @@ class SimConfig:
     warmup: float | None = None  # default by mode
     seed: int = 0
     token_rate: float | None = None  # online: offered prompt+output tokens/s (required)
-    throttle: bool | str = False  # gLLM token throttling: False/"off", True/"on", "prefill"
+    throttle: bool | str = False  # gLLM token throttling: False/"off", True/"on", "prefill", "chunked" (on + chunked prefill)
     kv: KvSettings | None = None  # default by mode (Helix's values)
     feeding: OfflineFeeding = field(default_factory=OfflineFeeding)
     lengths: str = "azure_conv"
@@ -64,14 +64,17 @@ class SimConfig:
 
 
 def batch_policy(throttle: bool | str):
-    """The node batching policy: Helix's caps, gLLM throttling, or prefill-only throttling."""
+    """The node batching policy: Helix's caps, gLLM throttling, prefill-only throttling, or
+    throttling with chunked prefill."""
     if throttle in (False, None, "off"):
         return CapsPolicy()
     if throttle in (True, "on"):
         return ThrottlePolicy()
     if throttle == "prefill":
         return ThrottlePolicy(throttle_decode=False)
-    raise ConfigError(f"throttle must be off, on or prefill, not {throttle!r}")
+    if throttle == "chunked":
+        return ThrottlePolicy(chunk_prefill=True)
+    raise ConfigError(f"throttle must be off, on, prefill or chunked, not {throttle!r}")
 
 
 def build_sim(scenario: Scenario, cfg: SimConfig) -> ClusterSim:

@@ -61,15 +61,45 @@ def test_prompt_cap_splits_batches():
     assert [round(q.prompt_done, 9) for q in qs] == [0.01, 0.02, 0.03]
 
 
+@pytest.mark.parametrize("chunked", [False, True])
+def test_chunked_prefill_lets_a_decode_pass_a_long_prompt(chunked):
+    """A 4-token query is about to decode when a 100-token prompt arrives at a one-layer node (1 ms
+    per prompt token, 1 ms per decode token doubled when alone). Atomic prompts make the first
+    decode step wait out the whole prefill (102 ms); chunked prefill (gLLM budget: max(waiting /
+    8, 32) tokens) runs it in 32-token pieces next to the decode (66 ms), and the node does the
+    same 108 ms of work either way."""
+    topo = make_topology([(0, 1)], num_layers=1, bandwidth=1e12, latency=0.0)
+    sim = make_sim(topo, batch_policy=ThrottlePolicy(chunk_prefill=chunked))
+    short, long = Query(0, 4, 2, 0.0), Query(1, 100, 0, 0.001)
+    sim.loop.at(0.0, lambda _: sim.submit(short))
+    sim.loop.at(0.001, lambda _: sim.submit(long))
+    sim.loop.run(1.0)
+    assert short.prompt_done == pytest.approx(0.004, abs=1e-9)
+    steps = sim.recorder.decode_lat  # each decode step's time from leaving the client to its token
+    if chunked:
+        # 4 ms: a 32-token chunk (the decode is not back yet); 36 ms: chunk + decode (34 ms); 70 ms:
+        # a chunk; 102 ms: the last 4 prompt tokens + the second decode (6 ms)
+        assert steps == [pytest.approx(0.066, abs=1e-9), pytest.approx(0.038, abs=1e-9)]
+        assert long.prompt_done == pytest.approx(0.108, abs=1e-9)
+    else:
+        # 4 ms: the whole prompt (100 ms); then the two decodes alone (2 ms each)
+        assert steps == [pytest.approx(0.102, abs=1e-9), pytest.approx(0.002, abs=1e-9)]
+        assert long.prompt_done == pytest.approx(0.104, abs=1e-9)
+    node = sim.nodes[0]
+    assert node.busy_time == pytest.approx(0.004 + 0.100 + 0.004, abs=1e-9)  # same work either way
+    assert not any(node.pq) and long.chunk_done == 0
+
+
 @pytest.mark.parametrize("scheduler", ["iwrr", "random", "shortest-queue", "swarm", "petals"])
-@pytest.mark.parametrize("throttle", [False, True])
+@pytest.mark.parametrize("throttle", [False, True, "chunked"])
 @pytest.mark.parametrize("kv_model", ["reserve", "vllm"])
 def test_every_query_finishes_once_with_all_its_tokens(scheduler, throttle, kv_model):
     # Overlapping ranges (partial inference), tight KV so that queries wait, mixed lengths.
     ranges = [(0, 3), (0, 2), (2, 5), (3, 6), (5, 8), (4, 8)]
     topo = make_topology(ranges, num_layers=8, kv_capacity=40_000)
     sim = make_sim(topo, scheduler=scheduler, kv_settings=KvSettings(hwm=0.9, output_ratio=0.6, avg_output=20),
-                   batch_policy=ThrottlePolicy() if throttle else None, kv_model=kv_model,
+                   batch_policy=ThrottlePolicy(chunk_prefill=throttle == "chunked") if throttle else None,
+                   kv_model=kv_model,
                    kv_mask=scheduler == "iwrr")
     rng = random.Random(7)
     queries = [Query(i, rng.randint(1, 300), rng.randint(0, 40), rng.uniform(0, 2.0)) for i in range(200)]
