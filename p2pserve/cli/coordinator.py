@@ -43,7 +43,7 @@ def publish_guard(args: argparse.Namespace):
     return live_check()
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
+def add_arguments(parser: argparse.ArgumentParser) -> None:  # long: a flat list of flags, one per call
     """Flags of ``p2pserve coordinator`` (None: not given, the file or the default applies)."""
     add_dht_arguments(parser)
     c = parser.add_argument_group("coordinator")

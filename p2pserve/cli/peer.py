@@ -36,7 +36,7 @@ def parse_layers(text: str) -> tuple[int, int]:
         raise argparse.ArgumentTypeError(f"--layers takes START:END, got {text!r}") from None
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
+def add_arguments(p: argparse.ArgumentParser) -> None:  # long: a flat list of flags, one per call
     """Register the peer's flags (swarm flags come from the DHT layer)."""
     from p2pserve.cli.common import add_dht_arguments, add_metrics_arguments
 

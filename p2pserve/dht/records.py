@@ -95,10 +95,8 @@ def _check_quant(quant: str, model: str) -> None:
 
 
 class LatencyPoints(msgspec.Struct, kw_only=True, frozen=True, array_like=True):
-    """A peer's measured milliseconds for ONE layer against batch tokens, ``(tokens, ms)`` points
-    per phase (prefill: the batch's prompt tokens; decode: its decode tokens), tokens strictly
-    increasing. What the simulator needs to replay a live swarm (the coordinator's publish guard,
-    ``sim/plan_check.live_check``); read as ``placement.profile.LatencyProfile``."""
+    """Measured ms for ONE layer against a batch's prompt / decode tokens, ``(tokens, ms)`` points,
+    tokens increasing: what the publish guard simulates (as ``placement.profile.LatencyProfile``)."""
 
     prompt: list[tuple[float, float]] = []
     decode: list[tuple[float, float]] = []
@@ -108,13 +106,11 @@ class LatencyPoints(msgspec.Struct, kw_only=True, frozen=True, array_like=True):
         for name, points in (("prompt", self.prompt), ("decode", self.decode)):
             if not 1 <= len(points) <= MAX_LATENCY_POINTS:
                 raise RecordRejected(f"latency {name}: {len(points)} points, 1-{MAX_LATENCY_POINTS} allowed")
-            last = 0.0
             for tokens, ms in points:
                 _finite(f"latency {name} tokens", tokens, 1.0, float(MAX_TOKENS))
                 _finite(f"latency {name} ms", ms, 1e-6, MAX_LAYER_MS)
-                if tokens <= last:
-                    raise RecordRejected(f"latency {name}: token counts must increase")
-                last = tokens
+            if any(b[0] <= a[0] for a, b in zip(points, points[1:])):
+                raise RecordRejected(f"latency {name}: token counts must increase")
 
 
 class PeerInfo(msgspec.Struct, kw_only=True, frozen=True):
@@ -160,9 +156,8 @@ class PeerInfo(msgspec.Struct, kw_only=True, frozen=True):
     # Tensor-parallel degree: the peer is a TP group of this many GPUs of one machine (its
     # throughput tables are the group's); 1 for a single-GPU peer and for older peers.
     tp: int = 1
-    # Measured per-layer latency by batch size (None: not announced, as by older peers) and the
-    # bytes of one token-layer KV entry (0: unknown): with ``kv_memory_bytes`` they let a
-    # coordinator simulate the swarm before it publishes a placement.
+    # Per-layer latency (None: older peers) and one token-layer KV entry's bytes (0: unknown): with
+    # ``kv_memory_bytes``, what a coordinator needs to simulate the swarm before publishing a plan.
     latency: Optional[LatencyPoints] = None
     kv_entry_bytes: int = 0
 
