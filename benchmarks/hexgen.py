@@ -31,6 +31,7 @@ on LLaMA-2-70B with the HexGen cost model (:mod:`p2pserve.placement.tp_cost`). S
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -46,7 +47,7 @@ from p2pserve.placement.grouping import GroupingConfig, plan_choice, plan_groupi
 from p2pserve.placement.machines import NetLink, group_topology  # noqa: E402
 from p2pserve.placement.tp_cost import fit_link  # noqa: E402
 from p2pserve.sim.run import SimConfig, simulate  # noqa: E402
-from p2pserve.sim.slo import SloSearch, SloSpec, peak_rate, reference_profile  # noqa: E402
+from p2pserve.sim.slo import SloSearch, SloSpec, peak_rate  # noqa: E402
 from p2pserve.sim.tp_groups import fixed_lengths_file, group_scenario, sim_score, slo_score  # noqa: E402
 from p2pserve.sim.workload import OfflineFeeding  # noqa: E402
 
@@ -154,7 +155,7 @@ def slo_section(cluster, cfg: GroupingConfig, spec: SloSpec, search: SloSearch, 
     rows = {}
     for name, (choice, topo, sol) in placed.items():
         scenario = group_scenario(topo, sol.assignments)
-        points = [peak_rate(scenario, spec, SloSearch(**{**search.__dict__, "seed": s})) for s in seeds]
+        points = [peak_rate(scenario, spec, dataclasses.replace(search, seed=s)) for s in seeds]
         rows[name] = {"choice": [list(g) for g in choice], "nodes": topo.num_nodes,
                       "peak_rate_qps_by_seed": [p.rate_qps for p in points],
                       "peak_rate_qps": sum(p.rate_qps for p in points) / len(points),
@@ -216,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
                 "full_price": methods_section(full_price(), cfg, duration, args.eval_seeds, None),
             }
         if "slo" not in args.skip:
-            spec = SloSpec(reference_profile(MODEL), 80, scale=args.slo_scale, goal=args.slo_goal)
+            spec = SloSpec(load_profile(MODEL, "a100"), 80, scale=args.slo_scale, goal=args.slo_goal)
             search = SloSearch(duration=duration, seed=args.seed)
             res["config"]["slo"] = {"scale": spec.scale, "goal": spec.goal, "reference": "a100",
                                     "window_s": search.duration, "drain_s": search.drain, "steps": search.steps}

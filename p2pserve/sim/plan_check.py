@@ -29,15 +29,17 @@ def simulated_decode(
     seed: int = 0,
     flows: Mapping[tuple[int, int], float] | None = None,
     root: Path | None = None,
+    throttle: bool | str = False,
 ) -> float:
     """Decode tokens/s of ``placement`` (offline, IWRR) over ``warmup`` + ``duration`` seconds.
 
-    ``flows`` replaces the max-flow edge flows as IWRR's weights (routing experiments).
+    ``flows`` replaces the max-flow edge flows as IWRR's weights (routing experiments);
+    ``throttle`` is the nodes' batching (``SimConfig.throttle``).
     """
     sc = build_scenario(model, [Part(cluster, dict(placement))], root=root)
     if flows is not None:
         sc = replace(sc, flows=dict(flows))
-    res = simulate(sc, SimConfig(duration=duration, warmup=warmup, seed=seed))
+    res = simulate(sc, SimConfig(duration=duration, warmup=warmup, seed=seed, throttle=throttle))
     return res.decode_throughput_tokens_per_s
 
 
@@ -58,11 +60,7 @@ def simulation_check(
     """
 
     def check(placement: Placement) -> float:
-        if throttle in (False, None, "off"):
-            return simulated_decode(cluster, model, placement, duration, warmup, seed, root=root)
-        sc = build_scenario(model, [Part(cluster, dict(placement))], root=root)
-        cfg = SimConfig(duration=duration, warmup=warmup, seed=seed, throttle=throttle)
-        return simulate(sc, cfg).decode_throughput_tokens_per_s
+        return simulated_decode(cluster, model, placement, duration, warmup, seed, root=root, throttle=throttle)
 
     return check
 

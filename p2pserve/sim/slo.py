@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from pathlib import Path
 
 from p2pserve.errors import ConfigError
 from p2pserve.placement.profile import LatencyProfile
@@ -104,21 +103,12 @@ def peak_rate(scenario: Scenario, spec: SloSpec, search: SloSearch = SloSearch()
     goal the answer is below it and only that one probe is spent (returned with ``rate_qps``
     0), which keeps a grouping search cheap for candidates that lose.
     """
-    sims = 0
-    lo, hi = search.low, search.high
-    best: SloPoint | None = None
-    if at_least > 0:
-        a, r = probe(scenario, spec, at_least, search)
-        sims += 1
-        if a < spec.goal:
-            return SloPoint(0.0, a, 0.0, sims)
-        lo, best = at_least, SloPoint(at_least, a, r.decode_throughput_tokens_per_s, sims)
-    else:
-        a, r = probe(scenario, spec, lo, search)
-        sims += 1
-        if a < spec.goal:
-            return SloPoint(0.0, a, 0.0, sims)
-        best = SloPoint(lo, a, r.decode_throughput_tokens_per_s, sims)
+    lo, hi = (at_least, search.high) if at_least > 0 else (search.low, search.high)
+    a, r = probe(scenario, spec, lo, search)
+    sims = 1
+    if a < spec.goal:
+        return SloPoint(0.0, a, 0.0, sims)
+    best = SloPoint(lo, a, r.decode_throughput_tokens_per_s, sims)
     for _ in range(search.steps):
         mid = math.sqrt(lo * hi)
         a, r = probe(scenario, spec, mid, search)
@@ -129,9 +119,3 @@ def peak_rate(scenario: Scenario, spec: SloSpec, search: SloSearch = SloSearch()
             hi = mid
     return SloPoint(best.rate_qps, best.attainment, best.decode_tokens_per_s, sims)
 
-
-def reference_profile(model: str, gpu: str = "a100", root: Path | None = None) -> LatencyProfile:
-    """The measured Helix-format profile used as the SLO reference (A100 by default)."""
-    from p2pserve.helix.format import load_profile
-
-    return load_profile(model, gpu, root)

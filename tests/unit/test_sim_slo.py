@@ -5,12 +5,13 @@ from __future__ import annotations
 import pytest
 
 from p2pserve.errors import ConfigError
+from p2pserve.helix.format import load_profile
 from p2pserve.helix.hexgen_clusters import case_study, case_study_layouts
 from p2pserve.placement.grouping import GroupingConfig, plan_grouping
 from p2pserve.placement.machines import group_topology
 from p2pserve.placement.profile import LatencyProfile
 from p2pserve.sim.metrics import Distribution, SimResult
-from p2pserve.sim.slo import SloSearch, SloSpec, attainment, peak_rate, probe, reference_profile
+from p2pserve.sim.slo import SloSearch, SloSpec, attainment, peak_rate, probe
 from p2pserve.sim.tp_groups import group_scenario, slo_score
 
 FLAT = LatencyProfile((1.0, 1000.0), (2.0, 2.0), (1.0, 100.0), (1.0, 1.0))  # 2 ms prefill, 1 ms decode
@@ -45,7 +46,7 @@ def test_peak_rate_of_the_case_study_layouts_keeps_the_papers_order():
     """HexGen §3.1 under its own metric: the asymmetric layout sustains a higher request rate
     within the SLO than eight single-GPU stages (the real simulator, short windows)."""
     cluster = case_study()
-    spec = SloSpec(reference_profile("llama2-70b"), 80, scale=5.0, goal=0.9)
+    spec = SloSpec(load_profile("llama2-70b", "a100"), 80, scale=5.0, goal=0.9)
     search = SloSearch(low=0.02, high=4.0, steps=5, duration=60.0, warmup=10.0, drain=60.0)
     rates = {}
     for name in ("hexgen", "pp8"):
@@ -67,7 +68,7 @@ def test_peak_rate_of_the_case_study_layouts_keeps_the_papers_order():
 def test_slo_scored_grouping_search_picks_hexgens_case_study_grouping():
     """Scored by the peak rate within the SLO, the grouping search chooses TP 4 / 2 / 2 on the
     §3.1 boxes (HexGen's layout); scored by offline throughput it would not."""
-    spec = SloSpec(reference_profile("llama2-70b"), 80, scale=5.0, goal=0.9)
+    spec = SloSpec(load_profile("llama2-70b", "a100"), 80, scale=5.0, goal=0.9)
     search = SloSearch(low=0.02, high=4.0, steps=4, duration=60.0, warmup=10.0, drain=60.0)
     res = plan_grouping(case_study(), GroupingConfig(eval_work=100, max_candidates=12),
                         score=slo_score(spec, search))
