@@ -30,9 +30,10 @@ Other sections (``--sections``, comma-separated; the default runs everything abo
 * ``throttle``: gLLM token throttling with chunked prefill on against off (``--prefill-throttle``)
   on a 3-peer SmolLM2 pipeline under a mixed load of trace-drawn prompts and replies arriving
   over time (benchmarks/throttle.py): ``throttle_p95_tbt_gain``, ``throttle_throughput_ratio``.
-* ``batching``: batch forming (peer/batch_forming.py, ``--batch-wait-ms``) on against off, paired
-  in alternating rounds on two sets of 3 SmolLM2 peers (benchmarks/batch_forming.py): the 16-vs-1
-  session gain of each, the paired 16-session ratio, and the steps each peer ran.
+* ``batching``: batch forming (peer/batch_forming.py, ``--batch-wait-ms``) on against off, and
+  with gLLM's micro-batches (``--pipeline-depth``, ``--batching-depth``), paired in alternating rounds on three sets
+  of 3 SmolLM2 peers (benchmarks/batch_forming.py): the 16-vs-1 session gain of each, the paired
+  16-session ratio, the steps each peer ran, and the CPU per token and cores busy.
 * ``llama3``: a random-initialised bf16 model shaped like Llama-3-8B (``--shape tiny``: a
   2-layer, hidden-256 version of it, to try the path on a CPU), built once into ``--model-dir``
   (safetensors), served by 2 peer processes on ``--device`` (layers [0, L/2) and [L/2, L)),
@@ -718,6 +719,8 @@ def main() -> int:
     ap.add_argument("--throttle-max-reply", type=int, default=24, help="throttle section: longest reply (tokens)")
     ap.add_argument("--throttle-rounds", type=int, default=1, help="throttle section: off/on runs, alternating")
     ap.add_argument("--batching-rounds", type=int, default=2, help="batching section: off/on rounds, alternating")
+    ap.add_argument("--batching-depth", type=int, default=3,
+                    help="batching section: the micro arm's --pipeline-depth (micro-batches in flight)")
     ap.add_argument("--batching-wait-ms", dest="batch_wait_ms", type=float, default=250.0,
                     help="batching section: the on arm's --batch-wait-ms")
     ap.add_argument("--copy-to", default=None, metavar="DIR", help="also write the JSON into DIR")

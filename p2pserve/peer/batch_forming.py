@@ -75,6 +75,11 @@ class ArrivalForecast:
             due = expected <= deadline and expected + horizon >= now
         return deadline - now if due and now < deadline else 0.0
 
+    def active(self, now: float) -> int:
+        """Sessions seen recently and still open (gLLM's running decode count, #RD, at this peer)."""
+        return sum(1 for seen in self._sessions.values()
+                   if not getattr(seen.session, "closed", False) and not self._stale(seen, now))
+
     def _stale(self, seen: _Arrivals, now: float) -> bool:
         limit = self._STALE_S if seen.period is None else max(self._STALE_PERIODS * seen.period, 1.0)
         return now - seen.last > limit

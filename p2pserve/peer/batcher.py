@@ -66,13 +66,25 @@ class TokenThrottle:
         kv_term = c.max_prefill_tokens * (kv_free_fraction - c.kv_threshold) / (1.0 - c.kv_threshold)
         return int(max(min(spread, kv_term), c.min_prefill_tokens))
 
-    def decode_budget(self, waiting_decode: int) -> int:
-        """#D = #RD / PP_depth, at least one when any decode waits."""
+    def decode_budget(self, waiting_decode: int, running: int | None = None) -> int:
+        """gLLM's #D = #RD / PP_depth, at least one when any decode waits.
+
+        #RD is every decode session running through this peer (``running``: those seen lately,
+        at least the ones waiting here), not only the waiting ones: a depth-d pipeline then
+        carries d micro-batches of #RD / d sessions each. Dividing the waiting count instead
+        would split every arriving micro-batch again at each stage. Without ``running`` the
+        waiting count stands in for it (the same at depth 1)."""
         if waiting_decode == 0:
             return 0
-        return max(1, math.ceil(waiting_decode / max(1, self.config.pipeline_depth)))
+        rd = waiting_decode if running is None else max(running, waiting_decode)
+        return max(1, math.ceil(rd / max(1, self.config.pipeline_depth)))
 
-    def schedule(self, waiting: list[Pending], kv_free_fraction: float) -> list[Chunk]:
+    def micro_batch_full(self, waiting_decode: int, running: int) -> bool:
+        """Whether a depth > 1 pipeline's micro-batch (#D decodes) waits here already, so
+        batch forming need not hold the step for more (at depth 1 forming decides alone)."""
+        return self.config.pipeline_depth > 1 and waiting_decode >= self.decode_budget(waiting_decode, running)
+
+    def schedule(self, waiting: list[Pending], kv_free_fraction: float, running: int | None = None) -> list[Chunk]:
         """Choose this step's chunks; never returns an empty list when work is waiting.
 
         Background requests are left out while anything else waits (each one left out counts a
@@ -92,7 +104,7 @@ class TokenThrottle:
         cap = self.config.max_batch_tokens
         chosen: list[Chunk] = []
         used = 0
-        for p in sorted(decodes, key=lambda p: p.arrival)[: min(self.decode_budget(len(decodes)), cap)]:
+        for p in sorted(decodes, key=lambda p: p.arrival)[: min(self.decode_budget(len(decodes), running), cap)]:
             chosen.append(Chunk(p, p.done, 1))
             used += 1
         waiting_prefill = sum(p.remaining for p in prefills)

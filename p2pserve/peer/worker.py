@@ -235,10 +235,18 @@ class ComputeWorker:
         while True:
             self._take_incoming()
             waiting = {p.key.session.id for p in self._waiting}
-            hold = self.forecast.hold_s(waiting, ready, time.monotonic(), horizon)
+            now = time.monotonic()
+            hold = self.forecast.hold_s(waiting, ready, now, horizon)
+            if hold > 0 and self.throttle.micro_batch_full(sum(p.is_decode for p in self._waiting), self._running(now)):
+                hold = 0
             if hold <= 0 or self._stop:
                 return
             self._cv.wait(hold)
+
+    def _running(self, now: float) -> int | None:
+        """gLLM's #RD for decode spreading: the sessions decoding through this peer lately
+        (None at pipeline depth 1, where the waiting count gives the same budget)."""
+        return self.forecast.active(now) if self.throttle.config.pipeline_depth > 1 else None
 
     def _fail_waiting(self, err: BaseException) -> list[Delivery]:
         """Fail every waiting job, dropping positions they may have half written."""
@@ -263,7 +271,7 @@ class ComputeWorker:
         done += self._drop_unwanted()
         if not self._waiting:
             return done
-        chunks = self.throttle.schedule(self._waiting, self.budget.free_fraction)
+        chunks = self.throttle.schedule(self._waiting, self.budget.free_fraction, self._running(time.monotonic()))
         segments = []
         for ch in chunks:
             job: Job = ch.pending.key

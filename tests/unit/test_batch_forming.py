@@ -77,3 +77,16 @@ def test_silent_sessions_are_forgotten():
     steady(f, "a", a, [5.0, 5.1])
     f.hold_s({"a"}, ready_at=5.1, now=5.1, horizon=0.05)
     assert len(f) == 1
+
+
+def test_active_counts_open_sessions_seen_lately():
+    """gLLM's #RD at a peer: sessions still open and not silent for many periods."""
+    f = ArrivalForecast()
+    a, b, c = session(), session(), session()
+    steady(f, "a", a, [0.0, 0.1, 0.2])
+    steady(f, "b", b, [0.0, 0.1, 0.2])
+    steady(f, "c", c, [0.0, 0.1])
+    assert f.active(0.25) == 3
+    c.closed = True
+    assert f.active(0.25) == 2
+    assert f.active(0.2 + 8 * 0.1 + 0.5) == 0  # silent for more than 8 periods (and 1 s): stale

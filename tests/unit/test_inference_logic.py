@@ -63,6 +63,19 @@ def test_throttle_follows_gllm_formulas():
     assert th.prefill_budget(80000, 0.525) == 1024  # MaxP * (0.525 - 0.05) / 0.95
     assert th.prefill_budget(80000, 0.01) == 32  # never below MinP
     assert th.decode_budget(10) == 5  # RD / depth
+    # #RD counts every session decoding through the peer, not only the waiting ones: 16 running at
+    # depth 2 make micro-batches of 8, so 10 waiting run 8 and 5 waiting run all 5.
+    assert th.decode_budget(10, running=16) == 8
+    assert th.decode_budget(5, running=16) == 8
+    assert th.micro_batch_full(8, running=16) and not th.micro_batch_full(7, running=16)
+    assert not TokenThrottle(BatchingConfig(pipeline_depth=1)).micro_batch_full(16, running=16)
+
+
+def test_schedule_spreads_decodes_over_the_pipelines_micro_batches():
+    th = TokenThrottle(BatchingConfig(pipeline_depth=2))
+    waiting = [Pending(f"d{i}", 1, i) for i in range(10)]
+    assert [c.pending.key for c in th.schedule(waiting, 1.0, running=16)] == [f"d{i}" for i in range(8)]
+    assert len(th.schedule(waiting[:5], 1.0, running=16)) == 5  # fewer than #D wait: all run
 
 
 def test_schedule_puts_decodes_first_and_chunks_prefill():
