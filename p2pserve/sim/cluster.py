@@ -61,6 +61,9 @@ class ClusterSim:
         self.depth_total = 0
         self.on_query_done: Callable[[Query], None] | None = None
         self.on_prompt_done: Callable[[Query], None] | None = None
+        # A prefilled query (sim/disagg.py) got its decode route; the hook moves its KV there and
+        # then calls :meth:`start_decode`. None: decode starts at once.
+        self.on_decode_route: Callable[[Query], None] | None = None
         self._speed_prior = dict(speed_prior or {})
         policy = batch_policy if batch_policy is not None else CapsPolicy()
         self._policy = policy
@@ -94,7 +97,7 @@ class ClusterSim:
     def admissible(self, stage: Stage, query: Query) -> bool:
         """Mask a stage when the prompt exceeds its node's prompt cap or (with ``kv_mask``) the
         node's KV estimate cannot take the stage's layers."""
-        if query.input_len > self.graph.assignments[stage.node].caps.prompt_max_tokens:
+        if not query.prefilled and query.input_len > self.graph.assignments[stage.node].caps.prompt_max_tokens:
             return False
         if not self.kv_mask:
             return True
@@ -134,10 +137,33 @@ class ClusterSim:
         self.kv.reserve(query)
         self.routed += 1
         self.depth_total += len(route)
+        if query.prefilled:  # its prompt ran on other nodes: decode from the first step
+            query.is_prompt = False
+            query.tokens = 1
+            self._count_running(query, 1)
+            if self.on_decode_route is not None:
+                self.on_decode_route(query)
+            else:
+                self.start_decode(query)
+            return True
         query.is_prompt = True
         query.tokens = query.input_len
         self._emit([query])
         return True
+
+    def start_decode(self, query: Query) -> None:
+        """A prefilled query's KV has reached its decode route: send its first decode job."""
+        query.job_start = self.loop.now
+        self._emit([query])
+
+    def _count_running(self, query: Query, sign: int) -> None:
+        """Token throttling's per-node count of running decodes and their route depths."""
+        if self._policy.dynamic:
+            depth = len(query.route)
+            for st in query.route:
+                n = self.nodes[st.node]
+                n.running_decodes += sign
+                n.depth_sum += sign * depth
 
     def retry_pending(self) -> None:
         """Start waiting queries in arrival order until one still cannot be routed."""
@@ -202,12 +228,7 @@ class ClusterSim:
                 rec.prompt(now, now - j.arrival)
                 j.is_prompt = False
                 j.tokens = 1
-                if self._policy.dynamic:
-                    depth = len(j.route)
-                    for st in j.route:
-                        n = self.nodes[st.node]
-                        n.running_decodes += 1
-                        n.depth_sum += depth
+                self._count_running(j, 1)
                 if self.on_prompt_done is not None:
                     self.on_prompt_done(j)
             else:
@@ -235,12 +256,7 @@ class ClusterSim:
         for st in query.route:
             nodes[st.node].release(query)
         self.scheduler.on_finish(query)
-        if self._policy.dynamic:
-            depth = len(query.route)
-            for st in query.route:
-                n = self.nodes[st.node]
-                n.running_decodes -= 1
-                n.depth_sum -= depth
+        self._count_running(query, -1)  # counted when its decode began (every finished query did)
         self.retry_pending()
         if self.on_query_done is not None:
             self.on_query_done(query)

@@ -48,7 +48,7 @@ class Node:
         "on_exit", "kv_free", "pq", "dq", "busy", "ptr", "queued_tokens", "busy_time",
         "batches", "work_ema", "time_ema", "running_decodes", "depth_sum", "_p", "_d",
         "kv_capacity", "kv_used", "kv_held", "kv_wait", "kv_waits", "kv_mode", "kv_evicted",
-        "preemptions", "recomputes", "_running", "multi_token",
+        "preemptions", "recomputes", "_running", "multi_token", "prompt_tokens_run",
     )
 
     def __init__(
@@ -99,6 +99,7 @@ class Node:
         self.kv_evicted: set[int] = set()  # sessions preempted here, to recompute on next visit
         self.preemptions = 0
         self.recomputes = 0
+        self.prompt_tokens_run = 0  # prompt token-layers computed here
         self._running: list[Query] = []  # jobs of the batch being computed
         self.multi_token = False  # decode jobs may carry several tokens (speculative verify steps)
         # prompt/decode latency tables bound locally for the hot path
@@ -122,7 +123,7 @@ class Node:
                     if not self._vllm_admit(j):
                         tokens += j.tokens
                         continue
-                elif j.is_prompt:
+                elif j.is_prompt or (j.prefilled and j.qid not in self.kv_held):  # a session's first job here
                     need = (j.input_len + j.output_len) * (st.end - st.start)
                     if self.kv_wait or self.kv_used + need > cap:
                         tokens += j.tokens
@@ -224,7 +225,7 @@ class Node:
             wait.pop(0)
             self.kv_used += need
             self.kv_held[j.qid] = need
-            self.pq[j.entry - self.start].append(j)
+            (self.pq if j.is_prompt or j.recompute else self.dq)[j.entry - self.start].append(j)
             admitted += 1
         if admitted and not self.busy:
             self._next()
@@ -274,6 +275,7 @@ class Node:
         dt += entering * self.overhead
         self.busy_time += dt
         self.batches += 1
+        self.prompt_tokens_run += ptok
         self.work_ema = 0.99 * self.work_ema + ptok + nd
         self.time_ema = 0.99 * self.time_ema + dt
         if self.kv_mode == "vllm":

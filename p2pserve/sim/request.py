@@ -46,6 +46,8 @@ class Query:
         "finished",
         "recompute",
         "chunk_done",
+        "prefilled",
+        "prompt_route",
     )
 
     def __init__(self, qid: int, input_len: int, output_len: int, arrival: float) -> None:
@@ -66,6 +68,8 @@ class Query:
         self.finished = -1.0
         self.recompute = False  # a decode job rebuilding context preempted on this node
         self.chunk_done = 0  # chunked prefill: tokens of this prompt job already through its current layer
+        self.prefilled = False  # prefill/decode split: the prompt ran elsewhere, its KV comes over the links
+        self.prompt_route: tuple[Stage, ...] = ()  # ... from this route's nodes (sim/disagg.py)
 
     def __repr__(self) -> str:
         kind = "prompt" if self.is_prompt else f"decode#{self.decoded}"

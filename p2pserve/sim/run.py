@@ -12,6 +12,7 @@ import numpy as np
 from p2pserve.errors import ConfigError
 from p2pserve.sim.batching import CapsPolicy, ThrottlePolicy
 from p2pserve.sim.cluster import ClusterSim
+from p2pserve.sim.engine import EventLoop
 from p2pserve.sim.kv import KvEstimator, KvSettings
 from p2pserve.sim.metrics import SimResult
 from p2pserve.sim.request import Query
@@ -77,8 +78,9 @@ def batch_policy(throttle: bool | str):
     raise ConfigError(f"throttle must be off, on, prefill or chunked, not {throttle!r}")
 
 
-def build_sim(scenario: Scenario, cfg: SimConfig) -> ClusterSim:
-    """Wire a :class:`ClusterSim` for ``scenario`` under ``cfg`` (workload not yet attached)."""
+def build_sim(scenario: Scenario, cfg: SimConfig, loop: EventLoop | None = None) -> ClusterSim:
+    """Wire a :class:`ClusterSim` for ``scenario`` under ``cfg`` (workload not yet attached), on
+    ``loop`` (None: its own)."""
     if cfg.kv_model not in ("reserve", "vllm"):
         raise ConfigError(f"kv model must be reserve or vllm, not {cfg.kv_model!r}")
     if cfg.mode not in ("offline", "online"):
@@ -102,6 +104,7 @@ def build_sim(scenario: Scenario, cfg: SimConfig) -> ClusterSim:
         kv_model=cfg.kv_model,
         transport=cfg.transport,
         spec_seed=cfg.seed + 3,
+        loop=loop,
     )
 
 
