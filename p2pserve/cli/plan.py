@@ -51,6 +51,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="publish guard: rank the plan, every heuristic baseline and the estimate's best "
                              "tiered candidates by a simulation of S seconds (after a 60 s warm-up) and keep the "
                              "best, so a misleading estimate cannot win (0: off; docs/planner.md)")
+    parser.add_argument("--phase-split", action="store_true",
+                        help="also search a prefill/decode split (some nodes run prompts only, the rest decode; "
+                             "scored by simulations of --check-window seconds, 600 if unset) and report whether "
+                             "it simulates faster than the plan; for evaluation: peers cannot serve a split yet "
+                             "(docs/planner.md)")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
     parser.add_argument("--write-solution", default=None, help="also write a Helix *_sol.ini")
 
@@ -91,16 +96,55 @@ def _run(args: argparse.Namespace, out) -> int:
             work=args.work,
         )
         solution = plan_for_topology(topo, config, check=_check(args, cluster, root))
+        split = _phase_split(args, topo, cluster, root, solution) if args.phase_split else None
     except P2PServeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.write_solution:
         write_solution(args.write_solution, solution.assignments)
     if args.json:
-        print_json(solution.to_json(), out)
+        print_json(dict(solution.to_json(), **({"phase_split": split} if split is not None else {})), out)
         return 0
     print_solution(topo, args.model, solution)
+    if split is not None:
+        print_split(split)
     return 0
+
+
+def _phase_split(args: argparse.Namespace, topo: Topology, cluster, root, plan: Solution) -> dict:
+    """Search a prefill/decode split and simulate it against ``plan`` (sim/split_search.py)."""
+    from p2pserve.helix import format as hf
+    from p2pserve.sim.disagg import simulated_split
+    from p2pserve.sim.plan_check import simulated_decode
+    from p2pserve.sim.split_search import advantage_start, full_split_fits, search_split
+
+    slots = sum(n.max_layers for n in topo.nodes)
+    if not full_split_fits(topo):
+        return {"fits": False, "layer_slots": slots, "needed": 2 * topo.num_layers}
+    window, c = args.check_window or 600.0, hf.load_cluster(cluster)
+    found = search_split(topo, advantage_start(topo), work=args.work or 2000, score=lambda sp: simulated_split(
+        c, args.model, sp, duration=window, seed=1, root=root).decode_throughput_tokens_per_s)
+    shared = simulated_decode(c, args.model, plan.assignments, duration=window, seed=1, root=root)
+    sp = found.placement
+    return {"fits": True, "layer_slots": slots, "window_s": window, "prefill_counts": found.counts,
+            "split_tokens_per_s": round(found.score, 2), "plan_tokens_per_s": round(shared, 2),
+            "split_wins": found.score > shared, "candidates": len(found.tried),
+            "prefill": {str(i): list(r) for i, r in sorted(sp.prefill.items())} if sp else {},
+            "decode": {str(i): list(r) for i, r in sorted(sp.decode.items())} if sp else {}}
+
+
+def print_split(split: dict) -> None:
+    """The human-readable report of ``--phase-split``."""
+    if not split["fits"]:
+        print(f"phase split: does not fit ({split['layer_slots']} layer slots < {split['needed']}: "
+              "each side must hold the whole model)")
+        return
+    verdict = "faster than the plan" if split["split_wins"] else "not faster than the plan"
+    print(f"phase split: {split['split_tokens_per_s']:.2f} tokens/s simulated against the plan's "
+          f"{split['plan_tokens_per_s']:.2f} ({verdict}; {split['window_s']:.0f} s, sim seed 1)")
+    for side in ("prefill", "decode"):
+        ranges = ", ".join(f"{i}:[{s},{e})" for i, (s, e) in split[side].items())
+        print(f"  {side:8s} {ranges}")
 
 
 def _check(args: argparse.Namespace, cluster, root):

@@ -79,7 +79,7 @@ class TokenThrottle:
         rd = waiting_decode if running is None else max(running, waiting_decode)
         return max(1, math.ceil(rd / max(1, self.config.pipeline_depth)))
 
-    def micro_batch_full(self, waiting_decode: int, running: int) -> bool:
+    def micro_batch_full(self, waiting_decode: int, running: int | None) -> bool:
         """Whether a depth > 1 pipeline's micro-batch (#D decodes) waits here already, so
         batch forming need not hold the step for more (at depth 1 forming decides alone)."""
         return self.config.pipeline_depth > 1 and waiting_decode >= self.decode_budget(waiting_decode, running)

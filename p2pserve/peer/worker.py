@@ -234,18 +234,14 @@ class ComputeWorker:
         horizon = min(self.throttle.config.max_batch_wait_s, self.stats.compute.median_ms / 1000)
         while True:
             self._take_incoming()
-            waiting = {p.key.session.id for p in self._waiting}
-            now = time.monotonic()
-            hold = self.forecast.hold_s(waiting, ready, now, horizon)
-            if hold > 0 and self.throttle.micro_batch_full(sum(p.is_decode for p in self._waiting), self._running(now)):
-                hold = 0
-            if hold <= 0 or self._stop:
+            hold = self.forecast.hold_s({p.key.session.id for p in self._waiting}, ready, now := time.monotonic(), horizon)
+            if hold <= 0 or self._stop or self.throttle.micro_batch_full(
+                    sum(p.is_decode for p in self._waiting), self._running(now)):
                 return
             self._cv.wait(hold)
 
     def _running(self, now: float) -> int | None:
-        """gLLM's #RD for decode spreading: the sessions decoding through this peer lately
-        (None at pipeline depth 1, where the waiting count gives the same budget)."""
+        """gLLM's #RD: sessions decoding through this peer lately (None at depth 1: not needed)."""
         return self.forecast.active(now) if self.throttle.config.pipeline_depth > 1 else None
 
     def _fail_waiting(self, err: BaseException) -> list[Delivery]:

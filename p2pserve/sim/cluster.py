@@ -61,9 +61,7 @@ class ClusterSim:
         self.depth_total = 0
         self.on_query_done: Callable[[Query], None] | None = None
         self.on_prompt_done: Callable[[Query], None] | None = None
-        # A prefilled query (sim/disagg.py) got its decode route; the hook moves its KV there and
-        # then calls :meth:`start_decode`. None: decode starts at once.
-        self.on_decode_route: Callable[[Query], None] | None = None
+        self.on_decode_route: Callable[[Query], None] | None = None  # moves a prefilled query's KV (sim/disagg.py)
         self._speed_prior = dict(speed_prior or {})
         policy = batch_policy if batch_policy is not None else CapsPolicy()
         self._policy = policy

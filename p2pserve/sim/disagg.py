@@ -212,12 +212,12 @@ def _feed_offline(sim: SplitSim, sampler: LengthSampler, cfg: SimConfig) -> None
 
 
 def simulated_split(cluster, model: str, split: SplitPlacement, duration: float = 600.0, warmup: float = 60.0,
-                    seed: int = 0, throttle: bool | str = False) -> SimResult:
+                    seed: int = 0, throttle: bool | str = False, root=None) -> SimResult:
     """``split`` on a Helix cluster file, offline, IWRR on each side (``throttle``: the prefill
-    side's batching; the decode side never sees a prompt)."""
+    side's batching; the decode side never sees a prompt; ``root``: the Helix data root)."""
     from p2pserve.sim.scenario import Part, build_scenario
 
     split.validate()
-    return simulate_split(build_scenario(model, [Part(cluster, dict(split.prefill))]),
-                          build_scenario(model, [Part(cluster, dict(split.decode))]),
+    return simulate_split(build_scenario(model, [Part(cluster, dict(split.prefill))], root=root),
+                          build_scenario(model, [Part(cluster, dict(split.decode))], root=root),
                           SimConfig(duration=duration, warmup=warmup, seed=seed, throttle=throttle))

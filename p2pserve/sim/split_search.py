@@ -1,7 +1,8 @@
 """Searching a prefill/decode split (sim/disagg.py): which nodes run prompts, by GPU type.
 
 A split is a count of nodes per GPU type on the prefill side (the first ones of each type, in
-node order); the rest decode. The prefill side is placed by the planner with Helix's max-flow
+node order); the rest decode. The climb starts from the nodes with the largest prefill-over-decode
+speed (``advantage_start``). The prefill side is placed by the planner with Helix's max-flow
 objective (prompts are throughput work), the decode side by the planner's default (decode)
 objective; each candidate is scored by a simulation of the split. The search climbs from a start
 by adding or removing one node of one type at a time, keeping a move only when it scores more
@@ -41,6 +42,29 @@ def split_placement(topo: Topology, counts: Counts, work: int = 2000, seed: int 
         return {nodes[i]: r for i, r in sol.assignments.items() if r[1] > r[0]}
 
     return SplitPlacement(planned(pre, "max-flow"), planned(dec, "throughput"))
+
+
+def advantage_start(topo: Topology) -> dict[str, int]:
+    """Where a climb starts: nodes by comparative advantage for prompts (one layer's prefill
+    tokens/s over its decode tokens/s at a 64-token batch: a GPU whose decode is strong for its
+    compute is worth more on the decode side), added one by one until they hold one copy."""
+    from p2pserve.sim.profiles import LayerLatency
+
+    def advantage(i: int) -> float:
+        profile = topo.nodes[i].profile
+        if profile is None:
+            return 0.0
+        lat = LayerLatency.from_profile(profile)
+        return (1000 / lat.prompt(1000)) / (64 / lat.decode(64))
+
+    counts: dict[str, int] = {}
+    held = 0
+    for i in sorted(range(topo.num_nodes), key=lambda i: (-advantage(i), i)):
+        if held >= topo.num_layers:
+            break
+        counts[topo.nodes[i].gpu_type] = counts.get(topo.nodes[i].gpu_type, 0) + 1
+        held += topo.nodes[i].max_layers
+    return counts
 
 
 def full_split_fits(topo: Topology) -> bool:

@@ -90,3 +90,20 @@ def test_plan_check_window_runs_the_publish_guard():
     assert "+guard(" in doc["method"]
     assert guard["scores"][guard["chosen"]] == max(guard["scores"].values())
     assert {"final", "petals", "swarm", "separate"} <= set(guard["scores"])
+
+
+def test_plan_phase_split_reports_a_split_where_two_copies_fit():
+    """``plan --phase-split`` searches a prefill/decode split by simulation and says whether it
+    beats the plan; on cluster42 (350 layer slots) its two sides hold disjoint nodes."""
+    out = _stdout_of("plan", "--cluster", "heterogeneity/cluster42.ini", "--model", "llama2-70b", "--work", "200",
+                     "--time-limit", "60", "--check-window", "30", "--phase-split", "--json")
+    split = json.loads(out)["phase_split"]
+    assert split["fits"] and split["candidates"] >= 1
+    assert not set(split["prefill"]) & set(split["decode"])
+    assert split["split_wins"] == (split["split_tokens_per_s"] > split["plan_tokens_per_s"])
+
+
+def test_plan_phase_split_says_when_two_copies_do_not_fit():
+    out = _stdout_of("plan", "--cluster", "single_cluster/cluster24.ini", "--model", "llama2-70b", "--work", "200",
+                     "--time-limit", "60", "--phase-split")
+    assert "phase split: does not fit (152 layer slots < 160" in out
