@@ -12,7 +12,9 @@ route until ``output_len`` tokens. A decode node admits the query's KV like a pr
 footprint), and never runs a prompt, so no decode batch waits behind one.
 
 What is not modelled: the prefill nodes keep a prompt's KV only until its prompt ends (not until
-it has been sent), and the links carry KV and activations in separate queues.
+it has been sent), and the links carry KV and activations in separate queues. The prefill side's
+KV mask reserves a prompt's expected output too (Helix's estimate, unchanged), so it admits
+prompts conservatively.
 """
 
 from __future__ import annotations
@@ -153,7 +155,9 @@ class SplitSim:
 
 
 def simulate_split(prefill: Scenario, decode: Scenario, cfg: SimConfig, kv_bytes: int | None = None) -> SimResult:
-    """Run ``cfg`` (offline or online) on a prefill/decode split; see the module docstring."""
+    """Run ``cfg`` (offline only) on a prefill/decode split; see the module docstring."""
+    if cfg.mode != "offline":
+        raise ConfigError("the prefill/decode split is simulated offline only")
     if kv_bytes is None:
         if decode.model not in KV_BYTES_PER_TOKEN_LAYER:
             raise ConfigError(f"no KV size known for {decode.model}; pass kv_bytes")
@@ -162,8 +166,6 @@ def simulate_split(prefill: Scenario, decode: Scenario, cfg: SimConfig, kv_bytes
     inputs, outputs = load_lengths(cfg.lengths, decode.root)
     sampler = LengthSampler(inputs, outputs, np.random.default_rng(cfg.seed + 1))
     end = cfg.resolved_warmup() + cfg.duration
-    if cfg.mode != "offline":
-        raise ConfigError("the prefill/decode split is simulated offline only")
     _feed_offline(sim, sampler, cfg)
     t, c = time.perf_counter(), time.process_time()
     sim.loop.run(end)
@@ -213,8 +215,9 @@ def _feed_offline(sim: SplitSim, sampler: LengthSampler, cfg: SimConfig) -> None
 
 def simulated_split(cluster, model: str, split: SplitPlacement, duration: float = 600.0, warmup: float = 60.0,
                     seed: int = 0, throttle: bool | str = False, root=None) -> SimResult:
-    """``split`` on a Helix cluster file, offline, IWRR on each side (``throttle``: the prefill
-    side's batching; the decode side never sees a prompt; ``root``: the Helix data root)."""
+    """``split`` on a Helix cluster file, offline, IWRR on each side (``throttle``: both sides'
+    batching, which on the decode side, never given a prompt, changes only the decode budget;
+    ``root``: the Helix data root)."""
     from p2pserve.sim.scenario import Part, build_scenario
 
     split.validate()
