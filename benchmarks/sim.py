@@ -299,6 +299,13 @@ def clusters(args, seeds) -> dict:
     return clusters_section(seeds, args.offline_s, args.work)
 
 
+def mappings(args, seeds) -> dict:
+    """Section 8b: the geo rows over random node-to-region mappings (``sim_clusters.py``)."""
+    from sim_clusters import mappings_section  # this directory is on sys.path when run
+
+    return mappings_section(args.mappings, args.offline_s)
+
+
 def modes(args, seeds) -> dict:
     """Section 9: push vs client-driven transport, with and without speculation, on the geo
     cluster for a client in each region (``sim_modes.py``)."""
@@ -316,7 +323,8 @@ def main(argv=None) -> int:
                     help="clusters: evaluations of the max-flow planner standing in for Helix's MILP")
     ap.add_argument("--only", nargs="*", default=None,
                     choices=["reproduction", "ablation", "planner", "throttling", "speed", "sensitivity",
-                             "swarm_rule", "clusters", "modes"])
+                             "swarm_rule", "clusters", "mappings", "modes"])
+    ap.add_argument("--mappings", type=int, default=9, help="mappings: random node-to-region mappings of geo")
     ap.add_argument("--spec-k", type=int, default=4, help="modes: draft tokens per speculative step")
     ap.add_argument("--spec-acceptance", type=float, default=0.6, help="modes: per-position draft acceptance")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "sim.json"))
@@ -327,7 +335,7 @@ def main(argv=None) -> int:
     if args.quick:
         args.planner_s = min(args.planner_s, 10.0)
     sections = args.only or ["reproduction", "ablation", "planner", "throttling", "sensitivity", "swarm_rule",
-                             "clusters", "modes", "speed"]
+                             "clusters", "mappings", "modes", "speed"]
     t0 = time.perf_counter()
     result = {"settings": {"offline_window_s": args.offline_s, "online_window_s": args.online_s, "seeds": seeds,
                            "online_load_factor": ONLINE_LOAD_FACTOR, "quick": args.quick}}

@@ -183,3 +183,64 @@ def clusters_section(seeds: list[int], duration: float, work: int) -> dict:
         print(f"{label:<42} {paper:6.2f} {ours:6.2f} {100 * diff:+6.1f}%  {'yes' if ok else 'NO '}  {source}")
     return {"runs": runs, "ratios": rows, "work": work, "helix_is": "our planner, max-flow objective "
             "(the authors' placement on single as helix-authors)"}
+
+
+def permuted(cluster: hf.HelixCluster, rng) -> hf.HelixCluster:
+    """``cluster`` with its nodes renumbered at random within each GPU type: the same types at
+    the same indices, so a layout mapped i-th to i-th lands on other nodes (other regions)."""
+    keep = list(range(cluster.num_nodes))
+    by_type: dict[str, list[int]] = defaultdict(list)
+    for i, t in enumerate(cluster.node_types):
+        by_type[t].append(i)
+    for positions in by_type.values():
+        shuffled = positions[:]
+        rng.shuffle(shuffled)
+        for p, q in zip(positions, shuffled):
+            keep[p] = q
+    return _restrict(cluster, keep)
+
+
+#: The mapping-dependent geo runs: name -> (authors' layout or "separate", scheduler, KV mask).
+MAPPED_RUNS = {"swarm": ("swarm", "swarm", False), "swarm+iwrr": ("swarm", "iwrr", True),
+               "petals+iwrr": ("petals", "iwrr", True), "separate": ("separate", "iwrr", False),
+               "helix-authors": ("ilp", "iwrr", True), "helix-authors+swarm": ("ilp", "swarm", False)}
+
+
+def _mapped_runs(cluster: hf.HelixCluster, c24: hf.HelixCluster, duration: float) -> dict[str, float]:
+    d = data_root()
+    out = {}
+    for run, (layout, sched, mask) in MAPPED_RUNS.items():
+        parts = (_separate_parts(cluster) if layout == "separate"
+                 else [_mapped(d / LAYOUTS / layout / f"{layout}_sol.ini", cluster, c24)])
+        res = simulate(build_scenario(MODEL, parts), SimConfig(scheduler=sched, kv_mask=mask, duration=duration))
+        out[run] = res.decode_throughput_tokens_per_s
+    return out
+
+
+def mappings_section(count: int, duration: float, seed: int = 0) -> dict:
+    """The geo rows under ``count`` random node-to-region mappings (``permuted``) against the
+    i-th-to-i-th one of section 8: the paper gives region sizes, not which GPU sits where."""
+    import random
+
+    d = data_root()
+    c24 = hf.load_cluster(d / "clusters" / CLUSTERS["single"])
+    geo = hf.load_cluster(d / "clusters" / CLUSTERS["geo"])
+    print(f"\n== 8b. The geo rows over {count} random node-to-region mappings (70B offline) ==")
+    single = _mapped_runs(c24, c24, duration)
+    rng = random.Random(seed)
+    per_mapping = [_mapped_runs(geo if k == 0 else permuted(geo, rng), c24, duration) for k in range(count + 1)]
+    rows = []
+    print(f"{'ratio':<36} {'paper':>6} {'as in 8':>8} {'median':>7} {'min':>6} {'max':>6}  median within 15%")
+    for label, num, den, paper, _ in PAPER_RATIOS:
+        label, num, den = (x.format(H="helix-authors") for x in (label, num, den))
+        if not num.startswith("geo/") or any(r.split("/")[1] not in MAPPED_RUNS for r in (num, den)):
+            continue
+        value = {"geo": lambda m, r: m[r.split("/")[1]], "single": lambda m, r: single[r.split("/")[1]]}
+        ratios = [value[num.split("/")[0]](m, num) / value[den.split("/")[0]](m, den) for m in per_mapping]
+        med = statistics.median(ratios[1:])
+        ok = abs(med - paper) / paper <= TOLERANCE
+        rows.append({"ratio": label, "paper": paper, "identity_mapping": ratios[0], "median": med,
+                     "min": min(ratios[1:]), "max": max(ratios[1:]), "median_within_15pct": ok})
+        print(f"{label:<36} {paper:6.2f} {ratios[0]:8.2f} {med:7.2f} {min(ratios[1:]):6.2f} {max(ratios[1:]):6.2f}  "
+              f"{'yes' if ok else 'NO'}", flush=True)
+    return {"mappings": count, "single": single, "geo_by_mapping": per_mapping, "ratios": rows}
