@@ -136,9 +136,7 @@ class ClusterSim:
         self.routed += 1
         self.depth_total += len(route)
         if query.prefilled:  # its prompt ran on other nodes: decode from the first step
-            query.is_prompt = False
-            query.tokens = 1
-            self._count_running(query, 1)
+            self._begin_decode(query)
             if self.on_decode_route is not None:
                 self.on_decode_route(query)
             else:
@@ -153,6 +151,12 @@ class ClusterSim:
         """A prefilled query's KV has reached its decode route: send its first decode job."""
         query.job_start = self.loop.now
         self._emit([query])
+
+    def _begin_decode(self, query: Query) -> None:
+        """``query``'s prompt is done (here or elsewhere): its jobs are one-token decodes now."""
+        query.is_prompt = False
+        query.tokens = 1
+        self._count_running(query, 1)
 
     def _count_running(self, query: Query, sign: int) -> None:
         """Token throttling's per-node count of running decodes and their route depths."""
@@ -224,9 +228,7 @@ class ClusterSim:
             if j.is_prompt:
                 j.prompt_done = now
                 rec.prompt(now, now - j.arrival)
-                j.is_prompt = False
-                j.tokens = 1
-                self._count_running(j, 1)
+                self._begin_decode(j)
                 if self.on_prompt_done is not None:
                     self.on_prompt_done(j)
             else:

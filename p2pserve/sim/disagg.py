@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
-from typing import Mapping
+from typing import Callable
 
 import numpy as np
 
@@ -30,11 +30,9 @@ from p2pserve.sim.cluster import ClusterSim
 from p2pserve.sim.link import Link
 from p2pserve.sim.metrics import SimResult
 from p2pserve.sim.request import Query, Stage
-from p2pserve.sim.run import SimConfig, build_sim
-from p2pserve.sim.scenario import Scenario
+from p2pserve.sim.run import SimConfig, attach_offline, build_sim
+from p2pserve.sim.scenario import Placement, Scenario
 from p2pserve.sim.workload import LengthSampler, load_lengths
-
-Placement = Mapping[int, tuple[int, int]]
 
 #: K and V of one token in one layer, fp16: ``2 * kv_heads * head_dim * 2`` bytes.
 KV_BYTES_PER_TOKEN_LAYER = {"llama2-70b": 2 * 8 * 128 * 2, "llama1-30b": 2 * 52 * 128 * 2}
@@ -124,16 +122,41 @@ class SplitSim:
         self.transfer = KvTransfer(self.decode, kv_bytes)
         self._outputs: dict[int, int] = {}
         self.prefill.on_query_done = self._prompt_done
+        self.on_prompt_done: Callable[[Query], None] | None = None  # as ClusterSim's, for the feeder
 
-    def submit(self, qid: int, input_len: int, output_len: int) -> bool:
+    # What ``run.attach_offline`` reads of a ClusterSim, over both sides.
+    def submit(self, query: Query) -> bool:
         """A query arrives at the prefill side (its decode comes later)."""
-        self._outputs[qid] = output_len
-        return self.prefill.submit(Query(qid, input_len, 0, self.loop.now))
+        self._outputs[query.qid] = query.output_len
+        return self.prefill.submit(Query(query.qid, query.input_len, 0, query.arrival))
+
+    @property
+    def pending(self) -> bool:
+        """Whether either side has queries waiting for a route."""
+        return bool(self.prefill.pending or self.decode.pending)
+
+    @property
+    def kv(self) -> "SplitSim":
+        return self  # ``max_layer_usage`` below
+
+    def max_layer_usage(self) -> float:
+        """The fuller side's most used layer (the offline feeding rule reads it)."""
+        return max(self.prefill.kv.max_layer_usage(), self.decode.kv.max_layer_usage())
+
+    @property
+    def on_query_done(self) -> Callable[[Query], None] | None:
+        return self.decode.on_query_done
+
+    @on_query_done.setter
+    def on_query_done(self, fn: Callable[[Query], None] | None) -> None:
+        self.decode.on_query_done = fn
 
     def _prompt_done(self, q: Query) -> None:
         d = Query(q.qid, q.input_len, self._outputs.pop(q.qid), q.arrival)
         d.prefilled, d.prompt_route, d.prompt_done = True, q.route, q.prompt_done
         self.decode.submit(d)
+        if self.on_prompt_done is not None:
+            self.on_prompt_done(q)
 
     def result(self, wall_s: float, extra: dict) -> SimResult:
         """The decode side's figures, with the prompt latencies of the prefill side."""
@@ -166,51 +189,13 @@ def simulate_split(prefill: Scenario, decode: Scenario, cfg: SimConfig, kv_bytes
     inputs, outputs = load_lengths(cfg.lengths, decode.root)
     sampler = LengthSampler(inputs, outputs, np.random.default_rng(cfg.seed + 1))
     end = cfg.resolved_warmup() + cfg.duration
-    _feed_offline(sim, sampler, cfg)
+    attach_offline(sim, sampler, cfg.feeding)  # Helix's rule over both sides: either waiting or full stops it
     t, c = time.perf_counter(), time.process_time()
     sim.loop.run(end)
     extra = {"scheduler": cfg.scheduler, "mode": cfg.mode, "throttle": cfg.throttle, "split": True,
              "cpu_s": time.process_time() - c}
     extra.update(decode.describe())
     return sim.result(time.perf_counter() - t, extra)
-
-
-def _feed_offline(sim: SplitSim, sampler: LengthSampler, cfg: SimConfig) -> None:
-    """Helix's offline rule across both sides: top up while neither side has queries waiting for
-    a route and neither side's most used layer is past the feeding threshold."""
-    state = {"next": 0, "batch": [], "pos": 0}
-    limit = cfg.feeding.max_usage
-
-    def submit_one() -> bool:
-        if state["pos"] >= len(state["batch"]):
-            state["batch"], state["pos"] = sampler.draw(4096), 0
-        inp, out = state["batch"][state["pos"]]
-        state["pos"] += 1
-        state["next"] += 1
-        return sim.submit(state["next"] - 1, inp, out)
-
-    def top_up(_arg=None) -> None:
-        p, d = sim.prefill, sim.decode
-        while (not p.pending and not d.pending and p.kv.max_layer_usage() <= limit
-               and d.kv.max_layer_usage() <= limit):
-            if not submit_one():
-                break
-
-    def start(_arg=None) -> None:
-        for _ in range(cfg.feeding.initial):
-            submit_one()
-        top_up()
-
-    sim.decode.on_query_done = lambda q: top_up()
-    sim.decode.on_prompt_done = None
-    previous = sim.prefill.on_query_done
-
-    def prompt_done(q: Query) -> None:
-        previous(q)
-        top_up()
-
-    sim.prefill.on_query_done = prompt_done
-    sim.loop.at(0.0, start)
 
 
 def simulated_split(cluster, model: str, split: SplitPlacement, duration: float = 600.0, warmup: float = 60.0,

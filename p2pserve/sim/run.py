@@ -124,7 +124,7 @@ def simulate(scenario: Scenario, cfg: SimConfig) -> SimResult:
     extra.update(scenario.describe())
     extra.update(cfg.transport.describe())
     if cfg.mode == "offline":
-        _attach_offline(sim, sampler, cfg.feeding)
+        attach_offline(sim, sampler, cfg.feeding)
     else:
         if cfg.token_rate is None or cfg.token_rate <= 0:
             raise ConfigError("online mode needs a positive token rate (--rate)")
@@ -140,8 +140,10 @@ def simulate(scenario: Scenario, cfg: SimConfig) -> SimResult:
     return sim.result(wall, extra)
 
 
-def _attach_offline(sim: ClusterSim, sampler: LengthSampler, feeding: OfflineFeeding) -> None:
-    """Feed queries as fast as the cluster takes them (Helix's offline rule)."""
+def attach_offline(sim, sampler: LengthSampler, feeding: OfflineFeeding) -> None:
+    """Feed queries as fast as the cluster takes them (Helix's offline rule). ``sim`` is a
+    ClusterSim, or anything with its ``loop``, ``submit``, ``pending``, ``kv.max_layer_usage`` and
+    the two done hooks (``sim/disagg.py``'s SplitSim)."""
     state = {"next_id": 0, "batch": [], "pos": 0}
 
     def new_query() -> Query:
