@@ -136,8 +136,19 @@ Score = Callable[[Topology, Solution], float]
 
 
 def estimate_score(topo: Topology, solution: Solution) -> float:
-    """The planner's decode-throughput estimate of its placement (the default score)."""
-    return solution.estimate.decode_tokens_per_s
+    """The planner's decode-throughput estimate of its placement, capped at its max-flow's
+    decode share (the default score).
+
+    The estimate (Little's law over KV-bound concurrency, ``placement/estimate.py``) was fitted
+    on single GPUs, where prompts cost little next to decode, and leaves prompt time out. A
+    large TP group over PCIe spends most of its time on prompts (two all-reduces of every
+    prompt token's hidden state per layer), which its ``T[k]`` counts (``GroupCost``'s steady
+    mix) and the max-flow bounds. Uncapped, the estimate ranks the full-price cluster's uniform
+    groupings TP-8 > TP-4 > TP-2 > TP-1 (2,420 / 1,693 / 1,046 / 629 tokens/s); capped, TP-4 >
+    TP-8 > TP-2 > TP-1 (1,693 / 1,359 / 1,046 / 629), and the steady-state simulation's best
+    is TP-4 (1,422; docs/hexgen.md)."""
+    e = solution.estimate
+    return min(e.decode_tokens_per_s, e.compute_bound_decode_tokens_per_s)
 
 
 def _score(cluster: MachineCluster, choice: tuple[Grouping, ...], config: GroupingConfig, score: Score) -> float:

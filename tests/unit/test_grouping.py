@@ -9,9 +9,11 @@ from p2pserve.errors import ConfigError, PlanningError
 from p2pserve.helix.hexgen_clusters import case_study, case_study_layouts, full_price
 from p2pserve.placement.grouping import (
     GroupingConfig,
+    estimate_score,
     fixed_grouping,
     groups_of,
     machine_groupings,
+    plan_choice,
     plan_grouping,
     uniform_choices,
 )
@@ -72,6 +74,21 @@ def test_search_is_deterministic_and_never_worse_than_uniform():
     best_uniform = max(a.tried[key(c)] for c in uniform_choices(case_study(), cfg).values())
     assert a.tried[key(a.choice)] >= best_uniform
     assert not uncovered(a.solution.assignments, 80)
+
+
+def test_estimate_score_is_capped_at_the_max_flow_decode_share():
+    """Uniform TP-8 on the full-price cluster: the Little's-law estimate leaves the groups'
+    prompt all-reduces out and ranks it above TP-4; its max-flow (T tables with prompts) does
+    not, and neither does the steady-state simulation (docs/hexgen.md)."""
+    c = full_price()
+    cfg = GroupingConfig(eval_work=20)
+    scored = {}
+    for d in (4, 8):
+        _, topo, sol = plan_choice(c, uniform_choices(c, cfg)[d], cfg, cfg.eval_work)
+        e = sol.estimate
+        assert estimate_score(topo, sol) == min(e.decode_tokens_per_s, e.compute_bound_decode_tokens_per_s)
+        scored[d] = (e.decode_tokens_per_s, estimate_score(topo, sol))
+    assert scored[8][0] > scored[4][0] and scored[8][1] < scored[4][1]
 
 
 def test_search_reports_a_cluster_that_cannot_hold_the_model():
