@@ -19,7 +19,9 @@ on LLaMA-2-70B with the HexGen cost model (:mod:`p2pserve.placement.tp_cost`). S
   grouping scored by a short simulation, ``planner``; and by the planner's estimate alone,
   ``planner_estimate``) against TP = 1
   everywhere and against the best single TP degree for every machine (each degree planned with
-  the same planner budget, the best by simulated throughput), offline (Helix's rule, Azure
+  the same planner budget, the best by simulated throughput), and against HexGen's own "w/o
+  asymmetric" ablation (one degree, pipelines of equal stages, :mod:`p2pserve.placement.symmetric`;
+  the best feasible layout), offline (Helix's rule, Azure
   conversation lengths, IWRR) in steady state: ``--warmup`` 600 s, then a ``--window`` of 600 s
   (offline feeding fills every KV cache at the start, and a TP-8 group of 48 GB GPUs needs
   minutes to prefill what it admitted). Ratios are against baselines simulated in the same run;
@@ -47,6 +49,7 @@ from p2pserve.helix.format import load_profile  # noqa: E402
 from p2pserve.helix.hexgen_clusters import LAN, case_study, case_study_layouts, full_price  # noqa: E402
 from p2pserve.placement.grouping import GroupingConfig, plan_choice, plan_grouping, uniform_choices  # noqa: E402
 from p2pserve.placement.machines import NetLink, group_topology  # noqa: E402
+from p2pserve.placement.symmetric import symmetric_layouts  # noqa: E402
 from p2pserve.placement.tp_cost import fit_link  # noqa: E402
 from p2pserve.sim.run import SimConfig, simulate  # noqa: E402
 from p2pserve.sim.slo import SloSearch, SloSpec, peak_rate  # noqa: E402
@@ -108,6 +111,20 @@ def _timed_grouping(cluster, cfg: GroupingConfig, score) -> tuple:
     return chosen, solve
 
 
+def symmetric_row(cluster, cfg: GroupingConfig, window: tuple[float, float], seeds: list[int]) -> dict:
+    """HexGen's "w/o asymmetric" baseline (``placement/symmetric.py``: one degree, equal stages,
+    pipelines inside a region): every feasible layout simulated on the search seed, the best
+    reported on the held-out ``seeds``."""
+    scored = [(offline(lay.topology, lay.placement, window, cfg.seed), lay) for lay in symmetric_layouts(cluster, cfg)]
+    score, best = max(scored, key=lambda x: x[0])
+    per_seed = [offline(best.topology, best.placement, window, s) for s in seeds]
+    return {"choice": [list(g) for g in best.choice], "degree": best.degree, "stages": best.stages,
+            "pipelines": best.pipelines, "nodes": best.topology.num_nodes, "search_score": score,
+            "tried": {f"tp{lay.degree} x {lay.stages} stages": v for v, lay in scored},
+            "sim_decode_tokens_per_s_by_seed": dict(zip(map(str, seeds), per_seed)),
+            "sim_decode_tokens_per_s": sum(per_seed) / len(per_seed)}
+
+
 def methods_section(cluster, cfg: GroupingConfig, window: tuple[float, float], seeds: list[int],
                     lengths: str | None) -> dict:
     """Planner-chosen grouping (scored by the simulator on seed ``cfg.seed``, and by the
@@ -127,6 +144,7 @@ def methods_section(cluster, cfg: GroupingConfig, window: tuple[float, float], s
         rows[f"tp{d}"] = _row(choice, topo, sol, window, seeds, lengths)
     fixed = {k: v for k, v in rows.items() if k.startswith("tp") and "sim_decode_tokens_per_s" in v}
     best = max(fixed, key=lambda k: fixed[k]["sim_decode_tokens_per_s"])
+    rows["symmetric"] = symmetric_row(cluster, cfg, window, seeds)
     p = rows["planner"]["sim_decode_tokens_per_s"]
     out = {"cluster": cluster.name, "gpus": cluster.num_gpus, "machines": len(cluster.machines), "solve": solve,
            "solve_estimate": solve_est,
@@ -134,7 +152,8 @@ def methods_section(cluster, cfg: GroupingConfig, window: tuple[float, float], s
            / fixed[best]["sim_decode_tokens_per_s"],
            "rows": rows, "best_fixed": best,
            "planner_over_tp1": p / rows["tp1"]["sim_decode_tokens_per_s"] if "tp1" in fixed else None,
-           "planner_over_best_fixed": p / fixed[best]["sim_decode_tokens_per_s"]}
+           "planner_over_best_fixed": p / fixed[best]["sim_decode_tokens_per_s"],
+           "planner_over_symmetric": p / rows["symmetric"]["sim_decode_tokens_per_s"]}
     if lengths is not None:
         sr = {k: v["single_request_tokens_per_s"] for k, v in rows.items() if "single_request_tokens_per_s" in v}
         out["single_request_planner_over_best_fixed"] = sr["planner"] / max(v for k, v in sr.items() if k.startswith("tp"))
@@ -155,18 +174,25 @@ def slo_section(cluster, cfg: GroupingConfig, spec: SloSpec, search: SloSearch, 
         except Exception:  # a degree whose groups cannot hold a copy of the model
             continue
         placed[f"tp{d}"] = (choice, topo, sol)
+    # HexGen's "w/o asymmetric" ablation: the symmetric layout with the highest peak rate on the search seed
+    sym = max(symmetric_layouts(cluster, cfg),
+              key=lambda lay: peak_rate(group_scenario(lay.topology, lay.placement), spec, search).rate_qps)
     rows = {}
-    for name, (choice, topo, sol) in placed.items():
-        scenario = group_scenario(topo, sol.assignments)
+    for name, (choice, topo, assignments) in {**{k: (c, t, sol.assignments) for k, (c, t, sol) in placed.items()},
+                                               "symmetric": (sym.choice, sym.topology, sym.placement)}.items():
+        scenario = group_scenario(topo, assignments)
         points = [peak_rate(scenario, spec, dataclasses.replace(search, seed=s)) for s in seeds]
         rows[name] = {"choice": [list(g) for g in choice], "nodes": topo.num_nodes,
                       "peak_rate_qps_by_seed": [p.rate_qps for p in points],
                       "peak_rate_qps": sum(p.rate_qps for p in points) / len(points),
                       "slo_decode_tokens_per_s": sum(p.decode_tokens_per_s for p in points) / len(points)}
+    rows["symmetric"].update(degree=sym.degree, stages=sym.stages, pipelines=sym.pipelines)
     fixed = {k: v for k, v in rows.items() if k.startswith("tp")}
     best = max(fixed, key=lambda k: fixed[k]["peak_rate_qps"])
     p = rows["planner"]["peak_rate_qps"]
+    sym_rate = rows["symmetric"]["peak_rate_qps"]
     return {"cluster": cluster.name, "solve": solve, "rows": rows, "best_fixed": best,
+            "planner_over_symmetric": p / sym_rate if sym_rate else None,
             "planner_over_tp1": p / rows["tp1"]["peak_rate_qps"] if rows.get("tp1", {}).get("peak_rate_qps") else None,
             "planner_over_best_fixed": p / fixed[best]["peak_rate_qps"] if fixed[best]["peak_rate_qps"] else None}
 
@@ -262,18 +288,20 @@ def _print(res: dict) -> None:
         for k, v in m["rows"].items():
             print(f"  {k:8s} peak {v['peak_rate_qps']:6.2f} req/s  {v['slo_decode_tokens_per_s']:8.1f} decode tok/s")
         o1, ob = m["planner_over_tp1"], m["planner_over_best_fixed"]
+        os_ = m.get("planner_over_symmetric")
         print(f"  planner / tp1 {'-' if o1 is None else f'{o1:.2f}x'}, / best fixed ({m['best_fixed']}) "
-              f"{'-' if ob is None else f'{ob:.2f}x'}")
+              f"{'-' if ob is None else f'{ob:.2f}x'}, / symmetric {'-' if os_ is None else f'{os_:.2f}x'}")
     for name, m in res.get("methods", {}).items():
         print(f"{name}: planner {m['rows']['planner']['choice']} solve {m['solve']['wall_s']:.1f} s "
               f"(load {m['solve']['load_avg'][0][0]})")
         for k, v in m["rows"].items():
             if "sim_decode_tokens_per_s" in v:
-                print(f"  {k:8s} sim {v['sim_decode_tokens_per_s']:8.1f} est {v['estimate_decode_tokens_per_s']:8.1f}"
-                      f" nodes {v['nodes']}")
+                print(f"  {k:8s} sim {v['sim_decode_tokens_per_s']:8.1f} "
+                      f"est {v.get('estimate_decode_tokens_per_s', float('nan')):8.1f} nodes {v['nodes']}")
         print(f"  planner / tp1 {m['planner_over_tp1']:.2f}x, / best fixed ({m['best_fixed']}) "
               f"{m['planner_over_best_fixed']:.2f}x; estimate-scored planner / best fixed "
-              f"{m['planner_estimate_over_best_fixed']:.2f}x")
+              f"{m['planner_estimate_over_best_fixed']:.2f}x; planner / symmetric (tp{m['rows']['symmetric']['degree']} "
+              f"x {m['rows']['symmetric']['stages']} stages) {m['planner_over_symmetric']:.2f}x")
 
 
 if __name__ == "__main__":
