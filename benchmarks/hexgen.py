@@ -117,12 +117,9 @@ def symmetric_row(cluster, cfg: GroupingConfig, window: tuple[float, float], see
     reported on the held-out ``seeds``."""
     scored = [(offline(lay.topology, lay.placement, window, cfg.seed), lay) for lay in symmetric_layouts(cluster, cfg)]
     score, best = max(scored, key=lambda x: x[0])
-    per_seed = [offline(best.topology, best.placement, window, s) for s in seeds]
-    return {"choice": [list(g) for g in best.choice], "degree": best.degree, "stages": best.stages,
-            "pipelines": best.pipelines, "nodes": best.topology.num_nodes, "search_score": score,
-            "tried": {f"tp{lay.degree} x {lay.stages} stages": v for v, lay in scored},
-            "sim_decode_tokens_per_s_by_seed": dict(zip(map(str, seeds), per_seed)),
-            "sim_decode_tokens_per_s": sum(per_seed) / len(per_seed)}
+    return {**_sim_row(best.choice, best.topology, best.placement, window, seeds), "degree": best.degree,
+            "stages": best.stages, "pipelines": best.pipelines, "search_score": score,
+            "tried": {f"tp{lay.degree} x {lay.stages} stages": v for v, lay in scored}}
 
 
 def methods_section(cluster, cfg: GroupingConfig, window: tuple[float, float], seeds: list[int],
@@ -167,19 +164,19 @@ def slo_section(cluster, cfg: GroupingConfig, spec: SloSpec, search: SloSearch, 
     chosen = plan_grouping(cluster, cfg, score=slo_score(spec, search))
     solve = {"wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0,
              "candidates": len(chosen.tried), "load_avg": [load_before, load()]}
-    placed = {"planner": (chosen.choice, chosen.topology, chosen.solution)}
+    placed = {"planner": (chosen.choice, chosen.topology, chosen.solution.assignments)}
     for d, choice in uniform_choices(cluster, cfg).items():
         try:
             _, topo, sol = plan_choice(cluster, choice, cfg, cfg.eval_work)
         except Exception:  # a degree whose groups cannot hold a copy of the model
             continue
-        placed[f"tp{d}"] = (choice, topo, sol)
+        placed[f"tp{d}"] = (choice, topo, sol.assignments)
     # HexGen's "w/o asymmetric" ablation: the symmetric layout with the highest peak rate on the search seed
     sym = max(symmetric_layouts(cluster, cfg),
               key=lambda lay: peak_rate(group_scenario(lay.topology, lay.placement), spec, search).rate_qps)
+    placed["symmetric"] = (sym.choice, sym.topology, sym.placement)
     rows = {}
-    for name, (choice, topo, assignments) in {**{k: (c, t, sol.assignments) for k, (c, t, sol) in placed.items()},
-                                               "symmetric": (sym.choice, sym.topology, sym.placement)}.items():
+    for name, (choice, topo, assignments) in placed.items():
         scenario = group_scenario(topo, assignments)
         points = [peak_rate(scenario, spec, dataclasses.replace(search, seed=s)) for s in seeds]
         rows[name] = {"choice": [list(g) for g in choice], "nodes": topo.num_nodes,
@@ -197,17 +194,18 @@ def slo_section(cluster, cfg: GroupingConfig, spec: SloSpec, search: SloSearch, 
             "planner_over_best_fixed": p / fixed[best]["peak_rate_qps"] if fixed[best]["peak_rate_qps"] else None}
 
 
+def _sim_row(choice, topo, placement, window: tuple[float, float], seeds: list[int]) -> dict:
+    """A layout's grouping, placement and offline decode tokens/s on each held-out seed and their mean."""
+    per_seed = [offline(topo, placement, window, s) for s in seeds]
+    return {"choice": [list(g) for g in choice], "nodes": topo.num_nodes,
+            "placement": {topo.nodes[i].name: list(r) for i, r in placement.items()},
+            "sim_decode_tokens_per_s_by_seed": dict(zip(map(str, seeds), per_seed)),
+            "sim_decode_tokens_per_s": sum(per_seed) / len(per_seed)}
+
+
 def _row(choice, topo, sol, window: tuple[float, float], seeds: list[int], lengths: str | None) -> dict:
-    row = {
-        "choice": [list(g) for g in choice],
-        "nodes": topo.num_nodes,
-        "placement": {topo.nodes[i].name: list(r) for i, r in sol.assignments.items()},
-        "estimate_decode_tokens_per_s": sol.estimate.decode_tokens_per_s,
-        "max_flow": sol.max_flow,
-    }
-    per_seed = [offline(topo, sol.assignments, window, s) for s in seeds]
-    row["sim_decode_tokens_per_s_by_seed"] = dict(zip(map(str, seeds), per_seed))
-    row["sim_decode_tokens_per_s"] = sum(per_seed) / len(per_seed)
+    row = {**_sim_row(choice, topo, sol.assignments, window, seeds),
+           "estimate_decode_tokens_per_s": sol.estimate.decode_tokens_per_s, "max_flow": sol.max_flow}
     if lengths is not None:
         row["single_request_tokens_per_s"] = single_request(topo, sol.assignments, lengths, window[1])
     return row

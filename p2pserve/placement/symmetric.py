@@ -9,8 +9,8 @@ asymmetric layer counts), so the symmetric baseline is built here instead:
 * a pipeline is ``s`` groups of degree ``d``, each holding ``L / s`` consecutive layers, so ``s``
   divides the model's layers and every stage's group must hold ``L / s`` layers;
 * pipelines are formed inside one region (HexGen avoids cross-region stages; machines with no
-  region, as in the §3.1 case study, share one), from groups in machine order; groups left over in a region, or of another degree (a 3-GPU box at ``d = 2``
-  runs ``(2, 1)``), stay idle.
+  region, as in the §3.1 case study, share one), from groups in machine order; groups left over
+  in a region, or of another degree (a 3-GPU box at ``d = 2`` runs ``(2, 1)``), stay idle.
 
 :func:`symmetric_layouts` lists every feasible ``(d, s)`` layout; a benchmark simulates them and
 keeps the best, as HexGen's search would.
@@ -31,11 +31,15 @@ class SymmetricLayout:
 
     degree: int
     stages: int
-    pipelines: int
     choice: tuple[tuple[int, ...], ...]
     groups: list[Group]
     topology: Topology
     placement: dict[int, tuple[int, int]]
+
+    @property
+    def pipelines(self) -> int:
+        """Replicas of the model: every placed group is one stage of one pipeline."""
+        return len(self.placement) // self.stages
 
 
 def symmetric_placement(cluster: MachineCluster, groups: list[Group], topo: Topology, degree: int,
@@ -72,7 +76,7 @@ def symmetric_layouts(cluster: MachineCluster, config: GroupingConfig | None = N
             placement = symmetric_placement(cluster, groups, topo, d, s)
             if not placement:
                 continue
-            out.append(SymmetricLayout(d, s, len(placement) // s, choice, groups, topo, placement))
+            out.append(SymmetricLayout(d, s, choice, groups, topo, placement))
             found += 1
             if found >= max_stage_counts:
                 break
