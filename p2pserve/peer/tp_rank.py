@@ -15,6 +15,7 @@ import logging
 import os
 import sys
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import NoReturn
 
 import torch
 
@@ -78,8 +79,8 @@ class RankServer:
         shard.compute(segments)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of a child rank."""
+def main(argv: list[str] | None = None) -> NoReturn:
+    """Entry point of a child rank; ends the process with its exit status."""
     p = argparse.ArgumentParser(prog="python -m p2pserve.peer.tp_rank")
     p.add_argument("--rank", type=int, required=True)
     p.add_argument("--world", type=int, required=True)
@@ -100,11 +101,16 @@ def main(argv: list[str] | None = None) -> int:
         status = RankServer(comm, args.model, args.dtype, args.device).serve()
     except Exception:
         log.exception("rank %d failed", args.rank)
-        logging.shutdown()
-        os._exit(1)  # not through the process group's teardown: another rank may be gone
-    comm.close()
-    return status
+        status = 1
+    # Leave without the process group's teardown or the interpreter's. On an error another rank may
+    # be gone. After STOP, that teardown once aborted a rank in CI that had done all its work
+    # (std::terminate: "terminate called without an active exception", so a C++ thread object was
+    # destroyed still joinable). Rank 0 closes its end once this process is gone, as when one dies.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
