@@ -116,9 +116,9 @@ def _phase_split(args: argparse.Namespace, topo: Topology, cluster, root, plan: 
     from p2pserve.helix import format as hf
     from p2pserve.sim.disagg import simulated_split
     from p2pserve.sim.plan_check import simulated_decode
-    from p2pserve.sim.split_search import advantage_start, full_split_fits, search_split
+    from p2pserve.sim.split_search import advantage_start, full_split_fits, layer_slots, search_split
 
-    slots = sum(n.max_layers for n in topo.nodes)
+    slots = layer_slots(topo)
     if not full_split_fits(topo):
         return {"fits": False, "layer_slots": slots, "needed": 2 * topo.num_layers}
     window, c = args.check_window or 600.0, hf.load_cluster(cluster)

@@ -67,9 +67,14 @@ def advantage_start(topo: Topology) -> dict[str, int]:
     return counts
 
 
+def layer_slots(topo: Topology) -> int:
+    """How many layers the nodes can hold between them."""
+    return sum(n.max_layers for n in topo.nodes)
+
+
 def full_split_fits(topo: Topology) -> bool:
     """Whether the nodes can hold two whole copies of the model at all (one per side)."""
-    return sum(n.max_layers for n in topo.nodes) >= 2 * topo.num_layers
+    return layer_slots(topo) >= 2 * topo.num_layers
 
 
 @dataclass
