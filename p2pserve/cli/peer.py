@@ -281,13 +281,19 @@ async def _start_agent(peer, swarm, config: PeerConfig, progress):
 def run(args: argparse.Namespace) -> int:
     """Entry point of `p2pserve peer`."""
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    tp, status = None, 0
     try:
         config = config_from_args(args)
-        asyncio.run(serve(config, args, tp_from_args(args, config)))
+        tp = tp_from_args(args, config)
+        asyncio.run(serve(config, args, tp))
     except P2PServeError as e:
         print(f"p2pserve peer: error: {e}", file=sys.stderr)
-        return 2
-    return 0
+        status = 2
+    if tp is not None:  # rank 0 of a process group leaves as its other ranks do
+        from p2pserve.model.tp_comm import exit_without_teardown
+
+        exit_without_teardown(status)
+    return status
 
 
 def batching_config(args) -> BatchingConfig:

@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import datetime
 import logging
+import os
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -170,3 +172,20 @@ class TPComm:
             dist.destroy_process_group()
         except Exception:  # already torn down, or a rank is gone
             pass
+
+
+def exit_without_teardown(status: int) -> NoReturn:
+    """End a process that joined a process group: flush logs and stdio, then ``os._exit``.
+
+    The interpreter's teardown is skipped on purpose. After a clean STOP and ``close``, it once
+    aborted a rank in CI that had done all its work (std::terminate, "terminate called without an
+    active exception", exit -6); gloo's worker threads may outlive the interpreter's finalization
+    (pytorch/pytorch#179291 describes such an abort). The other ranks see this one go as if it died.
+    """
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # a closed pipe: nothing more to say
+            pass
+    os._exit(status)

@@ -22,7 +22,7 @@ import torch
 from p2pserve.model.shard import TORCH_DTYPES, Segment
 from p2pserve.model.spec import load_spec
 from p2pserve.model.tensor_parallel import TPShard, local_spec
-from p2pserve.model.tp_comm import LOAD, PING, STEP, STOP, Message, TPComm
+from p2pserve.model.tp_comm import LOAD, PING, STEP, STOP, Message, TPComm, exit_without_teardown
 from p2pserve.parent_watch import watch_parent
 from p2pserve.peer.kv_cache import SequenceCache
 
@@ -102,14 +102,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
     except Exception:
         log.exception("rank %d failed", args.rank)
         status = 1
-    # Leave without the process group's teardown or the interpreter's. On an error another rank may
-    # be gone. After STOP, that teardown once aborted a rank in CI that had done all its work
-    # (std::terminate: "terminate called without an active exception", so a C++ thread object was
-    # destroyed still joinable). Rank 0 closes its end once this process is gone, as when one dies.
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(status)
+    exit_without_teardown(status)  # on an error another rank may be gone: no collective teardown
 
 
 if __name__ == "__main__":
