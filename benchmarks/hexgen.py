@@ -17,7 +17,8 @@ on LLaMA-2-70B with the HexGen cost model (:mod:`p2pserve.placement.tp_cost`). S
 * ``methods`` -- on the case study and on §5.1's heterogeneous-full-price cluster (58 GPUs):
   planner-chosen grouping (:func:`~p2pserve.placement.grouping.plan_grouping`, each candidate
   grouping scored by a short simulation, ``planner``; and by the planner's estimate alone,
-  ``planner_estimate``) against TP = 1
+  ``planner_estimate``; either search's result then challenged by every symmetric layout under
+  the same score, :func:`~p2pserve.placement.symmetric.challenge_with_symmetric`) against TP = 1
   everywhere and against the best single TP degree for every machine (each degree planned with
   the same planner budget, the best by simulated throughput), and against HexGen's own "w/o
   asymmetric" ablation (one degree, pipelines of equal stages, :mod:`p2pserve.placement.symmetric`;
@@ -47,9 +48,15 @@ sys.path.insert(0, str(ROOT))
 
 from p2pserve.helix.format import load_profile  # noqa: E402
 from p2pserve.helix.hexgen_clusters import LAN, case_study, case_study_layouts, full_price  # noqa: E402
-from p2pserve.placement.grouping import GroupingConfig, plan_choice, plan_grouping, uniform_choices  # noqa: E402
+from p2pserve.placement.grouping import (  # noqa: E402
+    GroupingConfig,
+    estimate_score,
+    plan_choice,
+    plan_grouping,
+    uniform_choices,
+)
 from p2pserve.placement.machines import NetLink, group_topology  # noqa: E402
-from p2pserve.placement.symmetric import symmetric_layouts  # noqa: E402
+from p2pserve.placement.symmetric import challenge_with_symmetric, symmetric_layouts  # noqa: E402
 from p2pserve.placement.tp_cost import fit_link  # noqa: E402
 from p2pserve.sim.run import SimConfig, simulate  # noqa: E402
 from p2pserve.sim.slo import SloSearch, SloSpec, peak_rate  # noqa: E402
@@ -103,9 +110,12 @@ def case_study_section(lengths: str, latencies_ms: list[float], duration: float)
 
 
 def _timed_grouping(cluster, cfg: GroupingConfig, score) -> tuple:
+    """The grouping search, then the symmetric layouts as challengers under the same score (one
+    score object: ``slo_score`` probes each challenger at the search's best rate first), timed."""
     t0, c0 = time.perf_counter(), time.process_time()
     load_before = load()
-    chosen = plan_grouping(cluster, cfg, score=score)
+    score = score or estimate_score
+    chosen = challenge_with_symmetric(cluster, plan_grouping(cluster, cfg, score=score), cfg, score)
     solve = {"wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0,
              "candidates": len(chosen.tried), "load_avg": [load_before, load()]}
     return chosen, solve
@@ -131,7 +141,8 @@ def methods_section(cluster, cfg: GroupingConfig, window: tuple[float, float], s
     by_est, solve_est = _timed_grouping(cluster, cfg, None)
     rows = {"planner": _row(chosen.choice, chosen.topology, chosen.solution, window, seeds, lengths),
             "planner_estimate": _row(by_est.choice, by_est.topology, by_est.solution, window, seeds, lengths)}
-    rows["planner"]["search_score"] = chosen.tried["|".join(map(str, chosen.choice))]
+    for key, res in (("planner", chosen), ("planner_estimate", by_est)):
+        rows[key].update(search_score=res.score, method=res.solution.method)
     for d, choice in uniform_choices(cluster, cfg).items():
         try:
             _, topo, sol = plan_choice(cluster, choice, cfg, cfg.eval_work)
@@ -158,12 +169,10 @@ def methods_section(cluster, cfg: GroupingConfig, window: tuple[float, float], s
 
 
 def slo_section(cluster, cfg: GroupingConfig, spec: SloSpec, search: SloSearch, seeds: list[int]) -> dict:
-    """Peak request rate within the SLO: the SLO-scored planner (search on ``search.seed``)
-    against TP = 1 and every fixed degree, each reported as the mean over held-out ``seeds``."""
-    t0, c0, load_before = time.perf_counter(), time.process_time(), load()
-    chosen = plan_grouping(cluster, cfg, score=slo_score(spec, search))
-    solve = {"wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0,
-             "candidates": len(chosen.tried), "load_avg": [load_before, load()]}
+    """Peak request rate within the SLO: the SLO-scored planner (search on ``search.seed``, then
+    the symmetric challengers) against TP = 1, every fixed degree and the best symmetric layout,
+    each reported as the mean over held-out ``seeds``."""
+    chosen, solve = _timed_grouping(cluster, cfg, slo_score(spec, search))
     placed = {"planner": (chosen.choice, chosen.topology, chosen.solution.assignments)}
     for d, choice in uniform_choices(cluster, cfg).items():
         try:
@@ -184,6 +193,7 @@ def slo_section(cluster, cfg: GroupingConfig, spec: SloSpec, search: SloSearch, 
                       "peak_rate_qps": sum(p.rate_qps for p in points) / len(points),
                       "slo_decode_tokens_per_s": sum(p.decode_tokens_per_s for p in points) / len(points)}
     rows["symmetric"].update(degree=sym.degree, stages=sym.stages, pipelines=sym.pipelines)
+    rows["planner"].update(search_score=chosen.score, method=chosen.solution.method)
     fixed = {k: v for k, v in rows.items() if k.startswith("tp")}
     best = max(fixed, key=lambda k: fixed[k]["peak_rate_qps"])
     p = rows["planner"]["peak_rate_qps"]
@@ -282,7 +292,8 @@ def _print(res: dict) -> None:
               f"pp2_tp4 {t['pp2_tp4']:.2f} tok/s; hexgen/pp8 {r['hexgen_over_pp8']:.2f}x "
               f"hexgen/pp2_tp4 {r['hexgen_over_pp2_tp4']:.1f}x")
     for name, m in res.get("slo", {}).items():
-        print(f"SLO {name}: planner {m['rows']['planner']['choice']} solve {m['solve']['wall_s']:.1f} s")
+        print(f"SLO {name}: planner {m['rows']['planner']['choice']} ({m['rows']['planner']['method']}) "
+              f"solve {m['solve']['wall_s']:.1f} s")
         for k, v in m["rows"].items():
             print(f"  {k:8s} peak {v['peak_rate_qps']:6.2f} req/s  {v['slo_decode_tokens_per_s']:8.1f} decode tok/s")
         o1, ob = m["planner_over_tp1"], m["planner_over_best_fixed"]
@@ -290,7 +301,8 @@ def _print(res: dict) -> None:
         print(f"  planner / tp1 {'-' if o1 is None else f'{o1:.2f}x'}, / best fixed ({m['best_fixed']}) "
               f"{'-' if ob is None else f'{ob:.2f}x'}, / symmetric {'-' if os_ is None else f'{os_:.2f}x'}")
     for name, m in res.get("methods", {}).items():
-        print(f"{name}: planner {m['rows']['planner']['choice']} solve {m['solve']['wall_s']:.1f} s "
+        print(f"{name}: planner {m['rows']['planner']['choice']} ({m['rows']['planner']['method']}) "
+              f"solve {m['solve']['wall_s']:.1f} s "
               f"(load {m['solve']['load_avg'][0][0]})")
         for k, v in m["rows"].items():
             if "sim_decode_tokens_per_s" in v:

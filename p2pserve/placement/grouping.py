@@ -111,8 +111,8 @@ class GroupingConfig:
 
 @dataclass
 class GroupingResult:
-    """The chosen grouping per machine, its groups, topology and placement, and the search's
-    record (``tried``: grouping -> estimated decode tokens/s; ``solve_time_s``)."""
+    """The chosen grouping per machine, its groups, topology and placement, its ``score``, and
+    the search's record (``tried``: candidate -> score; ``solve_time_s``)."""
 
     choice: tuple[Grouping, ...]
     groups: list[Group]
@@ -120,6 +120,7 @@ class GroupingResult:
     solution: Solution
     tried: dict = field(default_factory=dict)
     solve_time_s: float = 0.0
+    score: float = 0.0
 
 
 def plan_choice(cluster: MachineCluster, choice: Sequence[Grouping], config: GroupingConfig,
@@ -201,4 +202,4 @@ def plan_grouping(cluster: MachineCluster, config: GroupingConfig | None = None,
         raise PlanningError("no grouping of the machines holds a copy of the model")
     groups, topo, sol = plan_choice(cluster, best, config, config.eval_work)  # the scored placement
     return GroupingResult(best, groups, topo, sol, {"|".join(map(str, k)): v for k, v in tried.items()},
-                          clock() - t0)
+                          clock() - t0, value(best))

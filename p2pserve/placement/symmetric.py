@@ -13,15 +13,21 @@ asymmetric layer counts), so the symmetric baseline is built here instead:
   in a region, or of another degree (a 3-GPU box at ``d = 2`` runs ``(2, 1)``), stay idle.
 
 :func:`symmetric_layouts` lists every feasible ``(d, s)`` layout; a benchmark simulates them and
-keeps the best, as HexGen's search would.
+keeps the best, as HexGen's search would. :func:`challenge_with_symmetric` offers them to the
+grouping search as challengers under its own score: HexGen's search space holds symmetric layouts
+too, and ours places layers for throughput, which an SLO can rank below equal stages
+(docs/hexgen.md).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, replace
+from typing import Callable
 
-from p2pserve.placement.grouping import GroupingConfig, groups_of, uniform_choices
+from p2pserve.placement.grouping import GroupingConfig, GroupingResult, Score, groups_of, uniform_choices
 from p2pserve.placement.machines import Group, MachineCluster, group_topology
+from p2pserve.placement.planner import make_solution
 from p2pserve.placement.topology import Topology
 
 
@@ -81,3 +87,28 @@ def symmetric_layouts(cluster: MachineCluster, config: GroupingConfig | None = N
             if found >= max_stage_counts:
                 break
     return out
+
+
+def challenge_with_symmetric(cluster: MachineCluster, result: GroupingResult, config: GroupingConfig,
+                             score: Score, layouts: list[SymmetricLayout] | None = None,
+                             clock: Callable[[], float] = time.perf_counter) -> GroupingResult:
+    """``result`` (``plan_grouping``'s), or the symmetric layout that ``score`` rates above it.
+
+    Each layout is scored once, by the score the search used (pass the same object: a stateful
+    score such as ``slo_score`` then probes a challenger at the search's best rate first), and
+    recorded in ``tried`` as ``"symmetric tp<d> x <s>"``. The search's result stays on a tie. A
+    winning layout's solution is the planner's wrapper of its placement (``make_solution``:
+    flows, bounds, estimate), with method ``"symmetric"``; ``solve_time_s`` adds the challenge's."""
+    t0 = clock()
+    tried, best, best_value = dict(result.tried), None, result.score
+    for lay in layouts if layouts is not None else symmetric_layouts(cluster, config):
+        sol = make_solution(lay.topology, lay.placement, config.planner, 0.0, "symmetric")
+        value = tried[f"symmetric tp{lay.degree} x {lay.stages}"] = score(lay.topology, sol)
+        if value > best_value + 1e-9:
+            best, best_value = (lay, sol), value
+    timing = {"tried": tried, "solve_time_s": result.solve_time_s + clock() - t0}
+    if best is None:
+        return replace(result, **timing)
+    lay, sol = best
+    return replace(result, choice=lay.choice, groups=lay.groups, topology=lay.topology, solution=sol,
+                   score=best_value, **timing)
