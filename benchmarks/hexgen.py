@@ -30,7 +30,12 @@ on LLaMA-2-70B with the HexGen cost model (:mod:`p2pserve.placement.tp_cost`). S
 * ``slo`` -- the same comparison under HexGen's own metric (§5, :mod:`p2pserve.sim.slo`): the
   peak Poisson request rate at which >= ``--slo-goal`` of requests finish within ``--slo-scale``
   x their latency alone on one A100, and the decode tokens/s there. The grouping search is
-  scored by that rate (``slo_score``); every method is reported on held-out simulator seeds.
+  scored by that rate (``slo_score``), then challenged by the symmetric layouts under it; every
+  method is reported on the ``--slo-seeds`` held-out simulator seeds (six by default: a 120 s
+  window's peak rate varies by up to 40 % from seed to seed).
+* ``slo_long`` -- the SLO section's planner and symmetric layouts, as it placed them, re-measured
+  with ``--slo-long-window`` (600 s) windows on the same seeds; with ``--skip slo`` it reads that
+  section from ``--json``.
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ from p2pserve.helix.hexgen_clusters import LAN, case_study, case_study_layouts, 
 from p2pserve.placement.grouping import (  # noqa: E402
     GroupingConfig,
     estimate_score,
+    groups_of,
     plan_choice,
     plan_grouping,
     uniform_choices,
@@ -189,6 +195,7 @@ def slo_section(cluster, cfg: GroupingConfig, spec: SloSpec, search: SloSearch, 
         scenario = group_scenario(topo, assignments)
         points = [peak_rate(scenario, spec, dataclasses.replace(search, seed=s)) for s in seeds]
         rows[name] = {"choice": [list(g) for g in choice], "nodes": topo.num_nodes,
+                      "placement": {str(i): list(r) for i, r in sorted(assignments.items())},
                       "peak_rate_qps_by_seed": [p.rate_qps for p in points],
                       "peak_rate_qps": sum(p.rate_qps for p in points) / len(points),
                       "slo_decode_tokens_per_s": sum(p.decode_tokens_per_s for p in points) / len(points)}
@@ -202,6 +209,26 @@ def slo_section(cluster, cfg: GroupingConfig, spec: SloSpec, search: SloSearch, 
             "planner_over_symmetric": p / sym_rate if sym_rate else None,
             "planner_over_tp1": p / rows["tp1"]["peak_rate_qps"] if rows.get("tp1", {}).get("peak_rate_qps") else None,
             "planner_over_best_fixed": p / fixed[best]["peak_rate_qps"] if fixed[best]["peak_rate_qps"] else None}
+
+
+def slo_long_section(slo: dict, spec: SloSpec, search: SloSearch, seeds: list[int]) -> dict:
+    """The SLO section's planner and symmetric layouts re-measured with longer windows
+    (``search.duration``) on the same held-out ``seeds``: each layout as that section placed it
+    (its grouping and node -> layer range), so this tells noise from a real difference."""
+    out = {}
+    for name, cluster in (("case_study", case_study()), ("full_price", full_price())):
+        rows = {}
+        for key in ("planner", "symmetric"):
+            row = slo[name]["rows"][key]
+            topo = group_topology(cluster, groups_of(cluster, [tuple(g) for g in row["choice"]]))
+            placement = {int(i): tuple(r) for i, r in row["placement"].items()}
+            points = [peak_rate(group_scenario(topo, placement), spec, dataclasses.replace(search, seed=s))
+                      for s in seeds]
+            rows[key] = {"peak_rate_qps_by_seed": [p.rate_qps for p in points],
+                         "peak_rate_qps": sum(p.rate_qps for p in points) / len(points)}
+        sym = rows["symmetric"]["peak_rate_qps"]
+        out[name] = {"rows": rows, "planner_over_symmetric": rows["planner"]["peak_rate_qps"] / sym if sym else None}
+    return out
 
 
 def _sim_row(choice, topo, placement, window: tuple[float, float], seeds: list[int]) -> dict:
@@ -229,12 +256,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0, help="planner and search-score simulator seed")
     ap.add_argument("--eval-seeds", type=int, nargs="+", default=[1, 2],
                     help="held-out simulator seeds the methods are reported on")
+    ap.add_argument("--slo-seeds", type=int, nargs="+", default=[1, 2, 3, 4, 5, 6],
+                    help="held-out simulator seeds the SLO section is reported on (a 120 s window's peak rate "
+                         "moves by up to 40%% from seed to seed, so it takes more seeds than the methods)")
     ap.add_argument("--latencies-ms", type=float, nargs="+", default=[2.0, 5.0, 8.0, 10.0],
                     help="case study: inter-box one-way latencies to sweep")
     ap.add_argument("--slo-scale", type=float, default=5.0,
                     help="SLO: multiple of a request's latency alone on one A100 (HexGen §5)")
     ap.add_argument("--slo-goal", type=float, default=0.95, help="SLO attainment the peak rate must keep")
-    ap.add_argument("--skip", nargs="*", default=[], choices=["case_study", "methods", "slo"],
+    ap.add_argument("--slo-long-window", type=float, default=None,
+                    help="slo_long: the window the SLO section's planner and symmetric layouts are re-measured "
+                         "at (default 600 s, --quick 120 s)")
+    ap.add_argument("--skip", nargs="*", default=[], choices=["case_study", "methods", "slo", "slo_long"],
                     help="sections not to run")
     ap.add_argument("--warmup", type=float, default=None,
                     help="methods: simulated warm-up before the window (default 600 s, --quick 12 s)")
@@ -262,13 +295,21 @@ def main(argv: list[str] | None = None) -> int:
                 "case_study": methods_section(case_study(), cfg, window, args.eval_seeds, lengths),
                 "full_price": methods_section(full_price(), cfg, window, args.eval_seeds, None),
             }
+        spec = SloSpec(load_profile(MODEL, "a100"), 80, scale=args.slo_scale, goal=args.slo_goal)
         if "slo" not in args.skip:
-            spec = SloSpec(load_profile(MODEL, "a100"), 80, scale=args.slo_scale, goal=args.slo_goal)
             search = SloSearch(duration=duration, seed=args.seed)
             res["config"]["slo"] = {"scale": spec.scale, "goal": spec.goal, "reference": "a100",
-                                    "window_s": search.duration, "drain_s": search.drain, "steps": search.steps}
-            res["slo"] = {"case_study": slo_section(case_study(), cfg, spec, search, args.eval_seeds),
-                          "full_price": slo_section(full_price(), cfg, spec, search, args.eval_seeds)}
+                                    "window_s": search.duration, "drain_s": search.drain, "steps": search.steps,
+                                    "eval_seeds": args.slo_seeds}
+            res["slo"] = {"case_study": slo_section(case_study(), cfg, spec, search, args.slo_seeds),
+                          "full_price": slo_section(full_price(), cfg, spec, search, args.slo_seeds)}
+        if "slo_long" not in args.skip:  # this run's SLO section, else the one in --json
+            slo = res.get("slo") or (json.loads(Path(args.json).read_text())["slo"] if args.json else None)
+            if slo is None:
+                ap.error("slo_long re-measures the SLO section's layouts: run it too, or give --json with them")
+            long = SloSearch(duration=args.slo_long_window or (120.0 if args.quick else 600.0), seed=args.seed)
+            res["config"]["slo_long"] = {"window_s": long.duration, "eval_seeds": args.slo_seeds}
+            res["slo_long"] = slo_long_section(slo, spec, long, args.slo_seeds)
         res["load_avg_end"] = load()
     finally:
         os.unlink(lengths)
@@ -300,6 +341,11 @@ def _print(res: dict) -> None:
         os_ = m.get("planner_over_symmetric")
         print(f"  planner / tp1 {'-' if o1 is None else f'{o1:.2f}x'}, / best fixed ({m['best_fixed']}) "
               f"{'-' if ob is None else f'{ob:.2f}x'}, / symmetric {'-' if os_ is None else f'{os_:.2f}x'}")
+    for name, m in res.get("slo_long", {}).items():
+        r, o = m["rows"], m["planner_over_symmetric"]
+        print(f"SLO {name}, {res['config']['slo_long']['window_s']:g} s windows: planner "
+              f"{r['planner']['peak_rate_qps']:.2f} req/s, symmetric {r['symmetric']['peak_rate_qps']:.2f}; "
+              f"planner / symmetric {'-' if o is None else f'{o:.2f}x'}")
     for name, m in res.get("methods", {}).items():
         print(f"{name}: planner {m['rows']['planner']['choice']} ({m['rows']['planner']['method']}) "
               f"solve {m['solve']['wall_s']:.1f} s "
