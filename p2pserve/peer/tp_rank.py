@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import sys
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import NoReturn
 

@@ -47,6 +47,11 @@ class SymmetricLayout:
         """Replicas of the model: every placed group is one stage of one pipeline."""
         return len(self.placement) // self.stages
 
+    @property
+    def label(self) -> str:
+        """Its key in a search's ``tried``: ``"symmetric tp<degree> x <stages>"``."""
+        return f"symmetric tp{self.degree} x {self.stages}"
+
 
 def symmetric_placement(cluster: MachineCluster, groups: list[Group], topo: Topology, degree: int,
                         stages: int) -> dict[int, tuple[int, int]]:
@@ -96,14 +101,14 @@ def challenge_with_symmetric(cluster: MachineCluster, result: GroupingResult, co
 
     Each layout is scored once, by the score the search used (pass the same object: a stateful
     score such as ``slo_score`` then probes a challenger at the search's best rate first), and
-    recorded in ``tried`` as ``"symmetric tp<d> x <s>"``. The search's result stays on a tie. A
+    recorded in ``tried`` under its ``label``. The search's result stays on a tie. A
     winning layout's solution is the planner's wrapper of its placement (``make_solution``:
     flows, bounds, estimate), with method ``"symmetric"``; ``solve_time_s`` adds the challenge's."""
     t0 = clock()
     tried, best, best_value = dict(result.tried), None, result.score
     for lay in layouts if layouts is not None else symmetric_layouts(cluster, config):
         sol = make_solution(lay.topology, lay.placement, config.planner, 0.0, "symmetric")
-        value = tried[f"symmetric tp{lay.degree} x {lay.stages}"] = score(lay.topology, sol)
+        value = tried[lay.label] = score(lay.topology, sol)
         if value > best_value + 1e-9:
             best, best_value = (lay, sol), value
     timing = {"tried": tried, "solve_time_s": result.solve_time_s + clock() - t0}
