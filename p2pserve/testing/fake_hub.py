@@ -71,8 +71,9 @@ class FakeHub:
         self.sent: Counter[str] = Counter()
         self.fetched: dict[str, list[str]] = defaultdict(list)
         self._lock = threading.Lock()
-        self._server = ThreadingHTTPServer((host, 0), _handler_for(self))
+        self._server = ThreadingHTTPServer((host, 0), _Handler)
         self._server.daemon_threads = True
+        self._server.hub = self  # the handler's way back to the repositories and counters
         self._thread = threading.Thread(target=self._server.serve_forever, name="fake-hub", daemon=True)
 
     @property
@@ -111,81 +112,81 @@ class FakeHub:
                 self.fetched[label].append(name)
 
 
-def _handler_for(hub: FakeHub):
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
+class _Handler(BaseHTTPRequestHandler):
+    """One request to the fake hub (the server's ``hub`` holds the repositories and counters)."""
 
-        def log_message(self, *args) -> None:  # quiet: tests read the counters
-            pass
+    protocol_version = "HTTP/1.1"
 
-        def do_HEAD(self) -> None:
-            self._serve(body=False)
+    def log_message(self, *args) -> None:  # quiet: tests read the counters
+        pass
 
-        def do_GET(self) -> None:
-            self._serve(body=True)
+    def do_HEAD(self) -> None:
+        self._serve(body=False)
 
-        def _serve(self, body: bool) -> None:
-            path = unquote(urlsplit(self.path).path)
-            label = ""
-            m = re.match(r"^/as/([\w-]+)(/.*)$", path)
-            if m:
-                label, path = m.group(1), m.group(2)
-            if (info := _INFO.match(path)) is not None:
-                self._info(info.group(1), info.group(2), "blobs=True" in self.path or "blobs=true" in self.path,
-                           label, body)
-            elif (res := _RESOLVE.match(path)) is not None:
-                self._file(res.group(1), res.group(2), res.group(3), label, body)
-            else:
-                self._error(404, "EntryNotFound", body)
+    def do_GET(self) -> None:
+        self._serve(body=True)
 
-        def _repo(self, repo_id: str, revision, body: bool):
-            repo = hub.repos.get(repo_id)
-            if repo is None:
-                self._error(404, "RepoNotFound", body)
-            elif revision not in (None, "main", repo.commit):
-                self._error(404, "RevisionNotFound", body)
-            else:
-                return repo
-            return None
+    def _serve(self, body: bool) -> None:
+        path = unquote(urlsplit(self.path).path)
+        label = ""
+        m = re.match(r"^/as/([\w-]+)(/.*)$", path)
+        if m:
+            label, path = m.group(1), m.group(2)
+        if (info := _INFO.match(path)) is not None:
+            self._info(info.group(1), info.group(2), "blobs=True" in self.path or "blobs=true" in self.path,
+                       label, body)
+        elif (res := _RESOLVE.match(path)) is not None:
+            self._file(res.group(1), res.group(2), res.group(3), label, body)
+        else:
+            self._error(404, "EntryNotFound", body)
 
-        def _info(self, repo_id: str, revision, blobs: bool, label: str, body: bool) -> None:
-            repo = self._repo(repo_id, revision, body)
-            if repo is not None:
-                self._send(200, json.dumps(repo.info(blobs)).encode(), {"Content-Type": "application/json"},
-                           body, label, "")
+    def _repo(self, repo_id: str, revision, body: bool):
+        repo = self.server.hub.repos.get(repo_id)
+        if repo is None:
+            self._error(404, "RepoNotFound", body)
+        elif revision not in (None, "main", repo.commit):
+            self._error(404, "RevisionNotFound", body)
+        else:
+            return repo
+        return None
 
-        def _file(self, repo_id: str, revision: str, name: str, label: str, body: bool) -> None:
-            repo = self._repo(repo_id, revision, body)
-            if repo is None:
-                return
-            if name not in repo.files:
-                self._error(404, "EntryNotFound", body, {"X-Repo-Commit": repo.commit})
-                return
-            data = (repo.folder / name).read_bytes()
-            headers = {"X-Repo-Commit": repo.commit, "Accept-Ranges": "bytes",
-                       "ETag": f'"{repo.blob_id(name)}"', "Content-Type": "application/octet-stream"}
-            if repo.lfs(name):
-                headers.update({"X-Linked-Etag": f'"{repo.sha256[name]}"', "X-Linked-Size": str(len(data))})
-            status, rng = 200, self.headers.get("Range")
-            if rng and (m := re.fullmatch(r"bytes=(\d+)-(\d*)", rng.strip())):
-                first, last = int(m.group(1)), int(m.group(2) or len(data) - 1)
-                headers["Content-Range"] = f"bytes {first}-{last}/{len(data)}"
-                data, status = data[first:last + 1], 206
-            self._send(status, data, headers, body, label, name)
+    def _info(self, repo_id: str, revision, blobs: bool, label: str, body: bool) -> None:
+        repo = self._repo(repo_id, revision, body)
+        if repo is not None:
+            self._send(200, json.dumps(repo.info(blobs)).encode(), {"Content-Type": "application/json"},
+                       body, label, "")
 
-        def _error(self, status: int, code: str, body: bool, extra: dict | None = None) -> None:
-            self._send(status, json.dumps({"error": code}).encode(),
-                       {"X-Error-Code": code, "Content-Type": "application/json", **(extra or {})}, body, None, "")
+    def _file(self, repo_id: str, revision: str, name: str, label: str, body: bool) -> None:
+        repo = self._repo(repo_id, revision, body)
+        if repo is None:
+            return
+        if name not in repo.files:
+            self._error(404, "EntryNotFound", body, {"X-Repo-Commit": repo.commit})
+            return
+        data = (repo.folder / name).read_bytes()
+        headers = {"X-Repo-Commit": repo.commit, "Accept-Ranges": "bytes",
+                   "ETag": f'"{repo.blob_id(name)}"', "Content-Type": "application/octet-stream"}
+        if repo.lfs(name):
+            headers.update({"X-Linked-Etag": f'"{repo.sha256[name]}"', "X-Linked-Size": str(len(data))})
+        status, rng = 200, self.headers.get("Range")
+        if rng and (m := re.fullmatch(r"bytes=(\d+)-(\d*)", rng.strip())):
+            first, last = int(m.group(1)), int(m.group(2) or len(data) - 1)
+            headers["Content-Range"] = f"bytes {first}-{last}/{len(data)}"
+            data, status = data[first:last + 1], 206
+        self._send(status, data, headers, body, label, name)
 
-        def _send(self, status: int, data: bytes, headers: dict, body: bool, label, name: str) -> None:
-            self.send_response(status)
-            for k, v in headers.items():
-                self.send_header(k, v)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            if body:
-                self.wfile.write(data)
-                if label is not None:
-                    hub.count(label, name, len(data))
+    def _error(self, status: int, code: str, body: bool, extra: dict | None = None) -> None:
+        self._send(status, json.dumps({"error": code}).encode(),
+                   {"X-Error-Code": code, "Content-Type": "application/json", **(extra or {})}, body, None, "")
 
-    return Handler
+    def _send(self, status: int, data: bytes, headers: dict, body: bool, label, name: str) -> None:
+        self.send_response(status)
+        for k, v in headers.items():
+            self.send_header(k, v)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        if body:
+            self.wfile.write(data)
+            if label is not None:
+                self.server.hub.count(label, name, len(data))
+
