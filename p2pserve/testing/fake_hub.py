@@ -63,13 +63,15 @@ class _Repo:
 
 
 class FakeHub:
-    """The server (a thread); ``sent[label]`` counts the body bytes sent to each client label and
-    ``fetched[label]`` the files whose bytes it was sent."""
+    """The server (a thread); ``sent[label]`` counts the body bytes sent to each client label,
+    ``fetched[label]`` the files whose bytes it was sent, in order, and ``file_bytes[label][name]``
+    the bytes of each file sent to it."""
 
     def __init__(self, repos: dict[str, Path], host: str = "127.0.0.1"):
         self.repos = {rid: _Repo(rid, folder) for rid, folder in repos.items()}
         self.sent: Counter[str] = Counter()
         self.fetched: dict[str, list[str]] = defaultdict(list)
+        self.file_bytes: dict[str, Counter[str]] = defaultdict(Counter)
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer((host, 0), _Handler)
         self._server.daemon_threads = True
@@ -110,6 +112,7 @@ class FakeHub:
             self.sent[label] += n
             if name:
                 self.fetched[label].append(name)
+                self.file_bytes[label][name] += n
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -190,3 +193,38 @@ class _Handler(BaseHTTPRequestHandler):
             if label is not None:
                 self.server.hub.count(label, name, len(data))
 
+
+
+def shard_by_layer(src: Path, dst: Path) -> Path:
+    """Copy the checkpoint folder ``src`` to ``dst`` with its weights re-sharded one file per
+    decoder layer (``model-layer-NN.safetensors``), plus ``model-embed.safetensors`` (the
+    embeddings) and ``model-head.safetensors`` (everything else: final norm, LM head), and an
+    index naming them: a checkpoint where which files a layer range needs is plain to see."""
+    import shutil
+
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    from p2pserve.model.layer_files import EMBED, layer_of
+
+    src, dst = Path(src), Path(dst)
+    dst.mkdir(parents=True, exist_ok=True)
+    groups: dict[str, dict] = defaultdict(dict)
+    for f in sorted(src.glob("*.safetensors")):
+        with safe_open(str(f), framework="pt") as handle:
+            for name in handle.keys():
+                layer = layer_of(name)
+                fname = (f"model-layer-{layer:02d}.safetensors" if layer is not None
+                         else "model-embed.safetensors" if name == EMBED else "model-head.safetensors")
+                groups[fname][name] = handle.get_tensor(name).contiguous()
+    weight_map, total = {}, 0
+    for fname, tensors in sorted(groups.items()):
+        save_file(tensors, str(dst / fname), metadata={"format": "pt"})
+        weight_map.update({name: fname for name in tensors})
+        total += sum(t.numel() * t.element_size() for t in tensors.values())
+    (dst / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}, indent=2))
+    for f in src.iterdir():
+        if f.is_file() and not f.name.endswith(".safetensors") and f.name != "model.safetensors.index.json":
+            shutil.copy(f, dst / f.name)
+    return dst
