@@ -97,7 +97,11 @@ def open_snapshot(repo_id: str, revision: Optional[str] = None, progress: Option
     step = progress or (lambda what: nullcontext())
     with step(f"resolving {repo_id}" + (f"@{revision}" if revision else "") + " on the hub"):
         manifest = _listing(repo_id, revision)
-    config = _download(repo_id, CONFIG, manifest.commit)
+    # config.json by the revision asked for (the cache then maps it to the commit, for offline
+    # restarts), every later file by the listing's commit
+    config = _download(repo_id, CONFIG, revision or "main")
+    if config.parent.name != manifest.commit:
+        raise UnknownModelError(f"{repo_id}@{revision or 'main'} moved to another commit while being resolved; retry")
     try:
         cfg = json.loads(config.read_bytes())
     except ValueError:
