@@ -9,8 +9,9 @@ in any weight (a fine-tune with the base model's config) never do.
 Where a weight file's digest comes from, cheapest first: the hub's listing recorded for a
 snapshot folder (``model/hub_manifest.py``: a peer that fetched only its own layers knows the
 others' digests from it); the blob a cache symlink points at (the Hugging Face cache names LFS
-blobs by their SHA-256); else reading the file, once: the result is cached under
-``$P2PSERVE_CACHE/digests`` by the file's path, size and modification time.
+blobs by their SHA-256); the digest ``hf download --local-dir`` recorded beside a file; else
+reading the file, once: the result is cached under ``$P2PSERVE_CACHE/digests`` by the file's
+path, size and modification time.
 """
 
 from __future__ import annotations
@@ -67,10 +68,14 @@ def checkpoint_id(folder: str | os.PathLike, family: str) -> str:
 
 def file_sha256(path: Path) -> str:
     """SHA-256 of a file's bytes: the cache blob's name when ``path`` links into a Hugging Face
-    cache, else computed once and cached by (real path, size, modification time)."""
+    cache, the recorded LFS digest of a file ``hf download --local-dir`` fetched and nobody
+    changed since, else computed once and cached by (real path, size, modification time)."""
     real = path.resolve()
     if real.parent.name == "blobs" and _SHA256.match(real.name):
         return real.name
+    recorded = _local_dir_etag(path)
+    if recorded is not None:
+        return recorded
     st = real.stat()
     key = hashlib.sha256(f"{real}|{st.st_size}|{st.st_mtime_ns}|{st.st_ino}".encode()).hexdigest()[:32]
     memo = cache_dir() / "digests" / key
@@ -93,3 +98,17 @@ def file_sha256(path: Path) -> str:
     except OSError:  # a read-only cache costs a re-read next time, nothing else
         pass
     return digest
+
+
+def _local_dir_etag(path: Path) -> str | None:
+    """The LFS digest ``huggingface_hub`` recorded for ``path`` when it downloaded it into a
+    local folder (``.cache/huggingface/download/NAME.metadata``: commit, etag, timestamp lines),
+    if the file was not modified after (the 1 s slack is ``huggingface_hub``'s own)."""
+    meta = path.parent / ".cache" / "huggingface" / "download" / f"{path.name}.metadata"
+    try:
+        _commit, etag, stamp = meta.read_text().splitlines()[:3]
+        fresh = path.stat().st_mtime - 1 <= float(stamp)
+    except (OSError, ValueError):
+        return None
+    etag = etag.strip().strip('"')
+    return etag if fresh and _SHA256.match(etag) else None

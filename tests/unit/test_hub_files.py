@@ -137,3 +137,21 @@ def test_a_hub_snapshot_and_a_local_copy_have_one_id(folders, tmp_path, monkeypa
     tensors["model.norm.weight"] = tensors["model.norm.weight"] + 1
     save_file(tensors, str(copy / "model-head.safetensors"), metadata={"format": "pt"})
     assert load_spec(copy).model_id != want
+
+
+def test_a_local_dir_download_is_not_read_to_name_it(folders, tmp_path, monkeypatch):
+    """``hf download --local-dir`` records each LFS file's digest beside it; that is used (a file
+    changed since is read instead)."""
+    monkeypatch.setenv("P2PSERVE_CACHE", str(tmp_path / "cache"))
+    folder = shutil.copytree(folders["mistral"], tmp_path / "local-dir")
+    want = load_spec(folder).model_id
+    meta = folder / ".cache" / "huggingface" / "download"
+    meta.mkdir(parents=True)
+    shutil.rmtree(tmp_path / "cache")  # nothing read before
+    for f in folder.glob("*.safetensors"):
+        (meta / f"{f.name}.metadata").write_text(f"{'0' * 40}\n{'ab' * 32}\n{f.stat().st_mtime + 5}\n")
+    assert load_spec(folder).model_id != want  # the recorded (here: made-up) digests were used
+    assert not (tmp_path / "cache" / "digests").exists()
+    for f in folder.glob("*.safetensors"):
+        (meta / f"{f.name}.metadata").write_text(f"{'0' * 40}\n{'ab' * 32}\n{f.stat().st_mtime - 5}\n")
+    assert load_spec(folder).model_id == want  # stale records: the files are read
