@@ -66,8 +66,10 @@ def with_revision(model: Optional[str], revision: Optional[str]) -> Optional[str
     if revision is None:
         return model
     ref = parse_hub_ref(model)
-    if ref is None or not parse_hub_ref(f"{ref[0]}@{revision}"):
+    if ref is None:
         raise ConfigError(f"--revision {revision!r} applies to a hub model id (ORG/NAME), not to {model!r}")
+    if not parse_hub_ref(f"{ref[0]}@{revision}"):
+        raise ConfigError(f"--revision {revision!r} is not a branch, tag or commit name")
     return f"{ref[0]}@{revision}"
 
 
