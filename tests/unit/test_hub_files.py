@@ -155,3 +155,18 @@ def test_a_local_dir_download_is_not_read_to_name_it(folders, tmp_path, monkeypa
     for f in folder.glob("*.safetensors"):
         (meta / f"{f.name}.metadata").write_text(f"{'0' * 40}\n{'ab' * 32}\n{f.stat().st_mtime - 5}\n")
     assert load_spec(folder).model_id == want  # stale records: the files are read
+
+
+@pytest.mark.parametrize("family", ["llama3", "mistral"])
+def test_the_profilers_stand_in_has_the_real_shards_shapes(folders, family):
+    """A hub peer times stand-in layers instead of fetching the first layers' files: the same
+    parameters, shapes, dtypes and head as ``Shard.load``, nothing left on the meta device."""
+    from p2pserve.model.stand_in import stand_in_shard
+
+    folder = folders[family]
+    spec = load_spec(folder)
+    for start, end in ((0, 2), (4, 6)):
+        real, stand_in = Shard.load(str(folder), spec, start, end), stand_in_shard(str(folder), spec, start, end)
+        shapes = {n: (tuple(p.shape), p.dtype) for n, p in real.named_parameters()}
+        assert {n: (tuple(p.shape), p.dtype) for n, p in stand_in.named_parameters()} == shapes
+        assert not any(t.is_meta for t in [*stand_in.parameters(), *stand_in.buffers()])
