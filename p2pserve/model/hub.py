@@ -189,6 +189,9 @@ def _hub_call(repo_id: str, revision: Optional[str], call, filename: str = ""):
     from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
 
     what = f"{repo_id}" + (f"@{revision}" if revision else "") + (f": {filename}" if filename else "")
+    for name in ("httpx", "httpx2"):  # a line per request at INFO drowns the peer's own; keep warnings
+        if logging.getLogger(name).level == logging.NOTSET:
+            logging.getLogger(name).setLevel(logging.WARNING)
     try:
         return call()
     except GatedRepoError:
