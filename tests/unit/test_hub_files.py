@@ -3,7 +3,7 @@ content-addressed checkpoint id that lets a hub id and a local copy meet.
 
 ``files_for_range`` must mirror ``Shard.load``: a folder holding only the files it names loads
 the range, and leaving out any one of them does not (both a per-layer sharding and the
-size-split sharding ``save_pretrained`` writes; a tied and an untied head).
+size-split sharding ``save_pretrained`` writes, for every tiny family; tied and untied heads).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from p2pserve.model.hub_manifest import HubFile, Manifest
 from p2pserve.model.layer_files import check_weight_map, files_for_range
 from p2pserve.model.shard import Shard
 from p2pserve.model.spec import load_spec
-from p2pserve.model.tiny_families import build_family_model
+from p2pserve.model.tiny_families import TINY_FAMILY_NAMES, build_family_model
 from p2pserve.testing.fake_hub import shard_by_layer
 
 RANGES = [(0, 2), (2, 4), (4, 6), (0, 6), (3, 5)]
@@ -32,10 +32,11 @@ RANGES = [(0, 2), (2, 4), (4, 6), (0, 6), (3, 5)]
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
+    """Every tiny family as ``save_pretrained`` shards it (by size), and the untied Mistral one
+    file per layer (``"mistral"``)."""
     root = tmp_path_factory.mktemp("hubfiles")
-    llama = build_family_model("llama3", root / "llama3-split", seed=0)  # tied head, size-split files
-    mistral = shard_by_layer(build_family_model("mistral", root / "mistral-built", seed=0), root / "mistral")
-    return {"llama3": llama, "mistral": mistral}
+    built = {name: build_family_model(name, root / name, seed=0) for name in TINY_FAMILY_NAMES}
+    return dict(built, mistral=shard_by_layer(built["mistral"], root / "mistral-by-layer"), llama3=built["llama3"])
 
 
 def _only(folder: Path, files: set[str], dst: Path) -> Path:
@@ -46,7 +47,7 @@ def _only(folder: Path, files: set[str], dst: Path) -> Path:
     return dst
 
 
-@pytest.mark.parametrize("family", ["llama3", "mistral"])
+@pytest.mark.parametrize("family", sorted(set(TINY_FAMILY_NAMES) | {"mistral"}))
 def test_the_files_a_range_needs_are_exactly_what_shard_load_reads(folders, family, tmp_path):
     folder = folders[family]
     spec = load_spec(folder)
