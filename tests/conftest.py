@@ -7,6 +7,9 @@ import os
 import pytest
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# No test reaches the real Hugging Face Hub: hub ids resolve from the cache only, unless a test
+# points a process at its own p2pserve.testing.fake_hub server (and turns this off there).
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 @pytest.fixture(scope="session")

@@ -64,6 +64,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     exit_with_launcher()  # a child of p2pserve.launch stops with it (p2pserve/parent_watch.py)
+    from p2pserve.cli.common import fold_revision
+    from p2pserve.errors import ConfigError
+
+    try:
+        fold_revision(args)
+    except ConfigError as e:
+        print(f"p2pserve {args.command}: error: {e}", file=sys.stderr)
+        return 2
     module = importlib.import_module(_available()[args.command][0])
     return int(module.run(args) or 0)
 

@@ -24,10 +24,14 @@ API_KEY_ENV = "P2PSERVE_API_KEY"
 
 def add_client_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags every client command accepts: where the swarm is, which model, retry limits."""
+    from p2pserve.cli.common import add_revision_argument
+
     g = parser.add_argument_group("swarm")
     g.add_argument("--config", default=None,
                    help="swarm config file (.toml or .json): initial peers, swarm id, trusted coordinators, model name; flags override it")
-    g.add_argument("--model", default=None, help="local checkpoint for tokenizer and shapes (default: embedded SmolLM2)")
+    g.add_argument("--model", default=None, help="checkpoint for tokenizer and shapes: a folder, or a hub id ORG/NAME "
+                                                 "whose configs and tokenizer are fetched (default: embedded SmolLM2)")
+    add_revision_argument(g)
     g.add_argument("--initial-peers", nargs="*", default=None, help="DHT multiaddrs of the swarm (routes follow the plan)")
     g.add_argument("--peers", nargs="*", default=None, metavar="MADDR@START:END",
                    help="a fixed set of peers instead of the swarm (MADDR ends with /p2p/<peer id>)")

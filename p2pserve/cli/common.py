@@ -47,8 +47,10 @@ def add_dht_arguments(parser: argparse.ArgumentParser, *, need_model: bool = Tru
     g = parser.add_argument_group("swarm")
     g.add_argument("--config", help="swarm config file (.toml or .json): initial peers, trusted coordinators, models")
     if need_model:
-        g.add_argument("--model", help="the model: a checkpoint folder, 'default' (the embedded SmolLM2), or a bare "
-                                       "name; every role derives the swarm's model name from it the same way")
+        g.add_argument("--model", help="the model: a checkpoint folder, a hub id ORG/NAME (its configs and tokenizer "
+                                       "are fetched), 'default' (the embedded SmolLM2), or a bare name; every role "
+                                       "derives the swarm's model name from it the same way")
+        add_revision_argument(g)
         g.add_argument("--swarm-model", default=None,
                        help="the model's name in the swarm's DHT keys (overrides the swarm file's 'model', which "
                             "overrides the name --model gives: a folder's checkpoint id, a bare name as is)")
@@ -79,6 +81,24 @@ def add_dht_arguments(parser: argparse.ArgumentParser, *, need_model: bool = Tru
     t.add_argument("--report-ttl", type=float, default=None, help="lifetime of clients' service reports")
     t.add_argument("--evidence-ttl", type=float, default=None, help="lifetime of verification evidence")
     parser.add_argument("--log-level", default="INFO")
+
+
+def add_revision_argument(group) -> None:
+    """``--revision``: the branch, tag or commit of a hub ``--model`` (folded into it as
+    ``ORG/NAME@REVISION`` by :func:`fold_revision` before the command runs)."""
+    group.add_argument("--revision", default=None,
+                       help="branch, tag or commit of a hub --model ORG/NAME (default: main; docs/hub.md)")
+
+
+def fold_revision(args: argparse.Namespace) -> None:
+    """Pin a hub ``--model`` at ``--revision`` (``ORG/NAME@REVISION``), so that every later use
+    of ``args.model`` (a child peer's command line included) names the same commit. Raises
+    ``ConfigError`` for ``--revision`` with a model that is not a hub id."""
+    from p2pserve.model.hub import with_revision
+
+    if getattr(args, "revision", None) is not None:
+        args.model = with_revision(getattr(args, "model", None), args.revision)
+        args.revision = None
 
 
 def setup_logging(level: str) -> None:

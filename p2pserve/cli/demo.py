@@ -29,7 +29,11 @@ SWARM_ID = "p2pserve-demo"
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Register the demo's flags."""
-    p.add_argument("--model", default="default", help="checkpoint directory, or 'default' (embedded SmolLM2-135M-Instruct)")
+    from p2pserve.cli.common import add_revision_argument
+
+    p.add_argument("--model", default="default",
+                   help="checkpoint directory, a hub id ORG/NAME (docs/hub.md), or 'default' (embedded SmolLM2-135M-Instruct)")
+    add_revision_argument(p)
     p.add_argument("--peers", type=int, default=3, help="number of peer processes")
     p.add_argument("--prompt", default=DEFAULT_PROMPT, help="the user message to answer")
     p.add_argument("--max-new-tokens", type=int, default=64)

@@ -94,13 +94,14 @@ def peer_args(args: argparse.Namespace) -> tuple[str, ...]:
 
 def _measure(model: str, devices: tuple[str, ...], max_layers: int, batch: int):
     """(links, slot profile, TP degrees the model splits into) -- blocking."""
-    from p2pserve.model.default import resolve_model
+    from p2pserve.model.locate import open_model
     from p2pserve.model.spec import load_spec
     from p2pserve.model.tensor_parallel import check_splittable
     from p2pserve.peer.profiler import load_or_measure
     from p2pserve.peer.slot_links import measure_links
 
-    path = str(resolve_model(model))
+    source = open_model(model, "peer")  # a hub id: configs and index only; its groups fetch their layers
+    path = str(source.folder)
     spec = load_spec(path)
     degrees = []
     for d in (2, 4, 8):
@@ -111,7 +112,12 @@ def _measure(model: str, devices: tuple[str, ...], max_layers: int, batch: int):
         except ConfigError:
             pass
     links = measure_links(list(devices))
-    profile = load_or_measure(path, spec, devices[0], min(max_layers, spec.num_layers), batch)
+    load = None
+    if source.partial:  # time stand-in layers rather than fetch weights no group may serve
+        from p2pserve.model.stand_in import stand_in_shard
+
+        load = stand_in_shard
+    profile = load_or_measure(path, spec, devices[0], min(max_layers, spec.num_layers), batch, load=load)
     return links, list(profile.decode), degrees
 
 

@@ -38,11 +38,14 @@ def parse_layers(text: str) -> tuple[int, int]:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:  # long: a flat list of flags, one per call
     """Register the peer's flags (swarm flags come from the DHT layer)."""
-    from p2pserve.cli.common import add_dht_arguments, add_metrics_arguments
+    from p2pserve.cli.common import add_dht_arguments, add_metrics_arguments, add_revision_argument
 
     d = PeerConfig()
     b = BatchingConfig()
-    p.add_argument("--model", default="default", help="checkpoint directory, or 'default' (embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--model", default="default",
+                   help="checkpoint directory, a hub id ORG/NAME (only the weight files of the layers served are "
+                        "fetched; docs/hub.md), or 'default' (embedded SmolLM2-135M-Instruct)")
+    add_revision_argument(p)
     p.add_argument("--layers", type=parse_layers, default=None, metavar="START:END",
                    help="serve this fixed half-open layer range (default: whole model, or the plan's range with --initial-peers)")
     _add_device_arguments(p)
@@ -190,12 +193,13 @@ async def serve(config: PeerConfig, args: argparse.Namespace, tp=None) -> None:
     from p2pserve.cli.progress import Progress, describe
     from p2pserve.swarm_file import SwarmFile
     from p2pserve.dht.swarm import Swarm
-    from p2pserve.model.default import resolve_model
+    from p2pserve.model.locate import open_model
     from p2pserve.model.spec import load_spec
     from p2pserve.peer.server import Peer
 
     progress = Progress()
-    spec = load_spec(resolve_model(config.model, progress.step), dtype=config.dtype, quant=config.quant)  # fail fast
+    source = open_model(config.model, "peer", progress.step)  # a hub id: its config and index only
+    spec = load_spec(source.folder, dtype=config.dtype, quant=config.quant)  # fail fast
     metrics = metrics_config(args) if args.metrics_port is not None else None  # and on a bad port
     # The model's name in DHT keys, by the rule every role shares (p2pserve/model/identity.py):
     # --swarm-model, else the swarm file's model, else the checkpoint's own id. (Sessions still
@@ -210,7 +214,7 @@ async def serve(config: PeerConfig, args: argparse.Namespace, tp=None) -> None:
         fixed = config.start is not None or not config.announce
         with progress.step(f"loading layers {config.start or 0}:{config.end or spec.num_layers}" if fixed
                            else "starting the peer"):
-            peer = await Peer.create(config, swarm.dht, direct_address, tp)
+            peer = await Peer.create(config, swarm.dht, direct_address, tp, source)
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
         if peer.tp is not None:  # a dead rank takes the group down: withdraw, exit non-zero
@@ -265,9 +269,17 @@ async def _start_agent(peer, swarm, config: PeerConfig, progress):
     spec = peer.spec
     # Never more than the model has: readers reject a record claiming more (dht/records.py).
     max_layers = min(spec.num_layers, config.max_layers or max(1, config.weights_memory_bytes // spec.layer_bytes))
+    load = None
+    if peer.source is not None and peer.source.partial:  # a hub id: time stand-in layers, fetch nothing
+        from p2pserve.model.stand_in import stand_in_shard
+
+        load = stand_in_shard
+        if peer.tp is not None:  # the group's ranks read the checkpoint itself
+            load = None
+            await asyncio.to_thread(peer.source.fetch_layers, spec, 0, min(max_layers, 4, spec.num_layers))
     with progress.step(f"profiling {config.device} for up to {max_layers} layers (cached after the first run)"):
         profile = await asyncio.to_thread(load_or_measure, peer.model_path, spec, config.device, max_layers,
-                                          config.profile_batch, peer.tp)
+                                          config.profile_batch, peer.tp, load)
     # Probe transfers of ~0.25 s: long enough that TCP ramp-up and a shaper's burst allowance
     # are a small part of the measured time (a 20 Mbit/s link then reads within a few percent).
     # Each link is re-probed every link_refresh, and announced as the best of its recent rounds.

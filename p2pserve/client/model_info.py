@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from p2pserve.client.generation import eos_ids_of
-from p2pserve.model.default import resolve_model
+from p2pserve.model.locate import model_folder
 from p2pserve.model.spec import load_spec
 
 
@@ -24,11 +24,12 @@ class LocalModelInfo:
 
     @classmethod
     def load(cls, model: str | None, dtype: str = "float32", quant: str | None = None) -> "LocalModelInfo":
-        """Load from a checkpoint directory or model name (None: the embedded default); ``quant``
-        names the weight-only quantization of the peers to use (it joins the spec's model id)."""
+        """Load from a checkpoint directory, a hub id (``ORG/NAME[@REVISION]``: its configs and
+        tokenizer are fetched, never its weights) or None (the embedded default); ``quant`` names
+        the weight-only quantization of the peers to use (it joins the spec's model id)."""
         from transformers import AutoTokenizer, GenerationConfig
 
-        path = str(resolve_model(model))
+        path = str(model_folder(model))
         tok = AutoTokenizer.from_pretrained(path)
         try:
             gen_cfg = GenerationConfig.from_pretrained(path)

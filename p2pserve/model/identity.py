@@ -9,12 +9,17 @@ all derive the same name. Precedence, highest first (the only place it is writte
 3. from ``--model`` itself:
 
    * a checkpoint folder (a directory holding ``config.json``) gives its checkpoint id,
-     ``ModelSpec.model_id``: the folder's name plus a hash of its ``config.json``, so two members
-     pointing at copies of the same checkpoint meet, and different checkpoints never mix;
+     ``ModelSpec.model_id``: the family plus a digest of ``config.json`` and the weight files
+     (``model/checkpoint_id.py``), so two members pointing at copies of the same checkpoint
+     meet, and different checkpoints never mix;
+   * a hub id (``ORG/NAME``, optionally ``@REVISION``; ``model/hub.py``) gives the checkpoint id
+     of its snapshot, the same as a local copy of those files; only the configs, the index and
+     the tokenizer are fetched to derive it;
    * ``default`` (or nothing, where the role has a default model) gives the embedded default's
      checkpoint id (converting it on first use);
-   * anything else, a bare name that is not a folder, stays as it is (a coordinator or ``status``
-     may know a model only by name; a peer or a client needs the folder to load it).
+   * anything else, a bare name that is neither a folder nor of the hub's ``ORG/NAME`` shape,
+     stays as it is (a coordinator or ``status`` may know a model only by name; a peer or a
+     client needs a checkpoint to load).
 
 Whichever step gives the name, a weight-only quantization (``--quant int8``, ``model/quant.py``)
 is appended as ``@int8``: quantized and full-width weights of one checkpoint are different models
@@ -28,6 +33,7 @@ from typing import Optional
 
 from p2pserve.errors import ConfigError, UnknownModelError
 from p2pserve.model.default import DEFAULT_MODEL_NAME, resolve_model
+from p2pserve.model.hub import parse_hub_ref
 from p2pserve.model.quant import check_quant, with_quant
 
 DEFAULT_NAMES = (None, "", "default", DEFAULT_MODEL_NAME)
@@ -36,11 +42,16 @@ DEFAULT_NAMES = (None, "", "default", DEFAULT_MODEL_NAME)
 def checkpoint_of(model: Optional[str]) -> Optional[Path]:
     """The checkpoint folder ``--model`` names, or None for a bare model name.
 
-    ``default`` (and None) is the embedded default model, converted on first use. A directory
-    without ``config.json`` is an error rather than a name: its owner meant a checkpoint.
+    ``default`` (and None) is the embedded default model, converted on first use; a hub id is
+    its snapshot folder, with what a client reads fetched into it. A directory without
+    ``config.json`` is an error rather than a name: its owner meant a checkpoint.
     """
     if model in DEFAULT_NAMES:
         return resolve_model(model)
+    if parse_hub_ref(model) is not None:
+        from p2pserve.model.locate import model_folder
+
+        return model_folder(model)
     path = Path(model).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():

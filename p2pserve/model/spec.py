@@ -6,13 +6,13 @@ the model, so the coordinator and the client can reason about a model they never
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from p2pserve.errors import UnknownModelError, UnsupportedModelError
+from p2pserve.model.checkpoint_id import checkpoint_id
 from p2pserve.model.quant import BYTES_PER_WEIGHT, check_quant, with_quant
 
 # model_type -> (transformers module, class-name prefix). These families share the Llama
@@ -34,8 +34,9 @@ _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 class ModelSpec:
     """Shape facts of a decoder-only checkpoint.
 
-    ``model_id`` names the weights (directory name plus a short hash of config.json), so that
-    peers serving different checkpoints under the same name never mix in one pipeline; with
+    ``model_id`` names the weights by their content (family plus a digest of config.json and the
+    weight files, ``model/checkpoint_id.py``), so that peers serving different checkpoints never
+    mix in one pipeline and copies of one checkpoint (a hub id, a local folder) meet; with
     weight-only quantization (``quant``, ``model/quant.py``) it ends in ``@SCHEME``, so that
     quantized and full-width weights never mix either.
     """
@@ -101,17 +102,15 @@ def load_spec(model_path: str | os.PathLike, dtype: str | None = None, quant: st
     """Read a ModelSpec from a checkpoint directory (its layers served at ``quant``); raises
     UnknownModelError if unusable, ConfigError if ``quant`` cannot run here."""
     cfg_file = _config_path(model_path)
-    raw = cfg_file.read_bytes()
-    cfg = json.loads(raw)
+    cfg = json.loads(cfg_file.read_bytes())
     family = check_supported(cfg, model_path)
     num_heads = int(cfg["num_attention_heads"])
     hidden = int(cfg["hidden_size"])
     dtype = dtype or "float32"
     if dtype not in _DTYPE_BYTES:
         raise UnknownModelError(f"unsupported dtype {dtype!r}; use one of {sorted(_DTYPE_BYTES)}")
-    digest = hashlib.sha256(raw).hexdigest()[:10]
     return ModelSpec(
-        model_id=with_quant(f"{Path(model_path).name}-{digest}", check_quant(quant)),
+        model_id=with_quant(checkpoint_id(cfg_file.parent, family), check_quant(quant)),
         family=family,
         num_layers=int(cfg["num_hidden_layers"]),
         hidden_size=hidden,

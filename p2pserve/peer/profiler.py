@@ -106,17 +106,18 @@ def measure(model_path: str, spec: ModelSpec, device: str, max_layers: int, deco
 
 
 def load_or_measure(model_path: str, spec: ModelSpec, device: str, max_layers: int, decode_batch: int = 32,
-                    tp=None) -> Profile:
+                    tp=None, load=None) -> Profile:
     """The cached profile for this device+model, measuring it on first use.
 
     ``decode_batch`` is the number of concurrent sessions the decode figure assumes: a peer
     batches across sessions, so its capacity is the throughput of a typical batch, not of one
-    stream (Helix profiles nodes the same way). ``tp`` (a ``TPGroup``) times the group instead.
+    stream (Helix profiles nodes the same way). ``tp`` (a ``TPGroup``) times the group instead;
+    ``load`` replaces ``Shard.load`` (a hub peer times a stand-in of random weights, ``model/stand_in.py``).
     """
     threads = adopt_torch_threads()  # called in a worker thread: time it with the peer's thread count
     # a CPU profile holds for its thread count only (``--num-threads`` changes it 1.7x on SmolLM2)
     name = torch.cuda.get_device_name(device) if device.startswith("cuda") else f"cpu-t{threads}"
-    extra, label = {}, device
+    extra, label = ({"load": load} if load is not None else {}), device
     if tp is not None:  # announced as the group's device: "cpu x2", "cuda:0 x4"
         label = f"{device} x{tp.config.world}"
         name = f"{name}-tp{tp.config.world}"

@@ -17,7 +17,7 @@ import torch
 from p2pserve.config import PeerConfig
 from p2pserve.errors import ConfigError
 from p2pserve.metrics import MetricsConfig, MetricsServer, PeerMetrics, serve_metrics
-from p2pserve.model.default import resolve_model
+from p2pserve.model.locate import ModelSource, open_model
 from p2pserve.model.shard import TORCH_DTYPES, Shard
 from p2pserve.model.spec import ModelSpec, load_spec
 from p2pserve.peer.batcher import TokenThrottle
@@ -53,16 +53,19 @@ class Peer:
     _stopped: asyncio.Event | None = None
     metrics_server: MetricsServer | None = None  # the /metrics endpoint, once export_metrics ran
     tp: TPGroup | None = None  # the tensor-parallel group whose rank 0 this process is (tp_group.py)
+    source: ModelSource | None = None  # where the weights come from; a hub id fetches per range
 
     @classmethod
     async def create(cls, config: PeerConfig, dht, direct_address: DirectAddress = DirectAddress(),
-                     tp: TPConfig | None = None) -> "Peer":
+                     tp: TPConfig | None = None, source: ModelSource | None = None) -> "Peer":
         """Load the fixed range (if any) and serve the session protocol on ``dht``'s libp2p node
         (and on the direct path, bound and offered as ``direct_address`` says); with ``tp``, as
-        rank 0 of a tensor-parallel group whose other ranks it starts first."""
+        rank 0 of a tensor-parallel group whose other ranks it starts first. ``source`` is
+        ``config.model`` opened already (``model/locate.py``), else it is opened here."""
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
-        model_path = str(resolve_model(config.model))
+        source = source or open_model(config.model, "peer")
+        model_path = str(source.folder)
         spec = load_spec(model_path, dtype=config.dtype, quant=config.quant)
         p2p = await dht.replicate_p2p()
         capacity = config.kv_budget_token_layers
@@ -83,7 +86,8 @@ class Peer:
         worker = ComputeWorker(None, TokenThrottle(config.batching), budget)
         handler = SessionHandler(spec, table, worker, config.frame_limits, config.request_timeout_s, config.admission)
         handler.signer.peer_id = str(p2p.peer_id)  # replies name the peer that signed them
-        peer = cls(config, spec, model_path, dht, p2p, worker, table, handler, Libp2pTransport(p2p), tp=group)
+        peer = cls(config, spec, model_path, dht, p2p, worker, table, handler, Libp2pTransport(p2p), tp=group,
+                   source=source)
         # push mode: this peer dials the next hop as a client would (libp2p, or the pinned direct path)
         handler.forwarder = Forwarder(table, DirectTransport(peer.transport, config.frame_limits), peer.peer_id,
                                       config.frame_limits)
@@ -146,9 +150,12 @@ class Peer:
     async def prepare_range(self, start: int, end: int) -> Shard:
         """Load layers [start, end) without serving them yet (see :meth:`flip_to`).
 
-        Loading runs in a thread, so the current range keeps serving meanwhile.
+        Loading runs in a thread, so the current range keeps serving meanwhile; for a hub id
+        the weight files the range reads and the cache lacks are fetched first.
         """
         t0 = time.perf_counter()
+        if self.source is not None:
+            await asyncio.to_thread(self.source.fetch_layers, self.spec, start, end)
         shard = await asyncio.to_thread(self.load_shard, self.model_path, self.spec, start, end, self.config.device)
         log.info("loaded layers [%d, %d) of %s in %.1f s", start, end, self.spec.model_id, time.perf_counter() - t0)
         return shard
