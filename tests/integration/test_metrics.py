@@ -32,7 +32,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from p2pserve.cli.common import write_local_swarm_file
 from p2pserve.client.api import AsyncClient
 from p2pserve.client.model_info import LocalModelInfo
-from p2pserve.client.openai_server import OpenAIServer
+from p2pserve.http.openai.server import OpenAIServer
 from p2pserve.config import ApiConfig, ClientConfig, DHTConfig
 from p2pserve.launch import Children
 from p2pserve.peer.profiler import load_or_measure

@@ -11,7 +11,7 @@ from importlib import resources
 import pytest
 from fastapi.testclient import TestClient
 
-from p2pserve.client.openai_app import create_app
+from p2pserve.http.openai.app import create_app
 from p2pserve.config import ApiConfig, DashboardConfig
 from p2pserve.dashboard.app import CSP, create_dashboard_app, mount_dashboard
 from p2pserve.dashboard.document import swarm_document
