@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from p2pserve.client.hop import Hop
+from p2pserve.dtypes import EXPONENT_MASKS
 from p2pserve.errors import MalformedFrameError, error_from_reply
 from p2pserve.protocol import (
     PROTOCOL_VERSION,
@@ -177,16 +178,16 @@ class HopConnection:
         self.stream = None
 
 
-# The exponent bits of each float dtype, read as an unsigned integer of its width: a value is
-# inf or NaN exactly when they are all set. Checked on the received bytes, with no copy and for
-# bfloat16 too (numpy has no bfloat16).
-_EXPONENT = {"float32": (np.uint32, 0x7F800000), "float16": (np.uint16, 0x7C00), "bfloat16": (np.uint16, 0x7F80)}
+# Checked on the received bytes through the exponent masks, with no copy and for bfloat16 too
+# (numpy has no bfloat16).
+_UINT = {2: np.uint16, 4: np.uint32}
 
 
 def all_finite(dtype: str, payload) -> bool:
     """Whether every value of a float tensor's raw bytes is finite (other dtypes: True)."""
-    if dtype not in _EXPONENT or not len(payload):
+    if dtype not in EXPONENT_MASKS or not len(payload):
         return True
-    int_type, mask = _EXPONENT[dtype]
+    width, mask = EXPONENT_MASKS[dtype]
+    int_type = _UINT[width]
     bits = np.frombuffer(payload, dtype=int_type)
     return not bool(np.any((bits & int_type(mask)) == int_type(mask)))

@@ -45,6 +45,7 @@ import torch
 from p2pserve.clock import Clock, monotonic, wall
 from p2pserve.dht.records import PeerInfo
 from p2pserve.dht.reports import MAX_REPORTED_PEERS, MAX_TOKENS_PER_S, ObservedRate, ServiceReports
+from p2pserve.dtypes import MODEL_DTYPES
 from p2pserve.errors import MalformedFrameError, error_from_reply
 from p2pserve.protocol import (
     PROTOCOL_VERSION,
@@ -60,11 +61,10 @@ from p2pserve.protocol import (
     decode_reply,
 )
 from p2pserve.transport import Stream, Transport
-from p2pserve.transport.frames import read_frame, tensor_to_wire, write_frame
+from p2pserve.transport.frames import TORCH_DTYPES, read_frame, tensor_to_wire, write_frame
 
 logger = logging.getLogger(__name__)
 
-_TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 @dataclass(frozen=True)
@@ -133,7 +133,7 @@ async def probe_peer(transport: Transport, info: PeerInfo, model_id: str, cfg: C
             if start == 0:
                 row = torch.randint(0, cfg.token_id_bound, (1,), generator=gen)
             else:
-                row = torch.randn(1, opened.hidden_size, generator=gen).to(_TORCH_DTYPES.get(opened.dtype, torch.float32))
+                row = torch.randn(1, opened.hidden_size, generator=gen).to(TORCH_DTYPES[opened.dtype] if opened.dtype in MODEL_DTYPES else torch.float32)
             meta, data = tensor_to_wire(row)
             t0 = time.perf_counter()
             reply = await link.call(Forward(session_id=sid, step=pos, position=pos, tensor=meta), data)
