@@ -33,6 +33,7 @@ from typing import Awaitable, Callable, Optional, Sequence
 import msgspec
 import torch
 
+from p2pserve.blame import blamed_hop
 from p2pserve.errors import WIRE_ERRORS, BadRequestError, ErrorCode, MalformedFrameError, P2PServeError
 from p2pserve.peer.push_link import PushLink, tell
 from p2pserve.peer.ring import RingState, check_grant
@@ -225,8 +226,8 @@ class Forwarder:
 
         def later_failure(reply: ErrorReply) -> None:
             # the last hop knows no route: it relays the first hop's blame, and the client checks it
-            named = reply.failed_peer in link.later or (ring.last and reply.failed_peer not in (None, self.self_id))
-            blamed = reply.failed_peer if named else nxt.peer_id
+            relayed = ring.last and reply.failed_peer not in (None, self.self_id)
+            blamed = reply.failed_peer if relayed else blamed_hop(reply.failed_peer, link.later, nxt.peer_id)
             self._ring_failed(session, ring, reply.step or step, blamed, reply.message)
 
         link.on_unsolicited = later_failure
@@ -334,8 +335,7 @@ class Forwarder:
             reply = await self._exchange(link, onward, payload)
         if isinstance(reply, ErrorReply):
             # A later hop's own blame is relayed only if it names a hop after the next one.
-            blamed = reply.failed_peer if reply.failed_peer in link.later else nxt.peer_id
-            return msgspec.structs.replace(reply, failed_peer=blamed)
+            return msgspec.structs.replace(reply, failed_peer=blamed_hop(reply.failed_peer, link.later, nxt.peer_id))
         if not isinstance(reply, PushAck) or reply.step != onward.forward.step:
             raise MalformedFrameError(f"expected the PushAck of step {onward.forward.step}, got {reply!r:.80}")
         return reply
