@@ -18,12 +18,10 @@ import torch
 
 from p2pserve.client.hop import Hop
 from p2pserve.dtypes import EXPONENT_MASKS
-from p2pserve.errors import MalformedFrameError, error_from_reply
+from p2pserve.errors import MalformedFrameError
 from p2pserve.protocol import (
     PROTOCOL_VERSION,
-    SESSION_PROTOCOL,
     CloseSession,
-    ErrorReply,
     Forward,
     ForwardResult,
     FrameLimits,
@@ -33,14 +31,14 @@ from p2pserve.protocol import (
     SamplingParams,
     SessionOpened,
     TensorMeta,
-    decode_reply,
 )
-from p2pserve.transport import Stream, Transport
-from p2pserve.transport.frames import read_frame, tensor_from_wire, tensor_to_wire, write_frame
+from p2pserve.transport import Transport
+from p2pserve.transport.frames import tensor_from_wire, tensor_to_wire
+from p2pserve.transport.session_stream import SessionStream, open_session_stream
 
 
-class HopConnection:
-    """A session stream to one peer: open, forward, close.
+class HopConnection(SessionStream):
+    """A session stream to one peer carrying one hop: open, forward, close.
 
     ``timeout_s`` bounds every round trip (a prefill included); ``connect_timeout_s`` bounds
     dialling the peer and opening the stream.
@@ -48,20 +46,18 @@ class HopConnection:
 
     def __init__(self, transport: Transport, hop: Hop, limits: FrameLimits, timeout_s: float,
                  connect_timeout_s: float = 20.0):
+        super().__init__(hop.peer_id, limits, timeout_s, label=str(hop))
         self.transport = transport
         self.hop = hop
-        self.limits = limits
-        self.timeout_s = timeout_s
         self.connect_timeout_s = connect_timeout_s
-        self.stream: Optional[Stream] = None
         self.session_id: Optional[str] = None
         self.opened: Optional[SessionOpened] = None
         self.open_rtt_s: Optional[float] = None
 
     async def connect(self) -> None:
         """Open the stream (dialling the hop's addresses first) without opening a session."""
-        self.stream = await self.transport.open_stream(self.hop.peer_id, self.hop.maddrs, SESSION_PROTOCOL,
-                                                       self.connect_timeout_s)
+        self.attach(await open_session_stream(self.transport, self.hop.peer_id, self.hop.maddrs,
+                                              self.connect_timeout_s))
 
     async def open(self, model_id: str, session_id: Optional[str], max_length: int,
                    sampling: SamplingParams) -> SessionOpened:
@@ -81,21 +77,6 @@ class HopConnection:
             raise MalformedFrameError(f"expected SessionOpened from {self.hop}, got {type(reply).__name__}")
         self.session_id, self.opened = session_id, reply
         return reply
-
-    async def call(self, msg, payload=b"") -> tuple[object, bytes]:
-        """Send ``msg`` (with ``payload``) and return the reply and its payload bytes."""
-        if self.stream is None:
-            raise ConnectionError(f"stream to {self.hop} is closed")
-        try:
-            async with asyncio.timeout(self.timeout_s):  # no extra task per call, unlike wait_for
-                await write_frame(self.stream.writer, msg, payload)
-                header, body = await read_frame(self.stream.reader, self.limits)
-        except asyncio.IncompleteReadError:
-            raise ConnectionError(f"peer {self.hop} closed the stream") from None
-        reply = decode_reply(header)
-        if isinstance(reply, ErrorReply):
-            raise error_from_reply(reply.code, reply.message, peer=self.hop.peer_id)
-        return reply, body
 
     def hidden_of(self, reply, payload: bytes, n: int) -> Optional[TensorMeta]:
         """Check a reply to a Forward of ``n`` positions; returns its hidden states' header, if any.

@@ -40,9 +40,7 @@ from p2pserve.protocol import (
     PushAllowed,
     PushForward,
     PushHop,
-    decode_reply,
 )
-from p2pserve.transport.frames import read_frame, write_frame
 
 #: ``--push`` of ``p2pserve chat`` / ``api``: off (client-driven), auto (the rule), on (always),
 #: ring (the rule, and a pushed route runs as a ring: ``client/ring.py``).
@@ -204,18 +202,13 @@ class PushedRoute:
 
 async def read_reply(link: HopConnection):
     """One reply frame from ``link``'s stream, decoded: (reply, payload)."""
-    if link.stream is None:
-        raise ConnectionError(f"stream to {link.hop} is closed")
-    header, body = await read_frame(link.stream.reader, link.limits)
-    return decode_reply(header), body
+    return await link.read()
 
 
 async def write_to(link: HopConnection, msg, payload=b"") -> None:
     """One frame to ``link``'s stream; HopFailure of that hop if it cannot be written."""
     try:
-        if link.stream is None:
-            raise ConnectionError(f"stream to {link.hop} is closed")
         async with asyncio.timeout(link.timeout_s):
-            await write_frame(link.stream.writer, msg, payload)
+            await link.send(msg, payload)
     except Exception as e:
         raise HopFailure(link.hop, e) from e

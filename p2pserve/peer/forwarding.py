@@ -38,7 +38,6 @@ from p2pserve.errors import WIRE_ERRORS, BadRequestError, ErrorCode, MalformedFr
 from p2pserve.peer.push_link import PushLink, tell
 from p2pserve.peer.ring import RingState, check_grant
 from p2pserve.protocol import (
-    SESSION_PROTOCOL,
     AllowPush,
     AwaitResult,
     ErrorReply,
@@ -53,6 +52,7 @@ from p2pserve.protocol import (
 )
 from p2pserve.transport import Transport
 from p2pserve.transport.frames import tensor_from_wire, tensor_to_wire
+from p2pserve.transport.session_stream import open_session_stream
 
 log = logging.getLogger(__name__)
 
@@ -368,8 +368,7 @@ class Forwarder:
         self._prune()
         maddrs = await self._addresses(nxt.peer_id)
         try:
-            stream = await self.transport.open_stream(nxt.peer_id, maddrs, SESSION_PROTOCOL,
-                                                      self.config.connect_timeout_s)
+            stream = await open_session_stream(self.transport, nxt.peer_id, maddrs, self.config.connect_timeout_s)
         except Exception as e:  # whatever dialling raised (the libp2p daemon's ControlFailure): unreachable
             raise e if isinstance(e, (ConnectionError, TimeoutError)) else ConnectionError(f"{type(e).__name__}: {e}")
         link = self._links[session.id] = PushLink(nxt.peer_id, stream, session, self.limits)
