@@ -40,9 +40,8 @@ from p2pserve.client.hop import Hop, check_chain
 from p2pserve.client.observer import ServiceObserver
 from p2pserve.client.push import PushConfig, PushedRoute
 from p2pserve.client.ring import RingRoute
-from p2pserve.client.rollback import Suspects
 from p2pserve.client.route_providers import ChainListRoutes, RouteProvider
-from p2pserve.client.tape import HopTape
+from p2pserve.client.trust.protocol import StepTrust
 from p2pserve.config import ClientConfig
 from p2pserve.errors import BadRequestError, GenerationFailedError, RoutingError
 from p2pserve.metrics import ClientMetrics, error_code
@@ -64,7 +63,8 @@ class Pipeline:
     def __init__(self, transport: Transport, routes: RouteProvider, model_id: str, num_layers: int, max_length: int,
                  sampling: SamplingParams = SamplingParams(), config: ClientConfig = ClientConfig(),
                  state: Optional[FailoverState] = None, vocab_size: Optional[int] = None,
-                 observer: Optional[ServiceObserver] = None, verifier=None, metrics: Optional[ClientMetrics] = None):
+                 observer: Optional[ServiceObserver] = None, trust: Optional[StepTrust] = None,
+                 metrics: Optional[ClientMetrics] = None):
         self.transport = transport
         self.vocab_size = vocab_size  # when known, a last hop's token outside it is malformed
         self.observer = observer  # times decode hops for the service reports (client/observer.py)
@@ -83,8 +83,7 @@ class Pipeline:
         self._links: Optional[list[HopConnection]] = None  # the current route's connections
         self._held = 0  # how many history tokens the current route's peers hold
         self._steps = 0  # Forward counter of the current route
-        self.verifier = verifier  # a client.verifier.Verifier when outputs are verified, else None
-        self._tapes: list[HopTape] = []  # per hop of the route: what it consumed and returned (verifier)
+        self.trust = trust  # verification's view of this pipeline (client/trust/), None: unverified
         self.verified: list[int] = []  # the last hop's tokens of the latest step with outputs > 1
         self.push = config.push or PushConfig()  # when steps are pushed peer to peer (client/push.py)
         self._pushed: Optional[PushedRoute] = None  # the current route's push state, once it pushed
@@ -94,7 +93,6 @@ class Pipeline:
         # need and its stop token ids; None: no ring for this step (speculative drafting)
         self.ring_limit: Optional[tuple[int, frozenset]] = (max_length - 1, frozenset())
         self.ring_steps = 0  # steps whose token came round a ring, for tests and reports
-        self.suspects = Suspects()  # who touched which outputs; its checks (client/rollback.py)
 
     @property
     def position(self) -> int:
@@ -146,7 +144,7 @@ class Pipeline:
                     await self._open_route()
                 sent = self.history[self._held:] + list(token_ids)
                 meta, data = tensor_to_wire(torch.tensor(sent, dtype=torch.int64))
-                if self.push.use_push(len(self._links), bool(self._tapes), [c.open_rtt_s for c in self._links]):
+                if self.push.use_push(len(self._links), self._taping(), [c.open_rtt_s for c in self._links]):
                     reply = await self._push(sent, meta, data, outputs)
                 else:
                     reply = await self._drive(sent, meta, data, outputs)
@@ -159,14 +157,18 @@ class Pipeline:
                 continue
             break
         self._steps += 1
-        if self._tapes:
-            self.verifier.after_step(self._tapes, self.sampling, self.suspects)
+        if self.trust is not None:
+            self.trust.after_step(self.sampling)
         self.history.extend(token_ids)
         self._held = len(self.history)
         if outputs > 1:
             self.verified = list(reply.tokens)  # check_forward made sure there are ``outputs``
             return self.verified[-1]
         return int(reply.token)  # check_forward made sure the last hop sent one
+
+    def _taping(self) -> bool:
+        """Whether verification records this route's exchanges (a taped route is never pushed)."""
+        return self.trust is not None and self.trust.taping
 
     async def _drive(self, sent: list[int], meta, data, outputs: int):
         """Client-driven hops: send ``sent`` (``meta``/``data`` on the wire) to each hop in turn,
@@ -175,6 +177,7 @@ class Pipeline:
         timed = None if self.metrics is None else (
             self.metrics.hop_decode if len(sent) == 1 else self.metrics.hop_prefill)
         last = len(self._links) - 1
+        tape = self.trust if self._taping() else None
         for i, link in enumerate(self._links):
             try:
                 msg = Forward(session_id=link.session_id, step=self._steps, position=self._held, tensor=meta,
@@ -189,8 +192,8 @@ class Pipeline:
                     timed.observe(elapsed)
                 meta = link.check_forward(reply, data, len(sent), self._steps, self._held,  # handed on undecoded
                                           link.hop.end == self.num_layers, self.vocab_size, msg.outputs)
-                if self._tapes:  # kept for re-execution: references, not copies
-                    self._tapes[i].record(self._held, len(sent), msg.tensor.dtype, inputs, reply, data)
+                if tape is not None:  # kept for re-execution: references, not copies
+                    tape.record(i, self._held, len(sent), msg.tensor.dtype, inputs, reply, data)
             except Exception as e:  # whatever broke on this hop is this hop's failure
                 raise HopFailure(link.hop, e) from e
         return reply
@@ -258,7 +261,7 @@ class Pipeline:
         Raises ``HopFailure`` naming the first hop, in route order, that could not open.
         """
         masks = self.state.masks()
-        hops = await self.routes.route(self.verifier.masks(masks) if self.verifier else masks)
+        hops = await self.routes.route(self.trust.masks(masks) if self.trust is not None else masks)
         check_chain(hops, self.num_layers)
         self.route_log.append(list(hops))
         cfg = self.config
@@ -287,8 +290,8 @@ class Pipeline:
             self._rerouting = False
             if self.metrics is not None:
                 self.metrics.failovers.inc()
-        if self.verifier is not None and cfg.verify_share > 0:
-            self._tapes = [HopTape(c.hop, c.session_id) for c in links]
+        if self.trust is not None:
+            self.trust.route_opened(links)
         if self.observer is not None:
             for c in links:
                 if c.open_rtt_s is not None:
@@ -332,13 +335,13 @@ class Pipeline:
         return exc
 
     async def _drop_route(self, settle_s: float = 2.0) -> None:
-        if self._tapes:  # checks drawn for this route's hops run now, in the background
-            self.verifier.route_done(self._tapes, self.suspects)
+        if self.trust is not None:  # checks drawn for this route's hops run now, in the background
+            self.trust.route_done()
         if self._pushed is not None:  # the first hop's last ack, read (up to settle_s) before CloseSession
             await self._pushed.settle(settle_s)
         if self._ring is not None:
             self._ring.cancel()
-        links, self._links, self._tapes, self._pushed, self._ring = self._links, None, [], None, None
+        links, self._links, self._pushed, self._ring = self._links, None, None, None
         if links:  # best effort: the route is being abandoned
             await asyncio.gather(*(c.close() for c in links), return_exceptions=True)
 
