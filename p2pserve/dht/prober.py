@@ -54,6 +54,7 @@ from p2pserve.dht.probe_messages import (
     write_probe_frame,
 )
 from p2pserve.errors import MalformedFrameError, ProtocolError
+from p2pserve.types import PeerId
 
 logger = logging.getLogger(__name__)
 
@@ -230,7 +231,7 @@ class LinkProber:
             raise ProtocolError(f"bulk not acknowledged: {reply}")
         return self._clock() - t0
 
-    async def probe(self, peer_id: str, addrs: Iterable[str] = ()) -> Optional[LinkStat]:
+    async def probe(self, peer_id: PeerId, addrs: Iterable[str] = ()) -> Optional[LinkStat]:
         """Measure RTT and bandwidth to one peer; ``None`` if it is busy (try later).
 
         Raises ``ProtocolError`` / ``ConnectionError`` / ``asyncio.TimeoutError`` when the peer
@@ -238,7 +239,7 @@ class LinkProber:
         """
         return await asyncio.wait_for(self._probe(peer_id, list(addrs)), self.config.timeout_s)
 
-    async def _probe(self, peer_id: str, addrs: list[str]) -> Optional[LinkStat]:
+    async def _probe(self, peer_id: PeerId, addrs: list[str]) -> Optional[LinkStat]:
         pid = PeerID.from_base58(peer_id)
         if addrs:
             try:  # the daemon may not know the peer's addresses yet
@@ -270,7 +271,7 @@ class LinkProber:
         self.record(peer_id, stat)
         return stat
 
-    def record(self, peer_id: str, stat: LinkStat) -> None:
+    def record(self, peer_id: PeerId, stat: LinkStat) -> None:
         """Keep one round's reading of the link to ``peer_id`` (the last ``keep_rounds`` count)."""
         rounds = self._history.setdefault(peer_id, [])
         rounds.append(stat)
@@ -290,7 +291,7 @@ class LinkProber:
             for pid, rounds in self._history.items()
         }
 
-    def due(self, peer_id: str, now: Optional[float] = None) -> bool:
+    def due(self, peer_id: PeerId, now: Optional[float] = None) -> bool:
         """Whether ``peer_id`` has not been probed within ``min_interval_s``."""
         now = time.monotonic() if now is None else now
         last = self._last_probe.get(peer_id)

@@ -53,6 +53,7 @@ from p2pserve.protocol import (
 from p2pserve.transport import Transport
 from p2pserve.transport.frames import tensor_from_wire, tensor_to_wire
 from p2pserve.transport.session_stream import open_session_stream
+from p2pserve.types import PeerId, SessionId
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +122,7 @@ class Forwarder:
         self._grants[msg.session_id] = (session, msg.from_peer)
         return PushAllowed(session_id=msg.session_id)
 
-    def session_for(self, session_id: str, stream, remote: str):
+    def session_for(self, session_id: SessionId, stream, remote: str):
         """The session a PushForward on ``stream`` (from ``remote``) may drive: one the stream
         opened (the first hop), or one whose grant names ``remote``; else SessionNotFoundError,
         exactly as for an id never opened."""
@@ -346,7 +347,7 @@ class Forwarder:
         async with asyncio.timeout(self.config.call_timeout_s * (1 + len(msg.route))):
             return await (await link.send(msg, payload, msg.forward.step))
 
-    async def _addresses(self, peer_id: str) -> list[str]:
+    async def _addresses(self, peer_id: PeerId) -> list[str]:
         """Where ``peer_id`` announced itself, as this peer's swarm view says; ConnectionError
         (the next hop is unreachable from here) when it has no record of it."""
         try:
@@ -375,7 +376,7 @@ class Forwarder:
         link.later = frozenset(later)
         return link, True
 
-    def _drop_link(self, session_id: str) -> None:
+    def _drop_link(self, session_id: SessionId) -> None:
         link: Optional[PushLink] = self._links.pop(session_id, None)
         if link is not None:
             link.close()

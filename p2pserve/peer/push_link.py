@@ -19,6 +19,7 @@ from p2pserve.protocol import ErrorReply, FrameLimits
 from p2pserve.transport import Stream
 from p2pserve.transport.frames import write_frame
 from p2pserve.transport.session_stream import SessionStream
+from p2pserve.types import PeerId
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +34,7 @@ class PushLink:
     that answers no pending frame, and ``on_broken(exc)`` the end of the stream, unless ``close``
     ended it."""
 
-    def __init__(self, peer_id: str, stream: Stream, session, limits: FrameLimits):
+    def __init__(self, peer_id: PeerId, stream: Stream, session, limits: FrameLimits):
         self.peer_id, self.stream, self.session = peer_id, stream, session
         # no per-frame timeout here: the forwarder times each pushed step (call_timeout_s)
         self.frames = SessionStream(peer_id, limits, timeout_s=float("inf"), stream=stream)

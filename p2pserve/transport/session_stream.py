@@ -18,9 +18,10 @@ from p2pserve.errors import error_from_reply
 from p2pserve.protocol import SESSION_PROTOCOL, ErrorReply, FrameLimits, decode_reply
 from p2pserve.transport import Stream, Transport
 from p2pserve.transport.frames import read_frame, write_frame
+from p2pserve.types import PeerId
 
 
-async def open_session_stream(transport: Transport, peer_id: str, maddrs: Sequence[str],
+async def open_session_stream(transport: Transport, peer_id: PeerId, maddrs: Sequence[str],
                               connect_timeout_s: float) -> Stream:
     """A new session-protocol stream to ``peer_id`` (its ``maddrs`` dialled first), within
     ``connect_timeout_s``."""
@@ -33,7 +34,7 @@ class SessionStream:
     ``stream`` is None until opened (:meth:`attach`) and after :meth:`close`.
     """
 
-    def __init__(self, peer_id: str, limits: FrameLimits, timeout_s: float, stream: Optional[Stream] = None,
+    def __init__(self, peer_id: PeerId, limits: FrameLimits, timeout_s: float, stream: Optional[Stream] = None,
                  label: Optional[str] = None):
         self.peer_id = peer_id
         self.limits = limits
