@@ -116,7 +116,7 @@ class ClientConfig:
     verify_hold: bool = False
     verify_every_request: bool = False
     evidence_ttl_s: float = 3600.0  # how long this client's evidence record lives in the DHT
-    # Observed service rates (client/observer.py): every report_period_s, a swarm client publishes
+    # Observed service rates (client/trust/observer.py): every report_period_s, a swarm client publishes
     # the per-session decode rates it measured at the peers it used (its last report_window
     # samples per peer) as a signed ServiceReports record; coordinators cap claims (trust.md). 0: off.
     report_period_s: float = 30.0

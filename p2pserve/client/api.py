@@ -107,7 +107,7 @@ class AsyncClient:
         self._transport: Optional[Transport] = None
         self._swarm = None
         self._peer_routes: Optional[PeerListRoutes] = None
-        self.observer = None  # a ServiceObserver in swarm mode (client/observer.py)
+        self.observer = None  # a ServiceObserver in swarm mode (client/trust/observer.py)
         self.metrics = ClientMetrics()  # this client's series (docs/metrics.md); `p2pserve api` serves them
         self._reporting: Optional[asyncio.Task] = None
         self._started = False
@@ -156,7 +156,7 @@ class AsyncClient:
             self._transport = await client_transport(self.config, await self._swarm.dht.replicate_p2p())
         self.swarm_routes = SwarmRoutes(self._swarm, seed=self.seed, num_layers=spec.num_layers, quant=spec.quant)
         if self.config.report_period_s > 0:  # observed service rates, for the coordinators' claim checks
-            from p2pserve.client.observer import ReportPublisher, ServiceObserver
+            from p2pserve.client.trust.observer import ReportPublisher, ServiceObserver
 
             self.observer = ServiceObserver(self.config.report_window)
             publisher = ReportPublisher(self._swarm, self.observer, self.config.report_period_s)

@@ -72,7 +72,7 @@ class HopConnection(SessionStream):
                           end=self.hop.end, max_length=max_length, sampling=sampling)
         t0 = time.perf_counter()
         reply, _ = await self.call(msg)
-        self.open_rtt_s = time.perf_counter() - t0  # no compute behind it: the link's RTT (client/observer.py)
+        self.open_rtt_s = time.perf_counter() - t0  # no compute behind it: the link's RTT (client/trust/observer.py)
         if not isinstance(reply, SessionOpened):
             raise MalformedFrameError(f"expected SessionOpened from {self.hop}, got {type(reply).__name__}")
         self.session_id, self.opened = session_id, reply

@@ -38,11 +38,10 @@ from p2pserve.client.failover import (
     routes_exhausted,
 )
 from p2pserve.client.hop import Hop, check_chain
-from p2pserve.client.observer import ServiceObserver
 from p2pserve.client.push import PushConfig
 from p2pserve.client.route_forwarding import RouteForwarding
 from p2pserve.client.route_providers import ChainListRoutes, RouteProvider
-from p2pserve.client.trust.protocol import StepTrust
+from p2pserve.client.trust.protocol import HopObserver, StepTrust
 from p2pserve.config import ClientConfig
 from p2pserve.errors import BadRequestError, GenerationFailedError, RoutingError
 from p2pserve.metrics import ClientMetrics, error_code
@@ -64,11 +63,11 @@ class Pipeline:
     def __init__(self, transport: Transport, routes: RouteProvider, model_id: str, num_layers: int, max_length: int,
                  sampling: SamplingParams = SamplingParams(), config: ClientConfig = ClientConfig(),
                  state: Optional[FailoverState] = None, vocab_size: Optional[int] = None,
-                 observer: Optional[ServiceObserver] = None, trust: Optional[StepTrust] = None,
+                 observer: Optional[HopObserver] = None, trust: Optional[StepTrust] = None,
                  metrics: Optional[ClientMetrics] = None):
         self.transport = transport
         self.vocab_size = vocab_size  # when known, a last hop's token outside it is malformed
-        self.observer = observer  # times decode hops for the service reports (client/observer.py)
+        self.observer = observer  # times decode hops for the service reports (client/trust/observer.py)
         self.metrics = metrics  # hop times, failed hops, failovers and failed requests, when given
         self._rerouting = False  # a hop failed and no route has been opened since (a failover under way)
         self.routes = routes

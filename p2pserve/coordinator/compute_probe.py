@@ -14,7 +14,7 @@ it measures (``coordinator/claims.py`` counts its own report as an observation o
   states ``[1, hidden_size]`` in the dtype the peer announced in ``SessionOpened``;
 * it times the decode round trips and the OpenSession round trip (no compute behind it: the
   link's RTT), and turns them into an :class:`~p2pserve.dht.reports.ObservedRate` the way a
-  client does (``client/observer.py``): ``wall_rate`` = 1 / median round trip, ``rate`` = 1 /
+  client does (``client/trust/observer.py``): ``wall_rate`` = 1 / median round trip, ``rate`` = 1 /
   (median - RTT), at most ``max_rtt_credit`` x ``wall_rate``;
 * the results are published as the coordinator's own signed ``ServiceReports`` record, so that
   ``p2pserve status`` (which trusts the elected leader's report) says why a claim is capped.

@@ -1,6 +1,6 @@
 """``ServiceReports``: service rates a client observed at the peers it used (a signed DHT record).
 
-A client times the hops of its decode steps (:mod:`p2pserve.client.observer`) and publishes,
+A client times the hops of its decode steps (:mod:`p2pserve.client.trust.observer`) and publishes,
 every ``ClientConfig.report_period_s``, one record of kind ``RecordKind.REPORTS`` under its own
 owner subkey. The coordinator compares these observations with what peers claim
 (:mod:`p2pserve.coordinator.claims`).

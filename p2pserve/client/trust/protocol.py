@@ -1,4 +1,5 @@
-"""``StepTrust``: the one interface a pipeline has to the trust machinery.
+"""``StepTrust``: the one interface a pipeline has to the trust machinery (and ``HopObserver``,
+the timing of hops for the service reports).
 
 A pipeline holds one per generation (None: nothing is verified). It asks it which peers to
 leave out of a route, tells it when a route opens and is left, hands it each hop's exchange
@@ -15,6 +16,17 @@ if TYPE_CHECKING:
     from p2pserve.client.connection import HopConnection
     from p2pserve.client.routing import Masks
     from p2pserve.protocol import SamplingParams
+
+
+class HopObserver(Protocol):
+    """Times hops for the service reports (``trust/observer.py``: what clients observe of peers'
+    claimed rates)."""
+
+    def rtt(self, peer_id: str, layers: int, seconds: float) -> None:
+        """A session of ``layers`` layers on ``peer_id`` opened in ``seconds`` (the link's RTT)."""
+
+    def decode(self, peer_id: str, layers: int, seconds: float) -> None:
+        """A one-token step of ``layers`` layers on ``peer_id`` took ``seconds``, round trip."""
 
 
 class StepTrust(Protocol):
