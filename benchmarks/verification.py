@@ -46,7 +46,7 @@ sys.path.insert(0, str(REPO))
 
 from p2pserve.client.api import AsyncClient  # noqa: E402
 from p2pserve.client.model_info import LocalModelInfo  # noqa: E402
-from p2pserve.client.verifier import TOLERANCE  # noqa: E402
+from p2pserve.client.trust.verifier import TOLERANCE  # noqa: E402
 from p2pserve.config import ClientConfig  # noqa: E402
 from p2pserve.launch import start_peers  # noqa: E402
 from tests import dishonest  # noqa: E402

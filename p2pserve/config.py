@@ -106,17 +106,17 @@ class ClientConfig:
     # No usable route (bans, a peer loading, a record not yet announced): wait up to this long in all,
     # re-reading the swarm, before failing (0: fail at once, HTTP 503; churn: tests/chaos).
     no_route_wait_s: float = 0.0
-    # Output verification (client/verifier.py, docs/trust.md): the share of each hop's steps re-executed
+    # Output verification (client/trust/verifier.py, docs/trust.md): the share of each hop's steps re-executed
     # on another replica in the background; 2% catches a peer corrupting 10% of its steps in tens of
     # requests (a check covers the whole session); 0: off. A caught peer's outputs are regenerated
-    # (client/rollback.py); verify_hold makes a request await its own checks first, and
+    # (client/trust/rollback.py); verify_hold makes a request await its own checks first, and
     # verify_every_request (with verify_share > 0) checks every hop of every route, never skipped.
     verify_share: float = 0.02
     verify_max_inflight: int = 4  # background checks at once; a draw beyond that is skipped
     verify_hold: bool = False
     verify_every_request: bool = False
     evidence_ttl_s: float = 3600.0  # how long this client's evidence record lives in the DHT
-    # Observed service rates (client/observer.py): every report_period_s, a swarm client publishes
+    # Observed service rates (client/trust/observer.py): every report_period_s, a swarm client publishes
     # the per-session decode rates it measured at the peers it used (its last report_window
     # samples per peer) as a signed ServiceReports record; coordinators cap claims (trust.md). 0: off.
     report_period_s: float = 30.0

@@ -25,6 +25,7 @@ from typing import Mapping, Optional
 
 from p2pserve.client.hop import Hop
 from p2pserve.parent_watch import PARENT_ENV
+from p2pserve.types import PeerId
 
 
 @dataclass
@@ -165,7 +166,7 @@ class Children:
 class PeerProcess(Child):
     """A running `p2pserve peer` process, with what its ready line announced."""
 
-    peer_id: str = ""
+    peer_id: PeerId = ""
     maddrs: tuple[str, ...] = ()
     layers: tuple[int, int] = (0, 0)
 

@@ -30,6 +30,7 @@ from p2pserve.errors import (
     PayloadTooLargeError,
     VersionMismatchError,
 )
+from p2pserve.types import PeerId, SessionId
 from p2pserve.wire_types import (  # noqa: F401 (re-exported: every message is built from them)
     DTYPE_SIZES,
     INT64_MAX,
@@ -73,7 +74,7 @@ class OpenSession(msgspec.Struct, frozen=True, tag_field="t", tag="open"):
 
     version: int
     model_id: str
-    session_id: str
+    session_id: SessionId
     start: NonNegative
     end: NonNegative
     max_length: NonNegative
@@ -96,7 +97,7 @@ class Forward(msgspec.Struct, frozen=True, omit_defaults=True, tag_field="t", ta
     last only accept 1. Left at 1 it is not encoded at all, so the one-token path is unchanged.
     """
 
-    session_id: str
+    session_id: SessionId
     step: NonNegative
     position: NonNegative
     tensor: TensorMeta
@@ -106,7 +107,7 @@ class Forward(msgspec.Struct, frozen=True, omit_defaults=True, tag_field="t", ta
 class CloseSession(msgspec.Struct, frozen=True, tag_field="t", tag="close"):
     """Free a session's KV cache now instead of waiting for the idle timeout."""
 
-    session_id: str
+    session_id: SessionId
 
 
 class GetStats(msgspec.Struct, frozen=True, tag_field="t", tag="get_stats"):
@@ -139,13 +140,13 @@ class DirectAttached(msgspec.Struct, frozen=True, tag_field="t", tag="direct_att
     """The direct connection is accepted (its token redeemed). ``peer_id`` is an echo, checked
     for consistency only: what proves whom the client reached is the pinned TLS certificate."""
 
-    peer_id: str
+    peer_id: PeerId
 
 
 class SessionOpened(msgspec.Struct, frozen=True, tag_field="t", tag="opened"):
     """The session is open; echoes what the peer serves so the client can check the chain."""
 
-    session_id: str
+    session_id: SessionId
     start: NonNegative
     end: NonNegative
     served_start: NonNegative
@@ -165,7 +166,7 @@ class ForwardResult(msgspec.Struct, frozen=True, tag_field="t", tag="result"):
     ``p2pserve.dht.evidence.ReplyClaim``); empty from a peer that does not sign.
     """
 
-    session_id: str
+    session_id: SessionId
     step: NonNegative
     position: NonNegative
     tensor: TensorMeta | None = None
@@ -177,7 +178,7 @@ class ForwardResult(msgspec.Struct, frozen=True, tag_field="t", tag="result"):
 class SessionClosed(msgspec.Struct, frozen=True, tag_field="t", tag="closed"):
     """Acknowledges CloseSession."""
 
-    session_id: str
+    session_id: SessionId
 
 
 class PeerStats(msgspec.Struct, frozen=True, tag_field="t", tag="stats"):
@@ -214,7 +215,7 @@ class ErrorReply(msgspec.Struct, frozen=True, tag_field="t", tag="error"):
 
     code: str
     message: str
-    session_id: str | None = None
+    session_id: SessionId | None = None
     step: NonNegative | None = None
     failed_peer: str | None = None
 
@@ -274,7 +275,7 @@ class AllowPush(msgspec.Struct, frozen=True, tag_field="t", tag="allow_push"):
 class PushAllowed(msgspec.Struct, frozen=True, tag_field="t", tag="push_allowed"):
     """Acknowledges AllowPush."""
 
-    session_id: str
+    session_id: SessionId
 
 
 class PushForward(msgspec.Struct, frozen=True, tag_field="t", tag="push_forward"):
@@ -302,7 +303,7 @@ class RingStopped(msgspec.Struct, frozen=True, tag_field="t", tag="ring_stopped"
     """Answers an ``AwaitResult`` for a step past the ring's end: the ring stopped after ``step``
     (a stop token, or its ``max_position``)."""
 
-    session_id: str
+    session_id: SessionId
     step: NonNegative
 
 
@@ -310,7 +311,7 @@ class PushAck(msgspec.Struct, frozen=True, tag_field="t", tag="push_ack"):
     """A pushed step ran on this hop and every later one (the last hop's result went to the
     owner's AwaitResult)."""
 
-    session_id: str
+    session_id: SessionId
     step: NonNegative
 
 
@@ -375,7 +376,7 @@ def tokens_bytes(tokens: list[int]) -> bytes:
     return struct.pack(f">{len(tokens)}q", *tokens)
 
 
-def error_reply(code: ErrorCode, message: str, session_id: str | None = None, step: int | None = None,
+def error_reply(code: ErrorCode, message: str, session_id: SessionId | None = None, step: int | None = None,
                 failed_peer: str | None = None) -> ErrorReply:
     """Build an ErrorReply from an ErrorCode."""
     return ErrorReply(code=code.value, message=message, session_id=session_id, step=step, failed_peer=failed_peer)

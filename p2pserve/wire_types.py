@@ -9,9 +9,9 @@ from typing import Annotated
 
 import msgspec
 
+from p2pserve.dtypes import DTYPE_SIZES
 from p2pserve.errors import MalformedFrameError
 
-DTYPE_SIZES = {"float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4}
 MAX_TENSOR_DIMS = 4
 #: Bound on a tensor shape's extent, empty dimensions counted as 1: an empty tensor holds no bytes,
 #: but torch still computes strides from its other dimensions ([0, 2**62, 2**62] overflowed them).

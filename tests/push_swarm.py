@@ -8,6 +8,8 @@ swarm (``FakeSwarm``, with the real reader's identity rules). The fixtures ``mod
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -87,8 +89,7 @@ def swarm(model):
 
 async def _generate(swarm, routes, push: PushConfig, prompt, n, kill_after=None, sampling=SamplingParams()):
     pipeline = Pipeline(swarm.net.transport("QmClient"), routes, swarm.spec.model_id, 3, 64, sampling,
-                        CONFIG, FailoverState(CONFIG), vocab_size=swarm.spec.vocab_size)
-    pipeline.push = push
+                        replace(CONFIG, push=push), FailoverState(CONFIG), vocab_size=swarm.spec.vocab_size)
     out, pending = [], list(prompt)
     try:
         for i in range(n):

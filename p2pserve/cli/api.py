@@ -172,7 +172,7 @@ def api_config_from_args(args: argparse.Namespace) -> ApiConfig:
 
 def run(args: argparse.Namespace) -> int:
     """Serve until Ctrl-C / SIGTERM."""
-    from p2pserve.client.openai_server import OpenAIServer
+    from p2pserve.http.openai.server import OpenAIServer
     from p2pserve.errors import P2PServeError
 
     logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.WARNING))

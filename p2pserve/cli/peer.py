@@ -21,6 +21,7 @@ import logging
 import signal
 import sys
 
+from p2pserve.dtypes import MODEL_DTYPES
 from p2pserve.config import AdmissionConfig, BatchingConfig, PeerConfig
 from p2pserve.errors import ConfigError, P2PServeError
 from p2pserve.model.quant import require_backend
@@ -112,7 +113,7 @@ def _add_device_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tp", type=int, default=None, metavar="N",
                    help="tensor-parallel size: with --device cpu, N processes on this host split each layer (gloo); "
                         "the group is announced as one peer (docs/tensor-parallel.md)")
-    p.add_argument("--dtype", default=d.dtype, choices=["float32", "float16", "bfloat16"])
+    p.add_argument("--dtype", default=d.dtype, choices=list(MODEL_DTYPES))
     p.add_argument("--quant", default="none", choices=["none", "int8", "nf4", "int4"],
                    help="weight-only quantization of the layers served (needs the 'quant' extra); the swarm "
                         "model name gets '@SCHEME', so only clients asking for it route here (docs/quantization.md)")

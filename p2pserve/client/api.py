@@ -102,12 +102,12 @@ class AsyncClient:
         self.info = model_info
         self.failover = FailoverState(config)
         self.swarm_routes = None  # a SwarmRoutes in swarm mode, once started
-        self.verifier = None  # a client.verifier.Verifier once started, when config.verify_share > 0
+        self.verifier = None  # a client.trust.verifier.Verifier once started, when config.verify_share > 0
         self._given_transport = transport
         self._transport: Optional[Transport] = None
         self._swarm = None
         self._peer_routes: Optional[PeerListRoutes] = None
-        self.observer = None  # a ServiceObserver in swarm mode (client/observer.py)
+        self.observer = None  # a ServiceObserver in swarm mode (client/trust/observer.py)
         self.metrics = ClientMetrics()  # this client's series (docs/metrics.md); `p2pserve api` serves them
         self._reporting: Optional[asyncio.Task] = None
         self._started = False
@@ -156,7 +156,7 @@ class AsyncClient:
             self._transport = await client_transport(self.config, await self._swarm.dht.replicate_p2p())
         self.swarm_routes = SwarmRoutes(self._swarm, seed=self.seed, num_layers=spec.num_layers, quant=spec.quant)
         if self.config.report_period_s > 0:  # observed service rates, for the coordinators' claim checks
-            from p2pserve.client.observer import ReportPublisher, ServiceObserver
+            from p2pserve.client.trust.observer import ReportPublisher, ServiceObserver
 
             self.observer = ServiceObserver(self.config.report_window)
             publisher = ReportPublisher(self._swarm, self.observer, self.config.report_period_s)
@@ -164,7 +164,7 @@ class AsyncClient:
 
     def _start_verifier(self) -> None:
         """Verify a share of every hop's outputs on another replica (``ClientConfig.verify_share``)."""
-        from p2pserve.client.verify_sources import peer_list_verifier, swarm_verifier
+        from p2pserve.client.trust.verify_sources import peer_list_verifier, swarm_verifier
 
         if self.config.verify_share <= 0:
             return
@@ -248,7 +248,7 @@ class AsyncClient:
         spec = self.info.spec
         pipeline = Pipeline(self._transport, self._routes_for(max_length), spec.model_id, spec.num_layers,
                             max_length, sampling, self.config, self.failover, vocab_size=spec.vocab_size,
-                            observer=self.observer, verifier=self.verifier, metrics=self.metrics)
+                            observer=self.observer, trust=self.verifier and self.verifier.session(), metrics=self.metrics)
         self.metrics.requests.inc()
         return Generation(pipeline, prompt_ids, params, self.info.eos_ids, self.info.tokenizer,
                           recompute_past=spec.recompute_past, metrics=self.metrics,

@@ -17,12 +17,11 @@ import numpy as np
 import torch
 
 from p2pserve.client.hop import Hop
-from p2pserve.errors import MalformedFrameError, error_from_reply
+from p2pserve.dtypes import EXPONENT_MASKS
+from p2pserve.errors import MalformedFrameError
 from p2pserve.protocol import (
     PROTOCOL_VERSION,
-    SESSION_PROTOCOL,
     CloseSession,
-    ErrorReply,
     Forward,
     ForwardResult,
     FrameLimits,
@@ -32,14 +31,14 @@ from p2pserve.protocol import (
     SamplingParams,
     SessionOpened,
     TensorMeta,
-    decode_reply,
 )
-from p2pserve.transport import Stream, Transport
-from p2pserve.transport.frames import read_frame, tensor_from_wire, tensor_to_wire, write_frame
+from p2pserve.transport import Transport
+from p2pserve.transport.frames import tensor_from_wire, tensor_to_wire
+from p2pserve.transport.session_stream import SessionStream, open_session_stream
 
 
-class HopConnection:
-    """A session stream to one peer: open, forward, close.
+class HopConnection(SessionStream):
+    """A session stream to one peer carrying one hop: open, forward, close.
 
     ``timeout_s`` bounds every round trip (a prefill included); ``connect_timeout_s`` bounds
     dialling the peer and opening the stream.
@@ -47,20 +46,18 @@ class HopConnection:
 
     def __init__(self, transport: Transport, hop: Hop, limits: FrameLimits, timeout_s: float,
                  connect_timeout_s: float = 20.0):
+        super().__init__(hop.peer_id, limits, timeout_s, label=str(hop))
         self.transport = transport
         self.hop = hop
-        self.limits = limits
-        self.timeout_s = timeout_s
         self.connect_timeout_s = connect_timeout_s
-        self.stream: Optional[Stream] = None
         self.session_id: Optional[str] = None
         self.opened: Optional[SessionOpened] = None
         self.open_rtt_s: Optional[float] = None
 
     async def connect(self) -> None:
         """Open the stream (dialling the hop's addresses first) without opening a session."""
-        self.stream = await self.transport.open_stream(self.hop.peer_id, self.hop.maddrs, SESSION_PROTOCOL,
-                                                       self.connect_timeout_s)
+        self.attach(await open_session_stream(self.transport, self.hop.peer_id, self.hop.maddrs,
+                                              self.connect_timeout_s))
 
     async def open(self, model_id: str, session_id: Optional[str], max_length: int,
                    sampling: SamplingParams) -> SessionOpened:
@@ -75,26 +72,11 @@ class HopConnection:
                           end=self.hop.end, max_length=max_length, sampling=sampling)
         t0 = time.perf_counter()
         reply, _ = await self.call(msg)
-        self.open_rtt_s = time.perf_counter() - t0  # no compute behind it: the link's RTT (client/observer.py)
+        self.open_rtt_s = time.perf_counter() - t0  # no compute behind it: the link's RTT (client/trust/observer.py)
         if not isinstance(reply, SessionOpened):
             raise MalformedFrameError(f"expected SessionOpened from {self.hop}, got {type(reply).__name__}")
         self.session_id, self.opened = session_id, reply
         return reply
-
-    async def call(self, msg, payload=b"") -> tuple[object, bytes]:
-        """Send ``msg`` (with ``payload``) and return the reply and its payload bytes."""
-        if self.stream is None:
-            raise ConnectionError(f"stream to {self.hop} is closed")
-        try:
-            async with asyncio.timeout(self.timeout_s):  # no extra task per call, unlike wait_for
-                await write_frame(self.stream.writer, msg, payload)
-                header, body = await read_frame(self.stream.reader, self.limits)
-        except asyncio.IncompleteReadError:
-            raise ConnectionError(f"peer {self.hop} closed the stream") from None
-        reply = decode_reply(header)
-        if isinstance(reply, ErrorReply):
-            raise error_from_reply(reply.code, reply.message, peer=self.hop.peer_id)
-        return reply, body
 
     def hidden_of(self, reply, payload: bytes, n: int) -> Optional[TensorMeta]:
         """Check a reply to a Forward of ``n`` positions; returns its hidden states' header, if any.
@@ -177,16 +159,16 @@ class HopConnection:
         self.stream = None
 
 
-# The exponent bits of each float dtype, read as an unsigned integer of its width: a value is
-# inf or NaN exactly when they are all set. Checked on the received bytes, with no copy and for
-# bfloat16 too (numpy has no bfloat16).
-_EXPONENT = {"float32": (np.uint32, 0x7F800000), "float16": (np.uint16, 0x7C00), "bfloat16": (np.uint16, 0x7F80)}
+# Checked on the received bytes through the exponent masks, with no copy and for bfloat16 too
+# (numpy has no bfloat16).
+_UINT = {2: np.uint16, 4: np.uint32}
 
 
 def all_finite(dtype: str, payload) -> bool:
     """Whether every value of a float tensor's raw bytes is finite (other dtypes: True)."""
-    if dtype not in _EXPONENT or not len(payload):
+    if dtype not in EXPONENT_MASKS or not len(payload):
         return True
-    int_type, mask = _EXPONENT[dtype]
+    width, mask = EXPONENT_MASKS[dtype]
+    int_type = _UINT[width]
     bits = np.frombuffer(payload, dtype=int_type)
     return not bool(np.any((bits & int_type(mask)) == int_type(mask)))

@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from p2pserve.client.params import GenerationParams
-from p2pserve.client.rollback import settle, suspect_from
 from p2pserve.client.speculative import SpeculationTuner, SpeculativeConfig, accept
 from p2pserve.client.textstream import IncrementalDetokenizer, StopStringMatcher
 from p2pserve.clock import Clock
@@ -48,6 +47,12 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     while i < n and a[i] == b[i]:
         i += 1
     return i
+
+
+def rollback_from(pipeline) -> Optional[int]:
+    """The output position from which ``pipeline``'s tokens must be generated again (a peer that
+    touched them was caught), or None (nothing verified, or nobody caught)."""
+    return pipeline.trust.rollback_from() if pipeline.trust is not None else None
 
 
 class Generation:
@@ -100,7 +105,7 @@ class Generation:
         """The next token and its newly final text (the last event may flush held-back text)."""
         if self._done:
             raise StopAsyncIteration
-        if self._pending is not None and suspect_from(self.pipeline) is not None:
+        if self._pending is not None and rollback_from(self.pipeline) is not None:
             await self._roll_back()
         if self._ready:
             token = self._ready.pop(0)
@@ -148,10 +153,9 @@ class Generation:
         """Tell a pipeline that may run a ring (``client/ring.py``) how far this generation can
         need it: the input position of its last token's step, and the tokens that end it; no ring
         at all with a drafter (speculative steps are plain pushes)."""
-        if hasattr(self.pipeline, "ring_limit"):
-            remaining = self.params.max_new_tokens - len(self.result.tokens)  # tokens still to come, this one included
-            self.pipeline.ring_limit = None if self._drafter is not None else (
-                self.pipeline.position + len(self._pending) + remaining - 2, self._stop_ids)
+        remaining = self.params.max_new_tokens - len(self.result.tokens)  # tokens still to come, this one included
+        self.pipeline.forwarding.limit_ring(None if self._drafter is not None else (
+            self.pipeline.position + len(self._pending) + remaining - 2, self._stop_ids))
 
     async def _speculate(self) -> list[int]:
         """One speculative step: draft k tokens, verify them with the pending ones in one Forward,
@@ -185,24 +189,26 @@ class Generation:
         """Before the reply completes: with ``ClientConfig.verify_hold``, wait for the checks drawn
         on its steps; then, if a peer it used was caught, roll back (True: generation goes on)."""
         pipeline = self.pipeline
-        if getattr(pipeline, "verifier", None) is None:
+        if pipeline.trust is None:
             return False
         if pipeline.config.verify_hold and self.withdraw:  # a stream could not take its tokens back
-            await settle(pipeline)
+            await pipeline.close()  # its due checks start
+            if pipeline.trust is not None:
+                await pipeline.trust.settle()
         return await self._roll_back()
 
     async def _roll_back(self) -> bool:
         """Withdraw every token from the first one a caught peer touched, and generate them again
-        on a route without it (``client/rollback.py``); False when nothing is suspect.
+        on a route without it (``client/trust/rollback.py``); False when nothing is suspect.
 
         Tokens already yielded are withdrawn from ``result`` (``rolled_back`` counts them); with
         ``withdraw`` off (a stream sent them) they stay and only the route changes (False).
         """
         pipeline = self.pipeline
-        first = suspect_from(pipeline)
+        first = rollback_from(pipeline)
         if first is None:
             return False
-        pipeline.suspects.forget(pipeline.verifier.excluded)
+        pipeline.trust.forget_caught()
         await pipeline.close()  # the caught peer may be on the route: the next step re-routes and replays
         if not self.withdraw:
             return False

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Union
 
 from p2pserve.errors import ConfigError, RoutingError
+from p2pserve.types import PeerId
 
 #: A peer given by hand: ``(multiaddr, start, end)`` or ``'MULTIADDR@START:END'``; the multiaddr
 #: ends with ``/p2p/<peer id>``.
@@ -20,7 +21,7 @@ PeerEntry = Union[str, tuple[str, int, int]]
 class Hop:
     """Run layers [start, end) on ``peer_id`` (reachable at ``maddrs``)."""
 
-    peer_id: str
+    peer_id: PeerId
     start: int
     end: int
     maddrs: tuple[str, ...] = ()

@@ -3,8 +3,8 @@
 :meth:`Pipeline.step` sends token ids to the first hop of the current route, hands each hop's
 hidden states to the next as the bytes it received, and returns the token the last hop sampled.
 Why client-driven and not peer-to-peer forwarding is measured and argued in ARCHITECTURE.md
-("Hop topology"); ``Pipeline.push`` (a :class:`~p2pserve.client.push.PushConfig`) turns on push
-mode per route, where the first hop forwards peer to peer (:mod:`p2pserve.client.push`).
+("Hop topology"); ``ClientConfig.push`` (a :class:`~p2pserve.client.push.PushConfig`) turns on push
+mode per route, where the first hop forwards peer to peer (``Pipeline.forwarding``).
 
 The pipeline keeps the one token history of the request (prompt and generated tokens it sent)
 and how much of it the current route's peers hold. When a hop fails it applies the pure
@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import replace
 from typing import Optional, Sequence
 
 import torch
@@ -37,12 +38,10 @@ from p2pserve.client.failover import (
     routes_exhausted,
 )
 from p2pserve.client.hop import Hop, check_chain
-from p2pserve.client.observer import ServiceObserver
-from p2pserve.client.push import PushConfig, PushedRoute
-from p2pserve.client.ring import RingRoute
-from p2pserve.client.rollback import Suspects
+from p2pserve.client.push import PushConfig
+from p2pserve.client.route_forwarding import RouteForwarding
 from p2pserve.client.route_providers import ChainListRoutes, RouteProvider
-from p2pserve.client.tape import HopTape
+from p2pserve.client.trust.protocol import HopObserver, StepTrust
 from p2pserve.config import ClientConfig
 from p2pserve.errors import BadRequestError, GenerationFailedError, RoutingError
 from p2pserve.metrics import ClientMetrics, error_code
@@ -64,10 +63,11 @@ class Pipeline:
     def __init__(self, transport: Transport, routes: RouteProvider, model_id: str, num_layers: int, max_length: int,
                  sampling: SamplingParams = SamplingParams(), config: ClientConfig = ClientConfig(),
                  state: Optional[FailoverState] = None, vocab_size: Optional[int] = None,
-                 observer: Optional[ServiceObserver] = None, verifier=None, metrics: Optional[ClientMetrics] = None):
+                 observer: Optional[HopObserver] = None, trust: Optional[StepTrust] = None,
+                 metrics: Optional[ClientMetrics] = None):
         self.transport = transport
         self.vocab_size = vocab_size  # when known, a last hop's token outside it is malformed
-        self.observer = observer  # times decode hops for the service reports (client/observer.py)
+        self.observer = observer  # times decode hops for the service reports (client/trust/observer.py)
         self.metrics = metrics  # hop times, failed hops, failovers and failed requests, when given
         self._rerouting = False  # a hop failed and no route has been opened since (a failover under way)
         self.routes = routes
@@ -83,18 +83,10 @@ class Pipeline:
         self._links: Optional[list[HopConnection]] = None  # the current route's connections
         self._held = 0  # how many history tokens the current route's peers hold
         self._steps = 0  # Forward counter of the current route
-        self.verifier = verifier  # a client.verifier.Verifier when outputs are verified, else None
-        self._tapes: list[HopTape] = []  # per hop of the route: what it consumed and returned (verifier)
+        self.trust = trust  # verification's view of this pipeline (client/trust/), None: unverified
         self.verified: list[int] = []  # the last hop's tokens of the latest step with outputs > 1
-        self.push = config.push or PushConfig()  # when steps are pushed peer to peer (client/push.py)
-        self._pushed: Optional[PushedRoute] = None  # the current route's push state, once it pushed
-        self.pushed_steps = 0  # steps that went peer to peer (push mode), for tests and reports
-        self._ring: Optional[RingRoute] = None  # the current route's ring, once it ran one
-        # a ring's bounds, set by the generation before each step: the last input position it may
-        # need and its stop token ids; None: no ring for this step (speculative drafting)
-        self.ring_limit: Optional[tuple[int, frozenset]] = (max_length - 1, frozenset())
-        self.ring_steps = 0  # steps whose token came round a ring, for tests and reports
-        self.suspects = Suspects()  # who touched which outputs; its checks (client/rollback.py)
+        # when and how steps go peer to peer (client/push.py, client/ring.py)
+        self.forwarding = RouteForwarding(config.push or PushConfig(), max_length)
 
     @property
     def position(self) -> int:
@@ -146,7 +138,7 @@ class Pipeline:
                     await self._open_route()
                 sent = self.history[self._held:] + list(token_ids)
                 meta, data = tensor_to_wire(torch.tensor(sent, dtype=torch.int64))
-                if self.push.use_push(len(self._links), bool(self._tapes), [c.open_rtt_s for c in self._links]):
+                if self.forwarding.use(self._links, self._taping()):
                     reply = await self._push(sent, meta, data, outputs)
                 else:
                     reply = await self._drive(sent, meta, data, outputs)
@@ -159,14 +151,18 @@ class Pipeline:
                 continue
             break
         self._steps += 1
-        if self._tapes:
-            self.verifier.after_step(self._tapes, self.sampling, self.suspects)
+        if self.trust is not None:
+            self.trust.after_step(self.sampling)
         self.history.extend(token_ids)
         self._held = len(self.history)
         if outputs > 1:
             self.verified = list(reply.tokens)  # check_forward made sure there are ``outputs``
             return self.verified[-1]
         return int(reply.token)  # check_forward made sure the last hop sent one
+
+    def _taping(self) -> bool:
+        """Whether verification records this route's exchanges (a taped route is never pushed)."""
+        return self.trust is not None and self.trust.taping
 
     async def _drive(self, sent: list[int], meta, data, outputs: int):
         """Client-driven hops: send ``sent`` (``meta``/``data`` on the wire) to each hop in turn,
@@ -175,6 +171,7 @@ class Pipeline:
         timed = None if self.metrics is None else (
             self.metrics.hop_decode if len(sent) == 1 else self.metrics.hop_prefill)
         last = len(self._links) - 1
+        tape = self.trust if self._taping() else None
         for i, link in enumerate(self._links):
             try:
                 msg = Forward(session_id=link.session_id, step=self._steps, position=self._held, tensor=meta,
@@ -189,47 +186,19 @@ class Pipeline:
                     timed.observe(elapsed)
                 meta = link.check_forward(reply, data, len(sent), self._steps, self._held,  # handed on undecoded
                                           link.hop.end == self.num_layers, self.vocab_size, msg.outputs)
-                if self._tapes:  # kept for re-execution: references, not copies
-                    self._tapes[i].record(self._held, len(sent), msg.tensor.dtype, inputs, reply, data)
+                if tape is not None:  # kept for re-execution: references, not copies
+                    tape.record(i, self._held, len(sent), msg.tensor.dtype, inputs, reply, data)
             except Exception as e:  # whatever broke on this hop is this hop's failure
                 raise HopFailure(link.hop, e) from e
         return reply
 
     async def _push(self, sent: list[int], meta, data, outputs: int):
-        """Push mode (:mod:`p2pserve.client.push`): one PushForward to the first hop, forwarded
-        peer to peer; the hops are allowed to push into each other's sessions once per route.
-        As a ring (:mod:`p2pserve.client.ring`) when the config and the step allow it."""
+        """The step peer to peer (:class:`~p2pserve.client.route_forwarding.RouteForwarding`)."""
         msg = Forward(session_id=self._links[0].session_id, step=self._steps, position=self._held, tensor=meta,
                       outputs=outputs)
-        t0 = time.perf_counter()
-        if self.push.ring and outputs == 1 and self.ring_limit is not None:
-            reply = await self._ring_step(msg, sent, data)
-        else:
-            if self._ring is not None:  # the hops' grants admit only ring steps: grant afresh
-                await self._ring.drain()
-                self._ring, self._pushed = None, None
-            if self._pushed is None:
-                self._pushed = PushedRoute(self._links)
-            reply = await self._pushed.step(msg, data, len(sent), self.vocab_size)
-        self.pushed_steps += 1
-        if self.metrics is not None:
-            (self.metrics.hop_decode if len(sent) == 1 else self.metrics.hop_prefill).observe(time.perf_counter() - t0)
-        return reply
-
-    async def _ring_step(self, msg: Forward, sent: list[int], data):
-        """The ring's next token when ``sent`` is the token the ring already has; else (re)start
-        the ring with this step, within ``ring_limit``."""
-        if self._ring is None:
-            if self._pushed is not None:  # the first hop's last ack, read before the ring uses its stream
-                await self._pushed.settle()
-                self._pushed = None
-            self._ring = RingRoute(self._links)
-        if self._ring.continues(sent, self._held, msg.step):
-            self.ring_steps += 1
-            return await self._ring.next(self.vocab_size)
-        last_position, stop = self.ring_limit
-        return await self._ring.start(msg, data, len(sent), self.vocab_size,
-                                      min(last_position, self.max_length - 1), stop)
+        timed = None if self.metrics is None else (
+            self.metrics.hop_decode if len(sent) == 1 else self.metrics.hop_prefill)
+        return await self.forwarding.step(self._links, msg, sent, data, self._held, self.vocab_size, timed)
 
     async def verify(self, token_ids: Sequence[int], outputs: int) -> list[int]:
         """Feed ``token_ids`` (the pending token and k draft tokens, ``outputs`` = k + 1) and
@@ -258,7 +227,7 @@ class Pipeline:
         Raises ``HopFailure`` naming the first hop, in route order, that could not open.
         """
         masks = self.state.masks()
-        hops = await self.routes.route(self.verifier.masks(masks) if self.verifier else masks)
+        hops = await self.routes.route(self.trust.masks(masks) if self.trust is not None else masks)
         check_chain(hops, self.num_layers)
         self.route_log.append(list(hops))
         cfg = self.config
@@ -282,13 +251,14 @@ class Pipeline:
             if not isinstance(exc, Exception):  # interrupted: not the hop's failure
                 raise exc
             raise HopFailure(link.hop, exc) from exc
-        self._links, self._held, self._steps, self._pushed, self._ring = links, 0, 0, None, None
+        self._links, self._held, self._steps = links, 0, 0
+        self.forwarding.route_opened()
         if self._rerouting:  # a failover that found a route (one that found none ends the request)
             self._rerouting = False
             if self.metrics is not None:
                 self.metrics.failovers.inc()
-        if self.verifier is not None and cfg.verify_share > 0:
-            self._tapes = [HopTape(c.hop, c.session_id) for c in links]
+        if self.trust is not None:
+            self.trust.route_opened(links)
         if self.observer is not None:
             for c in links:
                 if c.open_rtt_s is not None:
@@ -332,13 +302,10 @@ class Pipeline:
         return exc
 
     async def _drop_route(self, settle_s: float = 2.0) -> None:
-        if self._tapes:  # checks drawn for this route's hops run now, in the background
-            self.verifier.route_done(self._tapes, self.suspects)
-        if self._pushed is not None:  # the first hop's last ack, read (up to settle_s) before CloseSession
-            await self._pushed.settle(settle_s)
-        if self._ring is not None:
-            self._ring.cancel()
-        links, self._links, self._tapes, self._pushed, self._ring = self._links, None, [], None, None
+        if self.trust is not None:  # checks drawn for this route's hops run now, in the background
+            self.trust.route_done()
+        await self.forwarding.route_left(settle_s)  # before CloseSession
+        links, self._links = self._links, None
         if links:  # best effort: the route is being abandoned
             await asyncio.gather(*(c.close() for c in links), return_exceptions=True)
 
@@ -351,8 +318,8 @@ async def open_chain(transport: Transport, hops: Sequence[Hop], model_id: str, n
     There is no other route to fail over to: a hop that fails is banned and the next step
     reports that no route is left.
     """
+    config = replace(config, push=push) if push is not None else config
     pipeline = Pipeline(transport, ChainListRoutes([list(hops)]), model_id, num_layers, max_length, sampling, config)
-    pipeline.push = push or pipeline.push
     try:
         await pipeline.open()
     except BaseException:

@@ -26,6 +26,7 @@ import asyncio
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
+from p2pserve.blame import blamed_hop
 from p2pserve.client.connection import HopConnection
 from p2pserve.client.failover import HopFailure
 from p2pserve.errors import ConfigError, MalformedFrameError, error_from_reply
@@ -39,9 +40,7 @@ from p2pserve.protocol import (
     PushAllowed,
     PushForward,
     PushHop,
-    decode_reply,
 )
-from p2pserve.transport.frames import read_frame, write_frame
 
 #: ``--push`` of ``p2pserve chat`` / ``api``: off (client-driven), auto (the rule), on (always),
 #: ring (the rule, and a pushed route runs as a ring: ``client/ring.py``).
@@ -114,6 +113,11 @@ async def grant_all(links: Sequence[HopConnection], grants: Sequence[AllowPush])
             raise r
 
 
+def peer_of(link: HopConnection) -> str:
+    """The peer id of a route's connection (what a relayed blame names)."""
+    return link.hop.peer_id
+
+
 class PushedRoute:
     """One route's pushed steps: the grants (once), and the first hop's ack still to be read."""
 
@@ -178,7 +182,7 @@ class PushedRoute:
         except Exception as e:
             raise HopFailure(first.hop, e) from e
         if isinstance(reply, ErrorReply):
-            at = {c.hop.peer_id: c for c in self.links[1:]}.get(reply.failed_peer, first)  # unknown: the first hop's
+            at = blamed_hop(reply.failed_peer, self.links[1:], first, peer_of=peer_of)  # unknown: the first hop's
             raise HopFailure(at.hop, error_from_reply(reply.code, reply.message, peer=at.hop.peer_id))
         if not isinstance(reply, PushAck) or reply.step != step:
             raise HopFailure(first.hop, MalformedFrameError(f"expected the PushAck of step {step}, got {reply!r:.80}"))
@@ -198,18 +202,13 @@ class PushedRoute:
 
 async def read_reply(link: HopConnection):
     """One reply frame from ``link``'s stream, decoded: (reply, payload)."""
-    if link.stream is None:
-        raise ConnectionError(f"stream to {link.hop} is closed")
-    header, body = await read_frame(link.stream.reader, link.limits)
-    return decode_reply(header), body
+    return await link.read()
 
 
 async def write_to(link: HopConnection, msg, payload=b"") -> None:
     """One frame to ``link``'s stream; HopFailure of that hop if it cannot be written."""
     try:
-        if link.stream is None:
-            raise ConnectionError(f"stream to {link.hop} is closed")
         async with asyncio.timeout(link.timeout_s):
-            await write_frame(link.stream.writer, msg, payload)
+            await link.send(msg, payload)
     except Exception as e:
         raise HopFailure(link.hop, e) from e

@@ -16,7 +16,7 @@ class Reply(str):
     ``prompt_tokens``, ``route`` (the hops of the last route used), ``routes`` (every route, more
     than one after a failover), ``failures`` (failed hops, as text), ``elapsed_s`` and
     ``first_token_s`` (seconds from the request to the first token), ``rolled_back`` (tokens
-    withdrawn and regenerated because a peer that computed them was caught, client/rollback.py).
+    withdrawn and regenerated because a peer that computed them was caught, client/trust/rollback.py).
     """
 
     tokens: list[int]

@@ -30,9 +30,10 @@ import asyncio
 import collections
 from typing import Optional, Sequence
 
+from p2pserve.blame import blamed_hop
 from p2pserve.client.connection import HopConnection
 from p2pserve.client.failover import HopFailure
-from p2pserve.client.push import grant_all, read_reply, write_to
+from p2pserve.client.push import grant_all, peer_of, read_reply, write_to
 from p2pserve.errors import MalformedFrameError, error_from_reply
 from p2pserve.protocol import (
     AllowPush,
@@ -156,7 +157,7 @@ class RingRoute:
                 raise HopFailure(last.hop, e) from e
             if isinstance(reply, ErrorReply):
                 self.active = False
-                at = {c.hop.peer_id: c for c in self.links}.get(reply.failed_peer, last)
+                at = blamed_hop(reply.failed_peer, self.links, last, peer_of=peer_of)
                 raise HopFailure(at.hop, error_from_reply(reply.code, reply.message, peer=at.hop.peer_id))
             if asked == step:
                 return reply, body
@@ -171,7 +172,7 @@ class RingRoute:
         except Exception as e:
             raise HopFailure(first.hop, e) from e
         if isinstance(reply, ErrorReply):
-            at = {c.hop.peer_id: c for c in self.links[1:]}.get(reply.failed_peer, first)
+            at = blamed_hop(reply.failed_peer, self.links[1:], first, peer_of=peer_of)
             raise HopFailure(at.hop, error_from_reply(reply.code, reply.message, peer=at.hop.peer_id))
         if not isinstance(reply, PushAck) or reply.step != step:
             raise HopFailure(first.hop, MalformedFrameError(f"expected the PushAck of step {step}, got {reply!r:.80}"))

@@ -46,6 +46,7 @@ from p2pserve.coordinator.snapshot import Snapshot
 from p2pserve.dht.records import MAX_LAYER_MS, LatencyPoints, PeerInfo
 from p2pserve.dht.reports import ServiceReports
 from p2pserve.transport.tcp import maddr_hosts
+from p2pserve.types import PeerId
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,7 @@ class Verdict:
     decode rates (tokens/s); ``reason`` is ``"observed"``, ``"probed"`` (by the coordinator only), ``"unobserved"``, ``"cold"`` (no
     report in the swarm yet), ``"address cap"`` or ``"no cap"``; ``observed`` the median ratio of observed to claimed (None if unobserved)."""
 
-    peer_id: str
+    peer_id: PeerId
     claimed: float
     effective: float
     reason: str

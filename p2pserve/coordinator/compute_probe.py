@@ -14,7 +14,7 @@ it measures (``coordinator/claims.py`` counts its own report as an observation o
   states ``[1, hidden_size]`` in the dtype the peer announced in ``SessionOpened``;
 * it times the decode round trips and the OpenSession round trip (no compute behind it: the
   link's RTT), and turns them into an :class:`~p2pserve.dht.reports.ObservedRate` the way a
-  client does (``client/observer.py``): ``wall_rate`` = 1 / median round trip, ``rate`` = 1 /
+  client does (``client/trust/observer.py``): ``wall_rate`` = 1 / median round trip, ``rate`` = 1 /
   (median - RTT), at most ``max_rtt_credit`` x ``wall_rate``;
 * the results are published as the coordinator's own signed ``ServiceReports`` record, so that
   ``p2pserve status`` (which trusts the elected leader's report) says why a claim is capped.
@@ -45,26 +45,24 @@ import torch
 from p2pserve.clock import Clock, monotonic, wall
 from p2pserve.dht.records import PeerInfo
 from p2pserve.dht.reports import MAX_REPORTED_PEERS, MAX_TOKENS_PER_S, ObservedRate, ServiceReports
-from p2pserve.errors import MalformedFrameError, error_from_reply
+from p2pserve.dtypes import MODEL_DTYPES
+from p2pserve.errors import MalformedFrameError
 from p2pserve.protocol import (
     PROTOCOL_VERSION,
-    SESSION_PROTOCOL,
     CloseSession,
-    ErrorReply,
     Forward,
     ForwardResult,
     FrameLimits,
     OpenSession,
     SamplingParams,
     SessionOpened,
-    decode_reply,
 )
-from p2pserve.transport import Stream, Transport
-from p2pserve.transport.frames import read_frame, tensor_to_wire, write_frame
+from p2pserve.transport import Transport
+from p2pserve.transport.frames import TORCH_DTYPES, tensor_to_wire
+from p2pserve.transport.session_stream import SessionStream, open_session_stream
 
 logger = logging.getLogger(__name__)
 
-_TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 @dataclass(frozen=True)
@@ -96,32 +94,16 @@ def due(peers: Mapping[str, PeerInfo], last: Mapping[str, float], now: float, in
     return sorted(ready, key=lambda pid: (last.get(pid, -float("inf")), pid))
 
 
-class _Session:
-    """One probe session's stream: a frame out, a frame back, under a timeout."""
-
-    def __init__(self, stream: Stream, peer_id: str, timeout_s: float, limits: FrameLimits):
-        self.stream, self.peer_id, self.timeout_s, self.limits = stream, peer_id, timeout_s, limits
-
-    async def call(self, msg, payload=b""):
-        async with asyncio.timeout(self.timeout_s):
-            await write_frame(self.stream.writer, msg, payload)
-            header, body = await read_frame(self.stream.reader, self.limits)
-        reply = decode_reply(header)
-        if isinstance(reply, ErrorReply):
-            raise error_from_reply(reply.code, reply.message, peer=self.peer_id)
-        return reply
-
-
 async def probe_peer(transport: Transport, info: PeerInfo, model_id: str, cfg: ComputeProbeConfig,
                      rng: random.Random, limits: FrameLimits = FrameLimits()) -> ObservedRate:
     """Measure ``info``'s one-session decode rate over the span it serves (see the module docstring)."""
     start, end = info.serving
-    stream = await transport.open_stream(info.peer_id, tuple(info.addrs), SESSION_PROTOCOL, cfg.timeout_s)
-    link = _Session(stream, info.peer_id, cfg.timeout_s, limits)
+    stream = await open_session_stream(transport, info.peer_id, info.addrs, cfg.timeout_s)
+    link = SessionStream(info.peer_id, limits, cfg.timeout_s, stream)
     sid = secrets.token_hex(16)
     try:
         t0 = time.perf_counter()
-        opened = await link.call(OpenSession(version=PROTOCOL_VERSION, model_id=model_id, session_id=sid, start=start,
+        opened, _ = await link.call(OpenSession(version=PROTOCOL_VERSION, model_id=model_id, session_id=sid, start=start,
                                              end=end, max_length=rng.randint(max(16, cfg.steps + 1), max(64, cfg.steps + 1)),
                                              sampling=SamplingParams()))
         rtt = time.perf_counter() - t0
@@ -133,10 +115,10 @@ async def probe_peer(transport: Transport, info: PeerInfo, model_id: str, cfg: C
             if start == 0:
                 row = torch.randint(0, cfg.token_id_bound, (1,), generator=gen)
             else:
-                row = torch.randn(1, opened.hidden_size, generator=gen).to(_TORCH_DTYPES.get(opened.dtype, torch.float32))
+                row = torch.randn(1, opened.hidden_size, generator=gen).to(TORCH_DTYPES[opened.dtype] if opened.dtype in MODEL_DTYPES else torch.float32)
             meta, data = tensor_to_wire(row)
             t0 = time.perf_counter()
-            reply = await link.call(Forward(session_id=sid, step=pos, position=pos, tensor=meta), data)
+            reply, _ = await link.call(Forward(session_id=sid, step=pos, position=pos, tensor=meta), data)
             if not isinstance(reply, ForwardResult):
                 raise MalformedFrameError(f"expected ForwardResult, got {type(reply).__name__}")
             if pos > 0:  # the first Forward warms the session up

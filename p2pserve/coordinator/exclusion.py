@@ -26,6 +26,7 @@ from typing import Callable, Mapping, Optional, Sequence
 from p2pserve.dht.evidence import Evidence, Mismatch, self_evident
 from p2pserve.dht.records import PeerInfo
 from p2pserve.dht.view import Signed
+from p2pserve.types import PeerId
 
 
 def case_holds(case: Mismatch, peers: Mapping[str, PeerInfo]) -> Optional[str]:
@@ -49,7 +50,7 @@ def case_holds(case: Mismatch, peers: Mapping[str, PeerInfo]) -> Optional[str]:
 class Verdict:
     """Why a peer is excluded: who reported it and what they found."""
 
-    peer_id: str
+    peer_id: PeerId
     reason: str
     until: float  # DHT time when the exclusion lapses unless new evidence holds
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Mapping, Optional
 
 from p2pserve.dht.records import PeerInfo
+from p2pserve.types import PeerId
 
 
 @dataclass(frozen=True, order=True)
@@ -62,7 +63,7 @@ class Agreement:
     refused: dict[str, str] = field(default_factory=dict)
 
 
-def _short(peer_id: str) -> str:
+def _short(peer_id: PeerId) -> str:
     return f"...{peer_id[-8:]}"
 
 

@@ -1,38 +1,23 @@
 """``DashboardServer``: the dashboard app on uvicorn inside the caller's event loop, next to the
 :class:`SwarmWatch` loop that feeds it (``p2pserve status --web``, ``coordinator --web-port``).
 
-Connections go through the API's guarded h11 protocol (``client/http_guard.py``) with the
-default ``ApiConfig`` bounds: a head within 10 s, 256 connections. uvicorn gets a socket bound
-here, so ``port=0`` reports the port it got and a port in use is a ``ConfigError``; it installs
-no signal handlers (the command owns SIGINT/SIGTERM).
+It runs in the API's :class:`~p2pserve.http.embedded.EmbeddedServer` (guarded h11 protocol with
+the default ``ApiConfig`` bounds: a head within 10 s, 256 connections; a bound socket, so
+``port=0`` reports the port it got; no signal handlers: the command owns SIGINT/SIGTERM).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
-import socket
 from typing import Optional
 
-import uvicorn
-
-from p2pserve.client.http_guard import GuardedH11Protocol
 from p2pserve.config import ApiConfig, DashboardConfig
 from p2pserve.dashboard.app import create_dashboard_app
 from p2pserve.dashboard.watch import SwarmWatch
-from p2pserve.errors import ConfigError
+from p2pserve.http.embedded import EmbeddedServer, bind, uvicorn_config
 
 READY = "P2PSERVE_DASHBOARD_READY"  # printed with url=... once the page is served
-
-
-class _QuietServer(uvicorn.Server):
-    """uvicorn without its signal handlers."""
-
-    @contextlib.contextmanager
-    def capture_signals(self):
-        """Install nothing: :meth:`DashboardServer.close` stops the server."""
-        yield
 
 
 class DashboardServer:
@@ -43,8 +28,8 @@ class DashboardServer:
         self.config = config
         self.app = create_dashboard_app(watch)
         self.port: Optional[int] = None
-        self._server: Optional[_QuietServer] = None
-        self._tasks: list[asyncio.Task] = []
+        self._server = EmbeddedServer("the dashboard")
+        self._refreshing: Optional[asyncio.Task] = None
 
     @property
     def url(self) -> str:
@@ -55,37 +40,22 @@ class DashboardServer:
     async def start(self) -> int:
         """Take a first snapshot, listen, and start refreshing; returns the port."""
         cfg = self.config
-        try:
-            family = socket.getaddrinfo(cfg.host, cfg.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
-            sock = socket.create_server((cfg.host, cfg.port), family=family)
-        except OSError as e:
-            raise ConfigError(f"the dashboard cannot listen on {cfg.host}:{cfg.port}: {e}") from e
+        sock = bind(cfg.host, cfg.port, "the dashboard ")
         self.port = sock.getsockname()[1]
         limits = ApiConfig(host=cfg.host, port=self.port)
-        self._server = _QuietServer(uvicorn.Config(
-            self.app, http=functools.partial(GuardedH11Protocol, limits=limits), ws="none", lifespan="off",
-            log_config=None, access_log=False, server_header=False, limit_concurrency=limits.max_connections + 1,
-            timeout_keep_alive=limits.keep_alive_s, h11_max_incomplete_event_size=limits.max_header_bytes))
         await self.watch.refresh()
-        serving = asyncio.create_task(self._server.serve(sockets=[sock]))
-        self._tasks = [serving, asyncio.create_task(self.watch.run())]
-        while not self._server.started:
-            if serving.done():
-                serving.result()
-                raise ConfigError(f"the dashboard on {cfg.host}:{self.port} stopped while starting")
-            await asyncio.sleep(0.01)
+        await self._server.start(cfg.host, sock, uvicorn_config(self.app, limits, graceful_shutdown=False))
+        self._refreshing = asyncio.create_task(self.watch.run())
         return self.port
 
     async def close(self) -> None:
         """Stop serving and refreshing."""
-        if self._server is not None:
-            self._server.should_exit = True
-        for task in self._tasks[1:]:
-            task.cancel()
-        for task in self._tasks:
+        if self._refreshing is not None:
+            self._refreshing.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await task
-        self._tasks = []
+                await self._refreshing
+            self._refreshing = None
+        await self._server.close()
 
 
 @contextlib.asynccontextmanager

@@ -24,6 +24,7 @@ import msgspec
 
 from p2pserve.dht.identity import looks_like_peer_id
 from p2pserve.errors import ConfigError
+from p2pserve.types import PeerId
 
 #: fields naming the peer a record is about or by: they must be the signer's own peer id
 BOUND_ID_FIELDS = ("peer_id", "reporter_id", "machine_id")
@@ -35,7 +36,7 @@ TIME_FIELDS = frozenset({"timestamp", "created_at", "start_time", "measured_at",
 MEMBER_KINDS = frozenset({"peers", "links", "reports", "evidence", "machines"})
 
 
-def _short(peer_id: str) -> str:
+def _short(peer_id: PeerId) -> str:
     return peer_id if len(peer_id) <= 16 else f"...{peer_id[-12:]}"
 
 

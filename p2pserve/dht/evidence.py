@@ -30,6 +30,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from p2pserve.errors import RecordRejected
+from p2pserve.types import PeerId, SessionId
 
 DOMAIN = b"p2pserve/reply-claim/1"
 GENESIS = hashlib.sha256(b"p2pserve/inputs/1").digest()
@@ -170,8 +171,8 @@ class ReplyClaim(msgspec.Struct, frozen=True, array_like=True):
     as digest."""
 
     model: str
-    peer_id: str
-    session_id: str
+    peer_id: PeerId
+    session_id: SessionId
     start: int
     end: int
     position: int

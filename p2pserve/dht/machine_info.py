@@ -28,6 +28,7 @@ from p2pserve.dht.records import (
     _str,
 )
 from p2pserve.errors import RecordRejected
+from p2pserve.types import PeerId
 
 MAX_MACHINE_GPUS = MAX_MACHINE_SLOTS
 GPU_LINK_KINDS: tuple[str, ...] = ("nvlink", "pcie", "other")
@@ -59,7 +60,7 @@ class MachineGroup(msgspec.Struct, kw_only=True, frozen=True, array_like=True):
     peer id it serves as (so the coordinator knows which peers a regrouping replaces)."""
 
     slots: list[int]
-    peer_id: str
+    peer_id: PeerId
 
 
 class MachineInfo(msgspec.Struct, kw_only=True, frozen=True):

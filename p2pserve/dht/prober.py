@@ -6,13 +6,8 @@ runs between the same addresses over the same network, so a shaped or slow link 
 on both (a 20 Mbit/s tbf link: 2.39 MB/s through libp2p, 2.39 MB/s plain TCP); only links fast
 enough to make libp2p's encryption CPU-bound read lower here than the direct path would carry.
 
-Wire format of the ``p2pserve.probe`` protocol, one stream per probe round, any number of
-requests on it::
-
-    request  := u32 big-endian length + MessagePack {"v": 1, "op": "ping"|"bulk", "n": int}
-    ping     -> reply frame {"ok": true}
-    bulk     -> the client then sends exactly n raw bytes; reply {"ok": true, "n": n}
-                or, before any payload is read, {"ok": false, "error": "..."} (too big / busy)
+The ``p2pserve.probe`` protocol runs one stream per probe round, any number of requests on it;
+its typed messages are in ``dht/probe_messages.py``.
 
 Bandwidth = n / (time from first payload byte to reply - one RTT, capped at a tenth; see
 ``bandwidth_from``), the best of ``repeats``
@@ -43,19 +38,27 @@ import math
 import time
 from typing import Callable, Iterable, Optional
 
-import msgspec
 from hivemind.p2p import P2P, PeerID
 from hivemind.utils.multiaddr import Multiaddr
 
 from p2pserve.config import ProberConfig
 from p2pserve.dht.records import LinkInfo, LinkStat
-from p2pserve.errors import MalformedFrameError, PayloadTooLargeError, ProtocolError
+from p2pserve.dht.probe_messages import (
+    PROBE_VERSION,
+    REPLIES,
+    REQUESTS,
+    ProbeBulk,
+    ProbePing,
+    ProbeReply,
+    read_probe_frame,
+    write_probe_frame,
+)
+from p2pserve.errors import MalformedFrameError, ProtocolError
+from p2pserve.types import PeerId
 
 logger = logging.getLogger(__name__)
 
 PROTOCOL = "p2pserve.probe"
-PROBE_VERSION = 1
-_MAX_HEADER = 1024
 _CHUNK = 1 << 16
 
 
@@ -111,28 +114,6 @@ class TokenBucket:
         self._level = min(self.burst, self._level + amount)
 
 
-_enc = msgspec.msgpack.Encoder()
-_dec = msgspec.msgpack.Decoder(dict)
-
-
-async def _write_frame(writer: asyncio.StreamWriter, obj: dict) -> None:
-    data = _enc.encode(obj)
-    writer.write(len(data).to_bytes(4, "big") + data)
-    await writer.drain()
-
-
-async def _read_frame(reader: asyncio.StreamReader) -> dict:
-    header = await reader.readexactly(4)
-    size = int.from_bytes(header, "big")
-    if size > _MAX_HEADER:  # checked before reading the body
-        raise PayloadTooLargeError(f"probe frame of {size} bytes exceeds {_MAX_HEADER}")
-    try:
-        msg = _dec.decode(await reader.readexactly(size))
-    except (msgspec.DecodeError, UnicodeDecodeError) as e:  # a str that is not UTF-8 is no DecodeError
-        raise MalformedFrameError(f"probe frame is not MessagePack: {e}") from e
-    return msg
-
-
 class LinkProber:
     """Serves ``p2pserve.probe`` on a P2P handle and measures links to other peers (the hivemind
     implementation of :class:`~p2pserve.dht.view.LinkProbes`)."""
@@ -181,39 +162,39 @@ class LinkProber:
             while True:
                 try:
                     async with asyncio.timeout(deadline):
-                        req = await _read_frame(reader)
+                        req = await read_probe_frame(reader, REQUESTS)
                 except asyncio.IncompleteReadError:
                     return  # client closed the stream: normal end of a probe round
-                if req.get("v") != PROBE_VERSION:
-                    await _write_frame(writer, {"ok": False, "error": f"probe version {req.get('v')!r} unsupported"})
+                except MalformedFrameError as e:  # answered, then the stream ends
+                    await write_probe_frame(writer, ProbeReply(ok=False, error=str(e)[:200]))
                     return
-                op = req.get("op")
-                if op == "ping":
-                    await _write_frame(writer, {"ok": True})
-                elif op == "bulk":
-                    n = req.get("n")
-                    if not isinstance(n, int) or not 0 < n <= self.config.max_probe_bytes:
-                        await _write_frame(writer, {"ok": False, "error": f"bulk size {n!r} not in (0, {self.config.max_probe_bytes}]"})
-                        return
-                    if self._active >= self.config.max_concurrent or not self._take(prober, n):
-                        await _write_frame(writer, {"ok": False, "error": "busy"})
-                        continue
-                    await _write_frame(writer, {"ok": True, "go": True})
-                    self._active += 1
-                    try:
-                        async with asyncio.timeout(deadline):  # a stalled transfer frees the slot
-                            left = n
-                            while left > 0:  # read and discard: never hold the payload
-                                chunk = await reader.read(min(left, 1 << 20))
-                                if not chunk:
-                                    raise asyncio.IncompleteReadError(b"", left)
-                                left -= len(chunk)
-                    finally:
-                        self._active -= 1
-                    await _write_frame(writer, {"ok": True, "n": n})
-                else:
-                    await _write_frame(writer, {"ok": False, "error": f"unknown op {op!r}"})
+                if req.v != PROBE_VERSION:
+                    await write_probe_frame(writer, ProbeReply(ok=False, error=f"probe version {req.v!r} unsupported"))
                     return
+                if isinstance(req, ProbePing):
+                    await write_probe_frame(writer, ProbeReply(ok=True))
+                    continue
+                n = req.n
+                if not 0 < n <= self.config.max_probe_bytes:
+                    await write_probe_frame(writer, ProbeReply(
+                        ok=False, error=f"bulk size {n!r} not in (0, {self.config.max_probe_bytes}]"))
+                    return
+                if self._active >= self.config.max_concurrent or not self._take(prober, n):
+                    await write_probe_frame(writer, ProbeReply(ok=False, error="busy"))
+                    continue
+                await write_probe_frame(writer, ProbeReply(ok=True, go=True))
+                self._active += 1
+                try:
+                    async with asyncio.timeout(deadline):  # a stalled transfer frees the slot
+                        left = n
+                        while left > 0:  # read and discard: never hold the payload
+                            chunk = await reader.read(min(left, 1 << 20))
+                            if not chunk:
+                                raise asyncio.IncompleteReadError(b"", left)
+                            left -= len(chunk)
+                finally:
+                    self._active -= 1
+                await write_probe_frame(writer, ProbeReply(ok=True, n=n))
         except (ProtocolError, asyncio.IncompleteReadError, ConnectionError, TimeoutError) as e:
             logger.info(f"probe stream ended: {e!r}")
         finally:
@@ -223,20 +204,20 @@ class LinkProber:
 
     async def _ping(self, reader, writer) -> float:
         t0 = self._clock()
-        await _write_frame(writer, {"v": PROBE_VERSION, "op": "ping"})
-        reply = await _read_frame(reader)
-        if not reply.get("ok"):
-            raise ProtocolError(f"ping refused: {reply.get('error')}")
+        await write_probe_frame(writer, ProbePing(v=PROBE_VERSION))
+        reply = await read_probe_frame(reader, REPLIES)
+        if not reply.ok:
+            raise ProtocolError(f"ping refused: {reply.error}")
         return self._clock() - t0
 
     async def _bulk(self, reader, writer, n: int) -> Optional[float]:
         """Send n bytes; returns seconds from first payload byte to the ack, None if busy."""
-        await _write_frame(writer, {"v": PROBE_VERSION, "op": "bulk", "n": n})
-        go = await _read_frame(reader)
-        if not go.get("ok"):
-            if go.get("error") == "busy":
+        await write_probe_frame(writer, ProbeBulk(v=PROBE_VERSION, n=n))
+        go = await read_probe_frame(reader, REPLIES)
+        if not go.ok:
+            if go.error == "busy":
                 return None
-            raise ProtocolError(f"bulk refused: {go.get('error')}")
+            raise ProtocolError(f"bulk refused: {go.error}")
         t0 = self._clock()
         left = n
         while left > 0:
@@ -245,12 +226,12 @@ class LinkProber:
             left -= k
             if left % (16 * _CHUNK) == 0 or left == 0:
                 await writer.drain()
-        reply = await _read_frame(reader)
-        if not reply.get("ok") or reply.get("n") != n:
+        reply = await read_probe_frame(reader, REPLIES)
+        if not reply.ok or reply.n != n:
             raise ProtocolError(f"bulk not acknowledged: {reply}")
         return self._clock() - t0
 
-    async def probe(self, peer_id: str, addrs: Iterable[str] = ()) -> Optional[LinkStat]:
+    async def probe(self, peer_id: PeerId, addrs: Iterable[str] = ()) -> Optional[LinkStat]:
         """Measure RTT and bandwidth to one peer; ``None`` if it is busy (try later).
 
         Raises ``ProtocolError`` / ``ConnectionError`` / ``asyncio.TimeoutError`` when the peer
@@ -258,7 +239,7 @@ class LinkProber:
         """
         return await asyncio.wait_for(self._probe(peer_id, list(addrs)), self.config.timeout_s)
 
-    async def _probe(self, peer_id: str, addrs: list[str]) -> Optional[LinkStat]:
+    async def _probe(self, peer_id: PeerId, addrs: list[str]) -> Optional[LinkStat]:
         pid = PeerID.from_base58(peer_id)
         if addrs:
             try:  # the daemon may not know the peer's addresses yet
@@ -290,7 +271,7 @@ class LinkProber:
         self.record(peer_id, stat)
         return stat
 
-    def record(self, peer_id: str, stat: LinkStat) -> None:
+    def record(self, peer_id: PeerId, stat: LinkStat) -> None:
         """Keep one round's reading of the link to ``peer_id`` (the last ``keep_rounds`` count)."""
         rounds = self._history.setdefault(peer_id, [])
         rounds.append(stat)
@@ -310,7 +291,7 @@ class LinkProber:
             for pid, rounds in self._history.items()
         }
 
-    def due(self, peer_id: str, now: Optional[float] = None) -> bool:
+    def due(self, peer_id: PeerId, now: Optional[float] = None) -> bool:
         """Whether ``peer_id`` has not been probed within ``min_interval_s``."""
         now = time.monotonic() if now is None else now
         last = self._last_probe.get(peer_id)

@@ -20,7 +20,7 @@ import msgspec
 
 from p2pserve.dht.evidence import check_reply_key
 from p2pserve.errors import MalformedFrameError, RecordRejected
-from p2pserve.types import SINK, SOURCE, LayerRange
+from p2pserve.types import SINK, SOURCE, LayerRange, PeerId
 
 SCHEMA_VERSION = 1
 
@@ -123,7 +123,7 @@ class PeerInfo(msgspec.Struct, kw_only=True, frozen=True):
 
     schema: int = SCHEMA_VERSION
     model: str
-    peer_id: str  # libp2p peer id (base58) of the peer's DHT/P2P node
+    peer_id: PeerId  # libp2p peer id (base58) of the peer's DHT/P2P node
     addrs: list[str] = []
     device: str = "unknown"
     weights_memory_bytes: int = 0
@@ -230,7 +230,7 @@ class LinkInfo(msgspec.Struct, kw_only=True, frozen=True):
 
     schema: int = SCHEMA_VERSION
     model: str
-    peer_id: str
+    peer_id: PeerId
     links: dict[str, LinkStat] = {}
     timestamp: float = 0.0
 

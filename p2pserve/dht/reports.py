@@ -1,6 +1,6 @@
 """``ServiceReports``: service rates a client observed at the peers it used (a signed DHT record).
 
-A client times the hops of its decode steps (:mod:`p2pserve.client.observer`) and publishes,
+A client times the hops of its decode steps (:mod:`p2pserve.client.trust.observer`) and publishes,
 every ``ClientConfig.report_period_s``, one record of kind ``RecordKind.REPORTS`` under its own
 owner subkey. The coordinator compares these observations with what peers claim
 (:mod:`p2pserve.coordinator.claims`).
@@ -29,6 +29,7 @@ from p2pserve.dht.records import (
     _str,
 )
 from p2pserve.errors import RecordRejected
+from p2pserve.types import PeerId
 
 MAX_REPORTED_PEERS = 1024  # peers one record may report on
 MAX_SAMPLES = 1 << 30
@@ -37,7 +38,7 @@ MAX_SAMPLES = 1 << 30
 class ObservedRate(msgspec.Struct, kw_only=True, frozen=True, array_like=True):
     """One peer as one client saw it (see the module docstring for the definitions)."""
 
-    peer_id: str
+    peer_id: PeerId
     layers: int  # layers of the span the client used on this peer
     samples: int  # decode round trips behind the figures
     rate: float  # tokens/s of one session, the measured link RTT taken out

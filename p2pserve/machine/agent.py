@@ -35,6 +35,7 @@ from p2pserve.dht.keys import RecordKind
 from p2pserve.dht.machine_info import GpuLink, GpuOffer, MachineGroup, MachineInfo
 from p2pserve.dht.records import PeerInfo
 from p2pserve.launch import Child
+from p2pserve.types import PeerId
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +73,7 @@ def transition(running: Sequence[Slots], wanted: Sequence[Slots]) -> tuple[list[
     return [g for g in wanted if g not in running], [g for g in running if g not in wanted]
 
 
-def may_stop(peer_id: str, peers: Mapping[str, PeerInfo]) -> bool:
+def may_stop(peer_id: PeerId, peers: Mapping[str, PeerInfo]) -> bool:
     """Whether a retired group may stop: every layer it serves is served by a peer not draining
     (its own record missing from a read is a miss, not a sign that it serves nothing: wait)."""
     me = peers.get(peer_id)
@@ -93,7 +94,7 @@ class RunningGroup:
 
     slots: Slots
     child: Child
-    peer_id: str = ""
+    peer_id: PeerId = ""
     retired: bool = False
     stopping_since: Optional[float] = None  # SIGTERM sent (monotonic); SIGKILL after STOP_GRACE_S
 

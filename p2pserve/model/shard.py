@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoConfig
 
+from p2pserve.dtypes import MODEL_DTYPES
 from p2pserve.errors import BadRequestError
 from p2pserve.model.attention import LayerCache, PagedBatch, attend_each, paged_batch
 from p2pserve.model.checkpoint import CheckpointIndex
@@ -38,7 +39,7 @@ from p2pserve.model.spec import SUPPORTED_FAMILIES, ModelSpec
 
 log = logging.getLogger(__name__)
 
-TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+TORCH_DTYPES = {name: getattr(torch, name) for name in MODEL_DTYPES}
 
 
 @dataclass

@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from p2pserve.dtypes import DTYPE_SIZES, MODEL_DTYPES
 from p2pserve.errors import UnknownModelError, UnsupportedModelError
 from p2pserve.model.checkpoint_id import checkpoint_id
 from p2pserve.model.quant import BYTES_PER_WEIGHT, check_quant, with_quant
@@ -27,7 +28,6 @@ SUPPORTED_FAMILIES: dict[str, tuple[str, str]] = {
     "phi3": ("transformers.models.phi3.modeling_phi3", "Phi3"),
 }
 
-_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ class ModelSpec:
     @property
     def dtype_bytes(self) -> int:
         """Bytes per element of the compute dtype."""
-        return _DTYPE_BYTES[self.dtype]
+        return DTYPE_SIZES[self.dtype]
 
     @property
     def activation_bytes_per_token(self) -> int:
@@ -107,8 +107,8 @@ def load_spec(model_path: str | os.PathLike, dtype: str | None = None, quant: st
     num_heads = int(cfg["num_attention_heads"])
     hidden = int(cfg["hidden_size"])
     dtype = dtype or "float32"
-    if dtype not in _DTYPE_BYTES:
-        raise UnknownModelError(f"unsupported dtype {dtype!r}; use one of {sorted(_DTYPE_BYTES)}")
+    if dtype not in MODEL_DTYPES:
+        raise UnknownModelError(f"unsupported dtype {dtype!r}; use one of {sorted(MODEL_DTYPES)}")
     return ModelSpec(
         model_id=with_quant(checkpoint_id(cfg_file.parent, family), check_quant(quant)),
         family=family,

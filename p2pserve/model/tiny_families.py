@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from p2pserve.model.family_configs import FAMILIES, MISTRAL_V0_1_SLIDING_WINDOW
+from p2pserve.model.shard import TORCH_DTYPES
 from p2pserve.model.tiny import build_tokenizer, randomize_weights
 
 TINY_FAMILY_NAMES = tuple(FAMILIES)
@@ -44,7 +45,6 @@ _SHAPES: dict[str, dict] = {
     "phi3-4k": dict(hidden_size=192, intermediate_size=512, num_attention_heads=2, num_key_value_heads=2,
                     sliding_window=2048 // _CONTEXT_SCALE - 1),
 }
-_TORCH = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def family_tokenizer(family: str):
@@ -95,7 +95,7 @@ def build_family_model(family: str, out_dir: str | Path, seed: int = 0, num_laye
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     randomize_weights(model, seed)
-    model.to(_TORCH[dtype])
+    model.to(TORCH_DTYPES[dtype])
     ids = _id_map(family, tokenizer)
     model.generation_config = GenerationConfig(**{
         k: _mapped(v, ids) if k.endswith("token_id") else v for k, v in FAMILIES[family]["generation"].items()

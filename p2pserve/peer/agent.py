@@ -24,14 +24,14 @@ from p2pserve.dht.view import LinkProbes, SwarmView
 from p2pserve.peer.handover import OtherPeer, flip_decision
 from p2pserve.peer.profiler import Profile
 from p2pserve.peer.server import Peer
-from p2pserve.types import LayerRange
+from p2pserve.types import LayerRange, PeerId
 
 log = logging.getLogger(__name__)
 
 Span = LayerRange
 
 
-def next_target(plan: Plan | None, peer_id: str, serving: Span | None, loading: Span | None) -> Span | None:
+def next_target(plan: Plan | None, peer_id: PeerId, serving: Span | None, loading: Span | None) -> Span | None:
     """The range to start loading now, or None (no plan, no target, or already there/going)."""
     if plan is None:
         return None

@@ -28,6 +28,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from p2pserve.types import SessionId
+
 
 @dataclass
 class _Arrivals:
@@ -49,7 +51,7 @@ class ArrivalForecast:
     def __len__(self) -> int:
         return len(self._sessions)
 
-    def arrived(self, session_id: str, session: object, now: float) -> None:
+    def arrived(self, session_id: SessionId, session: object, now: float) -> None:
         """A Forward of ``session`` arrived at ``now``."""
         seen = self._sessions.get(session_id)
         if seen is None or seen.session is not session:

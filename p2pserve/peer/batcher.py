@@ -11,10 +11,10 @@ request passed over ``BatchingConfig.background_max_skips`` times runs anyway (n
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from p2pserve import throttle
 from p2pserve.config import BatchingConfig
 
 
@@ -62,9 +62,9 @@ class TokenThrottle:
     def prefill_budget(self, waiting_prefill_tokens: int, kv_free_fraction: float) -> int:
         """#P = max(min(#WP/#T, #MaxP·(KVfree−KVthresh)/(1−KVthresh)), #MinP)."""
         c = self.config
-        spread = math.ceil(waiting_prefill_tokens / max(1, c.throttle_steps))
-        kv_term = c.max_prefill_tokens * (kv_free_fraction - c.kv_threshold) / (1.0 - c.kv_threshold)
-        return int(max(min(spread, kv_term), c.min_prefill_tokens))
+        return throttle.prefill_budget(waiting_prefill_tokens, kv_free_fraction, iterations=c.throttle_steps,
+                                       max_prefill=c.max_prefill_tokens, min_prefill=c.min_prefill_tokens,
+                                       kv_thresh=c.kv_threshold)
 
     def decode_budget(self, waiting_decode: int, running: int | None = None) -> int:
         """gLLM's #D = #RD / PP_depth, at least one when any decode waits.
@@ -77,7 +77,7 @@ class TokenThrottle:
         if waiting_decode == 0:
             return 0
         rd = waiting_decode if running is None else max(running, waiting_decode)
-        return max(1, math.ceil(rd / max(1, self.config.pipeline_depth)))
+        return throttle.decode_budget(rd, max(1, self.config.pipeline_depth))
 
     def micro_batch_full(self, waiting_decode: int, running: int | None) -> bool:
         """Whether a depth > 1 pipeline's micro-batch (#D decodes) waits here already, so

@@ -33,11 +33,11 @@ from typing import Awaitable, Callable, Optional, Sequence
 import msgspec
 import torch
 
+from p2pserve.blame import blamed_hop
 from p2pserve.errors import WIRE_ERRORS, BadRequestError, ErrorCode, MalformedFrameError, P2PServeError
 from p2pserve.peer.push_link import PushLink, tell
 from p2pserve.peer.ring import RingState, check_grant
 from p2pserve.protocol import (
-    SESSION_PROTOCOL,
     AllowPush,
     AwaitResult,
     ErrorReply,
@@ -52,6 +52,8 @@ from p2pserve.protocol import (
 )
 from p2pserve.transport import Transport
 from p2pserve.transport.frames import tensor_from_wire, tensor_to_wire
+from p2pserve.transport.session_stream import open_session_stream
+from p2pserve.types import PeerId, SessionId
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +122,7 @@ class Forwarder:
         self._grants[msg.session_id] = (session, msg.from_peer)
         return PushAllowed(session_id=msg.session_id)
 
-    def session_for(self, session_id: str, stream, remote: str):
+    def session_for(self, session_id: SessionId, stream, remote: str):
         """The session a PushForward on ``stream`` (from ``remote``) may drive: one the stream
         opened (the first hop), or one whose grant names ``remote``; else SessionNotFoundError,
         exactly as for an id never opened."""
@@ -225,8 +227,8 @@ class Forwarder:
 
         def later_failure(reply: ErrorReply) -> None:
             # the last hop knows no route: it relays the first hop's blame, and the client checks it
-            named = reply.failed_peer in link.later or (ring.last and reply.failed_peer not in (None, self.self_id))
-            blamed = reply.failed_peer if named else nxt.peer_id
+            relayed = ring.last and reply.failed_peer not in (None, self.self_id)
+            blamed = reply.failed_peer if relayed else blamed_hop(reply.failed_peer, link.later, nxt.peer_id)
             self._ring_failed(session, ring, reply.step or step, blamed, reply.message)
 
         link.on_unsolicited = later_failure
@@ -334,8 +336,7 @@ class Forwarder:
             reply = await self._exchange(link, onward, payload)
         if isinstance(reply, ErrorReply):
             # A later hop's own blame is relayed only if it names a hop after the next one.
-            blamed = reply.failed_peer if reply.failed_peer in link.later else nxt.peer_id
-            return msgspec.structs.replace(reply, failed_peer=blamed)
+            return msgspec.structs.replace(reply, failed_peer=blamed_hop(reply.failed_peer, link.later, nxt.peer_id))
         if not isinstance(reply, PushAck) or reply.step != onward.forward.step:
             raise MalformedFrameError(f"expected the PushAck of step {onward.forward.step}, got {reply!r:.80}")
         return reply
@@ -346,7 +347,7 @@ class Forwarder:
         async with asyncio.timeout(self.config.call_timeout_s * (1 + len(msg.route))):
             return await (await link.send(msg, payload, msg.forward.step))
 
-    async def _addresses(self, peer_id: str) -> list[str]:
+    async def _addresses(self, peer_id: PeerId) -> list[str]:
         """Where ``peer_id`` announced itself, as this peer's swarm view says; ConnectionError
         (the next hop is unreachable from here) when it has no record of it."""
         try:
@@ -368,15 +369,14 @@ class Forwarder:
         self._prune()
         maddrs = await self._addresses(nxt.peer_id)
         try:
-            stream = await self.transport.open_stream(nxt.peer_id, maddrs, SESSION_PROTOCOL,
-                                                      self.config.connect_timeout_s)
+            stream = await open_session_stream(self.transport, nxt.peer_id, maddrs, self.config.connect_timeout_s)
         except Exception as e:  # whatever dialling raised (the libp2p daemon's ControlFailure): unreachable
             raise e if isinstance(e, (ConnectionError, TimeoutError)) else ConnectionError(f"{type(e).__name__}: {e}")
         link = self._links[session.id] = PushLink(nxt.peer_id, stream, session, self.limits)
         link.later = frozenset(later)
         return link, True
 
-    def _drop_link(self, session_id: str) -> None:
+    def _drop_link(self, session_id: SessionId) -> None:
         link: Optional[PushLink] = self._links.pop(session_id, None)
         if link is not None:
             link.close()

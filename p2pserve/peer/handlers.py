@@ -61,6 +61,7 @@ from p2pserve.protocol import (
     tokens_bytes,
 )
 from p2pserve.transport.frames import read_frame, tensor_from_wire, tensor_to_wire, write_frame
+from p2pserve.types import SessionId
 
 log = logging.getLogger(__name__)
 
@@ -372,7 +373,7 @@ class SessionHandler:
         return ForwardResult(session_id=session.id, step=msg.step, position=position, tensor=meta,
                              signature=sig), data
 
-    def _alone(self, session_id: str) -> bool:
+    def _alone(self, session_id: SessionId) -> bool:
         """Whether only ``session_id`` has sent Forwards for ``inline_window_s`` (nobody to batch with)."""
         now = time.monotonic()
         if session_id != self._last_session:

@@ -15,6 +15,7 @@ import time
 from typing import Callable
 
 from p2pserve.dht.view import SwarmReader
+from p2pserve.types import PeerId
 
 
 class AnnouncedAddresses:
@@ -30,7 +31,7 @@ class AnnouncedAddresses:
         self._read_at = float("-inf")
         self._lock = asyncio.Lock()
 
-    async def __call__(self, peer_id: str) -> tuple[str, ...]:
+    async def __call__(self, peer_id: PeerId) -> tuple[str, ...]:
         async with self._lock:  # one DHT read at a time, however many sessions open links
             age = self.clock() - self._read_at
             if age >= self.refresh_s or (peer_id not in self._addrs and age >= self.miss_refresh_s):

@@ -15,9 +15,11 @@ import logging
 from typing import Callable, Optional
 
 from p2pserve.errors import P2PServeError
-from p2pserve.protocol import ErrorReply, FrameLimits, decode_reply
+from p2pserve.protocol import ErrorReply, FrameLimits
 from p2pserve.transport import Stream
-from p2pserve.transport.frames import read_frame, write_frame
+from p2pserve.transport.frames import write_frame
+from p2pserve.transport.session_stream import SessionStream
+from p2pserve.types import PeerId
 
 log = logging.getLogger(__name__)
 
@@ -32,8 +34,10 @@ class PushLink:
     that answers no pending frame, and ``on_broken(exc)`` the end of the stream, unless ``close``
     ended it."""
 
-    def __init__(self, peer_id: str, stream: Stream, session, limits: FrameLimits):
-        self.peer_id, self.stream, self.session, self.limits = peer_id, stream, session, limits
+    def __init__(self, peer_id: PeerId, stream: Stream, session, limits: FrameLimits):
+        self.peer_id, self.stream, self.session = peer_id, stream, session
+        # no per-frame timeout here: the forwarder times each pushed step (call_timeout_s)
+        self.frames = SessionStream(peer_id, limits, timeout_s=float("inf"), stream=stream)
         self.later: frozenset[str] = frozenset()  # the hops after ``peer_id`` (a relayed blame must name one)
         self.on_unsolicited: Callable[[ErrorReply], None] = lambda reply: None
         self.on_broken: Callable[[BaseException], None] = lambda exc: None
@@ -56,15 +60,14 @@ class PushLink:
         future = asyncio.get_running_loop().create_future()
         self._pending.append((step, future))
         async with self._write_lock:
-            await write_frame(self.stream.writer, msg, payload)
+            await self.frames.send(msg, payload)
         return future
 
     async def _read(self) -> None:
         """Match each reply to the oldest frame awaiting one; fail them all when the stream ends."""
         try:
             while True:
-                header, _ = await read_frame(self.stream.reader, self.limits)
-                reply = decode_reply(header)  # raises MalformedFrameError: the link ends
+                reply, _ = await self.frames.read()  # raises MalformedFrameError: the link ends
                 # an error naming no step (a refused frame) answers the oldest frame; one naming
                 # another step reports a later failure of a step already acked
                 if isinstance(reply, ErrorReply) and reply.step is not None and (

@@ -13,12 +13,13 @@ from typing import Optional
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from p2pserve.dht.evidence import InputChain, ReplyClaim, output_digest, reply_key_text, row_digests, sign_claim
+from p2pserve.types import PeerId
 
 
 class ReplySigner:
     """Signs this peer's replies; ``public_text`` is what ``PeerInfo.reply_key`` announces."""
 
-    def __init__(self, peer_id: str, model_id: str, key: Optional[Ed25519PrivateKey] = None):
+    def __init__(self, peer_id: PeerId, model_id: str, key: Optional[Ed25519PrivateKey] = None):
         self.peer_id = peer_id
         self.model_id = model_id
         self.key = key if key is not None else Ed25519PrivateKey.generate()

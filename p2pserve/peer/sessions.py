@@ -23,6 +23,7 @@ from p2pserve.model.spec import ModelSpec
 from p2pserve.peer.admission import check_kv_share, check_session_quota
 from p2pserve.peer.kv_cache import KVBudget, PagedCache
 from p2pserve.protocol import OpenSession, SamplingParams
+from p2pserve.types import SessionId
 
 
 @dataclass
@@ -147,7 +148,7 @@ class SessionTable:
             check_kv_share(self.admission, self.budget.capacity, held, more)
         session.cache.reserve(length)
 
-    def get(self, session_id: str, owner: object) -> Session:
+    def get(self, session_id: SessionId, owner: object) -> Session:
         """The open session with this id opened by ``owner``, or SessionNotFoundError.
 
         A session is bound to the stream that opened it: for any other owner it does not exist,
@@ -168,12 +169,12 @@ class SessionTable:
         session.last_used = self.clock()
         return session
 
-    def close(self, session_id: str, owner: object) -> None:
+    def close(self, session_id: SessionId, owner: object) -> None:
         """Close ``owner``'s session and free its KV reservation; SessionNotFoundError as :meth:`get`."""
         self.get(session_id, owner)
         self._drop(session_id)
 
-    def _drop(self, session_id: str) -> Session | None:
+    def _drop(self, session_id: SessionId) -> Session | None:
         """Remove a session whoever owns it and release its reservation; the session, if it was open.
 
         While the worker holds a job of the session, its cache may still be written: the

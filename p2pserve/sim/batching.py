@@ -18,8 +18,9 @@ prompt requests, prompt tokens and decode tokens may it take from that layer's F
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
+
+from p2pserve import throttle
 
 
 @dataclass(frozen=True)
@@ -60,16 +61,15 @@ class ThrottlePolicy:
     def limits(self, caps: BatchCaps, waiting_prompt_tokens: int, kv_free: float,
                running_decodes: int, mean_depth: float) -> tuple[int, int, int]:
         """Budgets for one batch, never above the node's static caps."""
-        kv_share = self.max_prefill * (kv_free - self.kv_thresh) / (1.0 - self.kv_thresh)
-        prefill = max(min(waiting_prompt_tokens / self.iterations, kv_share), self.min_prefill)
+        prefill = throttle.prefill_budget(waiting_prompt_tokens, kv_free, iterations=self.iterations,
+                                          max_prefill=self.max_prefill, min_prefill=self.min_prefill,
+                                          kv_thresh=self.kv_thresh, whole_spread=False)
         if not self.throttle_decode:
             decode = caps.decode_max_tokens
-        elif running_decodes and mean_depth > 0:
-            decode = math.ceil(running_decodes / mean_depth)
         else:
-            decode = 1
+            decode = throttle.decode_budget(running_decodes, mean_depth)
         return (
             caps.prompt_max_requests,
-            min(caps.prompt_max_tokens, int(prefill)),
+            min(caps.prompt_max_tokens, prefill),
             max(1, min(caps.decode_max_tokens, decode)),
         )

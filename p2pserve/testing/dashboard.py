@@ -14,6 +14,7 @@ from p2pserve.dht.keys import RecordKind
 from p2pserve.dht.records import CoordinatorCandidate, Flow, LinkInfo, LinkStat, PeerInfo, Plan
 from p2pserve.dht.reports import ObservedRate, ServiceReports
 from p2pserve.testing.swarm import FakeSwarm, FakeSwarmStore
+from p2pserve.types import PeerId
 
 NUM_LAYERS = 8
 MODEL = "m"
@@ -60,7 +61,7 @@ def fake_dashboard_swarm(now: float = 1000.0, hostile: bool = False) -> FakeSwar
     return FakeSwarm(store, "viewer", DHTConfig(model=MODEL, num_layers=NUM_LAYERS))
 
 
-def kill_peer(view: FakeSwarm, peer_id: str) -> None:
+def kill_peer(view: FakeSwarm, peer_id: PeerId) -> None:
     """``peer_id`` crashed: its peer and link records are gone (expired, no tombstone)."""
     view.store.drop(RecordKind.PEERS, "key-" + peer_id)
     view.store.drop(RecordKind.LINKS, "key-" + peer_id)

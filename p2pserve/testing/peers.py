@@ -5,6 +5,7 @@ from __future__ import annotations
 # The client's tests run the real client code (pipeline, connections, frame codec) over an
 # in-memory transport against fake peers, instead of faking the client's own objects.
 from p2pserve.transport.memory import MemoryNetwork, MemoryTransport  # noqa: F401  (shipped from here)
+from p2pserve.types import PeerId
 
 FAKE_MODEL_ID = "fake-model"
 
@@ -46,7 +47,7 @@ class FakePeerNetwork:
         self.stall_released: list[str] = []
         self.corrupt: dict[str, str] = {}
 
-    def add(self, peer_id: str, start: int, end: int):
+    def add(self, peer_id: PeerId, start: int, end: int):
         """Start a peer serving layers [start, end); returns the Hop of its whole span."""
         from p2pserve.client.hop import Hop
         from p2pserve.protocol import SESSION_PROTOCOL
@@ -63,11 +64,11 @@ class FakePeerNetwork:
         """A client node on the network."""
         return self.network.transport(name)
 
-    def kill(self, peer_id: str) -> None:
+    def kill(self, peer_id: PeerId) -> None:
         """The peer dies: its streams end and new dials are refused."""
         self.network.disconnect(peer_id)
 
-    async def _serve(self, peer_id: str, reader, writer) -> None:
+    async def _serve(self, peer_id: PeerId, reader, writer) -> None:
         import asyncio
 
         from p2pserve.protocol import FrameLimits, decode_request
@@ -93,7 +94,7 @@ class FakePeerNetwork:
                     del self.kill_after[victim]
                     self.kill(victim)
 
-    def _answer(self, peer_id: str, msg, payload: bytes):
+    def _answer(self, peer_id: PeerId, msg, payload: bytes):
         from p2pserve.protocol import (
             CloseSession,
             DirectOffer,
@@ -122,7 +123,7 @@ class FakePeerNetwork:
             return DirectOffer(port=0), b""
         return ErrorReply(code="bad_request", message=f"fake peers do not answer {type(msg).__name__}"), b""
 
-    def _forward(self, peer_id: str, msg, payload: bytes):
+    def _forward(self, peer_id: PeerId, msg, payload: bytes):
         import torch
 
         from p2pserve.protocol import ErrorReply, ForwardResult

@@ -28,7 +28,7 @@ from p2pserve.dht.keys import RecordKind
 from p2pserve.dht.prober import LinkProber
 from p2pserve.dht.records import PeerInfo, encode_record
 from p2pserve.dht.swarm import Swarm
-from p2pserve.types import LayerRange
+from p2pserve.types import LayerRange, PeerId
 
 logger = logging.getLogger("p2pserve.testing.synthetic_peer")
 
@@ -36,7 +36,7 @@ logger = logging.getLogger("p2pserve.testing.synthetic_peer")
 class SyntheticState:
     """Mutable self-description of the synthetic peer (what it would announce)."""
 
-    def __init__(self, model: str, peer_id: str, addrs: list[str], args: argparse.Namespace):
+    def __init__(self, model: str, peer_id: PeerId, addrs: list[str], args: argparse.Namespace):
         self.model, self.peer_id, self.addrs, self.args = model, peer_id, addrs, args
         self.state = "joining"
         self.serving: Optional[LayerRange] = None

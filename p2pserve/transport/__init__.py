@@ -22,6 +22,8 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Protocol, Sequence, runtime_checkable
 
+from p2pserve.types import PeerId
+
 #: Serves one inbound stream until the other side hangs up: ``handler(reader, writer, remote)``.
 #: ``remote`` is the authenticated peer id of whoever opened the stream (libp2p authenticates it;
 #: the direct path inherits it from the libp2p stream that issued its token). Peers key per-owner
@@ -57,7 +59,7 @@ class Transport(Protocol):
     def peer_id(self) -> str:
         """This node's own peer id."""
 
-    async def open_stream(self, peer_id: str, maddrs: Sequence[str], protocol: str, timeout_s: float) -> Stream:
+    async def open_stream(self, peer_id: PeerId, maddrs: Sequence[str], protocol: str, timeout_s: float) -> Stream:
         """Dial ``peer_id`` (at ``maddrs`` when given) and open a stream for ``protocol``.
 
         Raises ``ConnectionError`` (or ``TimeoutError`` after ``timeout_s``) when the peer cannot

@@ -12,16 +12,11 @@ import asyncio
 import msgspec
 import torch
 
+from p2pserve.dtypes import DTYPE_SIZES
 from p2pserve.protocol import FRAME_PREFIX, FrameLimits, TensorMeta, check_prefix, encode_frame
 
-_TORCH_DTYPES = {
-    "float32": torch.float32,
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "int64": torch.int64,
-    "int32": torch.int32,
-}
-_DTYPE_NAMES = {v: k for k, v in _TORCH_DTYPES.items()}
+TORCH_DTYPES = {name: getattr(torch, name) for name in DTYPE_SIZES}  # every wire dtype
+_DTYPE_NAMES = {v: k for k, v in TORCH_DTYPES.items()}
 _COALESCE_BYTES = 256 * 1024
 
 
@@ -38,7 +33,7 @@ def tensor_to_wire(t: torch.Tensor) -> tuple[TensorMeta, memoryview]:
 def tensor_from_wire(meta: TensorMeta, payload: bytes | bytearray) -> torch.Tensor:
     """Rebuild a tensor from a validated TensorMeta and its payload."""
     meta.validate(len(payload))
-    dtype = _TORCH_DTYPES[meta.dtype]
+    dtype = TORCH_DTYPES[meta.dtype]
     if not meta.nbytes:
         return torch.empty(meta.shape, dtype=dtype)
     buf = payload if isinstance(payload, bytearray) else bytearray(payload)

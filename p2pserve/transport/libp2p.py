@@ -13,6 +13,7 @@ from hivemind.p2p import P2P, PeerID
 from hivemind.utils.multiaddr import Multiaddr
 
 from p2pserve.transport import Stream, StreamHandler
+from p2pserve.types import PeerId
 
 LOOPBACK = "/ip4/127.0.0.1/tcp/0"
 
@@ -39,7 +40,7 @@ class Libp2pTransport:
         """This node's peer id (base58)."""
         return str(self.p2p.peer_id)
 
-    async def dial(self, peer_id: str, maddrs: Sequence[str]) -> None:
+    async def dial(self, peer_id: PeerId, maddrs: Sequence[str]) -> None:
         """Make the daemon connect to ``peer_id`` at ``maddrs`` (no-op without addresses).
 
         hivemind's ``P2P`` has no public call for this (checked against hivemind 1.1.12: only
@@ -53,7 +54,7 @@ class Libp2pTransport:
         addrs = [Multiaddr(m.split("/p2p/")[0]) for m in maddrs]
         await self.p2p._client.connect(PeerID.from_base58(peer_id), addrs)
 
-    async def open_stream(self, peer_id: str, maddrs: Sequence[str], protocol: str, timeout_s: float) -> Stream:
+    async def open_stream(self, peer_id: PeerId, maddrs: Sequence[str], protocol: str, timeout_s: float) -> Stream:
         """Dial and open a binary stream, both within ``timeout_s``."""
         async with asyncio.timeout(timeout_s):
             await self.dial(peer_id, maddrs)

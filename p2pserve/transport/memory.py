@@ -15,6 +15,7 @@ import asyncio
 from typing import Sequence
 
 from p2pserve.transport import Stream, StreamHandler
+from p2pserve.types import PeerId
 
 
 class PipeWriter:
@@ -62,11 +63,11 @@ class MemoryNetwork:
         self._pipes: dict[str, list[tuple[PipeWriter, PipeWriter]]] = {}
         self._tasks: set[asyncio.Task] = set()
 
-    def transport(self, peer_id: str) -> "MemoryTransport":
+    def transport(self, peer_id: PeerId) -> "MemoryTransport":
         """A node with id ``peer_id`` on this network."""
         return MemoryTransport(self, peer_id)
 
-    def serve(self, peer_id: str, protocol: str, handler: StreamHandler) -> None:
+    def serve(self, peer_id: PeerId, protocol: str, handler: StreamHandler) -> None:
         """Make ``peer_id`` answer streams of ``protocol`` with ``handler``."""
         self.handlers.setdefault(peer_id, {})[protocol] = handler
 
@@ -84,7 +85,7 @@ class MemoryNetwork:
         task.add_done_callback(self._tasks.discard)
         return Stream(to_caller, caller_w, "memory")
 
-    def disconnect(self, peer_id: str) -> None:
+    def disconnect(self, peer_id: PeerId) -> None:
         """Cut every stream ``peer_id`` takes part in and forget what it serves (it 'died')."""
         self.handlers.pop(peer_id, None)
         for a, b in self._pipes.pop(peer_id, []):
@@ -95,7 +96,7 @@ class MemoryNetwork:
 class MemoryTransport:
     """A :class:`~p2pserve.transport.Transport` on a :class:`MemoryNetwork`."""
 
-    def __init__(self, network: MemoryNetwork, peer_id: str):
+    def __init__(self, network: MemoryNetwork, peer_id: PeerId):
         self.network = network
         self._peer_id = peer_id
 
@@ -104,7 +105,7 @@ class MemoryTransport:
         """This node's id on the network."""
         return self._peer_id
 
-    async def open_stream(self, peer_id: str, maddrs: Sequence[str], protocol: str, timeout_s: float) -> Stream:
+    async def open_stream(self, peer_id: PeerId, maddrs: Sequence[str], protocol: str, timeout_s: float) -> Stream:
         """A stream to ``peer_id``'s handler (addresses are not needed in memory)."""
         return self.network.connect(self._peer_id, peer_id, protocol)
 

@@ -58,6 +58,7 @@ from p2pserve.protocol import (
 from p2pserve.transport import Stream, StreamHandler, Transport
 from p2pserve.transport.frames import read_frame, write_frame
 from p2pserve.transport.tls import DirectTLS, check_pin, client_context, is_fingerprint
+from p2pserve.types import PeerId
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +127,7 @@ class DirectTransport:
         """The inner transport's peer id."""
         return self.inner.peer_id
 
-    async def open_stream(self, peer_id: str, maddrs: Sequence[str], protocol: str, timeout_s: float) -> Stream:
+    async def open_stream(self, peer_id: PeerId, maddrs: Sequence[str], protocol: str, timeout_s: float) -> Stream:
         """Open the libp2p stream, then try to move it to the direct path."""
         stream = await self.inner.open_stream(peer_id, maddrs, protocol, timeout_s)
         if protocol != SESSION_PROTOCOL:
@@ -158,7 +159,7 @@ class DirectTransport:
                 return direct
         return stream
 
-    async def _attach(self, host: str, offer: DirectOffer, peer_id: str) -> Optional[Stream]:
+    async def _attach(self, host: str, offer: DirectOffer, peer_id: PeerId) -> Optional[Stream]:
         """A TLS stream to ``host`` that presented the offer's certificate, bound to our peer id
         by the offer's token; or None (where the pin failed, only our half of the handshake was sent)."""
         writer = None
@@ -243,7 +244,7 @@ class DirectListener:
     port forward in front of this listener, see :class:`DirectAddress`).
     """
 
-    def __init__(self, handler: StreamHandler, peer_id: str, hosts: list[str], port: int = 0,
+    def __init__(self, handler: StreamHandler, peer_id: PeerId, hosts: list[str], port: int = 0,
                  token_ttl_s: float = 30.0, attach_timeout_s: float = 10.0, tls: Optional[DirectTLS] = None,
                  announce_port: Optional[int] = None):
         self.handler = handler

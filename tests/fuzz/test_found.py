@@ -10,7 +10,7 @@ import dataclasses
 import pytest
 from hivemind.dht.validation import DHTRecord
 
-from p2pserve.dht.prober import _read_frame
+from p2pserve.dht.probe_messages import REQUESTS, read_probe_frame
 from p2pserve.dht.records import CoordinatorCandidate, LinkInfo, PeerInfo, Plan, decode_record
 from p2pserve.dht.signing import LoggingSignatureValidator, load_or_create_key
 from p2pserve.errors import MalformedFrameError
@@ -34,7 +34,7 @@ def test_a_str_that_is_not_utf8_is_malformed_in_every_decoder():
             decode_record(b"\x81\xa5model" + NOT_UTF8, cls)
 
     async def probe():
-        return await _read_frame(reader_of(len(NOT_UTF8).to_bytes(4, "big") + NOT_UTF8))
+        return await read_probe_frame(reader_of(len(NOT_UTF8).to_bytes(4, "big") + NOT_UTF8), REQUESTS)
 
     with pytest.raises(MalformedFrameError):
         run(probe())

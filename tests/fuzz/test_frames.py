@@ -22,7 +22,7 @@ from tests.fuzz import FUZZ, counted
 from tests.fuzz.aio import reader_of, run
 from tests.fuzz.messages import requests
 from tests.fuzz.mutate import hostile, streams
-from tests.fuzz.test_wire import claimed_metas
+from tests.support.wire import claimed_metas
 
 limits = st.builds(FrameLimits, max_header_bytes=st.integers(0, 1 << 17) | st.just(64 * 1024),
                    max_payload_bytes=st.integers(0, 1 << 30) | st.just(256 * 1024 * 1024))

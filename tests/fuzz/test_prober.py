@@ -1,8 +1,10 @@
-"""The link prober's wire (``dht/prober.py``): a u32 length and a MessagePack map per request.
+"""The link prober's wire (``dht/probe_messages.py``): a u32 length and a typed MessagePack map
+per message.
 
-Properties: ``_read_frame`` returns a map or raises a ``ProtocolError`` (or ``IncompleteReadError``
-when the sender hung up); the probe server answers any stream with well-formed reply frames and
-ends it, without raising and without reading a bulk transfer into memory.
+Properties: ``read_probe_frame`` returns a validated request struct or raises a ``ProtocolError``
+(or ``IncompleteReadError`` when the sender hung up); the probe server answers any stream with
+well-formed typed reply frames and ends it, without raising and without reading a bulk transfer
+into memory.
 """
 
 from __future__ import annotations
@@ -13,7 +15,16 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from p2pserve.config import ProberConfig
-from p2pserve.dht.prober import PROBE_VERSION, LinkProber, _read_frame
+from p2pserve.dht.probe_messages import (
+    PROBE_VERSION,
+    REPLIES,
+    REQUESTS,
+    ProbeBulk,
+    ProbePing,
+    ProbeReply,
+    read_probe_frame,
+)
+from p2pserve.dht.prober import LinkProber
 from p2pserve.errors import ProtocolError
 from p2pserve.transport.memory import PipeWriter
 from tests.fuzz import FUZZ, counted
@@ -38,7 +49,7 @@ probe_streams = st.lists(probe_frame(), min_size=1, max_size=4).map(b"".join).fl
 
 async def _read(data: bytes):
     try:
-        return await _read_frame(reader_of(data))
+        return await read_probe_frame(reader_of(data), REQUESTS)
     except (ProtocolError, asyncio.IncompleteReadError):
         return None
 
@@ -50,7 +61,9 @@ async def _read(data: bytes):
 @counted("prober.read_frame")
 def test_probe_frame(data):
     msg = run(_read(data))
-    assert msg is None or isinstance(msg, dict)
+    assert msg is None or isinstance(msg, (ProbePing, ProbeBulk))
+    if isinstance(msg, ProbeBulk):  # validated on decode: a size no bulk can have never gets through
+        assert type(msg.n) is int and msg.n >= 0
 
 
 async def _serve(data: bytes):
@@ -61,7 +74,7 @@ async def _serve(data: bytes):
     replies = []
     while True:
         try:
-            replies.append(await _read_frame(answers))
+            replies.append(await read_probe_frame(answers, REPLIES))
         except asyncio.IncompleteReadError:
             return writer, replies, prober
 
@@ -74,4 +87,4 @@ async def _serve(data: bytes):
 def test_probe_server(data):
     writer, replies, prober = run(_serve(data))
     assert writer.closed and prober._active == 0
-    assert all(isinstance(r, dict) and isinstance(r.get("ok"), bool) for r in replies)
+    assert all(isinstance(r, ProbeReply) and isinstance(r.ok, bool) for r in replies)

@@ -19,7 +19,12 @@ from hypothesis import strategies as st
 
 from p2pserve.client.connection import HopConnection
 from p2pserve.client.hop import Hop
-from p2pserve.errors import WIRE_ERRORS, MalformedFrameError, ProtocolError, error_from_reply
+from p2pserve.errors import (
+    WIRE_ERRORS,
+    MalformedFrameError,
+    ProtocolError,
+    error_from_reply,
+)
 from p2pserve.protocol import (
     DTYPE_SIZES,
     FRAME_PREFIX,
@@ -43,6 +48,7 @@ from p2pserve.transport.frames import tensor_from_wire
 from tests.fuzz import FUZZ, counted
 from tests.fuzz.messages import replies, requests, tensor_headers
 from tests.fuzz.mutate import CLAIMS, INT_EXTREMES, hostile, pack
+from tests.support.wire import claimed_metas
 
 INT64_MAX = 2**63 - 1
 _ENC = msgspec.msgpack.Encoder()
@@ -170,18 +176,6 @@ def test_check_prefix(prefix, lim):
 #: A Forward header up to its tensor field: a map of 5 entries whose last value is the tensor header.
 _FORWARD_PREFIX = b"\x85" + b"".join(pack(x) for x in ("t", "forward", "session_id", "s", "step", 0, "position", 0,
                                                         "tensor"))
-dims = st.integers(-(2**65), 2**65) | st.sampled_from(INT_EXTREMES) | st.integers(0, 64)
-
-
-@st.composite
-def claimed_metas(draw):
-    """A tensor header and a payload length that often agree with its claimed shape, so that the
-    checks after the byte count (empty tensors, strides) are reached with absurd dimensions."""
-    dtype = draw(st.sampled_from(sorted(DTYPE_SIZES)) | st.text(max_size=8))
-    shape = draw(st.lists(dims, max_size=6))
-    consistent = math.prod(shape) * DTYPE_SIZES.get(dtype, 1)
-    nbytes = draw(st.just(consistent) | dims)
-    return TensorMeta(dtype=dtype, shape=shape, nbytes=nbytes), draw(st.just(nbytes) | st.integers(0, 1 << 20))
 
 
 @FUZZ

@@ -9,7 +9,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -76,15 +75,3 @@ class Procs:
                 pass
         for name in list(self.procs):
             killpg(self.procs.pop(name))
-
-
-def wait_until(check, what: str, timeout: float = 60.0, interval: float = 0.3):
-    """Poll ``check()`` (sync, may return a value) until truthy; fail naming ``what``."""
-    end = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < end:
-        last = check()
-        if last:
-            return last
-        time.sleep(interval)
-    pytest.fail(f"timed out waiting for {what} (last: {last!r})")

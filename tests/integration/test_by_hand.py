@@ -18,25 +18,20 @@ a loaded two-core machine; ``--num-threads 1`` (cores are shared). The client us
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 
 import pytest
 
-import p2pserve
 from p2pserve.client.model_info import LocalModelInfo
-from p2pserve.config import ClientConfig, DHTConfig, PeerConfig
+from p2pserve.config import DHTConfig, PeerConfig
 from p2pserve.launch import Children
 from tests.harness import reference_generate
+from tests.support import wait_for
+from tests.support.swarm import SWARM_DEADLINE, LOOPBACK, MESSAGES, NEW_TOKENS, TIMING_FLAGS, chat_through, start_bootstrap
 
 pytestmark = pytest.mark.integration
 
-LOOPBACK = "/ip4/127.0.0.1/tcp/0"
-TIMING_FLAGS = ("--peer-refresh", "0.5", "--candidate-refresh", "0.5", "--plan-refresh", "2", "--link-refresh", "2",
-                "--max-clock-skew", "2")
 DEADLINE = 240.0  # generous bound for a loaded two-core machine, not a performance claim
-MESSAGES = [{"role": "user", "content": "Hello, swarm started by hand!"}]
-NEW_TOKENS = 12
 
 
 @pytest.fixture(scope="module")
@@ -54,14 +49,6 @@ def qwen2(tmp_path_factory):
     return path, model, ids, reference_generate(path, ids, NEW_TOKENS)
 
 
-def start_bootstrap(children: Children, tmp: Path) -> list[str]:
-    """``p2pserve bootstrap`` on loopback as child "boot"; its multiaddrs once it wrote them."""
-    maddrs_file = tmp / "boot.maddrs"
-    children.start("boot", "bootstrap", "--host-maddrs", LOOPBACK, "--maddrs-file", str(maddrs_file))
-    wait_for(maddrs_file.exists, children, "the bootstrap node")
-    return maddrs_file.read_text().split()
-
-
 def start_swarm(tmp: Path, coordinator_model: str, peer_model: str, *peer_extra: str) -> tuple[Children, list[str]]:
     children = Children(tmp)
     boot = start_bootstrap(children, tmp)
@@ -71,17 +58,6 @@ def start_swarm(tmp: Path, coordinator_model: str, peer_model: str, *peer_extra:
         children.start(f"peer{i}", "peer", "--model", peer_model, "--initial-peers", *boot, "--device", "cpu",
                        "--host-maddrs", LOOPBACK, "--num-threads", "1", *peer_extra, *TIMING_FLAGS)
     return children, boot
-
-
-def wait_for(check, children: Children, what: str, deadline: float = DEADLINE):
-    end = time.monotonic() + deadline
-    while time.monotonic() < end:
-        children.check()  # a child that exited fails the test with its output
-        value = check()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise TimeoutError(f"timed out waiting for {what}")
 
 
 def plan_serving_every_layer(boot: list[str], name: str, num_layers: int):
@@ -102,19 +78,13 @@ def plan_serving_every_layer(boot: list[str], name: str, num_layers: int):
     return observer, check
 
 
-def chat_through(boot: list[str], path: str, **client_kw):
-    config = ClientConfig(no_route_wait_s=60.0)
-    with p2pserve.Client(initial_peers=boot, model=path, config=config, **client_kw) as client:
-        return client.chat(MESSAGES, max_new_tokens=NEW_TOKENS, ignore_eos=True)
-
-
 def run_scenario(tmp: Path, qwen2, coordinator_model: str, peer_extra=(), client_kw=None, name=None):
     path, model, ids, ref = qwen2
     children, boot = start_swarm(tmp, coordinator_model, path, *peer_extra)
     observer = None
     try:
         observer, check = plan_serving_every_layer(boot, name or model.spec.model_id, model.spec.num_layers)
-        plan = wait_for(check, children, "a plan serving every layer")
+        plan = wait_for(check, "a plan serving every layer", SWARM_DEADLINE, interval=0.5, children=children)
         assert plan.num_layers == model.spec.num_layers
         reply = chat_through(boot, path, **(client_kw or {}))
         assert reply.tokens == ref, (reply.tokens, ref)

@@ -21,8 +21,8 @@ from p2pserve.config import DHTConfig
 from p2pserve.dht.keys import RecordKind
 from p2pserve.dht.reports import ObservedRate, ServiceReports
 from p2pserve.dht.swarm import Swarm
-from tests.integration import processes
 from tests.integration.processes import Procs
+from tests.support import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -40,7 +40,7 @@ def test_an_inflated_claim_and_a_sybil_flood_are_capped(tmp_path):
         maddrs_file = tmp_path / "boot.maddrs"
         procs.start("bootstrap", ["-m", "p2pserve.cli", "bootstrap", "--host-maddrs", "/ip4/127.0.0.1/tcp/0",
                                   "--maddrs-file", str(maddrs_file)])
-        processes.wait_until(maddrs_file.exists, "bootstrap multiaddrs")
+        wait_for(maddrs_file.exists, "bootstrap multiaddrs")
         boot = maddrs_file.read_text().split()
         cfg_path = tmp_path / "swarm.json"
         cfg_path.write_text(json.dumps({
@@ -53,7 +53,7 @@ def test_an_inflated_claim_and_a_sybil_flood_are_capped(tmp_path):
             procs.start(name, ["-m", "p2pserve.testing.synthetic_peer", "--config", str(cfg_path), "--host-maddrs",
                                f"/ip4/{ip}/tcp/0", "--max-layers", "8", "--tps", str(tps), "--load-delay", "0.2",
                                "--no-probe", "--device", name])
-        ids = {name: processes.wait_until(lambda n=name: _peer_id(procs, n), f"{name}'s peer id") for name in PEERS}
+        ids = {name: wait_for(lambda n=name: _peer_id(procs, n), f"{name}'s peer id") for name in PEERS}
         # two clients: a peer counts as observed by reports from two reporters at least
         client, witness = (Swarm.create(DHTConfig(model=MODEL, swarm_id="claims-test", initial_peers=tuple(boot),
                                                   host_maddrs=("/ip4/127.0.0.1/tcp/0",), client_mode=True, **TIMING))
@@ -75,7 +75,7 @@ def test_an_inflated_claim_and_a_sybil_flood_are_capped(tmp_path):
                 return None  # not settled yet
             return plan
 
-        plan = processes.wait_until(capped_plan, "a plan over the honest peers and the liar", timeout=90.0)
+        plan = wait_for(capped_plan, "a plan over the honest peers and the liar", timeout=90.0)
         inflow = {}
         for f in plan.flows:
             inflow[f.dst] = inflow.get(f.dst, 0.0) + f.rate

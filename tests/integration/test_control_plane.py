@@ -32,8 +32,8 @@ from p2pserve.dht.prober import LinkProber
 from p2pserve.dht.records import PeerInfo, Plan, encode_record
 from p2pserve.dht.signing import load_or_create_key, owner_subkey, public_key_text
 from p2pserve.dht.swarm import Swarm
-from tests.integration import processes
 from tests.integration.processes import Procs
+from tests.support import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -44,11 +44,6 @@ NUM_LAYERS = 8
 # (plans are republished at once on every change; plan_refresh only keeps an unchanged one alive)
 TIMING = dict(peer_refresh=0.5, candidate_refresh=0.5, plan_refresh=3.0, link_refresh=2.0, max_clock_skew=2.0)
 DEADLINE = 60.0  # generous: seconds on a loaded 2-core machine, not a performance claim
-
-
-def wait_until(check, what: str, timeout: float = DEADLINE, interval: float = 0.3):
-    """:func:`processes.wait_until` with this file's deadline."""
-    return processes.wait_until(check, what, timeout, interval)
 
 
 _LOOP: asyncio.AbstractEventLoop | None = None
@@ -82,7 +77,7 @@ def swarm(tmp_path_factory):
         maddrs_file = tmp / "boot.maddrs"
         procs.start("bootstrap", ["-m", "p2pserve.cli", "bootstrap", "--host-maddrs", "/ip4/127.0.0.1/tcp/0",
                                   "--maddrs-file", str(maddrs_file)])
-        wait_until(maddrs_file.exists, "bootstrap multiaddrs")
+        wait_for(maddrs_file.exists, "bootstrap multiaddrs")
         boot = maddrs_file.read_text().split()
         config = {
             "swarm_id": "cp-test",
@@ -128,7 +123,7 @@ def peer_id_of(procs: Procs, name: str) -> str:
         ids = [line.split()[1] for line in procs.log(name).splitlines() if line.startswith("peer ")]
         return ids[-1] if ids else None
 
-    return wait_until(find, f"{name} to print its peer id")
+    return wait_for(find, f"{name} to print its peer id")
 
 
 def current_plan(obs: Swarm):
@@ -158,7 +153,7 @@ def settled_plan(swarm, extra: tuple[str, ...] = ()) -> Plan:
     for name in BASE_PEERS:
         procs.ensure(name)
     ids = {peer_id_of(procs, n) for n in BASE_PEERS + extra}
-    return wait_until(lambda: (p := current_plan(swarm["observer"])) and full_and_serving(p, ids) and p,
+    return wait_for(lambda: (p := current_plan(swarm["observer"])) and full_and_serving(p, ids) and p,
                       "a plan serving every layer over the base peers" + (f" and {extra}" if extra else ""))
 
 
@@ -176,7 +171,7 @@ def test_leader_elected_and_every_layer_served(swarm):
 def test_links_are_measured_and_announced(swarm):
     settled_plan(swarm)
     obs = swarm["observer"]
-    links = wait_until(lambda: (ls := run(obs.get_links())) and len(ls) >= 2 and ls, "LinkInfo records")
+    links = wait_for(lambda: (ls := run(obs.get_links())) and len(ls) >= 2 and ls, "LinkInfo records")
     stats = [s for li in links.values() for s in li.record.links.values()]
     assert stats and all(s.bandwidth > 0 and s.rtt > 0 for s in stats)
 
@@ -215,7 +210,7 @@ def test_record_with_wrong_signature_is_ignored(swarm, caplog):
             # honest nodes that were asked to store it say why they refused, in their own logs
             return sum(procs.log(n).count("signature does not match") for n in procs.procs) > refused_before
 
-        wait_until(refused_with_reason, "an honest node to refuse the forged record", interval=1.0)
+        wait_for(refused_with_reason, "an honest node to refuse the forged record", interval=1.0)
         for _ in range(3):
             assert "forged-peer" not in run(obs.get_peers())
             time.sleep(0.3)
@@ -235,10 +230,10 @@ def test_plan_from_untrusted_coordinator_is_ignored(swarm, caplog):
         return any(s.signer == rogue_key for s in run(obs._entries(RecordKind.PLAN, Plan)))
 
     with caplog.at_level(logging.WARNING, logger="p2pserve.dht.swarm"):
-        wait_until(rogue_plan_in_dht, "the rogue coordinator to publish")  # it believes it leads
+        wait_for(rogue_plan_in_dht, "the rogue coordinator to publish")  # it believes it leads
         # one DHT read can miss the trusted plan while it is being refreshed: wait for a read
         # that returns plans, then check none of them is the rogue's
-        plans = wait_until(lambda: run(obs.get_plans()), "a read returning the accepted plans")
+        plans = wait_for(lambda: run(obs.get_plans()), "a read returning the accepted plans")
         assert plans and all(p.signer != rogue_key for p in plans)
         assert current_plan(obs).leader_id in ("coord-1", "coord-2")
         assert "rogue" not in {c.record.coordinator_id for c in run(obs.get_candidates())}
@@ -254,7 +249,7 @@ def test_absurd_figures_are_ignored_with_a_reason(swarm, caplog):
         def rejected():
             run(obs.get_peers())
             return "throughput_decode" in caplog.text and "1e+08" in caplog.text
-        wait_until(rejected, "the absurd PeerInfo to be rejected with a reason")
+        wait_for(rejected, "the absurd PeerInfo to be rejected with a reason")
     assert bad not in run(obs.get_peers())
     plan = settled_plan(swarm)  # made while the absurd peer announces
     assert bad not in plan.targets and bad not in plan.spans
@@ -270,10 +265,10 @@ def test_new_peer_receives_a_range_and_serves_it(swarm):
         # it is part of the graph flows are computed over; whether max-flow routes through it
         # depends on where the bottleneck is, so only check that nothing got worse once the swarm
         # settled (a re-plan may still shrink or move a range, and peers flip one by one)
-        plan = wait_until(lambda: (p := current_plan(obs)) and new in p.targets and p.spans.get(new) == p.targets[new]
+        plan = wait_for(lambda: (p := current_plan(obs)) and new in p.targets and p.spans.get(new) == p.targets[new]
                           and p.max_flow >= before.max_flow * 0.99 and p, "the joiner serving its target")
         # one DHT read may miss a record that is being refreshed: wait for the peer's own view
-        record = wait_until(lambda: (r := run(obs.get_peers()).get(new)) and r.record, "the joiner's PeerInfo")
+        record = wait_for(lambda: (r := run(obs.get_peers()).get(new)) and r.record, "the joiner's PeerInfo")
         assert record.state == "serving" and record.serving == plan.targets[new]
     finally:
         procs.stop("joiner")
@@ -285,7 +280,7 @@ def test_crashed_peer_is_excluded_from_the_next_plan(swarm):
     before = settled_plan(swarm, extra=("crasher",))  # placed and serving
     gone = peer_id_of(procs, "crasher")
     procs.kill("crasher")  # no withdraw: its records must expire
-    plan = wait_until(lambda: (p := current_plan(obs)) and gone not in p.targets and gone not in p.spans and p,
+    plan = wait_for(lambda: (p := current_plan(obs)) and gone not in p.targets and gone not in p.spans and p,
                       "a plan without the crashed peer")
     assert plan.epoch > before.epoch
     assert min(plan.coverage()) >= 1
@@ -323,7 +318,7 @@ def test_leader_failover_keeps_serving(swarm):
                 last = p
             assert min(last.coverage()) >= 1 and last.max_flow > 0
             return p is not None and p.leader_id == other and p
-        plan = wait_until(taken_over, f"{other} to publish", interval=0.2)
+        plan = wait_for(taken_over, f"{other} to publish", interval=0.2)
         assert plan.epoch > before.epoch
         assert plan.targets == before.targets  # the takeover keeps the placement: no reload
     finally:

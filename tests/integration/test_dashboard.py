@@ -29,7 +29,8 @@ import pytest
 from p2pserve.cli.common import write_local_swarm_file
 from p2pserve.client.model_info import LocalModelInfo
 from p2pserve.launch import Children
-from tests.integration.processes import REPO, wait_until
+from tests.integration.processes import REPO
+from tests.support import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -127,14 +128,14 @@ def test_markup_from_peers_is_shown_as_text_and_never_runs(browser):
     view = fake_dashboard_swarm(now=time.time(), hostile=True)
     with fake_dashboard(view) as url:
         browser.get(url)
-        state = wait_until(lambda: (s := page_state(browser))["renders"] >= 1 and s, "a first render", 30)
+        state = wait_for(lambda: (s := page_state(browser))["renders"] >= 1 and s, "a first render", 30)
         assert sorted(state["peers"]) == ["peerA", "peerB", "peerC"] and state["serving"] == "1,1,1,1,2,2,2,2"
         cells = browser.execute_script(
             "return [...document.querySelectorAll('#peers tbody tr[data-peer-id=peerB] td')].map((td) => td.title)")
         assert HOSTILE in cells  # the whole string, as text (the cell shows it clipped, its title in full)
         assert browser.execute_script("return document.querySelectorAll('#peers img, #peers script').length") == 0
         kill_peer(view, "peerC")
-        state = wait_until(lambda: (s := page_state(browser))["peers"] == ["peerA", "peerB"] and s, "peerC's row to go", 30)
+        state = wait_for(lambda: (s := page_state(browser))["peers"] == ["peerA", "peerB"] and s, "peerC's row to go", 30)
         assert state["serving"] == "1,1,1,1,1,1,1,1" and state["pwned"] is None
 
 
@@ -151,7 +152,7 @@ def swarm(model_dir, tmp_path_factory):
     try:
         maddrs = tmp / "boot.maddrs"
         kids.start("boot", "bootstrap", "--host-maddrs", "/ip4/127.0.0.1/tcp/0", "--maddrs-file", str(maddrs))
-        wait_until(maddrs.exists, "the bootstrap node", DEADLINE)
+        wait_for(maddrs.exists, "the bootstrap node", DEADLINE)
         cfg = tmp / "swarm.json"
         write_local_swarm_file(cfg, model.spec, maddrs.read_text().split(), "dash", "/ip4/127.0.0.1/tcp/0", TIMING, 0.5)
         kids.start("coord", "coordinator", "--config", str(cfg), "--web-port", "0", "--coordinator-id", "coord")
@@ -160,9 +161,9 @@ def swarm(model_dir, tmp_path_factory):
                        "--max-layers", str(MAX_LAYERS), "--log-level", "WARNING")
         kids.start("status", "status", "--config", str(cfg), "--web", "--port", "0", "--refresh", "0.5")
         kids.start("api", "api", "--config", str(cfg), "--model", path, "--port", "0", "--dashboard")
-        urls = {name: wait_until(lambda n=name: (kids.check() or _ready_url(kids.procs[n].output(20000))),
+        urls = {name: wait_for(lambda n=name: (kids.check() or _ready_url(kids.procs[n].output(20000))),
                                  f"{name}'s dashboard", DEADLINE) for name in ("coord", "status", "api")}
-        peer_ids = [wait_until(lambda n=f"peer{i}": kids.procs[n].ready(), f"peer{i} ready", DEADLINE)["peer_id"]
+        peer_ids = [wait_for(lambda n=f"peer{i}": kids.procs[n].ready(), f"peer{i} ready", DEADLINE)["peer_id"]
                     for i in range(3)]
         yield dict(kids=kids, urls=urls, peer_ids=peer_ids, model=model)
     finally:
@@ -183,7 +184,7 @@ def settled(swarm, peer_ids) -> dict | None:
 
 
 def test_api_dashboard_shows_the_routes_of_its_requests(swarm, browser):
-    wait_until(lambda: settled(swarm, swarm["peer_ids"]), "a plan over the three peers", DEADLINE)
+    wait_for(lambda: settled(swarm, swarm["peer_ids"]), "a plan over the three peers", DEADLINE)
     api = swarm["urls"]["api"].removesuffix("dashboard/")
     body = json.dumps({"model": swarm["model"].spec.model_id, "max_tokens": 8,
                        "messages": [{"role": "user", "content": "Hello!"}]}).encode()
@@ -195,25 +196,25 @@ def test_api_dashboard_shows_the_routes_of_its_requests(swarm, browser):
     hops = routes[0]["hops"]
     assert hops[0]["start"] == 0 and hops[-1]["end"] == swarm["model"].spec.num_layers
     assert {h["peer_id"] for h in hops} <= set(swarm["peer_ids"])
-    served = wait_until(lambda: [x for x in get_json(api + "api/swarm")["history"]["served"] if x], "served tokens/s", 60)
+    served = wait_for(lambda: [x for x in get_json(api + "api/swarm")["history"]["served"] if x], "served tokens/s", 60)
     assert served[-1] > 0  # the request's 8 tokens, over the refresh period they fell in
     browser.get(swarm["urls"]["api"])
-    state = wait_until(lambda: (s := page_state(browser))["routes"] and s, "the route on the API's page", 60)
+    state = wait_for(lambda: (s := page_state(browser))["routes"] and s, "the route on the API's page", 60)
     assert "→" in state["routes"][0] or len(hops) == 1
     browser.save_screenshot(str(artifacts() / "dashboard_api.png"))
 
 
 def test_status_page_shows_every_peer_and_follows_a_crash(swarm, browser):
     ids = swarm["peer_ids"]
-    ref = wait_until(lambda: settled(swarm, ids), "a plan over the three peers", DEADLINE)
+    ref = wait_for(lambda: settled(swarm, ids), "a plan over the three peers", DEADLINE)
     browser.get(swarm["urls"]["status"])
 
     def shows_all():
         s = page_state(browser)
         return s if sorted(s["peers"]) == sorted(ids) and all(x == "serving" for x in s["states"]) else None
 
-    state = wait_until(shows_all, "every peer on the status page", DEADLINE)
-    serving = wait_until(lambda: (s := page_state(browser)["serving"]) and "0" not in s.split(",") and s,
+    state = wait_for(shows_all, "every peer on the status page", DEADLINE)
+    serving = wait_for(lambda: (s := page_state(browser)["serving"]) and "0" not in s.split(",") and s,
                          "full coverage on the page", DEADLINE)
     assert len(serving.split(",")) == ref["num_layers"] and state["plan_nodes"] >= 3 + 2  # peers + source, sink
     browser.save_screenshot(str(artifacts() / "dashboard.png"))
@@ -226,7 +227,7 @@ def test_status_page_shows_every_peer_and_follows_a_crash(swarm, browser):
         s = page_state(browser)
         return s if victim not in s["peers"] and sum(map(int, s["serving"].split(","))) < before else None
 
-    state = wait_until(victim_gone, "the killed peer to leave the page and the coverage to drop", DEADLINE)
+    state = wait_for(victim_gone, "the killed peer to leave the page and the coverage to drop", DEADLINE)
     assert sorted(state["peers"]) == sorted(ids[:-1])
     browser.save_screenshot(str(artifacts() / "dashboard_peer_killed.png"))
 

@@ -12,22 +12,18 @@ import asyncio
 
 import pytest
 
-from p2pserve.client.failover import FailoverState
 from p2pserve.client.generation import Generation
 from p2pserve.client.model_info import LocalModelInfo
 from p2pserve.client.params import GenerationParams
-from p2pserve.client.pipeline import Pipeline
-from p2pserve.client.route_providers import PeerListRoutes
-from p2pserve.config import ClientConfig
 from p2pserve.errors import GenerationFailedError
 from tests.harness import PeerProcess, client_node, reference_generate, start_peers
+from tests.support.swarm import CONFIG, pipeline_over
 
 pytestmark = pytest.mark.integration
 
 # Three replicas of each half: the four tests together kill six peers, and in this order no
 # restart is needed (restarts cost ~15-30 s each on the shared two-core machine).
 RANGES = [(0, 4), (0, 4), (0, 4), (4, 8), (4, 8), (4, 8)]
-CONFIG = ClientConfig(hop_timeout_s=30.0, max_retries=3, ban_base_s=30.0)
 GREEDY = GenerationParams(max_new_tokens=20, ignore_eos=True)
 
 
@@ -62,14 +58,6 @@ def ensure(cluster, first: int, second: int):
         for i, p in zip(restart, fresh):
             peers[i] = p
     return path, live(peers)
-
-
-def pipeline_over(transport, model, peers: list[PeerProcess], params: GenerationParams, seed=0) -> Pipeline:
-    """A failover pipeline over the known ``peers`` (IWRR over every valid edge)."""
-    spec = model.spec
-    routes = PeerListRoutes(spec.num_layers, [p.hop() for p in peers], seed=seed)
-    return Pipeline(transport, routes, spec.model_id, spec.num_layers, 256, params.validate(), CONFIG,
-                    FailoverState(CONFIG))
 
 
 async def generate_with_kills(path, peers: list[PeerProcess], prompt_ids, params, kills: dict[int, str], seed=0):

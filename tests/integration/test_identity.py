@@ -28,7 +28,7 @@ from p2pserve.dht.records import LinkInfo, LinkStat, PeerInfo, encode_record
 from p2pserve.dht.signing import load_or_create_key, public_key_text
 from p2pserve.dht.swarm import Swarm
 from p2pserve.errors import ConfigError
-from tests.integration import processes
+from tests.support import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -116,12 +116,12 @@ def test_identity_takeover_records_are_rejected(nodes, caplog):
     links = LinkInfo(model=MODEL, peer_id=victim.peer_id, timestamp=now + 1e6,
                      links={reader.peer_id: LinkStat(bandwidth=0.0, rtt=60.0)})
     with caplog.at_level(logging.WARNING, logger="p2pserve.dht.swarm"):
-        processes.wait_until(lambda: run(reader.get_peers()) is not None and "timestamp 1000000 s in the future"
+        wait_for(lambda: run(reader.get_peers()) is not None and "timestamp 1000000 s in the future"
                              in caplog.text, "a reader to drop the attacker's future timestamp", timeout=60.0)
         assert attacker.peer_id not in run(reader.get_peers())
         attacker_store(attacker, RecordKind.PEERS, takeover, now + 1e6)
         attacker_store(attacker, RecordKind.LINKS, links, now + 30)  # a credible expiration: the key decides
-        processes.wait_until(lambda: _reads_keep_the_victim(reader, victim, own) and "beyond its TTL 60 s"
+        wait_for(lambda: _reads_keep_the_victim(reader, victim, own) and "beyond its TTL 60 s"
                              in caplog.text and "is not the signer's peer id" in caplog.text,
                              "readers to drop the takeover with their reasons", timeout=60.0)
     for _ in range(3):  # and every later read keeps the victim's own records
@@ -142,7 +142,7 @@ def test_the_allow_list_admits_members_only(nodes, caplog):
     assert run(victim.announce_peer(PeerInfo(model=MODEL, peer_id=victim.peer_id, timestamp=wall())))
     assert run(reader.announce_peer(PeerInfo(model=MODEL, peer_id=reader.peer_id, timestamp=wall())))
     with caplog.at_level(logging.WARNING, logger="p2pserve.dht.swarm"):
-        processes.wait_until(lambda: {victim.peer_id, reader.peer_id} <= set(run(reader.get_peers())),
+        wait_for(lambda: {victim.peer_id, reader.peer_id} <= set(run(reader.get_peers())),
                              "an open reader to see both peers", timeout=60.0)
         assert set(run(members.get_peers())) == {victim.peer_id}
     assert f"peer ...{reader.peer_id[-12:]} is not in allowed_peers" in caplog.text

@@ -27,8 +27,8 @@ from p2pserve.dht.keys import RecordKind
 from p2pserve.dht.machine_info import MachineInfo
 from p2pserve.launch import Children
 from tests.harness import reference_generate
-from tests.integration.test_by_hand import LOOPBACK, chat_through, start_bootstrap, wait_for
-from tests.integration.test_tp_plan import _observer, _records
+from tests.support import wait_for
+from tests.support.swarm import SWARM_DEADLINE, LOOPBACK, _observer, _records, chat_through, start_bootstrap
 
 pytestmark = pytest.mark.integration
 
@@ -109,7 +109,7 @@ def test_machine_agent_regroups_two_tp1_into_one_tp2_without_uncovering_a_layer(
             found = asyncio.run(obs.read(RecordKind.MACHINES, MachineInfo))
             return found[0].record if found else None
 
-        info = wait_for(machine, children, "the machine's announcement")
+        info = wait_for(machine, "the machine's announcement", SWARM_DEADLINE, interval=0.5, children=children)
         assert len(info.gpus) == 2 and len(info.links) == 1 and info.tp_degrees == [2]
         assert info.links[0].bandwidth > 0 and len(info.gpus[0].throughput_decode) == 4
 
@@ -124,7 +124,7 @@ def test_machine_agent_regroups_two_tp1_into_one_tp2_without_uncovering_a_layer(
                 return serving if ok else None
             return check
 
-        wait_for(grouped([1, 1]), children, "2 x TP-1 serving every layer")
+        wait_for(grouped([1, 1]), "2 x TP-1 serving every layer", SWARM_DEADLINE, interval=0.5, children=children)
 
         with CoverageWatch(obs, L) as watch:
             # a generation that starts on the two TP-1 peers while the machine regroups
@@ -132,7 +132,7 @@ def test_machine_agent_regroups_two_tp1_into_one_tp2_without_uncovering_a_layer(
             t = threading.Thread(target=lambda: during.append(chat_through(boot, path).tokens), daemon=True)
             t.start()
             children.procs.pop("coord1").stop()  # not a failure: coord2, grouping by 2, takes over
-            serving = wait_for(grouped([2]), children, "1 x TP-2 serving every layer")
+            serving = wait_for(grouped([2]), "1 x TP-2 serving every layer", SWARM_DEADLINE, interval=0.5, children=children)
             t.join(120)
         (tp2,) = serving.values()
         assert tuple(tp2.serving) == (0, L) and tp2.device == "cpu x2"

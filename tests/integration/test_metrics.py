@@ -32,11 +32,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from p2pserve.cli.common import write_local_swarm_file
 from p2pserve.client.api import AsyncClient
 from p2pserve.client.model_info import LocalModelInfo
-from p2pserve.client.openai_server import OpenAIServer
+from p2pserve.http.openai.server import OpenAIServer
 from p2pserve.config import ApiConfig, ClientConfig, DHTConfig
 from p2pserve.launch import Children
 from p2pserve.peer.profiler import load_or_measure
-from tests.integration.processes import wait_until
+from tests.support import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -47,11 +47,6 @@ KV = 1024  # a's KV budget in token-layers: 256 positions of its 4 layers
 KEY = "sk-metrics-test"
 MESSAGES = [{"role": "user", "content": "What is a peer-to-peer network?"}]
 PEERS = {"a": "0:4", "b1": "4:8", "b2": "4:8"}
-
-
-def wait_for(fn, what: str):
-    """``processes.wait_until`` with this file's generous deadline."""
-    return wait_until(fn, what, timeout=DEADLINE)
 
 
 def metrics_url(child) -> str | None:
@@ -113,7 +108,7 @@ def swarm(model_dir, tmp_path_factory):
     try:
         maddrs_file = children.logdir / "boot.maddrs"
         children.start("boot", "bootstrap", "--host-maddrs", "/ip4/127.0.0.1/tcp/0", "--maddrs-file", str(maddrs_file))
-        wait_for(maddrs_file.exists, "bootstrap")
+        wait_for(maddrs_file.exists, "bootstrap", DEADLINE)
         boot = maddrs_file.read_text().split()
         cfg_path = children.logdir / "swarm.json"
         write_local_swarm_file(cfg_path, model.spec, boot, SWARM_ID, "/ip4/127.0.0.1/tcp/0", TIMING, 0.5)
@@ -122,9 +117,9 @@ def swarm(model_dir, tmp_path_factory):
             extra = ["--kv-token-layers", str(KV)] if name == "a" else []
             children.start(name, "peer", "--model", path, "--config", str(cfg_path), "--num-threads", "1",
                            "--max-layers", "4", "--layers", layers, "--metrics-port", "0", *extra)
-        urls = {name: wait_for(lambda n=name: metrics_url(children.procs[n]), f"{name}'s metrics") for name in
+        urls = {name: wait_for(lambda n=name: metrics_url(children.procs[n]), f"{name}'s metrics", DEADLINE) for name in
                 ("coord", *PEERS)}
-        ids = {name: wait_for(children.procs[name].ready, f"{name} ready")["peer_id"] for name in PEERS}
+        ids = {name: wait_for(children.procs[name].ready, f"{name} ready", DEADLINE)["peer_id"] for name in PEERS}
         dht = DHTConfig(model=model.spec.model_id, swarm_id=SWARM_ID, initial_peers=tuple(boot),
                         host_maddrs=("/ip4/127.0.0.1/tcp/0",), client_mode=True, **TIMING)
         yield dict(children=children, model=model, dht=dht, urls=urls, ids=ids)
@@ -212,7 +207,7 @@ def test_metrics_of_a_small_swarm(swarm):
         s = scrape(urls[name])
         return s if get(s, "p2pserve_peer_kv_used_token_layers") == 0 and get(s, "p2pserve_peer_queue_jobs") == 0 else None
 
-    a = wait_for(lambda: settled("a"), "a's sessions to close")  # every route closed its sessions
+    a = wait_for(lambda: settled("a"), "a's sessions to close", DEADLINE)  # every route closed its sessions
     assert get(a, "p2pserve_peer_kv_capacity_token_layers") == KV == get(a, "p2pserve_peer_kv_free_token_layers")
     assert get(a, "p2pserve_peer_errors_total", code="overloaded") == 1
     assert total(a, "p2pserve_peer_errors_total") == 1
@@ -222,7 +217,7 @@ def test_metrics_of_a_small_swarm(swarm):
     assert get(a, "p2pserve_peer_step_seconds_count") == get(a, "p2pserve_peer_batch_tokens_count")
     assert get(a, "p2pserve_peer_compute_restarts_total") == 0 and get(a, "p2pserve_peer_sessions") == 0
     assert (get(a, "p2pserve_peer_served_start_layer"), get(a, "p2pserve_peer_served_end_layer")) == (0, 4)
-    b = wait_for(lambda: settled(seen["survivor"]), "the surviving replica's sessions to close")
+    b = wait_for(lambda: settled(seen["survivor"]), "the surviving replica's sessions to close", DEADLINE)
     assert get(b, "p2pserve_peer_kv_used_token_layers") + get(b, "p2pserve_peer_kv_free_token_layers") \
         == get(b, "p2pserve_peer_kv_capacity_token_layers") > 0
     assert get(b, "p2pserve_peer_tokens_total") > 0  # it served the replay at least

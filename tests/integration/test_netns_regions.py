@@ -28,7 +28,8 @@ from p2pserve.cli.common import write_local_swarm_file
 from p2pserve.config import DHTConfig
 from p2pserve.dht.swarm import Swarm
 from tests.harness import reference_generate, run_chain
-from tests.integration.test_swarm_peers import chain_from_spans, killpg, settled_spans, wait_for
+from tests.support import wait_for
+from tests.support.swarm import chain_from_spans, killpg, settled_spans
 
 pytestmark = [
     pytest.mark.integration,
@@ -117,7 +118,7 @@ def regions(tmp_path_factory):
 
         maddrs_file = tmp / "boot.maddrs"
         spawn("boot", ["bootstrap", "--host-maddrs", f"/ip4/{SUBNET}.1/tcp/0", "--maddrs-file", str(maddrs_file)])
-        wait_for(maddrs_file.exists, "bootstrap")
+        wait_for(maddrs_file.exists, "bootstrap", 120.0)
         boot = maddrs_file.read_text().split()
         mid = model.spec.model_id
         cfg_path = tmp / "swarm.json"
@@ -204,7 +205,7 @@ def test_links_plan_and_generation_across_regions(regions):
     expected = RATE_BITS / 8
     # The first placement is made before links are measured; the coordinator re-solves when the
     # measurements arrive. Wait until it has settled on a plan over them, then judge that plan.
-    plan, region = wait_for(settled_over_measured_links(observer), "a settled plan over measured links", deadline=300)
+    plan, region = wait_for(settled_over_measured_links(observer), "a settled plan over measured links", timeout=300)
     within, across = flow_inside_and_across(plan, region)
     placement = {f"{region[pid]}:{pid[-4:]}": tuple(span) for pid, span in plan.targets.items() if pid in region}
     assert within > across, (within, across, placement)
@@ -212,7 +213,7 @@ def test_links_plan_and_generation_across_regions(regions):
     # A peer announces each link as the best of its recent probe rounds (a busy host only slows
     # a transfer down). The first rounds ran while four peers were still starting on two cores,
     # so judge the announcement once every link has been probed again since the plan settled.
-    pairs = wait_for(reprobed_links(observer, region, time.time()), "every link probed again", deadline=120)
+    pairs = wait_for(reprobed_links(observer, region, time.time()), "every link probed again", timeout=120)
     cross = [bw for (a, b), bw in pairs.items() if region[a] != region[b]]
     inside = [bw for (a, b), bw in pairs.items() if region[a] == region[b]]
     for bw in cross:
@@ -225,7 +226,7 @@ def test_links_plan_and_generation_across_regions(regions):
         spans = settled_spans(plan.plan if plan else None, {p: s.record for p, s in peers.items()}, 8)
         return (spans, peers) if spans else None
 
-    spans, peers = wait_for(settled_now, "a settled plan to generate over", deadline=120)
+    spans, peers = wait_for(settled_now, "a settled plan to generate over", timeout=120)
     hops = chain_from_spans(spans, {p: s.record.addrs for p, s in peers.items()}, 8)
     ids = model.chat_ids([{"role": "user", "content": "Hello! How are you today?"}])
     params = GenerationParams(max_new_tokens=12, ignore_eos=True)

@@ -17,6 +17,8 @@ peer SIGKILLed mid-generation, and seeded sampling equal to client-driven.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import asyncio
 
 import msgspec
@@ -77,8 +79,7 @@ async def _generate(path, peers, prompt_ids, kill_after: int | None = None, para
     routes = ChainListRoutes([[a.hop(), b.hop(), peers[i].hop()] for i in lasts])
     async with client_node(CONFIG) as transport:
         pipeline = Pipeline(transport, routes, model.spec.model_id, model.spec.num_layers, 256, params.validate(),
-                            CONFIG, FailoverState(CONFIG), vocab_size=model.spec.vocab_size)
-        pipeline.push = push  # enabled: pushed because the links are slow (the rule)
+                            replace(CONFIG, push=push), FailoverState(CONFIG), vocab_size=model.spec.vocab_size)
         gen = Generation(pipeline, prompt_ids, params, model.eos_ids)
         try:
             n = 0
@@ -101,7 +102,7 @@ def test_pushed_greedy_output_is_token_identical(cluster):
     tokens, pipeline = asyncio.run(_generate(path, peers, ids))
     assert tokens == reference_generate(path, ids, GREEDY.max_new_tokens)
     assert not pipeline.failures and len(pipeline.route_log) == 1
-    assert pipeline.pushed_steps == GREEDY.max_new_tokens  # the rule chose push for every step
+    assert pipeline.forwarding.pushed_steps == GREEDY.max_new_tokens  # the rule chose push for every step
 
 
 def test_seeded_sampling_pushed_reproduces_client_driven(cluster):
@@ -110,9 +111,9 @@ def test_seeded_sampling_pushed_reproduces_client_driven(cluster):
     sampled = GenerationParams(max_new_tokens=8, ignore_eos=True, temperature=1.0, top_k=50, seed=11)
     driven, _ = asyncio.run(_generate(path, peers, ids, params=sampled, push=PushConfig(), lasts=(3,)))
     pushed, pipeline = asyncio.run(_generate(path, peers, ids, params=sampled, lasts=(3,)))
-    assert pushed == driven and pipeline.pushed_steps == sampled.max_new_tokens
+    assert pushed == driven and pipeline.forwarding.pushed_steps == sampled.max_new_tokens
     ringed, pipeline = asyncio.run(_generate(path, peers, ids, params=sampled, push=RING, lasts=(3,)))
-    assert ringed == driven and pipeline.ring_steps == sampled.max_new_tokens - 1
+    assert ringed == driven and pipeline.forwarding.ring_steps == sampled.max_new_tokens - 1
 
 
 def test_ringed_greedy_output_is_token_identical(cluster):
@@ -121,7 +122,7 @@ def test_ringed_greedy_output_is_token_identical(cluster):
     ids = _prompt(path, "Round and round the ring it goes.")
     tokens, pipeline = asyncio.run(_generate(path, peers, ids, push=RING, lasts=(3,)))
     assert tokens == reference_generate(path, ids, GREEDY.max_new_tokens)
-    assert not pipeline.failures and pipeline.ring_steps == GREEDY.max_new_tokens - 1
+    assert not pipeline.failures and pipeline.forwarding.ring_steps == GREEDY.max_new_tokens - 1
 
 
 def test_a_peer_killed_mid_ring_is_reported_and_routed_around(cluster):
@@ -132,7 +133,7 @@ def test_a_peer_killed_mid_ring_is_reported_and_routed_around(cluster):
     tokens, pipeline = asyncio.run(_generate(path, peers, ids, kill_after=5, push=RING, lasts=(4, 3)))
     assert tokens == reference_generate(path, ids, GREEDY.max_new_tokens)
     assert [f.hop.peer_id for f in pipeline.failures] == [peers[4].peer_id]
-    assert pipeline.route[-1].peer_id == peers[3].peer_id and pipeline.ring_steps > 5
+    assert pipeline.route[-1].peer_id == peers[3].peer_id and pipeline.forwarding.ring_steps > 5
 
 
 def test_a_route_cannot_make_a_peer_dial_a_host_of_the_clients_choosing(cluster):

@@ -22,7 +22,8 @@ from p2pserve.config import ClientConfig, DHTConfig, PeerConfig
 from p2pserve.launch import Children
 from p2pserve.peer.profiler import load_or_measure
 from tests.harness import reference_generate
-from tests.integration.test_swarm_peers import settled_spans, uncovered
+from tests.support import wait_for
+from tests.support.swarm import settled_spans, uncovered
 
 pytestmark = pytest.mark.integration
 
@@ -31,16 +32,6 @@ TIMING = dict(peer_refresh=0.5, candidate_refresh=0.5, plan_refresh=2.0, link_re
 DEADLINE = 300.0  # a generous bound for a loaded two-core machine, not a performance claim
 CONFIG = ClientConfig(hop_timeout_s=30.0, max_retries=3)
 PEERS = 6
-
-
-def wait_for(fn, what: str, deadline: float = DEADLINE):
-    end = time.monotonic() + deadline
-    while time.monotonic() < end:
-        value = fn()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise TimeoutError(f"timed out waiting for {what}")
 
 
 def covered(spans, num_layers) -> bool:
@@ -65,7 +56,7 @@ def swarm(model_dir, tmp_path_factory):
     try:
         maddrs_file = children.logdir / "boot.maddrs"
         children.start("boot", "bootstrap", "--host-maddrs", "/ip4/127.0.0.1/tcp/0", "--maddrs-file", str(maddrs_file))
-        wait_for(maddrs_file.exists, "bootstrap")
+        wait_for(maddrs_file.exists, "bootstrap", DEADLINE, interval=0.5)
         boot = maddrs_file.read_text().split()
         cfg_path = children.logdir / "swarm.json"
         write_local_swarm_file(cfg_path, model.spec, boot, SWARM_ID, "/ip4/127.0.0.1/tcp/0", TIMING, 0.5)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -25,12 +24,13 @@ import pytest
 
 from p2pserve.client.api import AsyncClient
 from p2pserve.client.model_info import LocalModelInfo
-from p2pserve.client.hop import Hop
 from p2pserve.client.params import GenerationParams
 from p2pserve.cli.common import write_local_swarm_file
 from p2pserve.config import DHTConfig
 from p2pserve.dht.swarm import Swarm
 from tests.harness import reference_generate, run_chain
+from tests.support import wait_for
+from tests.support.swarm import chain_from_spans, killpg, settled_spans, uncovered
 
 pytestmark = pytest.mark.integration
 
@@ -43,63 +43,6 @@ def spawn(args, log: Path) -> subprocess.Popen:
     with open(log, "wb") as f:
         return subprocess.Popen([sys.executable, "-m", "p2pserve.cli", *args], stdout=f, stderr=subprocess.STDOUT,
                                 start_new_session=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
-
-
-def killpg(p: subprocess.Popen, sig=signal.SIGKILL) -> None:
-    try:
-        os.killpg(p.pid, sig)
-    except ProcessLookupError:
-        pass
-    try:
-        p.wait(15)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
-
-
-def wait_for(fn, what: str, deadline: float = DEADLINE):
-    end = time.monotonic() + deadline
-    while time.monotonic() < end:
-        value = fn()
-        if value:
-            return value
-        time.sleep(0.3)
-    raise TimeoutError(f"timed out waiting for {what}")
-
-
-def chain_from_spans(spans: dict[str, tuple[int, int]], addrs: dict[str, list[str]], num_layers: int) -> list[Hop]:
-    """Greedy cover of [0, L) by served spans, allowing a hop to start mid-range."""
-    hops, at = [], 0
-    while at < num_layers:
-        best = max((p for p, (a, b) in spans.items() if a <= at < b), key=lambda p: spans[p][1], default=None)
-        if best is None:
-            raise AssertionError(f"layer {at} not served: {spans}")
-        hops.append(Hop(best, at, spans[best][1], tuple(addrs.get(best, ()))))
-        at = spans[best][1]
-    return hops
-
-
-def uncovered(spans, num_layers: int) -> list[int]:
-    """Layers of [0, num_layers) that none of the half-open ``spans`` holds."""
-    return [layer for layer in range(num_layers) if not any(a <= layer < b for a, b in spans)]
-
-
-def settled_spans(plan, peers: dict, num_layers: int):
-    """The plan's spans if the plan is settled and served now, else None.
-
-    Settled: every peer already serves its target (no flip is pending), each span is inside the
-    range its peer announces, and the spans cover every layer. A chain built from them then
-    reaches only loaded ranges, unless the coordinator re-plans in the meantime.
-    """
-    if plan is None:
-        return None
-    spans = {p: tuple(s) for p, s in plan.spans.items()}
-    if {p: tuple(s) for p, s in plan.targets.items()} != spans:
-        return None
-    for pid, (a, b) in spans.items():
-        info = peers.get(pid)
-        if info is None or info.state != "serving" or not info.serving or not (info.serving[0] <= a and b <= info.serving[1]):
-            return None
-    return None if uncovered(spans.values(), num_layers) else spans
 
 
 COORDINATORS = (("coord-1", 2), ("coord-2", 1))  # (id, election priority): coord-1 leads
@@ -124,7 +67,7 @@ def swarm(model_dir, tmp_path_factory):
         maddrs_file = tmp / "boot.maddrs"
         procs["boot"] = spawn(["bootstrap", "--host-maddrs", "/ip4/127.0.0.1/tcp/0", "--maddrs-file", str(maddrs_file)],
                               tmp / "boot.log")
-        wait_for(maddrs_file.exists, "bootstrap")
+        wait_for(maddrs_file.exists, "bootstrap", DEADLINE)
         boot = maddrs_file.read_text().split()
         cfg_path = tmp / "swarm.json"
         write_local_swarm_file(cfg_path, model.spec, boot, "real-peers", "/ip4/127.0.0.1/tcp/0", TIMING, 0.5,
@@ -173,7 +116,7 @@ def settled_plan(swarm, leader: str | None = None):
             return None
         return plan if settled_spans(plan.plan if plan else None, peers, L) else None
 
-    return wait_for(settled, "a settled plan" + (f" by {leader}" if leader else ""))
+    return wait_for(settled, "a settled plan" + (f" by {leader}" if leader else ""), DEADLINE)
 
 
 def test_plan_assigns_ranges_and_swarm_generates_exactly(swarm):
@@ -188,14 +131,14 @@ def test_plan_assigns_ranges_and_swarm_generates_exactly(swarm):
         return (plan, peers, spans) if (spans and len(spans) >= 2 and len(plan.plan.targets) == 4
                                         and plan.plan.leader_id == "coord-1") else None
 
-    plan, peers, spans = wait_for(served_and_covered, "coord-1's settled plan, its ranges loaded and covering every layer")
+    plan, peers, spans = wait_for(served_and_covered, "coord-1's settled plan, its ranges loaded and covering every layer", DEADLINE)
     assert plan.plan.max_flow > 0
     for info in peers.values():
         assert info.throughput_decode and info.max_layers == MAX_LAYERS  # real profile was announced
         # ... with the per-layer latency and KV size that make the swarm simulable
         assert info.latency is not None and info.kv_capacity() > 0
     # coord-1 ran its placements through the publish guard (a simulation of the live topology)
-    wait_for(lambda: "guard" in (swarm["tmp"] / "coord-1.log").read_text(), "coord-1 to guard a placement")
+    wait_for(lambda: "guard" in (swarm["tmp"] / "coord-1.log").read_text(), "coord-1 to guard a placement", DEADLINE)
     messages = [{"role": "user", "content": "Hello! How are you today?"}]
     ids = model.chat_ids(messages)
     ref = reference_generate(swarm["path"], ids, 16)
@@ -266,7 +209,7 @@ def test_killed_peer_leaves_the_next_plan(swarm):
     killpg(procs.pop(name))
     later = wait_for(lambda: (lambda p: p if p and victim_pid not in p.plan.spans
                               and victim_pid not in p.plan.targets else None)(current(observer)[0]),
-                     "a plan without the killed peer")
+                     "a plan without the killed peer", DEADLINE)
     assert later.plan.epoch > plan.plan.epoch  # a new plan, not a read that missed the peer
 
 
@@ -285,7 +228,7 @@ def test_a_joining_peer_is_placed_and_no_layer_goes_unserved_meanwhile(swarm):
         plan, peers = current(observer)
         return settled_spans(plan.plan if plan else None, peers, L)
 
-    before = wait_for(settled, "a settled plan before the join")
+    before = wait_for(settled, "a settled plan before the join", DEADLINE)
     swarm["procs"]["peer4"] = spawn_peer(swarm["path"], swarm["cfg_path"], swarm["tmp"] / "peer4.log")
     latest: dict = {}
     lapses = []
@@ -302,6 +245,6 @@ def test_a_joining_peer_is_placed_and_no_layer_goes_unserved_meanwhile(swarm):
         spans = settled_spans(plan.plan if plan else None, peers, L)
         return spans if spans and set(spans) - set(before) else None
 
-    after = wait_for(watch, "a settled plan that includes the new peer")
+    after = wait_for(watch, "a settled plan that includes the new peer", DEADLINE)
     assert not lapses, lapses[:3]
     assert len(after) == len(before) + 1

@@ -22,8 +22,8 @@ from p2pserve.client.params import GenerationParams
 from p2pserve.model.tiny import build_tiny_model
 from p2pserve.launch import Child, PeerProcess
 from tests.harness import client_node, reference_generate, run_chain, start_peers
-from tests.integration.processes import wait_until
-from tests.integration.test_failover import CONFIG, pipeline_over
+from tests.support import wait_for
+from tests.support.swarm import CONFIG, pipeline_over
 
 pytestmark = pytest.mark.integration
 
@@ -92,7 +92,7 @@ def test_killed_member_takes_the_group_down_and_the_client_fails_over(model_dir)
         assert tokens == ref
         assert [f.hop.peer_id for f in pipeline.failures] == [tp2.peer_id]
         # the group withdrew: rank 0 exits non-zero on its own, saying why
-        wait_until(lambda: not tp2.alive, "the TP peer exits after its member died", timeout=60)
+        wait_for(lambda: not tp2.alive, "the TP peer exits after its member died", timeout=60)
         assert tp2.proc.returncode not in (0, None)
         assert "tensor-parallel group failed" in tp2.output(), tp2.output()
     finally:
@@ -138,7 +138,7 @@ def test_group_announces_one_record_and_withdraws_when_a_member_dies(model_dir, 
                                      "--maddrs-file", str(boot_file)])
     peer = observer = None
     try:
-        wait_until(boot_file.exists, "bootstrap")
+        wait_for(boot_file.exists, "bootstrap")
         boot = boot_file.read_text().split()
         cfg = tmp_path / "swarm.json"
         write_local_swarm_file(cfg, spec, boot, "tp-swarm", "/ip4/127.0.0.1/tcp/0", TIMING, 0.5)
@@ -150,7 +150,7 @@ def test_group_announces_one_record_and_withdraws_when_a_member_dies(model_dir, 
         def records():
             return {pid: s.record for pid, s in asyncio.run(observer.get_peers()).items()}
 
-        info = wait_until(lambda: records().get(peer.peer_id), "the group's record", timeout=60)
+        info = wait_for(lambda: records().get(peer.peer_id), "the group's record", timeout=60)
         assert tuple(info.serving) == (0, 4) and info.state == "serving"
         assert info.device == "cpu x2" and info.tp == 2
         assert len(info.throughput_decode) == 4 and min(info.throughput_decode) > 0
@@ -158,9 +158,9 @@ def test_group_announces_one_record_and_withdraws_when_a_member_dies(model_dir, 
         assert len(records()) == 1  # one logical node, not one per rank
         (child,) = rank_children(peer.proc.pid)
         os.kill(child, signal.SIGKILL)
-        wait_until(lambda: not peer.alive, "the group's rank 0 exits", timeout=60)
+        wait_for(lambda: not peer.alive, "the group's rank 0 exits", timeout=60)
         assert peer.proc.returncode not in (0, None) and "tensor-parallel group failed" in peer.output()
-        wait_until(lambda: peer.peer_id not in records(), "the record is gone", timeout=30)
+        wait_for(lambda: peer.peer_id not in records(), "the record is gone", timeout=30)
     finally:
         if observer is not None:
             observer.shutdown()
@@ -175,7 +175,7 @@ def test_ranks_exit_when_rank_0_dies(model_dir):
         (child,) = rank_children(tp2.proc.pid)
         os.kill(tp2.proc.pid, signal.SIGKILL)  # rank 0 alone, not its process group
         tp2.proc.wait(10)
-        wait_until(lambda: not Path(f"/proc/{child}").exists() or b"zombie" in _status(child),
+        wait_for(lambda: not Path(f"/proc/{child}").exists() or b"zombie" in _status(child),
                    "the child rank exits with its parent", timeout=30)
     finally:
         tp2.stop()

@@ -20,30 +20,17 @@ import pytest
 from p2pserve.client.hop import Hop
 from p2pserve.client.model_info import LocalModelInfo
 from p2pserve.client.params import GenerationParams
-from p2pserve.config import DHTConfig
 from p2pserve.dht.records import Plan
 from p2pserve.launch import Children
 from tests.harness import reference_generate, run_chain
-from tests.integration.test_by_hand import LOOPBACK, TIMING_FLAGS, chat_through, start_bootstrap, wait_for
+from tests.support import wait_for
+from tests.support.swarm import SWARM_DEADLINE, LOOPBACK, TIMING_FLAGS, _observer, _records, chat_through, start_bootstrap
 
 pytestmark = pytest.mark.integration
 
 GREEDY = GenerationParams(max_new_tokens=12, ignore_eos=True)
 PEER_FLAGS = ("--device", "cpu", "--host-maddrs", LOOPBACK, "--num-threads", "1", "--max-layers", "4",
               "--profile-batch", "4", *TIMING_FLAGS)
-
-
-def _observer(boot, name: str, num_layers: int, **timing):
-    """A DHT node of the test's own (it reads, and may publish a plan), on the swarm's timing."""
-    from p2pserve.dht.swarm import Swarm
-
-    timing = {"peer_refresh": 0.5, "plan_refresh": 2.0, "max_clock_skew": 2.0, **timing}
-    return Swarm.create(DHTConfig(model=name, initial_peers=tuple(boot), host_maddrs=(LOOPBACK,), num_layers=num_layers,
-                                  **timing))
-
-
-def _records(obs):
-    return {pid: s.record for pid, s in asyncio.run(obs.get_peers()).items()}
 
 
 def _serving(obs, want: dict[str, tuple[int, int]]):
@@ -74,7 +61,7 @@ def test_plan_driven_tp_peer_serves_and_moves(model_dir, tmp_path):
                 return None
             return (signed.plan, recs) if {r.tp for r in recs.values()} == {1, 2} else None
 
-        plan, recs = wait_for(two_halves, children, "a plan serving every layer on both peers")
+        plan, recs = wait_for(two_halves, "a plan serving every layer on both peers", SWARM_DEADLINE, interval=0.5, children=children)
         tp2 = next(pid for pid, r in recs.items() if r.tp == 2)
         tp1 = next(pid for pid, r in recs.items() if r.tp == 1)
         assert recs[tp2].device == "cpu x2" and tuple(plan.targets[tp2]) == tuple(recs[tp2].serving)
@@ -89,7 +76,7 @@ def test_plan_driven_tp_peer_serves_and_moves(model_dir, tmp_path):
         swap = Plan(model=name, epoch=plan.epoch + 1, leader_id=obs.peer_id, num_layers=L, targets=new, spans=old,
                     created_at=time.time(), reason="test: swap the halves")
         asyncio.run(obs.publish_plan(swap))
-        recs = wait_for(lambda: _serving(obs, new), children, "both peers serving the swapped halves")
+        recs = wait_for(lambda: _serving(obs, new), "both peers serving the swapped halves", SWARM_DEADLINE, interval=0.5, children=children)
         hops = sorted((Hop(pid, *new[pid], tuple(recs[pid].addrs)) for pid in new), key=lambda h: h.start)
         assert asyncio.run(run_chain(model, hops, ids, GREEDY)) == ref
         log = (tmp_path / "tp2.log").read_text()

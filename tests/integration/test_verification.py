@@ -15,7 +15,7 @@ What is asserted, request by request (at most 200 requests, 24 greedy tokens eac
 * the request in which the client caught it, and every request after, is token-identical: the
   client runs with ``verify_hold`` (a request awaits the checks drawn on its own steps), and a
   proven culprit rolls the request back to the first token it touched and regenerates it on a
-  route without it (``client/rollback.py``);
+  route without it (``client/trust/rollback.py``);
 * the client bans it locally at its first proven mismatch, publishes signed evidence, and the
   coordinator's plan drops it: all within 200 requests at ``verify_share=0.02``;
 * once the plan dropped it, no route includes it and every request is token-identical again.

@@ -34,7 +34,7 @@ from p2pserve.launch import Children
 from p2pserve.model.identity import derived_name
 from p2pserve.testing.wan import start_relayed_peers, stop_relayed_peers
 from tests.harness import client_node, reference_generate
-from tests.integration.processes import wait_until
+from tests.support import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -56,7 +56,7 @@ def swarm(model_dir, tmp_path_factory):
     try:
         maddrs_file = tmp / "boot.maddrs"
         children.start("boot", "bootstrap", "--host-maddrs", "/ip4/127.0.0.1/tcp/0", "--maddrs-file", str(maddrs_file))
-        boot = wait_until(lambda: maddrs_file.exists() and maddrs_file.read_text().split(), "the bootstrap node")
+        boot = wait_for(lambda: maddrs_file.exists() and maddrs_file.read_text().split(), "the bootstrap node")
         peers = start_relayed_peers(path, RANGES, "--initial-peers", *boot, *TIMING, "--probe-max-mb", "2",
                                     delay_ms=DELAY_MS, rate_mbps=RATE_MBPS, workdir=tmp)
         observer = Swarm.create(DHTConfig(model=derived_name(path), initial_peers=tuple(boot), client_mode=True,
@@ -85,7 +85,7 @@ def test_peers_announce_only_their_relays_and_probes_read_the_delay(swarm):
         complete = len(found) == len(ids) and all(set(links) >= ids - {pid} for pid, links in found.items())
         return complete and found
 
-    links = wait_until(links_between_all, "every peer's probes of the other two", timeout=150.0)
+    links = wait_for(links_between_all, "every peer's probes of the other two", timeout=150.0)
     infos = asyncio.run(observer.get_peers())
     for rp in peers:
         assert list(infos[rp.peer.peer_id].record.addrs) == list(rp.peer.maddrs)
@@ -149,7 +149,7 @@ def test_greedy_generation_through_the_relays_is_identical(swarm):
         return (relayed_bytes(first)[1] - before[first.peer.peer_id][1] >= hidden_bytes
                 and relayed_bytes(second)[0] - before[second.peer.peer_id][0] >= hidden_bytes)
 
-    wait_until(carried, "the relays' counts of the activations", timeout=10.0)
+    wait_for(carried, "the relays' counts of the activations", timeout=10.0)
 
 
 def test_failover_through_the_relays_is_identical(swarm):

@@ -1,7 +1,7 @@
 """The call path of one decode token, from the public API down to ``write_frame``, stays shallow.
 
 How it is counted: the client runs for real over an in-memory transport against three fake
-peers. ``write_frame`` (as the connection module calls it) is replaced by a spy that, whenever a
+peers. ``write_frame`` (as the session stream calls it) is replaced by a spy that, whenever a
 decode Forward (one token) is written, walks the Python stack from its caller up to the public
 entry point (``AsyncClient.generate`` or ``ReplyStream.__anext__``) and counts the p2pserve frames
 on the way, entry included, plus one for ``write_frame`` itself (the spy stands in for it).
@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-import p2pserve.client.connection as connection
+import p2pserve.transport.session_stream as session_stream
 from p2pserve.client.api import AsyncClient
 from p2pserve.config import ClientConfig
 from p2pserve.protocol import Forward
@@ -28,7 +28,7 @@ ENTRIES = {("p2pserve.client.api", "generate"), ("p2pserve.client.reply", "__ane
 
 def decode_depths(monkeypatch, drive) -> list[tuple[str, int]]:
     """(entry point, frames) at every decode Forward written while ``drive(client)`` runs."""
-    real = connection.write_frame
+    real = session_stream.write_frame
     seen: list[tuple[str, int]] = []
 
     def spy(writer, message, payload=b""):
@@ -46,7 +46,7 @@ def decode_depths(monkeypatch, drive) -> list[tuple[str, int]]:
                 raise AssertionError("no public entry point on the stack")
         return real(writer, message, payload)
 
-    monkeypatch.setattr(connection, "write_frame", spy)
+    monkeypatch.setattr(session_stream, "write_frame", spy)
     net = FakePeerNetwork(num_layers=8)
     hops = [net.add("peerA", 0, 3), net.add("peerB", 3, 6), net.add("peerC", 6, 8)]
 

@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from p2pserve.client.hop import Hop
-from p2pserve.client.observer import ReportPublisher, ServiceObserver
+from p2pserve.client.trust.observer import ReportPublisher, ServiceObserver
 from p2pserve.client.pipeline import Pipeline
 from p2pserve.config import DHTConfig
 from p2pserve.dht.keys import RecordKind

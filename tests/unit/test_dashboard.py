@@ -11,7 +11,7 @@ from importlib import resources
 import pytest
 from fastapi.testclient import TestClient
 
-from p2pserve.client.openai_app import create_app
+from p2pserve.http.openai.app import create_app
 from p2pserve.config import ApiConfig, DashboardConfig
 from p2pserve.dashboard.app import CSP, create_dashboard_app, mount_dashboard
 from p2pserve.dashboard.document import swarm_document
@@ -20,26 +20,21 @@ from p2pserve.dashboard.requests import RecordingClient, RequestLog
 from p2pserve.dashboard.snapshot import read_snapshot
 from p2pserve.dashboard.watch import SwarmWatch
 from p2pserve.errors import ConfigError
-from p2pserve.testing import FakeClient
+from p2pserve.testing import FakeClient, FakeClock
 from p2pserve.testing.dashboard import HOSTILE, NUM_LAYERS, SPANS, fake_dashboard_swarm, kill_peer
 
 
-class Clock:
-    def __init__(self, t: float = 1001.0):
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
+NOW = 1001.0  # just after the fake swarm's records were published
 
 
 def watch_of(view, clock=None, **kw) -> SwarmWatch:
     return SwarmWatch(view, DashboardConfig(refresh_s=0.5), source="status", model="m", swarm_id="s",
-                      num_layers=NUM_LAYERS, clock=clock or Clock(), **kw)
+                      num_layers=NUM_LAYERS, clock=clock or FakeClock(NOW), **kw)
 
 
 def test_document_lists_peers_coverage_plan_and_links():
     view = fake_dashboard_swarm()
-    snap = asyncio.run(read_snapshot(view, Clock()))
+    snap = asyncio.run(read_snapshot(view, FakeClock(NOW)))
     d = swarm_document(snap, source="status", model="m", swarm_id="s", num_layers=NUM_LAYERS)
     assert {(p["peer_id"], p["state"], p["start"], p["end"]) for p in d["peers"]} == \
         {(pid, "serving", a, b) for pid, (a, b) in SPANS.items()}
@@ -77,7 +72,7 @@ def test_coverage_counts_loading_apart_and_skips_draining_peers():
 
     from msgspec.structs import replace as with_fields
 
-    snap = asyncio.run(read_snapshot(fake_dashboard_swarm(), Clock()))
+    snap = asyncio.run(read_snapshot(fake_dashboard_swarm(), FakeClock(NOW)))
     peers = dict(snap.peers)
     peers["peerA"] = with_fields(peers["peerA"], state="loading", loading=(0, 6))
     peers["peerC"] = with_fields(peers["peerC"], state="draining")
@@ -88,7 +83,7 @@ def test_coverage_counts_loading_apart_and_skips_draining_peers():
 
 def test_a_failed_read_keeps_the_last_snapshot_and_says_why():
     view = fake_dashboard_swarm()
-    clock = Clock()
+    clock = FakeClock(NOW)
     watch = watch_of(view, clock)
     asyncio.run(watch.refresh())
 
@@ -96,7 +91,7 @@ def test_a_failed_read_keeps_the_last_snapshot_and_says_why():
         raise TimeoutError("dht down")
 
     view.get_peers = broken
-    clock.t += 10
+    clock.advance(10)
     asyncio.run(watch.refresh())
     d = watch.document()
     assert len(d["peers"]) == 3 and "dht down" in d["error"] and d["stale_s"] == 10.0

@@ -12,7 +12,7 @@ import os
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from p2pserve.client.openai_schema import GenRequest, parse_request_body
+from p2pserve.http.openai.schema import GenRequest, parse_request_body
 from p2pserve.errors import HTTPError
 
 EXAMPLES = int(os.environ.get("P2PSERVE_FUZZ_EXAMPLES", "2000"))

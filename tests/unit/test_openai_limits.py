@@ -17,7 +17,7 @@ from contextlib import asynccontextmanager
 
 import pytest
 
-from p2pserve.client.openai_server import OpenAIServer
+from p2pserve.http.openai.server import OpenAIServer
 from p2pserve.config import ApiConfig
 from p2pserve.testing import FakeClient
 

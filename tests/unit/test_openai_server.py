@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from p2pserve.client.openai_schema import http_error_for, parse_chat_request, parse_completion_request
-from p2pserve.client.openai_server import OpenAIServer
+from p2pserve.http.openai.schema import http_error_for, parse_chat_request, parse_completion_request
+from p2pserve.http.openai.server import OpenAIServer
 from p2pserve.config import ApiConfig
 from p2pserve.errors import (
     AllRoutesOverloadedError,

@@ -11,7 +11,7 @@ from p2pserve.placement import move_bound as mb
 from p2pserve.placement.maxflow import flow_value
 from p2pserve.placement.moves import new_layer_count
 from p2pserve.placement.solution import validate_placement
-from tests.unit.test_planner_milp import make_topology
+from tests.support.planner import make_topology
 from tools.move_ceiling import cover_of, max_cover_within
 
 

@@ -12,6 +12,8 @@ a session; and a dead next hop is reported back, banned and routed around with t
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import asyncio
 
 import msgspec
@@ -189,8 +191,7 @@ def test_a_pushed_verification_step_carries_outputs_to_the_last_hop(swarm):
 
     async def verify(push):
         pipeline = Pipeline(swarm.net.transport("QmClient"), ChainListRoutes([route]), swarm.spec.model_id, 3, 64,
-                            config=CONFIG, vocab_size=swarm.spec.vocab_size)
-        pipeline.push = push
+                            config=replace(CONFIG, push=push), vocab_size=swarm.spec.vocab_size)
         try:
             return await pipeline.verify([4, 5, 6, 7, 8], outputs=3)
         finally:

@@ -10,6 +10,8 @@ pushing past the budget, after a stop token, or out of order) get typed errors a
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import asyncio
 
 import msgspec
@@ -136,7 +138,7 @@ def test_ringed_greedy_output_equals_client_driven(swarm):
 
     driven, ringed, pipeline = asyncio.run(main())
     assert ringed == driven and not pipeline.failures
-    assert pipeline.ring_steps == 9  # every token after the first came round the ring
+    assert pipeline.forwarding.ring_steps == 9  # every token after the first came round the ring
 
 
 def test_a_two_hop_ring_equals_client_driven(model):
@@ -150,7 +152,7 @@ def test_a_two_hop_ring_equals_client_driven(model):
             return driven, ringed, p
 
         driven, ringed, pipeline = asyncio.run(main())
-        assert ringed == driven and pipeline.ring_steps == 7 and not pipeline.failures
+        assert ringed == driven and pipeline.forwarding.ring_steps == 7 and not pipeline.failures
     finally:
         s.stop()
 
@@ -166,7 +168,7 @@ def test_a_killed_last_hop_is_banned_and_the_ring_replayed_on_a_new_route(swarm)
 
     ref, got, pipeline = asyncio.run(main())
     assert got == ref and [f.hop.peer_id for f in pipeline.failures] == [C]
-    assert pipeline.route[-1].peer_id == C2 and pipeline.ring_steps >= 5
+    assert pipeline.route[-1].peer_id == C2 and pipeline.forwarding.ring_steps >= 5
 
 
 def test_a_killed_middle_hop_is_named_up_the_ring(model):
@@ -198,7 +200,7 @@ def test_ringed_seeded_sampling_reproduces_client_driven(swarm):
         return ref, got, p
 
     ref, got, pipeline = asyncio.run(main())
-    assert got == ref and pipeline.ring_steps == 9
+    assert got == ref and pipeline.forwarding.ring_steps == 9
 
 
 def test_a_step_off_the_ring_drains_it_and_starts_another(swarm):
@@ -208,8 +210,7 @@ def test_a_step_off_the_ring_drains_it_and_starts_another(swarm):
 
     async def run(push):
         pipeline = Pipeline(swarm.net.transport("QmClient"), ChainListRoutes([route]), swarm.spec.model_id, 3, 64,
-                            config=CONFIG, vocab_size=swarm.spec.vocab_size)
-        pipeline.push = push
+                            config=replace(CONFIG, push=push), vocab_size=swarm.spec.vocab_size)
         out, pending = [], [4, 4, 2]
         try:
             for i in range(12):
@@ -220,7 +221,7 @@ def test_a_step_off_the_ring_drains_it_and_starts_another(swarm):
                 tok = await pipeline.step(pending)
                 out.append(tok)
                 pending = [tok]
-            return out, pipeline.ring_steps
+            return out, pipeline.forwarding.ring_steps
         finally:
             await pipeline.close()
 
@@ -304,8 +305,7 @@ def test_the_ring_stops_at_a_stop_token_and_the_next_turn_goes_on(swarm):
 
     async def turns(push, eos):
         pipeline = Pipeline(swarm.net.transport("QmClient"), ChainListRoutes([route]), swarm.spec.model_id, 3, 64,
-                            config=CONFIG, vocab_size=swarm.spec.vocab_size)
-        pipeline.push = push
+                            config=replace(CONFIG, push=push), vocab_size=swarm.spec.vocab_size)
         try:
             got = []
             prompt = [9, 8, 7]
@@ -315,7 +315,7 @@ def test_the_ring_stops_at_a_stop_token_and_the_next_turn_goes_on(swarm):
                     pass
                 got.append((gen.result.tokens, gen.result.finish_reason))
                 prompt = prompt + gen.result.tokens + [3]
-            return got, pipeline.ring_steps
+            return got, pipeline.forwarding.ring_steps
         finally:
             await pipeline.close()
 

@@ -1,12 +1,13 @@
-"""Who touched which outputs (client/rollback.py): the position a caught peer's request rolls back to."""
+"""Who touched which outputs (client/trust/rollback.py): the position a caught peer's request rolls back to."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
 from p2pserve.client.hop import Hop
-from p2pserve.client.rollback import Suspects, suspect_from
-from p2pserve.client.tape import HopTape
+from p2pserve.client.trust.rollback import Suspects
+from p2pserve.client.trust.session import VerifiedSession
+from p2pserve.client.trust.tape import HopTape
 
 
 def _tapes(position: int, count: int, tokens=None) -> list[HopTape]:
@@ -35,15 +36,15 @@ def test_a_speculative_step_touched_its_first_output():
 
 
 def test_only_caught_peers_roll_back_and_only_once():
-    s = Suspects()
+    verifier = SimpleNamespace(excluded={})
+    trust = VerifiedSession(verifier)
+    s = trust.suspects
     s.stepped(_tapes(0, 3))
-    pipeline = SimpleNamespace(verifier=SimpleNamespace(excluded={}), suspects=s)
-    assert suspect_from(pipeline) is None
-    pipeline.verifier.excluded = {"b": "outvoted"}
-    assert suspect_from(pipeline) == 3
-    s.forget(pipeline.verifier.excluded)
-    assert suspect_from(pipeline) is None and s.first_out == {"a": 3}
-    assert suspect_from(SimpleNamespace()) is None  # no verifier: nothing to roll back
+    assert trust.rollback_from() is None
+    verifier.excluded = {"b": "outvoted"}
+    assert trust.rollback_from() == 3
+    trust.forget_caught()
+    assert trust.rollback_from() is None and s.first_out == {"a": 3}
 
 
 def _generate(withdraw: bool):
@@ -65,7 +66,7 @@ def _generate(withdraw: bool):
 
     async def go():
         p = Pipeline(net.client(), ChainListRoutes([[a, liar], [a, honest]]), "fake-model", 8, max_length=64,
-                     config=config, verifier=ScriptedVerifier("liar", after=4))
+                     config=config, trust=ScriptedVerifier("liar", after=4).session())
         gen = Generation(p, [1, 2, 3], GenerationParams(max_new_tokens=8, ignore_eos=True), set())
         gen.withdraw = withdraw
         try:

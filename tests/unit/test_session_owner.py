@@ -14,7 +14,7 @@ import pytest
 from p2pserve.client.route_providers import PeerListRoutes
 from p2pserve.errors import BadRequestError, SessionNotFoundError
 from tests.harness import open_session, tiny_session_table
-from tests.unit.test_failover_logic import generate, make_pipeline, network
+from tests.support.failover import generate, make_pipeline, network
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ from p2pserve.sim.batching import BatchCaps, ThrottlePolicy
 from p2pserve.sim.kv import KvSettings
 from p2pserve.sim.request import Query
 
-from tests.unit.test_sim_support import make_sim, make_topology
+from tests.support.sim import make_sim, make_topology
 
 
 def test_two_nodes_hand_computed():

@@ -19,7 +19,7 @@ from p2pserve.sim.transport import (
 )
 from p2pserve.types import SINK_INDEX as SINK
 from p2pserve.types import SOURCE_INDEX as SOURCE
-from tests.unit.test_sim_support import CAPS, make_sim, make_topology
+from tests.support.sim import CAPS, make_sim, make_topology
 
 
 def _run_one(graph, transport, input_len=10, output_len=2):

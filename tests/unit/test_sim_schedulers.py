@@ -17,7 +17,7 @@ from p2pserve.sim.schedulers.iwrr import routable_flows
 from p2pserve import types
 from p2pserve.types import SINK_INDEX as SINK, SOURCE_INDEX as SOURCE
 
-from tests.unit.test_sim_support import make_topology
+from tests.support.sim import make_topology
 
 
 def name(i: int) -> str:

@@ -15,8 +15,8 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
 
 from p2pserve.client.hop import Hop
-from p2pserve.client.tape import HopTape
-from p2pserve.client.verifier import TOLERANCE, culprit, distance, token_windows
+from p2pserve.client.trust.tape import HopTape
+from p2pserve.client.trust.verifier import TOLERANCE, culprit, distance, token_windows
 from p2pserve.config import CoordinatorConfig, DHTConfig
 from p2pserve.coordinator.exclusion import ExclusionBook, case_holds, judge
 from p2pserve.coordinator.service import CoordinatorService

@@ -65,7 +65,7 @@ class GuardedH11Protocol(H11Protocol):
     """uvicorn's h11 protocol with head and body deadlines and a connection cap (see the module).
 
     uvicorn builds one per connection with its own arguments; ``limits`` is bound with
-    ``functools.partial`` by :class:`~p2pserve.client.openai_server.OpenAIServer`.
+    ``functools.partial`` by :class:`~p2pserve.http.openai.server.OpenAIServer`.
     """
 
     def __init__(self, *args, limits: ApiConfig, **kwargs):

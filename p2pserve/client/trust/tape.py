@@ -18,6 +18,7 @@ from typing import Optional
 from p2pserve.client.hop import Hop
 from p2pserve.dht.evidence import InputChain, output_digest, row_digests
 from p2pserve.protocol import tokens_bytes
+from p2pserve.types import SessionId
 
 
 @dataclass
@@ -79,7 +80,7 @@ class HopTape:
     """Everything one hop's session consumed and returned (see the module docstring)."""
 
     hop: Hop
-    session_id: str
+    session_id: SessionId
     steps: list[Step] = field(default_factory=list)
     due: Optional[object] = None  # the SamplingParams of a check drawn for when the route is done
 

@@ -1,4 +1,4 @@
-"""Where a client's :class:`~p2pserve.client.verifier.Verifier` finds replicas and reply keys,
+"""Where a client's :class:`~p2pserve.client.trust.verifier.Verifier` finds replicas and reply keys,
 and where it publishes evidence: the swarm's live records, or a fixed list of peers."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 from p2pserve.client.hop import Hop
-from p2pserve.client.verifier import Verifier
+from p2pserve.client.trust.verifier import Verifier
 from p2pserve.clock import wall
 from p2pserve.config import ClientConfig
 from p2pserve.dht.evidence import MAX_CASES, Evidence, Mismatch

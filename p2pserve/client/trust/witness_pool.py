@@ -26,13 +26,14 @@ from p2pserve.client.hop import Hop
 from p2pserve.config import ClientConfig
 from p2pserve.protocol import DTYPE_SIZES, PROTOCOL_VERSION, CloseSession, Forward, OpenSession, SamplingParams
 from p2pserve.protocol import TensorMeta
+from p2pserve.types import PeerId, SessionId
 
 
 @dataclass
 class _Session:
     """An open check session on one replica's stream."""
 
-    session_id: str
+    session_id: SessionId
     start: int
     end: int
     max_length: int
@@ -121,7 +122,7 @@ class WitnessPool:
         entry.sessions[span] = session
         return session
 
-    async def _drop(self, peer_id: str) -> None:
+    async def _drop(self, peer_id: PeerId) -> None:
         entry = self._replicas.pop(peer_id, None)
         if entry is not None and entry.conn is not None:
             await entry.conn.close()

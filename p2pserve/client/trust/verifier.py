@@ -39,8 +39,9 @@ import torch
 
 from p2pserve.client.hop import Hop
 from p2pserve.client.routing import Masks
-from p2pserve.client.tape import HopTape, join, reply_output_digest
-from p2pserve.client.witness_pool import WitnessPool
+from p2pserve.client.trust.session import VerifiedSession
+from p2pserve.client.trust.tape import HopTape, join, reply_output_digest
+from p2pserve.client.trust.witness_pool import WitnessPool
 from p2pserve.config import ClientConfig
 from p2pserve.dht.evidence import (
     MAX_INPUT_BYTES,
@@ -139,13 +140,17 @@ class Verifier:
         self._tasks: set[asyncio.Task] = set()
         self.witnesses = WitnessPool(transport, model_id, num_layers, config)  # streams and sessions on replicas
 
+    def session(self) -> VerifiedSession:
+        """A pipeline's view of this verifier (its ``StepTrust``)."""
+        return VerifiedSession(self, tape_steps=self.config.verify_share > 0)
+
     def masks(self, masks: Masks) -> Masks:
         """``masks`` with the peers this client caught added to the banned ones."""
         return replace(masks, banned=masks.banned | frozenset(self.excluded)) if self.excluded else masks
 
     def after_step(self, tapes: list[HopTape], sampling: SamplingParams, suspects=None) -> None:
         """Draw which hops of the step just done to verify; ``suspects`` (the pipeline's
-        ``client.rollback.Suspects``) learns who touched the step's outputs.
+        ``client.trust.rollback.Suspects``) learns who touched the step's outputs.
 
         A drawn hop is marked due and checked once, when the route is done (:meth:`route_done`): one
         replay of its history then covers every step, however many were drawn (for the last hop,
@@ -164,7 +169,7 @@ class Verifier:
 
     def route_done(self, tapes: list[HopTape], suspects=None) -> None:
         """The pipeline leaves these hops (request done, or failover): check those marked due
-        (the tasks started join the pipeline's ``suspects.checks``, see ``client/rollback.py``)."""
+        (the tasks started join the pipeline's ``suspects.checks``, see ``client/trust/rollback.py``)."""
         for tape in tapes:
             if tape.due is not None and tape.last is not None:
                 self._start(tape, tape.due, suspects.checks if suspects is not None else None)
@@ -341,7 +346,7 @@ class Verifier:
     async def _run(self, replica: Hop, calls, max_length: int, sampling: SamplingParams):
         """Send ``calls`` (``(position, rows, dtype, payload, outputs)``, the first at position 0)
         to a check session over ``replica``'s span, kept open between checks
-        (``client/witness_pool.py``); each call's (reply, bytes), and the session id."""
+        (``client/trust/witness_pool.py``); each call's (reply, bytes), and the session id."""
         return await self.witnesses.run(replica, calls, max_length, sampling)
 
     def _exclude(self, peer: str, why: str) -> None:

@@ -39,8 +39,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from p2pserve.client.http_guard import ApiGuard, BodyBudget, ClientGone, error_response, read_body
-from p2pserve.client.openai_schema import (
+from p2pserve.http.guard import ApiGuard, BodyBudget, ClientGone, error_response, read_body
+from p2pserve.http.openai.schema import (
     GenRequest,
     chunk_body,
     completion_body,

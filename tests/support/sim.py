@@ -1,4 +1,4 @@
-"""Shared builders for the simulator tests (no tests here): tiny clusters, round-number profiles."""
+"""Shared builders for the simulator tests: tiny clusters, round-number profiles."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from p2pserve.sim.graph import Assignment, StageGraph
 from p2pserve.sim.kv import KvEstimator, KvSettings
 from p2pserve.sim.profiles import LayerLatency
 from p2pserve.sim.schedulers import make_scheduler
-from p2pserve.types import SINK_INDEX as SINK, SOURCE_INDEX as SOURCE
+from p2pserve.types import SINK_INDEX as SINK
+from p2pserve.types import SOURCE_INDEX as SOURCE
 
 #: prompt: 1 ms per token per layer; decode: flat 1 ms per layer (2 ms for a single token)
 LINEAR = LayerLatency.from_points([(0, 0.0), (10_000, 10_000.0)], [(0, 1.0), (10_000, 1.0)])

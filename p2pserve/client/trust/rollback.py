@@ -1,6 +1,6 @@
 """Rolling a request back past the outputs of a peer that verification caught.
 
-Verification (``client/verifier.py``) runs off the critical path, so by the time a check proves a
+Verification (``client/trust/verifier.py``) runs off the critical path, so by the time a check proves a
 peer wrong, the request that carried its output may have moved on. A :class:`Suspects` per
 pipeline remembers, for every peer of its routes, the first output position it had a hand in:
 the position of the token returned by the first step through it. Every later token was computed
@@ -17,7 +17,7 @@ tokens.
 
 ``ClientConfig.verify_hold`` (off by default) makes a request wait, before it completes, for the
 checks drawn on its own steps: its route is closed, the checks due on its hops run, and a
-culprit among them rolls the request back (:func:`settle`). Without it only checks that finish
+culprit among them rolls the request back (``VerifiedSession.settle``). Without it only checks that finish
 while the request still runs can roll it back; a request whose own checks land later is left as
 it was (docs/trust.md, "Threat model").
 """
@@ -36,7 +36,7 @@ class Suspects:
         self.checks: set[asyncio.Task] = set()  # verifier tasks drawn on this pipeline's steps
 
     def stepped(self, tapes) -> None:
-        """A step went through the hops of ``tapes`` (``client.tape.HopTape``, route order): each
+        """A step went through the hops of ``tapes`` (``client.trust.tape.HopTape``, route order): each
         hop's peer touched the first token the last hop returned, and every later one."""
         last = tapes[-1].last if tapes else None
         if last is None:
@@ -55,22 +55,3 @@ class Suspects:
         """Stop tracking the caught peers (after a rollback: their outputs are gone)."""
         for peer in [p for p in self.first_out if p in excluded]:
             del self.first_out[peer]
-
-
-def suspect_from(pipeline) -> Optional[int]:
-    """The position from which ``pipeline``'s outputs must be regenerated, or None (no verifier,
-    or no peer of its routes caught)."""
-    verifier, suspects = getattr(pipeline, "verifier", None), getattr(pipeline, "suspects", None)
-    if verifier is None or suspects is None or not verifier.excluded:
-        return None
-    return suspects.since(verifier.excluded)
-
-
-async def settle(pipeline) -> None:
-    """Close ``pipeline``'s route (its due checks start) and wait for every check drawn on its
-    steps (``ClientConfig.verify_hold``). Costs the request one witness replay of each due hop's
-    history; a later step re-opens a route and replays the history to it."""
-    await pipeline.close()
-    checks = pipeline.suspects.checks
-    while checks:
-        await asyncio.gather(*list(checks), return_exceptions=True)

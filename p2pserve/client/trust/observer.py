@@ -24,6 +24,7 @@ from p2pserve import clock as clocks
 from p2pserve.clock import Clock
 from p2pserve.dht.keys import RecordKind
 from p2pserve.dht.reports import MAX_REPORTED_PEERS, ObservedRate, ServiceReports
+from p2pserve.types import PeerId
 
 log = logging.getLogger(__name__)
 
@@ -47,19 +48,19 @@ class ServiceObserver:
         self._clock = clock
         self._peers: dict[str, _PeerWindow] = {}
 
-    def _of(self, peer_id: str, layers: int) -> _PeerWindow:
+    def _of(self, peer_id: PeerId, layers: int) -> _PeerWindow:
         w = self._peers.get(peer_id)
         if w is None or w.layers != layers:
             rtt = w.rtt if w is not None else float("inf")
             w = self._peers[peer_id] = _PeerWindow(layers, deque(maxlen=self.window), rtt)
         return w
 
-    def rtt(self, peer_id: str, layers: int, seconds: float) -> None:
+    def rtt(self, peer_id: PeerId, layers: int, seconds: float) -> None:
         """An OpenSession round trip to ``peer_id`` (opened for ``layers`` layers)."""
         w = self._of(peer_id, layers)
         w.rtt = min(w.rtt, seconds)
 
-    def decode(self, peer_id: str, layers: int, seconds: float) -> None:
+    def decode(self, peer_id: PeerId, layers: int, seconds: float) -> None:
         """A one-token Forward round trip to ``peer_id`` serving ``layers`` layers for us."""
         w = self._of(peer_id, layers)
         w.round_trips.append(seconds)

@@ -1,0 +1,89 @@
+"""``RouteForwarding``: a pipeline's peer-to-peer forwarding, grouped in one collaborator.
+
+It holds the push rule (a :class:`~p2pserve.client.push.PushConfig`), the current route's push
+state (:class:`~p2pserve.client.push.PushedRoute`) or ring (:class:`~p2pserve.client.ring.RingRoute`),
+the bounds of a ring (set per step by the generation, :meth:`limit_ring`) and the counts of the
+steps that went peer to peer. The pipeline decides *whether* a step is pushed (its route is
+not verified, the rule says so) and hands such a step here.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Optional, Sequence
+
+from p2pserve.client.connection import HopConnection
+from p2pserve.client.push import PushConfig, PushedRoute
+from p2pserve.client.ring import RingRoute
+from p2pserve.protocol import Forward
+
+
+class RouteForwarding:
+    """Push and ring state of one pipeline (``max_length``: the positions its session holds)."""
+
+    def __init__(self, config: PushConfig, max_length: int):
+        self.config = config
+        self.max_length = max_length
+        self.pushed: Optional[PushedRoute] = None  # the current route's push state, once it pushed
+        self.ring: Optional[RingRoute] = None  # the current route's ring, once it ran one
+        # a ring's bounds: the last input position it may need and its stop token ids; None: no
+        # ring for this step (speculative drafting)
+        self.ring_limit: Optional[tuple[int, frozenset]] = (max_length - 1, frozenset())
+        self.pushed_steps = 0  # steps that went peer to peer (push mode), for tests and reports
+        self.ring_steps = 0  # steps whose token came round a ring, for tests and reports
+
+    def limit_ring(self, limit: Optional[tuple[int, frozenset]]) -> None:
+        """Bound the next steps' ring: (last input position, stop token ids), or None for none."""
+        self.ring_limit = limit
+
+    def use(self, links: Sequence[HopConnection], verified: bool) -> bool:
+        """Whether a step over ``links`` is pushed (see ``PushConfig.use_push``)."""
+        return self.config.use_push(len(links), verified, [c.open_rtt_s for c in links])
+
+    async def step(self, links: Sequence[HopConnection], msg: Forward, sent: list[int], data, held: int,
+                   vocab_size: Optional[int], timed=None):
+        """Push mode (:mod:`p2pserve.client.push`): one PushForward to the first hop, forwarded
+        peer to peer; the hops are allowed to push into each other's sessions once per route.
+        As a ring (:mod:`p2pserve.client.ring`) when the config and the step allow it.
+        ``timed`` (a histogram) observes the step's time."""
+        t0 = time.perf_counter()
+        if self.config.ring and msg.outputs == 1 and self.ring_limit is not None:
+            reply = await self._ring_step(links, msg, sent, data, held, vocab_size)
+        else:
+            if self.ring is not None:  # the hops' grants admit only ring steps: grant afresh
+                await self.ring.drain()
+                self.ring, self.pushed = None, None
+            if self.pushed is None:
+                self.pushed = PushedRoute(links)
+            reply = await self.pushed.step(msg, data, len(sent), vocab_size)
+        self.pushed_steps += 1
+        if timed is not None:
+            timed.observe(time.perf_counter() - t0)
+        return reply
+
+    async def _ring_step(self, links, msg: Forward, sent: list[int], data, held: int, vocab_size: Optional[int]):
+        """The ring's next token when ``sent`` is the token the ring already has; else (re)start
+        the ring with this step, within ``ring_limit``."""
+        if self.ring is None:
+            if self.pushed is not None:  # the first hop's last ack, read before the ring uses its stream
+                await self.pushed.settle()
+                self.pushed = None
+            self.ring = RingRoute(links)
+        if self.ring.continues(sent, held, msg.step):
+            self.ring_steps += 1
+            return await self.ring.next(vocab_size)
+        last_position, stop = self.ring_limit
+        return await self.ring.start(msg, data, len(sent), vocab_size, min(last_position, self.max_length - 1), stop)
+
+    def route_opened(self) -> None:
+        """A new route: nothing pushed on it yet."""
+        self.pushed, self.ring = None, None
+
+    async def route_left(self, settle_s: float) -> None:
+        """The pipeline leaves the route: the first hop's last ack is read (up to ``settle_s``)
+        before its sessions are closed, and a ring is cancelled."""
+        if self.pushed is not None:
+            await self.pushed.settle(settle_s)
+        if self.ring is not None:
+            self.ring.cancel()
+        self.pushed, self.ring = None, None

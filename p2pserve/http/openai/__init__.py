@@ -1,0 +1,1 @@
+"""The OpenAI-compatible API over an ``AsyncClient``: request schema, FastAPI app and server."""
