@@ -56,7 +56,7 @@ from p2pserve.client.model_info import LocalModelInfo  # noqa: E402
 from p2pserve.client.node import client_transport  # noqa: E402
 from p2pserve.client.params import GenerationParams  # noqa: E402
 from p2pserve.client.pipeline import open_chain  # noqa: E402
-from p2pserve.client.push import PushConfig  # noqa: E402
+from p2pserve.config import PushConfig  # noqa: E402
 from p2pserve.config import ClientConfig  # noqa: E402
 from p2pserve.launch import start_peers  # noqa: E402
 from p2pserve.model.default import resolve_model  # noqa: E402

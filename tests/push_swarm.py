@@ -15,7 +15,7 @@ from p2pserve.client.connection import HopConnection
 from p2pserve.client.failover import FailoverState
 from p2pserve.client.hop import Hop
 from p2pserve.client.pipeline import Pipeline
-from p2pserve.client.push import PushConfig
+from p2pserve.config import PushConfig
 from p2pserve.config import BatchingConfig, ClientConfig
 from p2pserve.dht.keys import RecordKind
 from p2pserve.dht.records import PeerInfo

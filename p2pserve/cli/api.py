@@ -17,6 +17,7 @@ import logging
 import os
 import signal
 
+from p2pserve.config import PUSH_MODES
 from p2pserve.config import ApiConfig, ClientConfig
 
 API_KEY_ENV = "P2PSERVE_API_KEY"
@@ -46,7 +47,7 @@ def add_client_arguments(parser: argparse.ArgumentParser) -> None:
     r.add_argument("--verify-share", type=float, default=ClientConfig.verify_share,
                    help="share of each hop's steps re-executed on another replica in the background "
                         "(0 = off; docs/trust.md)")
-    r.add_argument("--push", default="off", choices=["off", "auto", "on", "ring"],  # client/push.py PUSH_MODES
+    r.add_argument("--push", default="off", choices=list(PUSH_MODES),
                    help="push mode (docs/wan.md): peers forward each step to each other and the last returns the "
                         "token; auto: on routes whose median session-open round trip is at least 10 ms; on: on "
                         "every route; ring: as auto, and the last peer also feeds each token back to the first "
@@ -75,7 +76,7 @@ def apply_swarm_file(args: argparse.Namespace) -> None:
     from p2pserve.cli.common import dht_flags
     from p2pserve.config import DHTConfig
     from p2pserve.model.identity import explicit_name
-    from p2pserve.swarm_file import SwarmFile, merge
+    from p2pserve.config.swarm_file import SwarmFile, merge
 
     file = SwarmFile.load(args.config)
     m = merge(file.dht_values(), dht_flags(args))
@@ -90,8 +91,8 @@ def apply_swarm_file(args: argparse.Namespace) -> None:
 def client_from_args(args: argparse.Namespace):
     """An (unstarted) ``AsyncClient`` from the flags of :func:`add_client_arguments` and ``--config``."""
     from p2pserve.client.api import AsyncClient
-    from p2pserve.client.push import PushConfig
-    from p2pserve.client.speculative import SpeculativeConfig
+    from p2pserve.config import PushConfig
+    from p2pserve.config import SpeculativeConfig
     from p2pserve.errors import ConfigError
 
     apply_swarm_file(args)

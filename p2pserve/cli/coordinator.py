@@ -21,7 +21,7 @@ import signal
 from p2pserve.cli.common import (add_dht_arguments, add_metrics_arguments, dht_config, metrics_config,
                                  model_name_from_args, setup_logging)
 from p2pserve.config import CoordinatorConfig
-from p2pserve.swarm_file import SwarmFile, merge
+from p2pserve.config.swarm_file import SwarmFile, merge
 from p2pserve.errors import ConfigError, UnknownModelError
 
 logger = logging.getLogger("p2pserve.coordinator")
@@ -144,7 +144,8 @@ def compute_prober(args: argparse.Namespace, name: str):
     """The leader's compute prober (``coordinator/compute_probe.py``), or None with an interval of 0.
     Sessions are opened for the checkpoint's model id: the ``--model`` folder's, else the swarm's
     model name without its ``@SCHEME`` suffix."""
-    from p2pserve.coordinator.compute_probe import ComputeProbeConfig, ComputeProber
+    from p2pserve.coordinator.compute_probe import ComputeProber
+    from p2pserve.config import ComputeProbeConfig
     from p2pserve.model.identity import checkpoint_of
     from p2pserve.model.spec import load_spec
     from p2pserve.protocol import FrameLimits

@@ -177,7 +177,8 @@ def direct_address_from(args: argparse.Namespace, dcfg):
 
 def tp_from_args(args: argparse.Namespace, config: PeerConfig):
     """The peer's ``TPConfig`` from ``--tp`` / ``--gpu A,B,...``, or None without tensor parallelism."""
-    from p2pserve.peer.tp_group import TPConfig, parse_gpus, tp_devices
+    from p2pserve.peer.tp_group import parse_gpus, tp_devices
+    from p2pserve.config import TPConfig
 
     gpus = parse_gpus(args.gpu) if args.gpu is not None and config.device.startswith("cuda") else None
     devices = tp_devices(config.device, gpus, args.tp)
@@ -188,7 +189,7 @@ async def serve(config: PeerConfig, args: argparse.Namespace, tp=None) -> None:
     """Start DHT node and peer (and the control-plane agent), print the ready line, serve until signalled."""
     from p2pserve.cli.common import dht_config, metrics_config, model_name_from_args
     from p2pserve.cli.progress import Progress, describe
-    from p2pserve.swarm_file import SwarmFile
+    from p2pserve.config.swarm_file import SwarmFile
     from p2pserve.dht.swarm import Swarm
     from p2pserve.model.default import resolve_model
     from p2pserve.model.spec import load_spec

@@ -42,7 +42,7 @@ from p2pserve.client.params import GenerationParams
 from p2pserve.client.pipeline import Pipeline
 from p2pserve.client.reply import Reply, ReplyStream
 from p2pserve.client.route_providers import PeerListRoutes, RouteProvider
-from p2pserve.client.speculative import SpeculativeConfig
+from p2pserve.config import SpeculativeConfig
 from p2pserve.config import ClientConfig
 from p2pserve.errors import BadRequestError, ConfigError
 from p2pserve.metrics import ClientMetrics

@@ -16,7 +16,7 @@ import inspect
 from pathlib import Path
 from typing import Optional, Protocol, Sequence
 
-from p2pserve.client.speculative import SpeculativeConfig
+from p2pserve.config import SpeculativeConfig
 from p2pserve.errors import ConfigError, UnknownModelError
 
 

@@ -38,7 +38,8 @@ from p2pserve.client.failover import (
 )
 from p2pserve.client.hop import Hop, check_chain
 from p2pserve.client.observer import ServiceObserver
-from p2pserve.client.push import PushConfig, PushedRoute
+from p2pserve.client.push import PushedRoute
+from p2pserve.config import PushConfig
 from p2pserve.client.ring import RingRoute
 from p2pserve.client.rollback import Suspects
 from p2pserve.client.route_providers import ChainListRoutes, RouteProvider

@@ -37,11 +37,11 @@ import random
 import secrets
 import statistics
 import time
-from dataclasses import dataclass
 from typing import Awaitable, Callable, Mapping, Optional
 
 import torch
 
+from p2pserve.config import ComputeProbeConfig
 from p2pserve.clock import Clock, monotonic, wall
 from p2pserve.dht.records import PeerInfo
 from p2pserve.dht.reports import MAX_REPORTED_PEERS, MAX_TOKENS_PER_S, ObservedRate, ServiceReports
@@ -65,20 +65,6 @@ from p2pserve.transport.frames import read_frame, tensor_to_wire, write_frame
 logger = logging.getLogger(__name__)
 
 _TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
-
-@dataclass(frozen=True)
-class ComputeProbeConfig:
-    """How often and how hard the coordinator probes each peer's compute (0 ``interval_s``: off)."""
-
-    interval_s: float = 60.0  # each peer at most once per interval
-    steps: int = 8  # timed decode Forwards per probe (>= CoordinatorConfig.min_report_samples to count)
-    gap_s: float = 0.5  # pause between two peers' probes
-    timeout_s: float = 10.0  # one round trip
-    max_age_s: float = 600.0  # a result older than this is dropped from the report
-    rotate_s: float = 600.0  # the probing node's identity is replaced this often
-    max_rtt_credit: float = 4.0  # as CoordinatorConfig.max_rtt_credit
-    token_id_bound: int = 256  # token ids sent to a span starting at layer 0 (every vocabulary has them)
 
 
 def rate_from(rtt_s: float, round_trips: list[float], max_rtt_credit: float) -> tuple[float, float]:

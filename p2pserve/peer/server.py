@@ -16,7 +16,8 @@ import torch
 
 from p2pserve.config import PeerConfig
 from p2pserve.errors import ConfigError
-from p2pserve.metrics import MetricsConfig, MetricsServer, PeerMetrics, serve_metrics
+from p2pserve.metrics import MetricsServer, PeerMetrics, serve_metrics
+from p2pserve.config import MetricsConfig
 from p2pserve.model.default import resolve_model
 from p2pserve.model.shard import TORCH_DTYPES, Shard
 from p2pserve.model.spec import ModelSpec, load_spec
@@ -26,7 +27,8 @@ from p2pserve.peer.handlers import SessionHandler
 from p2pserve.peer.kv_cache import KVBudget
 from p2pserve.model.tensor_parallel import local_spec
 from p2pserve.peer.sessions import SessionTable
-from p2pserve.peer.tp_group import TPConfig, TPGroup
+from p2pserve.peer.tp_group import TPGroup
+from p2pserve.config import TPConfig
 from p2pserve.peer.worker import ComputeWorker
 from p2pserve.protocol import SESSION_PROTOCOL
 from p2pserve.transport.libp2p import Libp2pTransport

@@ -22,9 +22,9 @@ import sys
 import threading
 import time
 import weakref
-from dataclasses import dataclass
 from typing import Callable
 
+from p2pserve.config import TPConfig
 from p2pserve.errors import ConfigError, P2PServeError
 from p2pserve.model.spec import ModelSpec
 from p2pserve.model.tensor_parallel import TPShard, check_splittable
@@ -35,20 +35,6 @@ log = logging.getLogger(__name__)
 
 class GroupFailedError(P2PServeError):
     """A member of this peer's tensor-parallel group died or stopped answering."""
-
-
-@dataclass(frozen=True)
-class TPConfig:
-    """Tensor parallelism of one peer: one device per rank (``devices[0]`` is rank 0's)."""
-
-    devices: tuple[str, ...] = ("cpu",)
-    timeout_s: float = 60.0  # a collective (or a child's wait for the next message) longer than this fails
-    ping_s: float = 2.0  # idle rank 0 pings this often
-    num_threads: int | None = None  # torch threads per child
-
-    @property
-    def world(self) -> int:
-        return len(self.devices)
 
 
 def _free_port() -> int:

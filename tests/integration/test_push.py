@@ -29,7 +29,7 @@ from p2pserve.client.generation import Generation
 from p2pserve.client.model_info import LocalModelInfo
 from p2pserve.client.params import GenerationParams
 from p2pserve.client.pipeline import Pipeline
-from p2pserve.client.push import PushConfig
+from p2pserve.config import PushConfig
 from p2pserve.client.route_providers import ChainListRoutes
 from p2pserve.config import ClientConfig
 from p2pserve.protocol import FRAME_PREFIX, ErrorReply, Forward, PushForward, PushHop, SamplingParams, decode_reply

@@ -21,13 +21,14 @@ import torch
 from p2pserve.cli import build_parser
 from p2pserve.cli.api import client_from_args
 from p2pserve.client.pipeline import Pipeline
-from p2pserve.client.push import PushConfig
+from p2pserve.config import PushConfig
 from p2pserve.client.route_providers import ChainListRoutes
 from p2pserve.config import ClientConfig
 from p2pserve.dht.keys import RecordKind
 from p2pserve.dht.records import PeerInfo
 from p2pserve.errors import BadRequestError, ConfigError, MalformedFrameError
-from p2pserve.peer.forwarding import ForwardingConfig, check_route
+from p2pserve.peer.forwarding import check_route
+from p2pserve.config import ForwardingConfig
 from p2pserve.peer.next_hop import AnnouncedAddresses
 from p2pserve.protocol import (
     FRAME_PREFIX,

@@ -21,10 +21,10 @@ from p2pserve.cli.api import client_from_args
 from p2pserve.client.generation import Generation
 from p2pserve.client.params import GenerationParams
 from p2pserve.client.pipeline import Pipeline
-from p2pserve.client.push import PushConfig
+from p2pserve.config import PushConfig
 from p2pserve.client.route_providers import ChainListRoutes
 from p2pserve.errors import BadRequestError, MalformedFrameError
-from p2pserve.peer.forwarding import ForwardingConfig
+from p2pserve.config import ForwardingConfig
 from p2pserve.peer.ring import RingState, check_grant, ring_position
 from p2pserve.protocol import (
     MAX_RING_STOP_TOKENS,
