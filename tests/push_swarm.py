@@ -34,7 +34,7 @@ from tests.harness import tiny_session_table
 
 # base58 peer ids (no 0, O, I, l), as libp2p's
 A, B, C, C2 = "QmPeerA", "QmPeerB", "QmPeerC", "QmPeerD"
-CONFIG = ClientConfig(max_retries=3, stale_route_pause_s=0.0, hop_timeout_s=20.0)
+CONFIG = ClientConfig(max_retries=3, stale_route_pause_s=0.0, hop_timeout_s=20.0, verify_share=0.0)
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):

@@ -17,8 +17,7 @@ import logging
 import os
 import signal
 
-from p2pserve.config import PUSH_MODES
-from p2pserve.config import ApiConfig, ClientConfig
+from p2pserve.config import PUSH_MODES, ApiConfig, ClientConfig
 
 API_KEY_ENV = "P2PSERVE_API_KEY"
 
@@ -91,19 +90,12 @@ def apply_swarm_file(args: argparse.Namespace) -> None:
 def client_from_args(args: argparse.Namespace):
     """An (unstarted) ``AsyncClient`` from the flags of :func:`add_client_arguments` and ``--config``."""
     from p2pserve.client.api import AsyncClient
-    from p2pserve.config import PushConfig
-    from p2pserve.config import SpeculativeConfig
+    from p2pserve.config import PushConfig, SpeculativeConfig
     from p2pserve.errors import ConfigError
 
     apply_swarm_file(args)
     if not args.peers and not args.initial_peers:
         raise ConfigError("give --initial-peers or --config (a swarm), or --peers (fixed peers)")
-    if not 0.0 <= args.verify_share <= 1.0:
-        raise ConfigError(f"--verify-share must be in [0, 1], got {args.verify_share}")
-    if args.verify_every_request and args.verify_share <= 0:
-        raise ConfigError("--verify-every-request needs --verify-share above 0 (0 turns verification off)")
-    if args.push != "off" and args.verify_share > 0:
-        raise ConfigError(f"--push {args.push} needs --verify-share 0: verified routes are never pushed (docs/wan.md)")
     config = ClientConfig(hop_timeout_s=args.hop_timeout, max_retries=args.max_retries, verify_share=args.verify_share,
                           push=PushConfig.from_mode(args.push), verify_hold=args.verify_hold,
                           verify_every_request=args.verify_every_request)

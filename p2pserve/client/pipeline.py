@@ -20,6 +20,7 @@ old session, and the replay must not collide with it.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from typing import Optional, Sequence
@@ -87,7 +88,7 @@ class Pipeline:
         self.verifier = verifier  # a client.verifier.Verifier when outputs are verified, else None
         self._tapes: list[HopTape] = []  # per hop of the route: what it consumed and returned (verifier)
         self.verified: list[int] = []  # the last hop's tokens of the latest step with outputs > 1
-        self.push = config.push or PushConfig()  # when steps are pushed peer to peer (client/push.py)
+        self.push = config.push  # when steps are pushed peer to peer (client/push.py)
         self._pushed: Optional[PushedRoute] = None  # the current route's push state, once it pushed
         self.pushed_steps = 0  # steps that went peer to peer (push mode), for tests and reports
         self._ring: Optional[RingRoute] = None  # the current route's ring, once it ran one
@@ -352,8 +353,9 @@ async def open_chain(transport: Transport, hops: Sequence[Hop], model_id: str, n
     There is no other route to fail over to: a hop that fails is banned and the next step
     reports that no route is left.
     """
+    if push is not None:
+        config = dataclasses.replace(config, push=push)
     pipeline = Pipeline(transport, ChainListRoutes([list(hops)]), model_id, num_layers, max_length, sampling, config)
-    pipeline.push = push or pipeline.push
     try:
         await pipeline.open()
     except BaseException:

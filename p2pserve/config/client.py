@@ -118,7 +118,7 @@ class ClientConfig:
     # samples per peer) as a signed ServiceReports record; coordinators cap claims (trust.md). 0: off.
     report_period_s: float = 30.0
     report_window: int = 64
-    push: object = None  # a client.push.PushConfig: when steps go peer to peer (None: never; docs/wan.md)
+    push: PushConfig = field(default_factory=PushConfig)  # when steps go peer to peer (docs/wan.md)
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.verify_share <= 1.0:
@@ -130,3 +130,10 @@ class ClientConfig:
                      "stale_route_pause_s"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must not be negative, not {getattr(self, name)}")
+        if self.verify_every_request and self.verify_share <= 0:
+            raise ConfigError("verify_every_request (--verify-every-request) needs verify_share (--verify-share) above 0 "
+                              "(0 turns verification off)")
+        if self.push.enabled and self.verify_share > 0:
+            # a verified route is never pushed (PushConfig.use_push): refuse rather than never push
+            raise ConfigError("push (--push) needs verify_share 0 (--verify-share 0): verified routes are never "
+                              "pushed (docs/wan.md)")

@@ -11,6 +11,7 @@ pushing past the budget, after a stop token, or out of order) get typed errors a
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import msgspec
 import pytest
@@ -208,8 +209,7 @@ def test_a_step_off_the_ring_drains_it_and_starts_another(swarm):
 
     async def run(push):
         pipeline = Pipeline(swarm.net.transport("QmClient"), ChainListRoutes([route]), swarm.spec.model_id, 3, 64,
-                            config=CONFIG, vocab_size=swarm.spec.vocab_size)
-        pipeline.push = push
+                            config=dataclasses.replace(CONFIG, push=push), vocab_size=swarm.spec.vocab_size)
         out, pending = [], [4, 4, 2]
         try:
             for i in range(12):
@@ -304,8 +304,7 @@ def test_the_ring_stops_at_a_stop_token_and_the_next_turn_goes_on(swarm):
 
     async def turns(push, eos):
         pipeline = Pipeline(swarm.net.transport("QmClient"), ChainListRoutes([route]), swarm.spec.model_id, 3, 64,
-                            config=CONFIG, vocab_size=swarm.spec.vocab_size)
-        pipeline.push = push
+                            config=dataclasses.replace(CONFIG, push=push), vocab_size=swarm.spec.vocab_size)
         try:
             got = []
             prompt = [9, 8, 7]
