@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 from p2pserve.errors import ConfigError
 
@@ -99,7 +99,7 @@ class DHTConfig:
         return {"peers": self.peer_ttl, "links": self.link_ttl, "coordinators": self.candidate_ttl,
                 "plan": self.plan_ttl, "reports": self.report_ttl, "evidence": self.evidence_ttl, "machines": self.peer_ttl}[kind]
 
-    def replace(self, **changes) -> "DHTConfig":
+    def replace(self, **changes: Any) -> "DHTConfig":
         """A copy with some fields changed."""
         return dataclasses.replace(self, **changes)
 

@@ -88,7 +88,7 @@ class _Session:
     def __init__(self, stream: Stream, peer_id: str, timeout_s: float, limits: FrameLimits):
         self.stream, self.peer_id, self.timeout_s, self.limits = stream, peer_id, timeout_s, limits
 
-    async def call(self, msg, payload=b""):
+    async def call(self, msg, payload: bytes | memoryview = b""):
         async with asyncio.timeout(self.timeout_s):
             await write_frame(self.stream.writer, msg, payload)
             header, body = await read_frame(self.stream.reader, self.limits)
@@ -101,6 +101,7 @@ class _Session:
 async def probe_peer(transport: Transport, info: PeerInfo, model_id: str, cfg: ComputeProbeConfig,
                      rng: random.Random, limits: FrameLimits = FrameLimits()) -> ObservedRate:
     """Measure ``info``'s one-session decode rate over the span it serves (see the module docstring)."""
+    assert info.serving is not None, "only serving peers are probed (due())"
     start, end = info.serving
     stream = await transport.open_stream(info.peer_id, tuple(info.addrs), SESSION_PROTOCOL, cfg.timeout_s)
     link = _Session(stream, info.peer_id, cfg.timeout_s, limits)
