@@ -268,13 +268,7 @@ class AsyncClient:
         ``params`` replaces the keyword parameters when given.
         """
         params = params or GenerationParams.of(max_new_tokens, temperature, top_p, top_k, seed, stop, ignore_eos)
-        gen = self.generation(self.chat_prompt(messages), params)
-        try:
-            async for _ in gen:
-                pass
-        finally:
-            await gen.pipeline.close()
-        return Reply.of(gen)
+        return await _drained(self.generation(self.chat_prompt(messages), params))
 
     def chat_stream(self, messages, max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
                     top_k: int = 0, seed: Optional[int] = None, stop=None, ignore_eos: bool = False, *,
@@ -291,13 +285,7 @@ class AsyncClient:
                        params: Optional[GenerationParams] = None) -> Reply:
         """Continue a raw prompt (a string, tokenized without chat template, or token ids)."""
         params = params or GenerationParams.of(max_new_tokens, temperature, top_p, top_k, seed, stop, ignore_eos)
-        gen = self.generation(self.text_prompt(prompt), params)
-        try:  # drained here, not through a helper: keeps a decode token's call path short
-            async for _ in gen:
-                pass
-        finally:
-            await gen.pipeline.close()
-        return Reply.of(gen)
+        return await _drained(self.generation(self.text_prompt(prompt), params))
 
     def generate_stream(self, prompt, max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
                         top_k: int = 0, seed: Optional[int] = None, stop=None, ignore_eos: bool = False, *,
@@ -305,6 +293,16 @@ class AsyncClient:
         """Like ``generate``, yielding text pieces."""
         params = params or GenerationParams.of(max_new_tokens, temperature, top_p, top_k, seed, stop, ignore_eos)
         return ReplyStream(self.generation(self.text_prompt(prompt), params))
+
+
+async def _drained(gen: Generation) -> Reply:
+    """Run ``gen`` to its end and close its pipeline (even when it fails): the whole reply."""
+    try:
+        async for _ in gen:
+            pass
+    finally:
+        await gen.pipeline.close()
+    return Reply.of(gen)
 
 
 class Client:
