@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from p2pserve.config.dht import ProberConfig
+from p2pserve.config.metrics import MetricsConfig
 from p2pserve.protocol import FrameLimits
 
 
@@ -72,6 +74,12 @@ class TPConfig:
         return len(self.devices)
 
 
+#: A peer's link probes: transfers of ~0.25 s, long enough that TCP ramp-up and a shaper's burst
+#: allowance are a small part of the measured time (a 20 Mbit/s link then reads within a few
+#: percent). Each link is re-probed every link refresh, and announced as the best of its recent rounds.
+PEER_PROBER = ProberConfig(target_transfer_s=0.25)
+
+
 @dataclass(frozen=True)
 class PeerConfig:
     """Everything a peer process needs; built from CLI flags by ``p2pserve peer``."""
@@ -96,8 +104,13 @@ class PeerConfig:
     announce: bool = False  # join the control plane: profile, probe links, announce, follow plans
     swarm_model: str | None = None  # model name in DHT keys; None = the checkpoint's model_id
     direct_port: int | None = 0  # TCP port of the direct path (0: any free one; None: libp2p only)
-    probe_max_bytes: int = 64 * 1024**2  # largest link-probe transfer (caps the CPU a fast link's probe costs)
     # Hardening (docs/hardening.md): a step running longer than this withdraws the peer (announced as
     # draining) until the step ends; a dead compute thread is restarted at once.
     stuck_step_s: float = 60.0
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
+    forwarding: ForwardingConfig = field(default_factory=ForwardingConfig)  # push mode (peer/forwarding.py)
+    tp: TPConfig | None = None  # this process is rank 0 of a tensor-parallel group (peer/tp_group.py)
+    # Link probes (dht/prober.py), of an announcing peer. max_probe_bytes caps the CPU a fast link's
+    # probe costs; min_interval_s is the swarm's link refresh, set where the swarm is known.
+    prober: ProberConfig = field(default_factory=lambda: PEER_PROBER)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)  # the /metrics endpoint (port None: off)

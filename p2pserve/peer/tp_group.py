@@ -46,9 +46,10 @@ def _free_port() -> int:
 class TPGroup:
     """Rank 0's handle on the group: its children, its ``TPComm``, and the shard loader."""
 
-    def __init__(self, config: TPConfig, comm: TPComm, children: list[subprocess.Popen]):
+    def __init__(self, config: TPConfig, comm: TPComm, children: list[subprocess.Popen],
+                 on_failure: Callable[[str], None] | None = None):
         self.config, self.comm, self.children = config, comm, children
-        self.on_failure: Callable[[str], None] | None = None
+        self.on_failure = on_failure  # told the reason once, from whichever thread saw the failure
         comm.on_failure = self._failed
         self._ids = itertools.count(1)
         self._stop = threading.Event()
@@ -56,8 +57,10 @@ class TPGroup:
         self._watch.start()
 
     @classmethod
-    def start(cls, config: TPConfig, model_path: str, spec: ModelSpec) -> "TPGroup":
-        """Spawn ranks 1..N-1 and join them in a process group (blocking: call it in a thread)."""
+    def start(cls, config: TPConfig, model_path: str, spec: ModelSpec,
+              on_failure: Callable[[str], None] | None = None) -> "TPGroup":
+        """Spawn ranks 1..N-1 and join them in a process group (blocking: call it in a thread);
+        ``on_failure`` is told once if the group fails."""
         check_splittable(spec, config.world)
         if config.world < 2:
             raise ConfigError("a tensor-parallel group needs at least two devices")
@@ -79,7 +82,7 @@ class TPGroup:
             raise
         log.info("tensor-parallel group of %d on %s (children %s)", config.world, ",".join(config.devices),
                  [c.pid for c in children])
-        return cls(config, comm, children)
+        return cls(config, comm, children, on_failure)
 
     @property
     def child_pids(self) -> list[int]:

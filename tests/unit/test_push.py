@@ -13,6 +13,7 @@ a session; and a dead next hop is reported back, banned and routed around with t
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import msgspec
 import pytest
@@ -54,6 +55,9 @@ from tests.push_swarm import (  # noqa: F401 (model, swarm: fixtures)
     C,
     C2,
     CONFIG,
+    PEER,
+    SPANS,
+    Swarm,
     _generate,
     _open,
     _raw,
@@ -270,27 +274,30 @@ def test_a_next_hop_that_cannot_be_dialled_is_the_one_named(swarm):
     assert got == ref and [f.hop.peer_id for f in pipeline.failures] == [C]
 
 
-def test_a_hung_hop_is_named_by_its_predecessor_not_blamed_on_the_first(swarm):
+def test_a_hung_hop_is_named_by_its_predecessor_not_blamed_on_the_first(model):
     """Timeouts shrink along the chain (one ``call_timeout_s`` per hop still to run): when the last
     hop hangs, its predecessor times out first and names it."""
-    routes = ChainListRoutes([[swarm.hops[A], swarm.hops[B], swarm.hops[C]],
-                              [swarm.hops[A], swarm.hops[B], swarm.hops[C2]]])
-    for pid in (A, B):
-        swarm.handlers[pid].forwarder.config = ForwardingConfig(call_timeout_s=0.5)
+    short = dataclasses.replace(PEER, forwarding=ForwardingConfig(call_timeout_s=0.5))
+    swarm = Swarm(model, SPANS, configs={A: short, B: short})
+    try:
+        routes = ChainListRoutes([[swarm.hops[A], swarm.hops[B], swarm.hops[C]],
+                                  [swarm.hops[A], swarm.hops[B], swarm.hops[C2]]])
 
-    async def hang(*_args):
-        await asyncio.sleep(3600)
+        async def hang(*_args):
+            await asyncio.sleep(3600)
 
-    swarm.handlers[C].forwarder.push = hang
+        swarm.handlers[C].forwarder.push = hang  # fault injection: C takes pushes and never answers
 
-    async def main():
-        ref, _ = await _generate(swarm, ChainListRoutes([routes.chains[1]]), PushConfig(), [2, 2, 2], 4)
-        got, p = await _generate(swarm, routes, PUSH, [2, 2, 2], 4)
-        return ref, got, p
+        async def main():
+            ref, _ = await _generate(swarm, ChainListRoutes([routes.chains[1]]), PushConfig(), [2, 2, 2], 4)
+            got, p = await _generate(swarm, routes, PUSH, [2, 2, 2], 4)
+            return ref, got, p
 
-    ref, got, pipeline = asyncio.run(main())
-    assert got == ref and [f.hop.peer_id for f in pipeline.failures] == [C]
-    assert "TimeoutError" in pipeline.failures[0].reason
+        ref, got, pipeline = asyncio.run(main())
+        assert got == ref and [f.hop.peer_id for f in pipeline.failures] == [C]
+        assert "TimeoutError" in pipeline.failures[0].reason
+    finally:
+        swarm.stop()
 
 
 def test_hostile_routes_get_typed_errors_naming_the_hop(swarm):

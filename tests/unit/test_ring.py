@@ -46,6 +46,7 @@ from tests.push_swarm import (  # noqa: F401 (model, swarm: fixtures)
     C,
     C2,
     CONFIG,
+    PEER,
     Swarm,
     _generate,
     _open,
@@ -338,9 +339,9 @@ def test_a_first_hop_that_hangs_on_ring_steps_is_named_by_the_last(model):
     no ack in ``call_timeout_s`` and answers the client's wait naming A, which is banned and
     routed around; the output is unchanged."""
     A2 = "QmPeerF"
-    s = Swarm(model, {A: (0, 1), A2: (0, 1), B: (1, 2), C: (2, 3)})
+    s = Swarm(model, {A: (0, 1), A2: (0, 1), B: (1, 2), C: (2, 3)},
+              configs={C: dataclasses.replace(PEER, forwarding=ForwardingConfig(call_timeout_s=0.5))})
     try:
-        s.handlers[C].forwarder.config = ForwardingConfig(call_timeout_s=0.5)
         honest = s.handlers[A].forwarder.push
 
         async def hang_on_ring_steps(msg, payload, stream, remote, run_local):
