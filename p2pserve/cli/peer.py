@@ -197,8 +197,6 @@ async def serve(config: PeerConfig, args: argparse.Namespace) -> None:
     from p2pserve.dht.swarm import Swarm
     from p2pserve.model.default import resolve_model
     from p2pserve.model.spec import load_spec
-    from p2pserve.peer.next_hop import AnnouncedAddresses
-    from p2pserve.peer.server import Peer
 
     progress = Progress()
     spec = load_spec(resolve_model(config.model, progress.step), dtype=config.dtype, quant=config.quant)  # fail fast
@@ -221,12 +219,7 @@ async def serve(config: PeerConfig, args: argparse.Namespace) -> None:
         fixed = config.start is not None or not config.announce
         with progress.step(f"loading layers {config.start or 0}:{config.end or spec.num_layers}" if fixed
                            else "starting the peer"):
-            # In a swarm, push mode dials next hops where they announced themselves, and replies
-            # are signed with the key derived from this node's identity (stable across restarts).
-            peer = await Peer.create(config, swarm.dht, direct_address,
-                                     resolve=AnnouncedAddresses(swarm) if config.announce else None,
-                                     reply_key=swarm.reply_key() if config.announce else None,
-                                     on_group_failure=on_group_failure)
+            peer = await _create_peer(config, swarm, direct_address, on_group_failure)
         if peer.tp is not None and peer.tp.comm.failed:  # failed before the group was handed over
             stop.set()
         if config.announce:
@@ -252,6 +245,19 @@ async def serve(config: PeerConfig, args: argparse.Namespace) -> None:
             raise GroupFailedError(f"tensor-parallel group failed: {peer.tp.comm.failed}")
     finally:
         swarm.shutdown()
+
+
+async def _create_peer(config: PeerConfig, swarm, direct_address, on_group_failure):
+    """The peer, built from ``config``. In a swarm, push mode dials next hops where they announced
+    themselves, and replies are signed with the key derived from this node's identity (stable
+    across restarts); a fixed peer outside one pushes nowhere and signs with a fresh key."""
+    from p2pserve.peer.next_hop import AnnouncedAddresses
+    from p2pserve.peer.server import Peer
+
+    return await Peer.create(config, swarm.dht, direct_address,
+                             resolve=AnnouncedAddresses(swarm) if config.announce else None,
+                             reply_key=swarm.reply_key() if config.announce else None,
+                             on_group_failure=on_group_failure)
 
 
 def _handle_signals(loop, stop: asyncio.Event, agent) -> None:
