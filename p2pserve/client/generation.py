@@ -149,10 +149,9 @@ class Generation:
         """Tell a pipeline that may run a ring (``client/ring.py``) how far this generation can
         need it: the input position of its last token's step, and the tokens that end it; no ring
         at all with a drafter (speculative steps are plain pushes)."""
-        if hasattr(self.pipeline, "ring_limit"):
-            remaining = self.params.max_new_tokens - len(self.result.tokens)  # tokens still to come, this one included
-            self.pipeline.ring_limit = None if self._drafter is not None else (
-                self.pipeline.position + len(self._pending) + remaining - 2, self._stop_ids)
+        remaining = self.params.max_new_tokens - len(self.result.tokens)  # tokens still to come, this one included
+        self.pipeline.limit_ring(None if self._drafter is not None else (
+            self.pipeline.position + len(self._pending) + remaining - 2, self._stop_ids))
 
     async def _speculate(self) -> list[int]:
         """One speculative step: draft k tokens, verify them with the pending ones in one Forward,

@@ -92,8 +92,8 @@ class Pipeline:
         self._pushed: Optional[PushedRoute] = None  # the current route's push state, once it pushed
         self.pushed_steps = 0  # steps that went peer to peer (push mode), for tests and reports
         self._ring: Optional[RingRoute] = None  # the current route's ring, once it ran one
-        # a ring's bounds, set by the generation before each step: the last input position it may
-        # need and its stop token ids; None: no ring for this step (speculative drafting)
+        # a ring's bounds, told by the generation before each step (limit_ring): the last input
+        # position it may need and its stop token ids; None: no ring for this step (speculative drafting)
         self.ring_limit: Optional[tuple[int, frozenset]] = (max_length - 1, frozenset())
         self.ring_steps = 0  # steps whose token came round a ring, for tests and reports
         self.suspects = Suspects()  # who touched which outputs; its checks (client/rollback.py)
@@ -126,6 +126,11 @@ class Pipeline:
                 await self._recover(f, attempts)
             except RoutingError as e:
                 waited = await self._await_route(e, waited, attempts)
+
+    def limit_ring(self, limit: Optional[tuple[int, frozenset]]) -> None:
+        """Bound a ring (``client/ring.py``) for the coming steps: (the last input position the
+        generation may need, its stop token ids), or None: no ring (speculative steps)."""
+        self.ring_limit = limit
 
     async def step(self, token_ids: Sequence[int], outputs: int = 1) -> int:
         """Feed ``token_ids`` after the history; returns the next token, whatever fails below.

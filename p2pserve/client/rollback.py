@@ -25,7 +25,7 @@ it was (docs/trust.md, "Threat model").
 from __future__ import annotations
 
 import asyncio
-from typing import Mapping, Optional
+from typing import Any, Mapping, Optional, Protocol
 
 
 class Suspects:
@@ -57,13 +57,21 @@ class Suspects:
             del self.first_out[peer]
 
 
-def suspect_from(pipeline) -> Optional[int]:
+class Audited(Protocol):
+    """What rollback reads of a pipeline (``client/pipeline.py``): its verifier (None when outputs
+    are not verified; else one with the ``excluded`` peers it caught) and ``suspects``."""
+
+    verifier: Any
+    suspects: Suspects
+
+
+def suspect_from(pipeline: Audited) -> Optional[int]:
     """The position from which ``pipeline``'s outputs must be regenerated, or None (no verifier,
     or no peer of its routes caught)."""
-    verifier, suspects = getattr(pipeline, "verifier", None), getattr(pipeline, "suspects", None)
-    if verifier is None or suspects is None or not verifier.excluded:
+    verifier = pipeline.verifier
+    if verifier is None or not verifier.excluded:
         return None
-    return suspects.since(verifier.excluded)
+    return pipeline.suspects.since(verifier.excluded)
 
 
 async def settle(pipeline) -> None:

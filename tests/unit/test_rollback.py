@@ -43,7 +43,7 @@ def test_only_caught_peers_roll_back_and_only_once():
     assert suspect_from(pipeline) == 3
     s.forget(pipeline.verifier.excluded)
     assert suspect_from(pipeline) is None and s.first_out == {"a": 3}
-    assert suspect_from(SimpleNamespace()) is None  # no verifier: nothing to roll back
+    assert suspect_from(SimpleNamespace(verifier=None, suspects=Suspects())) is None  # no verifier: nothing to roll back
 
 
 def _generate(withdraw: bool):
