@@ -3,9 +3,11 @@ drafts (:class:`SpeculativeConfig`)."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Optional, Sequence
 
+from p2pserve.config.dht import DHTConfig
 from p2pserve.errors import ConfigError
 from p2pserve.protocol import MAX_PUSH_HOPS, MAX_VERIFY_OUTPUTS, FrameLimits
 
@@ -119,6 +121,23 @@ class ClientConfig:
     report_period_s: float = 30.0
     report_window: int = 64
     push: PushConfig = field(default_factory=PushConfig)  # when steps go peer to peer (docs/wan.md)
+    # What an AsyncClient joins and how it generates (client/api.py documents each). A swarm:
+    # initial_peers (DHT multiaddrs) with swarm_id, trusted_coordinators and swarm_model (the
+    # model's name in DHT keys; None: the checkpoint's model_id), or dht_config for all of it;
+    # or a fixed set of peers ("MADDR@START:END" or (maddr, start, end)). model: the local
+    # checkpoint (None: the embedded default). seed: IWRR cycles (None: random).
+    initial_peers: tuple[str, ...] = ()
+    peers: tuple[Any, ...] = ()
+    model: Optional[str] = None
+    swarm_model: Optional[str] = None
+    swarm_id: Optional[str] = None
+    trusted_coordinators: tuple[str, ...] = ()
+    dht_config: Optional[DHTConfig] = None
+    seed: Optional[int] = None
+    max_length: int = 4096
+    speculative: Optional[str] = None  # "prompt-lookup", "draft:PATH" or None (off); docs/speculative.md
+    speculative_config: SpeculativeConfig = field(default_factory=SpeculativeConfig)
+    quant: Optional[str] = None  # int8, nf4, int4: route only over peers serving it (checked by the client)
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.verify_share <= 1.0:
@@ -130,6 +149,11 @@ class ClientConfig:
                      "stale_route_pause_s"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must not be negative, not {getattr(self, name)}")
+        if self.speculative not in (None, "", "off", "prompt-lookup") and not (
+                self.speculative.startswith("draft:") and len(self.speculative) > len("draft:")):
+            raise ConfigError(f"speculative must be 'prompt-lookup', 'draft:PATH' or off, got {self.speculative!r}")
+        if self.max_length < 1:
+            raise ConfigError(f"max_length must be positive, not {self.max_length}")
         if self.verify_every_request and self.verify_share <= 0:
             raise ConfigError("verify_every_request (--verify-every-request) needs verify_share (--verify-share) above 0 "
                               "(0 turns verification off)")
@@ -137,3 +161,21 @@ class ClientConfig:
             # a verified route is never pushed (PushConfig.use_push): refuse rather than never push
             raise ConfigError("push (--push) needs verify_share 0 (--verify-share 0): verified routes are never "
                               "pushed (docs/wan.md)")
+
+
+def with_settings(config: ClientConfig, initial_peers: Sequence[str], model: Optional[str],
+                  settings: dict[str, Any]) -> ClientConfig:
+    """``config`` with the keyword settings of ``p2pserve.client.AsyncClient`` (ClientConfig fields) applied;
+    sequences become tuples and ``peers=None`` means none."""
+    changes = dict(settings)
+    if initial_peers:
+        changes["initial_peers"] = initial_peers
+    if model is not None:
+        changes["model"] = model
+    unknown = sorted(set(changes) - {f.name for f in dataclasses.fields(ClientConfig)})
+    if unknown:
+        raise TypeError(f"AsyncClient got unknown settings {unknown}: they are ClientConfig fields")
+    for name in ("initial_peers", "peers", "trusted_coordinators"):
+        if name in changes:
+            changes[name] = tuple(changes[name] or ())
+    return dataclasses.replace(config, **changes) if changes else config
