@@ -46,11 +46,8 @@ def _free_port() -> int:
 class TPGroup:
     """Rank 0's handle on the group: its children, its ``TPComm``, and the shard loader."""
 
-    def __init__(self, config: TPConfig, comm: TPComm, children: list[subprocess.Popen],
-                 on_failure: Callable[[str], None] | None = None):
+    def __init__(self, config: TPConfig, comm: TPComm, children: list[subprocess.Popen]):
         self.config, self.comm, self.children = config, comm, children
-        self.on_failure = on_failure  # told the reason once, from whichever thread saw the failure
-        comm.on_failure = self._failed
         self._ids = itertools.count(1)
         self._stop = threading.Event()
         self._watch = threading.Thread(target=self._watch_loop, name="p2pserve-tp-watch", daemon=True)
@@ -75,14 +72,14 @@ class TPGroup:
             children.append(subprocess.Popen(cmd, stdin=subprocess.DEVNULL))
         try:
             comm = TPComm.connect(0, config.world, port, config.devices[0], spec.hidden_size, spec.dtype,
-                                  config.timeout_s)
+                                  config.timeout_s, on_failure)
         except Exception:
             for c in children:
                 c.kill()
             raise
         log.info("tensor-parallel group of %d on %s (children %s)", config.world, ",".join(config.devices),
                  [c.pid for c in children])
-        return cls(config, comm, children, on_failure)
+        return cls(config, comm, children)
 
     @property
     def child_pids(self) -> list[int]:
@@ -98,10 +95,6 @@ class TPGroup:
         shard = TPShard.load_split(model_path, spec, start, end, device or self.config.devices[0], self.comm, shard_id)
         weakref.finalize(shard, self.comm.dropped_shards.append, shard_id)
         return shard
-
-    def _failed(self, reason: str) -> None:
-        if self.on_failure is not None:
-            self.on_failure(reason)
 
     def _watch_loop(self) -> None:
         while not self._stop.wait(0.2):
