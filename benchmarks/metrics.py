@@ -58,7 +58,7 @@ async def client_overhead(steps: int, rounds: int) -> dict:
     return _summary(base, inst)
 
 
-async def _peer_round(worker, table, metrics, steps: int, name: str) -> float:
+async def _peer_round(worker, table, steps: int, name: str) -> float:
     import torch
 
     from p2pserve.peer.worker import Job
@@ -67,7 +67,6 @@ async def _peer_round(worker, table, metrics, steps: int, name: str) -> float:
     spec = table.spec
     session = table.open(OpenSession(version=PROTOCOL_VERSION, model_id=spec.model_id, session_id=name, start=0,
                                      end=spec.num_layers, max_length=steps + 1, sampling=SamplingParams()), owner=None)
-    worker.metrics = metrics
     loop = asyncio.get_running_loop()
     times = []
     for pos in range(steps):
@@ -96,12 +95,14 @@ async def peer_overhead(steps: int, rounds: int) -> dict:
         spec = load_spec(path)
         budget = KVBudget(1_000_000)
         table = SessionTable(spec=spec, served=(0, 2), budget=budget, idle_timeout_s=600.0, torch_dtype=torch.float32)
-        worker = ComputeWorker(Shard.load(path, spec, 0, 2), TokenThrottle(), budget)
-        metrics = PeerMetrics(dict)
+        shard = Shard.load(path, spec, 0, 2)
+        # two workers over one shard and budget, alike but for the metrics they are built with
+        plain = ComputeWorker(shard, TokenThrottle(), budget)
+        counted = ComputeWorker(shard, TokenThrottle(), budget, metrics=PeerMetrics(dict))
         base, inst = [], []
         for r in range(rounds):
-            base.append(await _peer_round(worker, table, None, steps, f"base{r}"))
-            inst.append(await _peer_round(worker, table, metrics, steps, f"inst{r}"))
+            base.append(await _peer_round(plain, table, steps, f"base{r}"))
+            inst.append(await _peer_round(counted, table, steps, f"inst{r}"))
     return _summary(base, inst)
 
 

@@ -299,27 +299,23 @@ def hot_dispatch_ms(tiny_path: str, rounds: int = 1500) -> dict:
     import msgspec
 
     from p2pserve.config import PeerConfig
-    from p2pserve.model.shard import TORCH_DTYPES, Segment, Shard
+    from p2pserve.model.shard import Segment, Shard
     from p2pserve.model.spec import load_spec
-    from p2pserve.peer.batcher import TokenThrottle
-    from p2pserve.peer.handlers import SessionHandler, _StreamState
-    from p2pserve.protocol import decode_request
-    from p2pserve.peer.kv_cache import KVBudget
-    from p2pserve.peer.sessions import SessionTable
-    from p2pserve.peer.worker import ComputeWorker
-    from p2pserve.protocol import PROTOCOL_VERSION, Forward, OpenSession, SamplingParams, encode_frame
+    from p2pserve.peer.handlers import _StreamState
+    from p2pserve.peer.runtime import build_runtime
+    from p2pserve.protocol import PROTOCOL_VERSION, Forward, OpenSession, SamplingParams, decode_request, encode_frame
     from p2pserve.transport.frames import tensor_to_wire
+    from p2pserve.transport.memory import MemoryNetwork
 
     torch.set_num_threads(1)
     spec = load_spec(tiny_path)
-    cfg = PeerConfig(model=tiny_path)
+    cfg = PeerConfig(model=tiny_path, kv_budget_token_layers=10**6, session_idle_timeout_s=600, max_sessions=8,
+                     request_timeout_s=60)
     shard = Shard.load(tiny_path, spec, 2, 4)
-    budget = KVBudget(10**6)
-    table = SessionTable(spec=spec, served=(2, 4), budget=budget, idle_timeout_s=600, max_sessions=8,
-                         torch_dtype=TORCH_DTYPES[spec.dtype], device="cpu")
-    worker = ComputeWorker(shard, TokenThrottle(cfg.batching), budget)
+    rt = build_runtime(cfg, spec, "bench", MemoryNetwork().transport("bench"),  # pushes nowhere: no resolver
+                       shard=shard, served=(2, 4))
+    table, worker, handler = rt.table, rt.worker, rt.handler
     worker.start()
-    handler = SessionHandler(spec, table, worker, cfg.frame_limits, 60)
     enc = msgspec.msgpack.Encoder()
     meta, data = tensor_to_wire(torch.randn(1, spec.hidden_size))
     data = bytes(data)

@@ -72,7 +72,7 @@ async def _one(model, hops, prompt_ids, params, drafter, max_k: int, fixed_k: bo
     """(tokens, seconds, drafted, accepted, fit) of one generation over a fresh client node; ``fit``:
     the tuner's last (t0, t_tok) in seconds, None without a drafter."""
     from p2pserve.client.generation import Generation
-    from p2pserve.client.speculative import SpeculativeConfig
+    from p2pserve.config import SpeculativeConfig
     from tests.harness import client_node, open_chain_pipeline
 
     async with client_node() as transport:

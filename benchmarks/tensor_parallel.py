@@ -33,7 +33,8 @@ from p2pserve.model.shard import Segment, Shard  # noqa: E402
 from p2pserve.model.spec import load_spec  # noqa: E402
 from p2pserve.model.tiny import build_tiny_model  # noqa: E402
 from p2pserve.peer.kv_cache import SequenceCache  # noqa: E402
-from p2pserve.peer.tp_group import TPConfig, TPGroup  # noqa: E402
+from p2pserve.peer.tp_group import TPGroup  # noqa: E402
+from p2pserve.config import TPConfig  # noqa: E402
 
 
 def _timed(shard, spec, kv_heads: int, args) -> dict:

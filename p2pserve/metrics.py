@@ -27,6 +27,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from p2pserve.config import MetricsConfig
 from p2pserve.errors import (
     AllRoutesOverloadedError,
     ConfigError,
@@ -202,23 +203,6 @@ class CoordinatorMetrics:
                                  ["trigger"], registry=r)
         self.failed_rounds = Counter("p2pserve_coordinator_failed_rounds", "Coordinator rounds that raised",
                                      registry=r)
-
-
-@dataclass(frozen=True)
-class MetricsConfig:
-    """The ``/metrics`` endpoint of a peer or a coordinator (``--metrics-port``, ``--metrics-host``).
-
-    It lives here rather than in ``p2pserve/config.py`` because only the code here reads it. It
-    is not part of the role's own config, because serving the numbers changes nothing the role
-    does.
-    """
-
-    port: Optional[int] = None  # None: no endpoint (the default); 0 picks a free port
-    host: str = "127.0.0.1"  # loopback unless opened on purpose: the numbers describe this node's load
-
-    def __post_init__(self) -> None:
-        if self.port is not None and not 0 <= self.port <= 65535:
-            raise ConfigError(f"the metrics port must be in [0, 65535], got {self.port}")
 
 
 @dataclass

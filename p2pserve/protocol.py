@@ -32,10 +32,10 @@ from p2pserve.errors import (
 )
 from p2pserve.types import PeerId, SessionId
 from p2pserve.wire_types import (  # noqa: F401 (re-exported: every message is built from them)
-    DTYPE_SIZES,
+    DTYPE_SIZES as DTYPE_SIZES,
     INT64_MAX,
-    MAX_TENSOR_DIMS,
-    MAX_TENSOR_EXTENT,
+    MAX_TENSOR_DIMS as MAX_TENSOR_DIMS,
+    MAX_TENSOR_EXTENT as MAX_TENSOR_EXTENT,
     Fingerprint,
     NonNegative,
     Port,
@@ -328,10 +328,11 @@ _encoder = msgspec.msgpack.Encoder()
 _DECODE_ERRORS = (msgspec.DecodeError, UnicodeDecodeError)
 
 
-def encode_frame(message: msgspec.Struct, payload: bytes | memoryview = b"") -> list[bytes | memoryview]:
-    """Serialize a message and its raw payload into frame parts (written without copying)."""
+def encode_frame(message: msgspec.Struct, payload: bytes | memoryview = b"") -> tuple[bytes, bytes, bytes | memoryview]:
+    """Serialize a message and its raw payload into frame parts (written without copying):
+    (prefix, header, payload)."""
     header = _encoder.encode(message)
-    return [FRAME_PREFIX.pack(len(header), len(payload)), header, payload]
+    return FRAME_PREFIX.pack(len(header), len(payload)), header, payload
 
 
 def check_prefix(prefix: bytes, limits: FrameLimits) -> tuple[int, int]:

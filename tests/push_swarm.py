@@ -8,7 +8,7 @@ swarm (``FakeSwarm``, with the real reader's identity rules). The fixtures ``mod
 
 from __future__ import annotations
 
-from dataclasses import replace
+import dataclasses
 
 import pytest
 import torch
@@ -17,17 +17,13 @@ from p2pserve.client.connection import HopConnection
 from p2pserve.client.failover import FailoverState
 from p2pserve.client.hop import Hop
 from p2pserve.client.pipeline import Pipeline
-from p2pserve.client.push import PushConfig
-from p2pserve.config import BatchingConfig, ClientConfig
+from p2pserve.config import ClientConfig, PeerConfig, PushConfig
 from p2pserve.dht.keys import RecordKind
 from p2pserve.dht.records import PeerInfo
 from p2pserve.model.shard import Shard
-from p2pserve.peer.batcher import TokenThrottle
-from p2pserve.peer.forwarding import Forwarder
-from p2pserve.peer.handlers import SessionHandler
 from p2pserve.peer.next_hop import AnnouncedAddresses
+from p2pserve.peer.runtime import build_runtime
 from p2pserve.peer.sessions import SessionTable
-from p2pserve.peer.worker import ComputeWorker
 from p2pserve.protocol import SESSION_PROTOCOL, FrameLimits, SamplingParams, decode_reply
 from p2pserve.testing.swarm import FakeSwarm, FakeSwarmStore
 from p2pserve.transport.frames import read_frame, write_frame
@@ -36,7 +32,7 @@ from tests.harness import tiny_session_table
 
 # base58 peer ids (no 0, O, I, l), as libp2p's
 A, B, C, C2 = "QmPeerA", "QmPeerB", "QmPeerC", "QmPeerD"
-CONFIG = ClientConfig(max_retries=3, stale_route_pause_s=0.0, hop_timeout_s=20.0)
+CONFIG = ClientConfig(max_retries=3, stale_route_pause_s=0.0, hop_timeout_s=20.0, verify_share=0.0)
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
@@ -45,25 +41,29 @@ def model(tmp_path_factory):
     return path, spec
 
 
-class Swarm:
-    """Real handlers on an in-memory network: ``spans`` maps peer id -> (start, end)."""
+#: Every peer of the push swarm: a KV budget far above what the tests use, short idle and request timeouts.
+PEER = PeerConfig(kv_budget_token_layers=1_000_000, session_idle_timeout_s=60.0, request_timeout_s=20)
+SPANS = {A: (0, 1), B: (1, 2), C: (2, 3), C2: (2, 3)}
 
-    def __init__(self, model, spans: dict[str, tuple[int, int]]):
+
+class Swarm:
+    """Real handlers on an in-memory network: ``spans`` maps peer id -> (start, end); each peer is
+    built from ``configs[peer id]`` (default ``PEER``) by the peer's own ``build_runtime``."""
+
+    def __init__(self, model, spans: dict[str, tuple[int, int]], configs: dict[str, PeerConfig] | None = None):
         path, spec = model
         self.spec, self.net, self.workers, self.handlers = spec, MemoryNetwork(), [], {}
         self.records = FakeSwarmStore()  # each peer's PeerInfo, signed by its own (fake) key
         for pid in spans:
             self.records.put(RecordKind.PEERS, f"key-{pid}", PeerInfo(model="tiny", peer_id=pid, addrs=[f"/memory/p2p/{pid}"]))
         for pid, (start, end) in spans.items():
-            _, _, budget, table = tiny_session_table_for(model, start, end)
-            worker = ComputeWorker(Shard.load(path, spec, start, end), TokenThrottle(BatchingConfig()), budget)
-            worker.start()
-            handler = SessionHandler(spec, table, worker, FrameLimits(), request_timeout_s=20)
-            handler.forwarder = Forwarder(table, self.net.transport(pid), pid, FrameLimits(),
-                                          resolve=AnnouncedAddresses(FakeSwarm(self.records, name=pid)))
-            self.net.serve(pid, SESSION_PROTOCOL, handler.handle_stream)
-            self.workers.append(worker)
-            self.handlers[pid] = handler
+            rt = build_runtime((configs or {}).get(pid, PEER), spec, pid, self.net.transport(pid),
+                               shard=Shard.load(path, spec, start, end), served=(start, end),
+                               resolve=AnnouncedAddresses(FakeSwarm(self.records, name=pid)))
+            rt.worker.start()
+            self.net.serve(pid, SESSION_PROTOCOL, rt.handler.handle_stream)
+            self.workers.append(rt.worker)
+            self.handlers[pid] = rt.handler
         self.hops = {pid: Hop(pid, *span, (f"/memory/p2p/{pid}",)) for pid, span in spans.items()}
 
     def stop(self):
@@ -82,14 +82,15 @@ def tiny_session_table_for(model, start, end):
 
 @pytest.fixture
 def swarm(model):
-    s = Swarm(model, {A: (0, 1), B: (1, 2), C: (2, 3), C2: (2, 3)})
+    s = Swarm(model, SPANS)
     yield s
     s.stop()
 
 
 async def _generate(swarm, routes, push: PushConfig, prompt, n, kill_after=None, sampling=SamplingParams()):
+    config = dataclasses.replace(CONFIG, push=push)
     pipeline = Pipeline(swarm.net.transport("QmClient"), routes, swarm.spec.model_id, 3, 64, sampling,
-                        replace(CONFIG, push=push), FailoverState(CONFIG), vocab_size=swarm.spec.vocab_size)
+                        config, FailoverState(config), vocab_size=swarm.spec.vocab_size)
     out, pending = [], list(prompt)
     try:
         for i in range(n):

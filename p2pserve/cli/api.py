@@ -17,7 +17,7 @@ import logging
 import os
 import signal
 
-from p2pserve.config import ApiConfig, ClientConfig
+from p2pserve.config import PUSH_MODES, ApiConfig, ClientConfig, SpeculativeConfig
 
 API_KEY_ENV = "P2PSERVE_API_KEY"
 
@@ -43,14 +43,14 @@ def add_client_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--trusted-coordinator", action="append", default=None, metavar="PUBKEY",
                    help="OpenSSH public key of a coordinator whose plans to follow (repeatable; none = open swarm)")
     r = parser.add_argument_group("requests")
-    r.add_argument("--max-length", type=int, default=4096, help="context limit (prompt + reply tokens)")
+    r.add_argument("--max-length", type=int, default=ClientConfig.max_length, help="context limit (prompt + reply tokens)")
     r.add_argument("--hop-timeout", type=float, default=ClientConfig.hop_timeout_s, help="seconds per hop round trip")
     r.add_argument("--max-retries", type=int, default=ClientConfig.max_retries, help="route rebuilds per step")
     r.add_argument("--seed", type=int, default=None, help="routing seed (default: random per client)")
     r.add_argument("--verify-share", type=float, default=ClientConfig.verify_share,
                    help="share of each hop's steps re-executed on another replica in the background "
                         "(0 = off; docs/trust.md)")
-    r.add_argument("--push", default="off", choices=["off", "auto", "on", "ring"],  # client/push.py PUSH_MODES
+    r.add_argument("--push", default="off", choices=list(PUSH_MODES),
                    help="push mode (docs/wan.md): peers forward each step to each other and the last returns the "
                         "token; auto: on routes whose median session-open round trip is at least 10 ms; on: on "
                         "every route; ring: as auto, and the last peer also feeds each token back to the first "
@@ -68,7 +68,8 @@ def add_client_arguments(parser: argparse.ArgumentParser) -> None:
                    help="speculative decoding (docs/speculative.md): draft tokens by prompt lookup or with a small "
                         "local model sharing the tokenizer, verify several per step. Off by default: it helps "
                         "replies that copy (code edits, summaries) on slow links, and costs compute elsewhere")
-    r.add_argument("--speculative-max-k", type=int, default=8, help="most draft tokens per step (k is adaptive)")
+    r.add_argument("--speculative-max-k", type=int, default=SpeculativeConfig.max_k,
+                   help="most draft tokens per step (k is adaptive; default %(default)s)")
     parser.add_argument("--log-level", default="WARNING")
 
 
@@ -79,7 +80,7 @@ def apply_swarm_file(args: argparse.Namespace) -> None:
     from p2pserve.cli.common import dht_flags
     from p2pserve.config import DHTConfig
     from p2pserve.model.identity import explicit_name
-    from p2pserve.swarm_file import SwarmFile, merge
+    from p2pserve.config.swarm_file import SwarmFile, merge
 
     file = SwarmFile.load(args.config)
     m = merge(file.dht_values(), dht_flags(args))
@@ -94,27 +95,21 @@ def apply_swarm_file(args: argparse.Namespace) -> None:
 def client_from_args(args: argparse.Namespace):
     """An (unstarted) ``AsyncClient`` from the flags of :func:`add_client_arguments` and ``--config``."""
     from p2pserve.client.api import AsyncClient
-    from p2pserve.client.push import PushConfig
-    from p2pserve.client.speculative import SpeculativeConfig
+    from p2pserve.config import PushConfig
     from p2pserve.errors import ConfigError
 
     apply_swarm_file(args)
     if not args.peers and not args.initial_peers:
         raise ConfigError("give --initial-peers or --config (a swarm), or --peers (fixed peers)")
-    if not 0.0 <= args.verify_share <= 1.0:
-        raise ConfigError(f"--verify-share must be in [0, 1], got {args.verify_share}")
-    if args.verify_every_request and args.verify_share <= 0:
-        raise ConfigError("--verify-every-request needs --verify-share above 0 (0 turns verification off)")
-    if args.push != "off" and args.verify_share > 0:
-        raise ConfigError(f"--push {args.push} needs --verify-share 0: verified routes are never pushed (docs/wan.md)")
     config = ClientConfig(hop_timeout_s=args.hop_timeout, max_retries=args.max_retries, verify_share=args.verify_share,
                           push=PushConfig.from_mode(args.push), verify_hold=args.verify_hold,
-                          verify_every_request=args.verify_every_request)
-    return AsyncClient(initial_peers=tuple(args.initial_peers or ()), model=args.model, peers=args.peers or None,
-                       config=config, swarm_model=args.swarm_model, swarm_id=args.swarm_id,
-                       trusted_coordinators=tuple(args.trusted_coordinator or ()), seed=args.seed,
-                       max_length=args.max_length, speculative=args.speculative, quant=args.quant,
-                       speculative_config=SpeculativeConfig(max_k=args.speculative_max_k))
+                          verify_every_request=args.verify_every_request,
+                          initial_peers=tuple(args.initial_peers or ()), model=args.model, peers=tuple(args.peers or ()),
+                          swarm_model=args.swarm_model, swarm_id=args.swarm_id,
+                          trusted_coordinators=tuple(args.trusted_coordinator or ()), seed=args.seed,
+                          max_length=args.max_length, speculative=args.speculative, quant=args.quant,
+                          speculative_config=SpeculativeConfig(max_k=args.speculative_max_k))
+    return AsyncClient(config=config)
 
 
 async def start_client(args: argparse.Namespace):

@@ -17,7 +17,7 @@ import threading
 
 from p2pserve.cli.common import setup_logging
 from p2pserve.config import BootstrapConfig
-from p2pserve.swarm_file import SwarmFile, merge
+from p2pserve.config.swarm_file import SwarmFile, merge
 
 logger = logging.getLogger("p2pserve.bootstrap")
 

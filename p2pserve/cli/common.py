@@ -1,8 +1,8 @@
 """Command-line flags and the swarm file, shared by bootstrap / coordinator / status / peer.
 
-A swarm file (:class:`p2pserve.swarm_file.SwarmFile`, see ``bootstrap/swarm.toml``) holds what every
+A swarm file (:class:`p2pserve.config.swarm_file.SwarmFile`, see ``bootstrap/swarm.toml``) holds what every
 member of a swarm must agree on. Each command turns its flags and the file into its role's config
-with :func:`p2pserve.swarm_file.merge`: a flag that was given wins, even 0 or empty, so every flag
+with :func:`p2pserve.config.swarm_file.merge`: a flag that was given wins, even 0 or empty, so every flag
 here defaults to ``None`` ("not given").
 """
 
@@ -11,12 +11,12 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-from typing import Any, Optional
+from typing import Any
 
 import msgspec
 
 from p2pserve.config import DHTConfig
-from p2pserve.swarm_file import ModelSettings, SwarmFile, Timing, merge
+from p2pserve.config.swarm_file import ModelSettings, SwarmFile, Timing, merge
 from p2pserve.errors import ConfigError
 
 # DHTConfig field -> the argparse ``dest`` of its flag (registered by add_dht_arguments)
@@ -181,6 +181,6 @@ def add_metrics_arguments(p: argparse.ArgumentParser, what: str) -> None:
 
 def metrics_config(args: argparse.Namespace):
     """The ``p2pserve.metrics.MetricsConfig`` of the flags of :func:`add_metrics_arguments`."""
-    from p2pserve.metrics import MetricsConfig
+    from p2pserve.config import MetricsConfig
 
     return MetricsConfig(port=args.metrics_port, host=args.metrics_host)

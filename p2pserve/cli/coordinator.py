@@ -20,8 +20,8 @@ import signal
 
 from p2pserve.cli.common import (add_dht_arguments, add_metrics_arguments, dht_config, metrics_config,
                                  model_name_from_args, setup_logging)
-from p2pserve.config import CoordinatorConfig
-from p2pserve.swarm_file import SwarmFile, merge
+from p2pserve.config import ComputeProbeConfig, CoordinatorConfig
+from p2pserve.config.swarm_file import SwarmFile, merge
 from p2pserve.errors import ConfigError, UnknownModelError
 
 logger = logging.getLogger("p2pserve.coordinator")
@@ -44,51 +44,58 @@ def publish_guard(args: argparse.Namespace):
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:  # long: a flat list of flags, one per call
-    """Flags of ``p2pserve coordinator`` (None: not given, the file or the default applies)."""
+    """Flags of ``p2pserve coordinator`` (None: not given, the file or the default applies); the
+    defaults their help names are the dataclasses'."""
+    D, P = CoordinatorConfig(num_layers=1), ComputeProbeConfig()
     add_dht_arguments(parser)
     c = parser.add_argument_group("coordinator")
-    c.add_argument("--priority", type=int, default=None, help="election priority (higher leads; default 0)")
+    c.add_argument("--priority", type=int, default=None, help=f"election priority (higher leads; default {D.priority})")
     c.add_argument("--coordinator-id", default=None, help="election id (default: libp2p peer id)")
     c.add_argument("--num-layers", type=int, default=None,
                    help="model layers (default: the swarm file, else the --model folder's config.json, else what "
                         "a majority of the peers announce)")
     c.add_argument("--activation-bytes", type=int, default=None,
                    help="bytes per token of hidden state (default: as --num-layers; the folder's at fp32)")
-    c.add_argument("--replan-period", type=float, default=None, help="re-plan at least this often (s)")
-    c.add_argument("--link-change-threshold", type=float, default=None, help="relative bandwidth change that re-plans")
-    c.add_argument("--objective", choices=("throughput", "max-flow"), default=None, help="planner objective")
+    c.add_argument("--replan-period", type=float, default=None, help=f"re-plan at least this often (s; default {D.replan_period:g})")
+    c.add_argument("--link-change-threshold", type=float, default=None, help=f"relative bandwidth change that re-plans (default {D.link_change_threshold:g})")
+    c.add_argument("--objective", choices=("throughput", "max-flow"), default=None, help=f"planner objective (default {D.objective})")
     c.add_argument("--grouping", default=None, metavar="auto|1|2|4|8",
                    help="how machine agents (p2pserve machine) group their slots into tensor-parallel peers: auto "
                         "(default) chooses per machine by the cost model and the planner, a number fixes the TP "
                         "degree (docs/machine-agent.md)")
-    c.add_argument("--solve-time-limit", type=float, default=None, help="seconds per placement solve")
+    c.add_argument("--solve-time-limit", type=float, default=None, help=f"seconds per placement solve (default {D.solve_time_limit:g})")
     c.add_argument("--publish-guard", action=argparse.BooleanOptionalAction, default=True,
                    help="simulate each placement before publishing it, against the heuristic baselines (full solves) "
                         "or the current placement (churn moves); runs when every peer announces its latency and KV "
                         "capacity (default: on; docs/planner.md, \"The publish guard\")")
     t = parser.add_argument_group("claims (docs/trust.md, \"Claims\")")
     t.add_argument("--check-claims", action=argparse.BooleanOptionalAction, default=None,
-                   help="cap claimed throughput by the service rates clients report (default on)")
-    t.add_argument("--claim-slack", type=float, default=None, help="effective = min(claim, SLACK x observed); default 2")
+                   help="cap claimed throughput by the service rates clients report "
+                        f"(default {'on' if D.check_claims else 'off'})")
+    t.add_argument("--claim-slack", type=float, default=None, help=f"effective = min(claim, SLACK x observed); default {D.claim_slack:g}")
     t.add_argument("--claim-batch", type=int, default=None,
-                   help="sessions a claimed throughput is profiled at (observed per-session rates are scaled by it); default 32")
-    t.add_argument("--min-report-samples", type=int, default=None, help="decode samples a report needs to count; default 8")
+                   help="sessions a claimed throughput is profiled at (observed per-session rates are scaled by it); "
+                        f"default {D.claim_batch}")
+    t.add_argument("--min-report-samples", type=int, default=None, help=f"decode samples a report needs to count; default {D.min_report_samples}")
     t.add_argument("--min-reporter-addresses", type=int, default=None,
-                   help="a peer counts as observed only by reports from this many addresses; default 2")
+                   help=f"a peer counts as observed only by reports from this many addresses; default {D.min_reporter_addresses}")
     t.add_argument("--max-rtt-credit", type=float, default=None,
-                   help="most a report's RTT correction may raise its rate over the wall-clock rate; default 4")
+                   help=f"most a report's RTT correction may raise its rate over the wall-clock rate; default {D.max_rtt_credit:g}")
     t.add_argument("--unobserved-share", type=float, default=None,
-                   help="a peer nobody observed is capped at this x the median observed rate; default 1")
+                   help=f"a peer nobody observed is capped at this x the median observed rate; default {D.unobserved_share:g}")
     t.add_argument("--unobserved-total-share", type=float, default=None,
-                   help="peers nobody observed together get at most this x the observed peers' total; default 0.25")
+                   help="peers nobody observed together get at most this x the observed peers' total; "
+                        f"default {D.unobserved_total_share:g}")
     t.add_argument("--cold-claim-slack", type=float, default=None,
-                   help="before any report, claims are capped at this x the median claim; default 8")
+                   help=f"before any report, claims are capped at this x the median claim; default {D.cold_claim_slack:g}")
     t.add_argument("--max-peers-per-address", type=int, default=None,
-                   help="open swarms: at most N peers per announced IP get flow (default 0: no cap)")
-    t.add_argument("--compute-probe-interval", type=float, default=60.0, metavar="S",
+                   help="open swarms: at most N peers per announced IP get flow "
+                        f"(default {D.max_peers_per_address}; 0: no cap)")
+    t.add_argument("--compute-probe-interval", type=float, default=P.interval_s, metavar="S",
                    help="the leader times a few decode steps of each peer itself at most every S seconds, as an "
-                        "ordinary session from an identity of its own, and caps claims by it (0: off; default 60)")
-    t.add_argument("--compute-probe-steps", type=int, default=8, metavar="N", help="timed decode steps per probe (default 8)")
+                        "ordinary session from an identity of its own, and caps claims by it (0: off; default %(default)g)")
+    t.add_argument("--compute-probe-steps", type=int, default=P.steps, metavar="N",
+                   help="timed decode steps per probe (default %(default)s)")
     c.add_argument("--print-public-key", action="store_true", help="print this coordinator's public key and exit")
     v = parser.add_argument_group("output verification (docs/trust.md)")
     v.add_argument("--trusted-verifier", dest="trusted_verifiers", action="append", default=None, metavar="KEY|PEER_ID",
@@ -97,9 +104,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:  # long: a flat list
     v.add_argument("--no-trust-verifiers", dest="trust_verifiers", action="store_const", const=False, default=None,
                    help="ignore --trusted-verifier: only evidence from several independent clients excludes a peer")
     v.add_argument("--evidence-min-reporters", type=int, default=None,
-                   help="distinct clients whose holding evidence excludes a peer (default 3)")
+                   help=f"distinct clients whose holding evidence excludes a peer (default {D.evidence_min_reporters})")
     v.add_argument("--exclusion-s", type=float, default=None,
-                   help="how long an exclusion lasts after its last evidence (default 3600 s)")
+                   help=f"how long an exclusion lasts after its last evidence (default {D.exclusion_s:g} s)")
     w = parser.add_argument_group("web dashboard (docs/dashboard.md)")
     w.add_argument("--web-port", type=int, default=None,
                    help="also serve the live swarm dashboard on this TCP port (0 = a free one; page at /, "
@@ -144,7 +151,7 @@ def compute_prober(args: argparse.Namespace, name: str):
     """The leader's compute prober (``coordinator/compute_probe.py``), or None with an interval of 0.
     Sessions are opened for the checkpoint's model id: the ``--model`` folder's, else the swarm's
     model name without its ``@SCHEME`` suffix."""
-    from p2pserve.coordinator.compute_probe import ComputeProbeConfig, ComputeProber
+    from p2pserve.coordinator.compute_probe import ComputeProber
     from p2pserve.model.identity import checkpoint_of
     from p2pserve.model.spec import load_spec
     from p2pserve.protocol import FrameLimits

@@ -125,8 +125,9 @@ async def serve(args: argparse.Namespace) -> None:
     """Measure, announce and follow the plan until signalled."""
     from p2pserve.cli.common import dht_config, model_name_from_args
     from p2pserve.dht.swarm import Swarm
-    from p2pserve.machine.agent import MachineAgent, MachineConfig
-    from p2pserve.swarm_file import SwarmFile
+    from p2pserve.machine.agent import MachineAgent
+    from p2pserve.config import MachineConfig
+    from p2pserve.config.swarm_file import SwarmFile
 
     devices = devices_from_args(args)
     grouping = parse_grouping(args.grouping, len(devices))

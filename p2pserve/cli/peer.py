@@ -97,7 +97,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:  # long: a flat list of f
                    help="seconds a Forward may wait for compute before the client is told to go elsewhere")
     p.add_argument("--stuck-step", type=float, default=d.stuck_step_s,
                    help="a compute step running longer announces this peer draining until it ends")
-    p.add_argument("--probe-max-mb", type=float, default=d.probe_max_bytes / 1024**2,
+    p.add_argument("--probe-max-mb", type=float, default=d.prober.max_probe_bytes / 1024**2,
                    help="largest link-probe transfer; fast links stop here (less CPU, coarser reading)")
     add_metrics_arguments(p, "the p2pserve_peer_* series of docs/metrics.md; off by default")
     add_dht_arguments(p, need_model=False)
@@ -133,6 +133,8 @@ def config_from_args(args: argparse.Namespace) -> PeerConfig:
         if len(gpus) > torch.cuda.device_count() or max(gpus) >= torch.cuda.device_count():
             raise ConfigError(f"--gpu {args.gpu}: this host has {torch.cuda.device_count()} CUDA device(s)")
         device = f"cuda:{gpus[0]}"
+    from p2pserve.cli.common import metrics_config
+
     start, end = args.layers if args.layers else (None, None)
     return PeerConfig(
         model=args.model,
@@ -152,7 +154,8 @@ def config_from_args(args: argparse.Namespace) -> PeerConfig:
         profile_batch=args.profile_batch,
         announce=bool(args.initial_peers) or bool(args.config),
         swarm_model=args.swarm_model,
-        probe_max_bytes=int(args.probe_max_mb * 1024**2),
+        prober=dataclasses.replace(PeerConfig().prober, max_probe_bytes=int(args.probe_max_mb * 1024**2)),
+        metrics=metrics_config(args),
         direct_port=None if args.no_direct else args.direct_port,
         request_timeout_s=args.request_timeout,
         stuck_step_s=args.stuck_step,
@@ -180,28 +183,28 @@ def direct_address_from(args: argparse.Namespace, dcfg):
 
 
 def tp_from_args(args: argparse.Namespace, config: PeerConfig):
-    """The peer's ``TPConfig`` from ``--tp`` / ``--gpu A,B,...``, or None without tensor parallelism."""
-    from p2pserve.peer.tp_group import TPConfig, parse_gpus, tp_devices
+    """The peer's ``TPConfig`` (``PeerConfig.tp``) from ``--tp`` / ``--gpu A,B,...``, or None without
+    tensor parallelism."""
+    from p2pserve.peer.tp_group import parse_gpus, tp_devices
+    from p2pserve.config import TPConfig
 
     gpus = parse_gpus(args.gpu) if args.gpu is not None and config.device.startswith("cuda") else None
     devices = tp_devices(config.device, gpus, args.tp)
     return None if devices is None else TPConfig(devices=devices, num_threads=config.num_threads)
 
 
-async def serve(config: PeerConfig, args: argparse.Namespace, tp=None) -> None:
+async def serve(config: PeerConfig, args: argparse.Namespace) -> None:
     """Start DHT node and peer (and the control-plane agent), print the ready line, serve until signalled."""
-    from p2pserve.cli.common import dht_config, metrics_config, model_name_from_args
+    from p2pserve.cli.common import dht_config, model_name_from_args
     from p2pserve.cli.progress import Progress, describe
-    from p2pserve.swarm_file import SwarmFile
+    from p2pserve.config.swarm_file import SwarmFile
     from p2pserve.dht.swarm import Swarm
     from p2pserve.model.locate import open_model
     from p2pserve.model.spec import load_spec
-    from p2pserve.peer.server import Peer
 
     progress = Progress()
     source = open_model(config.model, "peer", progress.step)  # a hub id: its config and index only
     spec = load_spec(source.folder, dtype=config.dtype, quant=config.quant)  # fail fast
-    metrics = metrics_config(args) if args.metrics_port is not None else None  # and on a bad port
     # The model's name in DHT keys, by the rule every role shares (p2pserve/model/identity.py):
     # --swarm-model, else the swarm file's model, else the checkpoint's own id. (Sessions still
     # check the checkpoint id itself when they open.)
@@ -211,19 +214,19 @@ async def serve(config: PeerConfig, args: argparse.Namespace, tp=None) -> None:
     direct_address = direct_address_from(args, dcfg)
     swarm = Swarm.create(dcfg)  # forks the DHT process before weights are loaded
     agent = watch = None
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+
+    def on_group_failure(reason: str) -> None:  # a dead rank takes the group down: withdraw, exit non-zero
+        loop.call_soon_threadsafe(stop.set)
+
     try:
         fixed = config.start is not None or not config.announce
         with progress.step(f"loading layers {config.start or 0}:{config.end or spec.num_layers}" if fixed
                            else "starting the peer"):
-            peer = await Peer.create(config, swarm.dht, direct_address, tp, source)
-        loop = asyncio.get_running_loop()
-        stop = asyncio.Event()
-        if peer.tp is not None:  # a dead rank takes the group down: withdraw, exit non-zero
-            peer.tp.on_failure = lambda reason: loop.call_soon_threadsafe(stop.set)
-            if peer.tp.comm.failed:  # failed before the callback was set
-                stop.set()
-        if metrics is not None:
-            peer.export_metrics(metrics)
+            peer = await _create_peer(config, swarm, direct_address, on_group_failure, source)
+        if peer.tp is not None and peer.tp.comm.failed:  # failed before the group was handed over
+            stop.set()
         if config.announce:
             agent = await _start_agent(peer, swarm, config, progress)
             if agent.follow_plan:  # say what the peer waits for: the plan, a load, a handover
@@ -249,6 +252,19 @@ async def serve(config: PeerConfig, args: argparse.Namespace, tp=None) -> None:
         swarm.shutdown()
 
 
+async def _create_peer(config: PeerConfig, swarm, direct_address, on_group_failure, source):
+    """The peer, built from ``config``. In a swarm, push mode dials next hops where they announced
+    themselves, and replies are signed with the key derived from this node's identity (stable
+    across restarts); a fixed peer outside one pushes nowhere and signs with a fresh key."""
+    from p2pserve.peer.next_hop import AnnouncedAddresses
+    from p2pserve.peer.server import Peer
+
+    return await Peer.create(config, swarm.dht, direct_address,
+                             resolve=AnnouncedAddresses(swarm) if config.announce else None,
+                             reply_key=swarm.reply_key() if config.announce else None,
+                             on_group_failure=on_group_failure, source=source)
+
+
 def _handle_signals(loop, stop: asyncio.Event, agent) -> None:
     """SIGINT/SIGTERM stop the peer; SIGUSR1 retires it: announced draining, still serving, so that
     the plan moves its layers elsewhere before a machine agent stops it (docs/machine-agent.md)."""
@@ -259,14 +275,10 @@ def _handle_signals(loop, stop: asyncio.Event, agent) -> None:
 
 
 async def _start_agent(peer, swarm, config: PeerConfig, progress):
-    from p2pserve.config import ProberConfig
     from p2pserve.dht.prober import LinkProber
     from p2pserve.peer.agent import SwarmAgent
-    from p2pserve.peer.next_hop import AnnouncedAddresses
     from p2pserve.peer.profiler import load_or_measure
 
-    # push mode: a peer in a swarm dials next hops where they announced themselves (none otherwise)
-    peer.handler.forwarder.resolve = AnnouncedAddresses(swarm)
     spec = peer.spec
     # Never more than the model has: readers reject a record claiming more (dht/records.py).
     max_layers = min(spec.num_layers, config.max_layers or max(1, config.weights_memory_bytes // spec.layer_bytes))
@@ -281,11 +293,8 @@ async def _start_agent(peer, swarm, config: PeerConfig, progress):
     with progress.step(f"profiling {config.device} for up to {max_layers} layers (cached after the first run)"):
         profile = await asyncio.to_thread(load_or_measure, peer.model_path, spec, config.device, max_layers,
                                           config.profile_batch, peer.tp, load)
-    # Probe transfers of ~0.25 s: long enough that TCP ramp-up and a shaper's burst allowance
-    # are a small part of the measured time (a 20 Mbit/s link then reads within a few percent).
-    # Each link is re-probed every link_refresh, and announced as the best of its recent rounds.
-    prober = LinkProber(peer.p2p, ProberConfig(target_transfer_s=0.25, max_probe_bytes=config.probe_max_bytes,
-                                               min_interval_s=swarm.config.link_refresh))
+    # each link is re-probed every link refresh (config.prober: the peer's probe sizes and targets)
+    prober = LinkProber(peer.p2p, dataclasses.replace(config.prober, min_interval_s=swarm.config.link_refresh))
     agent = SwarmAgent(peer, swarm, profile, follow_plan=config.start is None, prober=prober)
     await agent.start()
     return agent
@@ -298,7 +307,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = config_from_args(args)
         tp = tp_from_args(args, config)
-        asyncio.run(serve(config, args, tp))
+        config = dataclasses.replace(config, tp=tp)
+        asyncio.run(serve(config, args))
     except P2PServeError as e:
         print(f"p2pserve peer: error: {e}", file=sys.stderr)
         status = 2

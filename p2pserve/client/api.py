@@ -30,20 +30,20 @@ import asyncio
 import dataclasses
 import random
 import threading
-from typing import Iterator, Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence
 
-from p2pserve.client.drafts import Drafter, check_speculative, make_drafter
+from p2pserve.client.drafts import Drafter, make_drafter
 from p2pserve.client.failover import FailoverState
 from p2pserve.client.generation import Generation
-from p2pserve.client.hop import PeerEntry, parse_peer
+from p2pserve.client.hop import parse_peer
 from p2pserve.client.model_info import LocalModelInfo
 from p2pserve.client.node import client_transport
 from p2pserve.client.params import GenerationParams
 from p2pserve.client.pipeline import Pipeline
 from p2pserve.client.reply import Reply, ReplyStream
 from p2pserve.client.route_providers import PeerListRoutes, RouteProvider
-from p2pserve.client.speculative import SpeculativeConfig
 from p2pserve.config import ClientConfig
+from p2pserve.config.client import with_settings
 from p2pserve.errors import BadRequestError, ConfigError
 from p2pserve.metrics import ClientMetrics
 from p2pserve.model.quant import check_quant
@@ -55,17 +55,14 @@ __all__ = ["AsyncClient", "Client", "Reply", "ReplyStream", "SyncReplyStream"]
 class AsyncClient:
     """An asyncio client for one model in one swarm (or over a fixed set of peers).
 
-    Give ``initial_peers`` (DHT multiaddrs) to discover peers and the plan through the control
-    plane, or ``peers`` for a fixed set. ``model`` is the local checkpoint (tokenizer + shapes;
-    ``None`` = the embedded default), loaded by :meth:`start` unless ``model_info`` is given.
-    ``swarm_model`` is the model name used for DHT keys (defaults to the checkpoint's
-    ``model_id``, by the rule every role shares: ``p2pserve/model/identity.py``); ``swarm_id`` and ``trusted_coordinators`` complete the swarm membership, or
-    ``dht_config`` gives all of it. ``seed`` decorrelates this client's IWRR cycles from other
-    clients' (random by default; pass one for reproducible routes). ``transport`` is used as
-    given instead of a libp2p node of the client's own (tests pass an in-memory one).
-    ``speculative`` turns on speculative decoding (docs/speculative.md): ``"prompt-lookup"``,
-    ``"draft:PATH"`` (a small local model sharing the tokenizer) or None (off, the default).
-    ``quant`` (int8, nf4, int4) routes only over peers serving that quantization (``NAME@int8``).
+    Its settings are one :class:`~p2pserve.config.ClientConfig`: ``initial_peers`` (DHT
+    multiaddrs) to discover peers and the plan through the control plane, or ``peers`` for a
+    fixed set; ``model``, the local checkpoint (tokenizer + shapes; None = the embedded default),
+    loaded by :meth:`start` unless ``model_info`` is given; the swarm's membership; ``seed``
+    (random by default: decorrelates this client's IWRR cycles from other clients');
+    ``speculative`` decoding and ``quant`` (docs/speculative.md, docs/quantization.md).
+    ``transport`` is used as given instead of a libp2p node of the client's own (tests pass an
+    in-memory one).
     """
 
     def __init__(
@@ -73,32 +70,26 @@ class AsyncClient:
         initial_peers: Sequence[str] = (),
         model: Optional[str] = None,
         *,
-        peers: Optional[Sequence[PeerEntry]] = None,
         config: ClientConfig = ClientConfig(),
-        swarm_model: Optional[str] = None,
-        swarm_id: Optional[str] = None,
-        trusted_coordinators: Sequence[str] = (),
-        dht_config=None,
-        seed: Optional[int] = None,
-        max_length: int = 4096,
         model_info: Optional[LocalModelInfo] = None,
         transport: Optional[Transport] = None,
-        speculative: Optional[str] = None,
-        speculative_config: SpeculativeConfig = SpeculativeConfig(),
-        quant: Optional[str] = None,
+        **settings: Any,
     ):
-        if not initial_peers and not peers and dht_config is None:
+        """Every setting is a field of ``config``; ``initial_peers``, ``model`` and ``settings``
+        (``peers=``, ``seed=``, ``speculative=``, any ``ClientConfig`` field) only build it."""
+        config = with_settings(config, initial_peers, model, settings)
+        if not config.initial_peers and not config.peers and config.dht_config is None:
             raise ConfigError("give initial_peers (a swarm) or peers (a fixed set of peers)")
-        check_speculative(speculative)
-        self.speculative, self.speculative_config, self.quant = speculative, speculative_config, check_quant(quant)
+        self.speculative, self.speculative_config = config.speculative, config.speculative_config
+        self.quant = check_quant(config.quant)
         self.drafter: Optional[Drafter] = None  # made by start() when speculative is on
-        self.initial_peers, self.model = tuple(initial_peers), model
-        self.peers = [parse_peer(p) for p in peers] if peers else None
+        self.initial_peers, self.model = config.initial_peers, config.model
+        self.peers = [parse_peer(p) for p in config.peers] if config.peers else None
         self.config = config
-        self.swarm_model, self.swarm_id, self.dht_config = swarm_model, swarm_id, dht_config
-        self.trusted_coordinators = tuple(trusted_coordinators)
-        self.seed = seed if seed is not None else random.SystemRandom().getrandbits(63)
-        self.max_length = max_length
+        self.swarm_model, self.swarm_id, self.dht_config = config.swarm_model, config.swarm_id, config.dht_config
+        self.trusted_coordinators = config.trusted_coordinators
+        self.seed = config.seed if config.seed is not None else random.SystemRandom().getrandbits(63)
+        self.max_length = config.max_length
         self.info = model_info
         self.failover = FailoverState(config)
         self.swarm_routes = None  # a SwarmRoutes in swarm mode, once started
@@ -268,13 +259,7 @@ class AsyncClient:
         ``params`` replaces the keyword parameters when given.
         """
         params = params or GenerationParams.of(max_new_tokens, temperature, top_p, top_k, seed, stop, ignore_eos)
-        gen = self.generation(self.chat_prompt(messages), params)
-        try:
-            async for _ in gen:
-                pass
-        finally:
-            await gen.pipeline.close()
-        return Reply.of(gen)
+        return await _drained(self.generation(self.chat_prompt(messages), params))
 
     def chat_stream(self, messages, max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
                     top_k: int = 0, seed: Optional[int] = None, stop=None, ignore_eos: bool = False, *,
@@ -291,13 +276,7 @@ class AsyncClient:
                        params: Optional[GenerationParams] = None) -> Reply:
         """Continue a raw prompt (a string, tokenized without chat template, or token ids)."""
         params = params or GenerationParams.of(max_new_tokens, temperature, top_p, top_k, seed, stop, ignore_eos)
-        gen = self.generation(self.text_prompt(prompt), params)
-        try:  # drained here, not through a helper: keeps a decode token's call path short
-            async for _ in gen:
-                pass
-        finally:
-            await gen.pipeline.close()
-        return Reply.of(gen)
+        return await _drained(self.generation(self.text_prompt(prompt), params))
 
     def generate_stream(self, prompt, max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
                         top_k: int = 0, seed: Optional[int] = None, stop=None, ignore_eos: bool = False, *,
@@ -305,6 +284,16 @@ class AsyncClient:
         """Like ``generate``, yielding text pieces."""
         params = params or GenerationParams.of(max_new_tokens, temperature, top_p, top_k, seed, stop, ignore_eos)
         return ReplyStream(self.generation(self.text_prompt(prompt), params))
+
+
+async def _drained(gen: Generation) -> Reply:
+    """Run ``gen`` to its end and close its pipeline (even when it fails): the whole reply."""
+    try:
+        async for _ in gen:
+            pass
+    finally:
+        await gen.pipeline.close()
+    return Reply.of(gen)
 
 
 class Client:

@@ -16,7 +16,7 @@ import inspect
 from pathlib import Path
 from typing import Optional, Protocol, Sequence
 
-from p2pserve.client.speculative import SpeculativeConfig
+from p2pserve.config import ClientConfig, SpeculativeConfig
 from p2pserve.errors import ConfigError, UnknownModelError
 
 
@@ -133,10 +133,9 @@ def _check_tokenizer(folder: Path, tokenizer) -> None:
 
 
 def check_speculative(spec: Optional[str]) -> None:
-    """Raise ConfigError unless ``spec`` names a drafter :func:`make_drafter` knows (or off)."""
-    if spec in (None, "", "off", "prompt-lookup") or (spec.startswith("draft:") and len(spec) > len("draft:")):
-        return
-    raise ConfigError(f"speculative must be 'prompt-lookup', 'draft:PATH' or off, got {spec!r}")
+    """Raise ConfigError unless ``spec`` names a drafter :func:`make_drafter` knows (or off):
+    ``ClientConfig.speculative``'s own check."""
+    ClientConfig(speculative=spec)
 
 
 def make_drafter(spec: Optional[str], vocab_size: int, tokenizer=None,

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from p2pserve.client.params import GenerationParams
-from p2pserve.client.speculative import SpeculationTuner, SpeculativeConfig, accept
+from p2pserve.client.speculative import SpeculationTuner, accept
+from p2pserve.config import SpeculativeConfig
 from p2pserve.client.textstream import IncrementalDetokenizer, StopStringMatcher
 from p2pserve.clock import Clock
 from p2pserve.errors import BadRequestError

@@ -3,7 +3,7 @@
 :meth:`Pipeline.step` sends token ids to the first hop of the current route, hands each hop's
 hidden states to the next as the bytes it received, and returns the token the last hop sampled.
 Why client-driven and not peer-to-peer forwarding is measured and argued in ARCHITECTURE.md
-("Hop topology"); ``ClientConfig.push`` (a :class:`~p2pserve.client.push.PushConfig`) turns on push
+("Hop topology"); ``ClientConfig.push`` (a :class:`~p2pserve.config.PushConfig`) turns on push
 mode per route, where the first hop forwards peer to peer (``Pipeline.forwarding``).
 
 The pipeline keeps the one token history of the request (prompt and generated tokens it sent)
@@ -38,8 +38,8 @@ from p2pserve.client.failover import (
     routes_exhausted,
 )
 from p2pserve.client.hop import Hop, check_chain
-from p2pserve.client.push import PushConfig
 from p2pserve.client.route_forwarding import RouteForwarding
+from p2pserve.config import PushConfig
 from p2pserve.client.route_providers import ChainListRoutes, RouteProvider
 from p2pserve.client.trust.protocol import HopObserver, StepTrust
 from p2pserve.config import ClientConfig
@@ -86,7 +86,7 @@ class Pipeline:
         self.trust = trust  # verification's view of this pipeline (client/trust/), None: unverified
         self.verified: list[int] = []  # the last hop's tokens of the latest step with outputs > 1
         # when and how steps go peer to peer (client/push.py, client/ring.py)
-        self.forwarding = RouteForwarding(config.push or PushConfig(), max_length)
+        self.forwarding = RouteForwarding(config.push, max_length)
 
     @property
     def position(self) -> int:

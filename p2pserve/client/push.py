@@ -23,15 +23,13 @@ hop (the cost of not driving each hop from the client).
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from p2pserve.blame import blamed_hop
 from p2pserve.client.connection import HopConnection
 from p2pserve.client.failover import HopFailure
-from p2pserve.errors import ConfigError, MalformedFrameError, error_from_reply
+from p2pserve.errors import MalformedFrameError, error_from_reply
 from p2pserve.protocol import (
-    MAX_PUSH_HOPS,
     AllowPush,
     AwaitResult,
     ErrorReply,
@@ -41,52 +39,6 @@ from p2pserve.protocol import (
     PushForward,
     PushHop,
 )
-
-#: ``--push`` of ``p2pserve chat`` / ``api``: off (client-driven), auto (the rule), on (always),
-#: ring (the rule, and a pushed route runs as a ring: ``client/ring.py``).
-PUSH_MODES = ("off", "auto", "on", "ring")
-
-
-@dataclass(frozen=True)
-class PushConfig:
-    """When a pipeline pushes its steps peer to peer instead of driving every hop.
-
-    ``enabled`` False (the default) keeps client-driven hops everywhere: push is not measured to
-    win on every link (docs/wan.md, "Push mode"), and needs peers that can find each other in the
-    swarm's records. With it on, a route is pushed when it has at least ``min_hops`` hops and the
-    median round trip the client measured opening its sessions (no compute behind it: the link)
-    is at least ``min_rtt_ms``, unless outputs are verified (the verifier re-executes each hop's
-    recorded exchange, which push does not show the client).
-
-    ``ring``: a pushed route runs as a ring (``client/ring.py``: the last hop pushes each next
-    token to the first itself) for its one-token steps; speculative verification steps, and
-    generations with a drafter, stay plain pushes.
-    """
-
-    enabled: bool = False
-    min_hops: int = 2
-    min_rtt_ms: float = 10.0  # the rule and the measurements behind it: docs/wan.md, "Push mode"
-    ring: bool = False
-
-    @classmethod
-    def from_mode(cls, mode: str) -> "PushConfig":
-        """The config of a ``--push`` mode (``PUSH_MODES``)."""
-        if mode not in PUSH_MODES:
-            raise ConfigError(f"--push must be one of {', '.join(PUSH_MODES)}, not {mode!r}")
-        return cls(enabled=mode != "off", min_rtt_ms=0.0 if mode == "on" else cls.min_rtt_ms, ring=mode == "ring")
-
-    def use_push(self, hops: int, verified: bool, rtts_s: Sequence[float | None] = ()) -> bool:
-        """Whether a route of ``hops`` hops, whose sessions opened in ``rtts_s`` seconds (None:
-        not measured, counted as 0), is pushed."""
-        # at least 2 hops whatever min_hops says: a lone hop would get its AwaitResult and its
-        # PushForward on one stream, and its handler serves them in order
-        if not self.enabled or verified or not max(2, self.min_hops) <= hops <= MAX_PUSH_HOPS + 1:
-            return False
-        if self.min_rtt_ms <= 0:
-            return True
-        rtts = sorted(r or 0.0 for r in rtts_s)
-        return bool(rtts) and 1e3 * rtts[len(rtts) // 2] >= self.min_rtt_ms
-
 
 async def grant(links: Sequence[HopConnection]) -> None:
     """Allow each hop's predecessor to push into its session (in parallel); HopFailure names the

@@ -24,42 +24,10 @@ all three as the generation runs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Optional, Sequence
 
-from p2pserve.errors import ConfigError
-from p2pserve.protocol import MAX_VERIFY_OUTPUTS
+from p2pserve.config import SpeculativeConfig
 
-
-@dataclass(frozen=True)
-class SpeculativeConfig:
-    """How a client drafts (next to its code: ``config.py`` is at the module-size limit).
-
-    ``max_k`` bounds the draft tokens of one step (at most ``MAX_VERIFY_OUTPUTS`` - 1, the wire's
-    bound); prompt lookup matches the last ``ngram_max`` down to ``ngram_min`` tokens.
-    ``prior_acceptance`` and ``prior_token_cost`` (t_tok / t0) stand in for measurements until
-    the first steps give them; ``smoothing`` is the weight of each new measurement (an EWMA);
-    after ``probe_every`` steps drafting nothing, one step drafts a token again, so a rate
-    measured low on one passage can recover on the next. ``adaptive=False`` always drafts
-    ``max_k`` (benchmarks, and tests that must not depend on measured times).
-    """
-
-    max_k: int = 8
-    ngram_max: int = 3
-    ngram_min: int = 1
-    prior_acceptance: float = 0.5
-    prior_token_cost: float = 0.1
-    smoothing: float = 0.2
-    probe_every: int = 16
-    adaptive: bool = True
-
-    def __post_init__(self):
-        if not 1 <= self.max_k < MAX_VERIFY_OUTPUTS:
-            raise ConfigError(f"max_k must be in [1, {MAX_VERIFY_OUTPUTS - 1}], got {self.max_k}")
-        if not 1 <= self.ngram_min <= self.ngram_max:
-            raise ConfigError(f"need 1 <= ngram_min <= ngram_max, got {self.ngram_min}, {self.ngram_max}")
-        if not (0.0 <= self.prior_acceptance < 1.0 and self.prior_token_cost >= 0.0 and 0.0 < self.smoothing <= 1.0):
-            raise ConfigError("prior_acceptance in [0, 1), prior_token_cost >= 0 and smoothing in (0, 1] are required")
 
 
 def accept(draft: Sequence[int], target: Sequence[int]) -> list[int]:

@@ -89,7 +89,7 @@ class Verdict:
 
 def address_keys(addrs: Iterable[str]) -> frozenset[str]:
     """The IPs a peer's multiaddrs name (loopback/link-local ones only if nothing else is left)."""
-    ips: list[ipaddress._BaseAddress] = []
+    ips: list[ipaddress.IPv4Address | ipaddress.IPv6Address] = []
     for host in maddr_hosts(addrs):  # relayed addresses skipped: their IP is the relay's
         try:
             ips.append(ipaddress.ip_address(host))

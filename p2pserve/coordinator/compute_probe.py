@@ -37,11 +37,11 @@ import random
 import secrets
 import statistics
 import time
-from dataclasses import dataclass
 from typing import Awaitable, Callable, Mapping, Optional
 
 import torch
 
+from p2pserve.config import ComputeProbeConfig
 from p2pserve.clock import Clock, monotonic, wall
 from p2pserve.dht.records import PeerInfo
 from p2pserve.dht.reports import MAX_REPORTED_PEERS, MAX_TOKENS_PER_S, ObservedRate, ServiceReports
@@ -65,20 +65,6 @@ logger = logging.getLogger(__name__)
 
 
 
-@dataclass(frozen=True)
-class ComputeProbeConfig:
-    """How often and how hard the coordinator probes each peer's compute (0 ``interval_s``: off)."""
-
-    interval_s: float = 60.0  # each peer at most once per interval
-    steps: int = 8  # timed decode Forwards per probe (>= CoordinatorConfig.min_report_samples to count)
-    gap_s: float = 0.5  # pause between two peers' probes
-    timeout_s: float = 10.0  # one round trip
-    max_age_s: float = 600.0  # a result older than this is dropped from the report
-    rotate_s: float = 600.0  # the probing node's identity is replaced this often
-    max_rtt_credit: float = 4.0  # as CoordinatorConfig.max_rtt_credit
-    token_id_bound: int = 256  # token ids sent to a span starting at layer 0 (every vocabulary has them)
-
-
 def rate_from(rtt_s: float, round_trips: list[float], max_rtt_credit: float) -> tuple[float, float]:
     """(``rate``, ``wall_rate``) of one session from its decode round trips and the link's RTT."""
     med = statistics.median(round_trips)
@@ -97,6 +83,7 @@ def due(peers: Mapping[str, PeerInfo], last: Mapping[str, float], now: float, in
 async def probe_peer(transport: Transport, info: PeerInfo, model_id: str, cfg: ComputeProbeConfig,
                      rng: random.Random, limits: FrameLimits = FrameLimits()) -> ObservedRate:
     """Measure ``info``'s one-session decode rate over the span it serves (see the module docstring)."""
+    assert info.serving is not None, "only serving peers are probed (due())"
     start, end = info.serving
     stream = await open_session_stream(transport, info.peer_id, info.addrs, cfg.timeout_s)
     link = SessionStream(info.peer_id, limits, cfg.timeout_s, stream)

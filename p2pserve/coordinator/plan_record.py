@@ -79,7 +79,7 @@ def make_plan(
     flows, value, bound, spans, defaulted_f = compute_flows(snap, cfg)
     # the bound of the *target* placement is the meaningful one: what the swarm could reach
     if ids:
-        bound = max(bound, topo.upper_bound())
+        bound = max(bound, topo.upper_bound())  # pyright: ignore[reportPossiblyUnboundVariable] (set when ids)
     defaulted = sorted(set(map(tuple, defaulted_t)) | set(map(tuple, defaulted_f)))
     return Plan(
         model=model,

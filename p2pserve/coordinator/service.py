@@ -259,6 +259,7 @@ class CoordinatorService:
 
     async def _publish(self, decision: Decision, now: float) -> None:
         plan = decision.publish
+        assert plan is not None, "only a decision with a plan to publish is published"
         await self.swarm.publish_plan(plan)
         self._last_publish_at = now
         m = self.metrics
@@ -293,11 +294,13 @@ class CoordinatorService:
     async def _probe_loop(self, stop: asyncio.Event) -> None:
         """While leading, probe the peers' compute and publish what was measured (its own signed
         ``ServiceReports``, which ``p2pserve status`` reads to say why a claim is capped)."""
+        prober = self.prober
+        assert prober is not None, "the probe loop runs only with a prober"
         while not stop.is_set():
             try:
-                if self.is_leader and await self.prober.round(self._probe_targets, stop):
-                    await self.swarm.announce(RecordKind.REPORTS, self.prober.report(self.swarm.peer_id,
-                                                                                    self.swarm.config.model, []))
+                if self.is_leader and await prober.round(self._probe_targets, stop):
+                    await self.swarm.announce(RecordKind.REPORTS, prober.report(self.swarm.peer_id,
+                                                                               self.swarm.config.model, []))
             except (asyncio.TimeoutError, OSError) as e:
                 logger.warning(f"compute probes: {e!r}")
             except Exception:  # keep probing whatever one round hit

@@ -107,7 +107,7 @@ def greedy_targets(topo: Topology, ids: Sequence[str], current: Mapping[str, Lay
         span = current.get(pid)
         k = topo.nodes[i].max_layers
         if span is not None and 0 <= span[0] < span[1] <= L and span[1] - span[0] <= k:
-            kept[i] = tuple(span)
+            kept[i] = (span[0], span[1])
     out = fill_weakest_windows(topo, kept, [i for i in range(len(ids)) if i not in kept])
     if min(coverage(L, out.values()), default=0) == 0:
         order = [i for i in range(len(ids)) if ids[i] in current] + [i for i in range(len(ids)) if ids[i] not in current]
@@ -148,7 +148,7 @@ def plan_targets(
     Peers the planner leaves idle get a replica (:func:`replicate_idle`). If the planner fails (e.g.
     the swarm is too small for the model) the greedy fallback covers what it can.
     """
-    cur = {pid: tuple(span) for pid, span in current.items() if pid in set(ids)}
+    cur: dict[str, LayerRange] = {pid: (span[0], span[1]) for pid, span in current.items() if pid in set(ids)}
     try:
         pc = PlannerConfig(objective=cfg.objective, time_limit_s=cfg.solve_time_limit, seed=cfg.seed)
         reload_cost = cfg.reload_cost_per_layer

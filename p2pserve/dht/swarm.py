@@ -35,6 +35,7 @@ from p2pserve.dht.acceptance import (
     timestamp_reason,
 )
 from p2pserve.dht.election import SignedPlan, choose_plan
+from p2pserve.dht.evidence import derive_reply_key
 from p2pserve.dht.identity import node_key, peer_id_of
 from p2pserve.dht.node import start_dht
 from p2pserve.dht.records import (
@@ -141,6 +142,11 @@ class Swarm:
     def peer_id(self) -> str:
         """This node's libp2p peer id (base58), derived from its key (the DHT node runs as it)."""
         return self._peer_id
+
+    def reply_key(self):
+        """The Ed25519 key this node's peer signs its replies with: derived from the node's identity,
+        so that it is the same across restarts (``dht.evidence.derive_reply_key``)."""
+        return derive_reply_key(self._key.to_bytes())
 
     def visible_maddrs(self) -> list[str]:
         """Multiaddrs others can use as ``--initial-peers`` to reach this node."""

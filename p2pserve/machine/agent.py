@@ -28,9 +28,9 @@ import signal
 import subprocess
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
+from p2pserve.config import MachineConfig
 from p2pserve.dht.keys import RecordKind
 from p2pserve.dht.machine_info import GpuLink, GpuOffer, MachineGroup, MachineInfo
 from p2pserve.dht.records import PeerInfo
@@ -41,22 +41,6 @@ log = logging.getLogger(__name__)
 
 Slots = tuple[int, ...]
 STOP_GRACE_S = 30.0  # a stopping group's peer gets this long to withdraw and exit
-
-
-@dataclass(frozen=True)
-class MachineConfig:
-    """One machine agent: ``devices`` per slot ("cpu" or "cuda:N"), the ``p2pserve peer`` flags
-    every group gets (``peer_args``: model, swarm, timing), each slot's layer capacity, and a
-    fixed local ``grouping`` (None: follow ``Plan.groupings``)."""
-
-    devices: tuple[str, ...]
-    peer_args: tuple[str, ...]
-    slot_max_layers: int
-    grouping: Optional[tuple[int, ...]] = None
-    tp_degrees: tuple[int, ...] = ()
-    memory_bytes: int = 1 << 30  # per slot, as offered
-    refresh_s: float = 1.0
-    logdir: Optional[Path] = None
 
 
 def slot_sets(degrees: Sequence[int]) -> list[Slots]:

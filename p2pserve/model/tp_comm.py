@@ -67,27 +67,29 @@ class Message:
 class TPComm:
     """One rank's end of the group's process group (``torch.distributed``'s default group)."""
 
-    def __init__(self, rank: int, world: int, device: str, hidden_size: int, dtype: str):
+    def __init__(self, rank: int, world: int, device: str, hidden_size: int, dtype: str,
+                 on_failure: Callable[[str], None] | None = None):
         self.rank, self.world = rank, world
         self.device = torch.device(device)
         self.hidden_size, self.dtype = hidden_size, TORCH_DTYPES[dtype]
         self.lock = threading.Lock()  # rank 0: one message (and the step it starts) at a time
         self.failed: str | None = None  # rank 0: why the group failed, once it did
-        self.on_failure: Callable[[str], None] | None = None
+        self.on_failure = on_failure  # rank 0: told why, once, from whichever thread saw the failure
         self.dropped_caches: list[int] = []  # rank 0: keys to free with the next message
         self.dropped_shards: list[int] = []
         self.last_sent = time.monotonic()
 
     @classmethod
     def connect(cls, rank: int, world: int, port: int, device: str, hidden_size: int, dtype: str,
-                timeout_s: float) -> "TPComm":
-        """Join the group on 127.0.0.1:``port`` (rank 0 hosts the store); blocks until all ranks are in."""
+                timeout_s: float, on_failure: Callable[[str], None] | None = None) -> "TPComm":
+        """Join the group on 127.0.0.1:``port`` (rank 0 hosts the store); blocks until all ranks are in.
+        ``on_failure`` is told once if the group fails."""
         backend = "nccl" if device.startswith("cuda") else "gloo"
         if backend == "nccl":
             torch.cuda.set_device(torch.device(device))
         dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=timeout_s))
-        return cls(rank, world, device, hidden_size, dtype)
+        return cls(rank, world, device, hidden_size, dtype, on_failure)
 
     def all_reduce(self, t: torch.Tensor) -> torch.Tensor:
         """Sum ``t`` over the ranks, in place; returns it."""

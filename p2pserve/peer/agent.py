@@ -18,7 +18,6 @@ from p2pserve import __version__
 from p2pserve import clock as clocks
 from p2pserve.clock import Clock
 from p2pserve.dht.announcer import Announcer
-from p2pserve.dht.evidence import derive_reply_key
 from p2pserve.dht.records import MAX_ADDRS, MAX_STR, LatencyPoints, LinkInfo, PeerInfo, Plan
 from p2pserve.dht.view import LinkProbes, SwarmView
 from p2pserve.peer.handover import OtherPeer, flip_decision
@@ -69,9 +68,6 @@ class SwarmAgent:
         self.loaded = False  # the loading range is in memory, waiting for the handover
         self.retiring = False  # announced as draining while still serving (a machine agent regroups)
         self.state = "joining" if peer.served is None else "serving"
-        identity = getattr(swarm, "_key", None)  # the RSA key of our DHT records (a real Swarm's)
-        if identity is not None:  # one reply key per identity, stable across restarts
-            peer.handler.signer.use_key(derive_reply_key(identity.to_bytes()))
         self.announcer = Announcer(swarm, self.peer_info, self.link_info if prober else None)
         self._tasks: list[asyncio.Task] = []
 

@@ -27,13 +27,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
 from typing import Awaitable, Callable, Optional, Sequence
 
 import msgspec
 import torch
 
 from p2pserve.blame import blamed_hop
+from p2pserve.config import ForwardingConfig
 from p2pserve.errors import WIRE_ERRORS, BadRequestError, ErrorCode, MalformedFrameError, P2PServeError
 from p2pserve.peer.push_link import PushLink, tell
 from p2pserve.peer.ring import RingState, check_grant
@@ -59,17 +59,6 @@ log = logging.getLogger(__name__)
 
 #: Where this peer may dial a peer id: the addresses it announced itself (``peer/next_hop.py``).
 Resolver = Callable[[str], Awaitable[Sequence[str]]]
-
-
-@dataclass(frozen=True)
-class ForwardingConfig:
-    """Bounds on a peer's pushes to the next hop: dialling it, and the rest of the chain's ack,
-    ``call_timeout_s`` per hop still to run (every later hop's compute and links); and how long
-    the last hop holds an owner's ``AwaitResult`` for its step."""
-
-    connect_timeout_s: float = 20.0
-    call_timeout_s: float = 60.0
-    wait_timeout_s: float = 300.0
 
 
 def check_route(route: list[PushHop], self_id: str) -> None:

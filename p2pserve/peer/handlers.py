@@ -95,7 +95,14 @@ class SessionHandler:
         limits: FrameLimits,
         request_timeout_s: float,
         admission: AdmissionConfig = AdmissionConfig(),
+        *,
+        signer: ReplySigner | None = None,
+        forwarder=None,
+        direct=None,
+        metrics=None,
     ):
+        """``signer`` signs replies (default: a fresh key); ``forwarder`` takes push-mode steps, ``direct``
+        offers the direct TCP path, ``metrics`` counts error replies (each None: done without)."""
         self.spec = spec
         self.table = table
         self.worker = worker
@@ -105,15 +112,14 @@ class SessionHandler:
         self.quota = StreamQuota(admission)
         self.payloads = PayloadBudget(admission.max_inflight_payload_bytes)
         self.streams_open = 0
-        self.direct = None  # a DirectListener when this peer offers the direct TCP path
-        self.metrics = None  # a p2pserve.metrics.PeerMetrics when the peer exports metrics
-        self.forwarder = None  # a peer.forwarding.Forwarder when this peer takes push-mode steps
+        self.direct = direct
+        self.metrics = metrics
+        self.forwarder = forwarder
         self.inline_window_s = worker.throttle.config.inline_lone_decode_s
         self._last_session: str | None = None  # the session of the latest Forward
         self._alone_since = 0.0  # when that session became the only one sending
         self._service = RecentTimes()  # recent Forwards, frame read to reply written
-        # signs every ForwardResult; Peer.create names the peer, the agent sets the derived key
-        self.signer = ReplySigner("unnamed", spec.model_id)
+        self.signer = signer if signer is not None else ReplySigner("unnamed", spec.model_id)
 
     async def handle_stream(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, remote: str = "") -> None:
         """A transport's stream handler (``StreamHandler``): serve frames until the client hangs

@@ -1,6 +1,7 @@
 """Composition root of a peer: model shard, compute worker, session table, transports.
 
-``Peer.create(config, dht)`` does the I/O (weight loading, handler registration); ``run()``
+``Peer.create(config, dht)`` does the I/O (weight loading, handler registration) around
+``peer/runtime.py``'s :func:`~p2pserve.peer.runtime.build_runtime`, which wires the parts; ``run()``
 serves until ``shutdown()``. The caller starts the DHT node first (``p2pserve peer`` does it via
 the control plane's ``Swarm``), so that its process is forked while this one is still small.
 """
@@ -11,22 +12,22 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
 from p2pserve.config import PeerConfig
 from p2pserve.errors import ConfigError
-from p2pserve.metrics import MetricsConfig, MetricsServer, PeerMetrics, serve_metrics
+from p2pserve.metrics import MetricsServer, PeerMetrics, serve_metrics
 from p2pserve.model.locate import ModelSource, open_model
-from p2pserve.model.shard import TORCH_DTYPES, Shard
+from p2pserve.model.shard import Shard
 from p2pserve.model.spec import ModelSpec, load_spec
-from p2pserve.peer.batcher import TokenThrottle
-from p2pserve.peer.forwarding import Forwarder
-from p2pserve.peer.handlers import SessionHandler
-from p2pserve.peer.kv_cache import KVBudget
 from p2pserve.model.tensor_parallel import local_spec
+from p2pserve.peer.forwarding import Resolver
+from p2pserve.peer.handlers import SessionHandler
+from p2pserve.peer.runtime import build_runtime
 from p2pserve.peer.sessions import SessionTable
-from p2pserve.peer.tp_group import TPConfig, TPGroup
+from p2pserve.peer.tp_group import TPGroup
 from p2pserve.peer.worker import ComputeWorker
 from p2pserve.protocol import SESSION_PROTOCOL
 from p2pserve.transport.libp2p import Libp2pTransport
@@ -51,46 +52,46 @@ class Peer:
     _reaper: asyncio.Task | None = None
     _watchdog: asyncio.Task | None = None
     _stopped: asyncio.Event | None = None
-    metrics_server: MetricsServer | None = None  # the /metrics endpoint, once export_metrics ran
+    metrics_server: MetricsServer | None = None  # the /metrics endpoint, when config.metrics has a port
     tp: TPGroup | None = None  # the tensor-parallel group whose rank 0 this process is (tp_group.py)
     source: ModelSource | None = None  # where the weights come from; a hub id fetches per range
 
     @classmethod
-    async def create(cls, config: PeerConfig, dht, direct_address: DirectAddress = DirectAddress(),
-                     tp: TPConfig | None = None, source: ModelSource | None = None) -> "Peer":
+    async def create(cls, config: PeerConfig, dht, direct_address: DirectAddress = DirectAddress(), *,
+                     resolve: Resolver | None = None, reply_key=None,
+                     on_group_failure: Callable[[str], None] | None = None,
+                     source: ModelSource | None = None) -> "Peer":
         """Load the fixed range (if any) and serve the session protocol on ``dht``'s libp2p node
-        (and on the direct path, bound and offered as ``direct_address`` says); with ``tp``, as
-        rank 0 of a tensor-parallel group whose other ranks it starts first. ``source`` is
-        ``config.model`` opened already (``model/locate.py``), else it is opened here."""
+        (and on the direct path, bound and offered as ``direct_address`` says); with ``config.tp``,
+        as rank 0 of a tensor-parallel group whose other ranks it starts first (``on_group_failure``
+        is told if the group fails). ``resolve`` finds push-mode next hops (None: this peer pushes
+        nowhere); ``reply_key`` signs replies (None: a fresh key); ``config.metrics`` with a port
+        serves ``/metrics``. ``source`` is ``config.model`` opened already
+        (``model/locate.py``), else it is opened here."""
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         source = source or open_model(config.model, "peer")
         model_path = str(source.folder)
         spec = load_spec(model_path, dtype=config.dtype, quant=config.quant)
         p2p = await dht.replicate_p2p()
-        capacity = config.kv_budget_token_layers
-        if capacity is None:
-            capacity = config.kv_memory_bytes // spec.kv_bytes_per_token_layer
-        budget = KVBudget(capacity)
-        group = await asyncio.to_thread(TPGroup.start, tp, model_path, spec) if tp else None
-        table = SessionTable(
-            spec=local_spec(spec, tp.world) if tp else spec,  # caches hold this rank's KV heads
-            served=None,
-            budget=budget,
-            idle_timeout_s=config.session_idle_timeout_s,
-            max_sessions=config.max_sessions,
-            torch_dtype=TORCH_DTYPES[spec.dtype],
-            device=config.device,
-            admission=config.admission,
-        )
-        worker = ComputeWorker(None, TokenThrottle(config.batching), budget)
-        handler = SessionHandler(spec, table, worker, config.frame_limits, config.request_timeout_s, config.admission)
-        handler.signer.peer_id = str(p2p.peer_id)  # replies name the peer that signed them
-        peer = cls(config, spec, model_path, dht, p2p, worker, table, handler, Libp2pTransport(p2p), tp=group,
-                   source=source)
+        tp = config.tp
+        group = await asyncio.to_thread(TPGroup.start, tp, model_path, spec, on_group_failure) if tp else None
+        peer_id = str(p2p.peer_id)
+        transport = Libp2pTransport(p2p)
+        direct = None
+        if config.direct_port is not None:
+            hosts = list(direct_address.listen_hosts) or maddr_hosts([str(m) for m in dht.get_visible_maddrs()])
+            if hosts:  # its stream handler is the session handler below, given when it starts
+                direct = DirectListener(None, peer_id, hosts, config.direct_port,
+                                        announce_port=direct_address.announce_port)
+        # the scrape thread reads the peer's state through this closure once the peer exists
+        metrics = PeerMetrics(lambda: peer.metric_state()) if config.metrics.port is not None else None
         # push mode: this peer dials the next hop as a client would (libp2p, or the pinned direct path)
-        handler.forwarder = Forwarder(table, DirectTransport(peer.transport, config.frame_limits), peer.peer_id,
-                                      config.frame_limits)
+        rt = build_runtime(config, spec, peer_id, DirectTransport(transport, config.frame_limits),
+                           table_spec=local_spec(spec, tp.world) if tp else None,  # this rank's KV heads
+                           resolve=resolve, reply_key=reply_key, direct=direct, metrics=metrics)
+        peer = cls(config, spec, model_path, dht, p2p, rt.worker, rt.table, rt.handler, transport, tp=group,
+                   source=source)
         fixed = config.start is not None or not config.announce
         if fixed:
             start = 0 if config.start is None else config.start
@@ -98,28 +99,17 @@ class Peer:
             if not (0 <= start < end <= spec.num_layers):
                 raise ConfigError(f"--layers {start}:{end} is not inside [0, {spec.num_layers}] for this model")
             await peer.load_range(start, end)
-        worker.start()
-        if config.direct_port is not None:
-            hosts = list(direct_address.listen_hosts) or maddr_hosts([str(m) for m in dht.get_visible_maddrs()])
-            if hosts:
-                handler.direct = DirectListener(handler.handle_stream, str(p2p.peer_id), hosts, config.direct_port,
-                                                announce_port=direct_address.announce_port)
-                await handler.direct.start()
-        await peer.transport.serve(SESSION_PROTOCOL, handler.handle_stream)
+        rt.worker.start()
+        if direct is not None:
+            await direct.start(rt.handler.handle_stream)
+        await peer.transport.serve(SESSION_PROTOCOL, rt.handler.handle_stream)
+        if metrics is not None:
+            peer.metrics_server = serve_metrics(metrics.registry, config.metrics)
         peer._stopped = asyncio.Event()
         peer._reaper = asyncio.create_task(peer._reap_idle())
         peer._watchdog = asyncio.create_task(peer._watch_compute())
-        log.info("KV budget %d token-layers", capacity)
+        log.info("KV budget %d token-layers", rt.budget.capacity)
         return peer
-
-    def export_metrics(self, config: MetricsConfig) -> MetricsServer:
-        """Count compute steps and error replies from now on, and serve them with the state
-        gauges at ``config``'s address (``p2pserve peer --metrics-port``); without this call the
-        peer keeps no metrics at all."""
-        metrics = PeerMetrics(self.metric_state)
-        self.metrics_server = serve_metrics(metrics.registry, config)
-        self.worker.metrics = self.handler.metrics = metrics
-        return self.metrics_server
 
     def metric_state(self) -> dict[str, float]:
         """The values of ``metrics.PEER_STATE`` now (read by the scrape thread: plain reads only)."""

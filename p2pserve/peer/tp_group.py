@@ -22,9 +22,9 @@ import sys
 import threading
 import time
 import weakref
-from dataclasses import dataclass
 from typing import Callable
 
+from p2pserve.config import TPConfig
 from p2pserve.errors import ConfigError, P2PServeError
 from p2pserve.model.spec import ModelSpec
 from p2pserve.model.tensor_parallel import TPShard, check_splittable
@@ -35,20 +35,6 @@ log = logging.getLogger(__name__)
 
 class GroupFailedError(P2PServeError):
     """A member of this peer's tensor-parallel group died or stopped answering."""
-
-
-@dataclass(frozen=True)
-class TPConfig:
-    """Tensor parallelism of one peer: one device per rank (``devices[0]`` is rank 0's)."""
-
-    devices: tuple[str, ...] = ("cpu",)
-    timeout_s: float = 60.0  # a collective (or a child's wait for the next message) longer than this fails
-    ping_s: float = 2.0  # idle rank 0 pings this often
-    num_threads: int | None = None  # torch threads per child
-
-    @property
-    def world(self) -> int:
-        return len(self.devices)
 
 
 def _free_port() -> int:
@@ -62,16 +48,16 @@ class TPGroup:
 
     def __init__(self, config: TPConfig, comm: TPComm, children: list[subprocess.Popen]):
         self.config, self.comm, self.children = config, comm, children
-        self.on_failure: Callable[[str], None] | None = None
-        comm.on_failure = self._failed
         self._ids = itertools.count(1)
         self._stop = threading.Event()
         self._watch = threading.Thread(target=self._watch_loop, name="p2pserve-tp-watch", daemon=True)
         self._watch.start()
 
     @classmethod
-    def start(cls, config: TPConfig, model_path: str, spec: ModelSpec) -> "TPGroup":
-        """Spawn ranks 1..N-1 and join them in a process group (blocking: call it in a thread)."""
+    def start(cls, config: TPConfig, model_path: str, spec: ModelSpec,
+              on_failure: Callable[[str], None] | None = None) -> "TPGroup":
+        """Spawn ranks 1..N-1 and join them in a process group (blocking: call it in a thread);
+        ``on_failure`` is told once if the group fails."""
         check_splittable(spec, config.world)
         if config.world < 2:
             raise ConfigError("a tensor-parallel group needs at least two devices")
@@ -86,7 +72,7 @@ class TPGroup:
             children.append(subprocess.Popen(cmd, stdin=subprocess.DEVNULL))
         try:
             comm = TPComm.connect(0, config.world, port, config.devices[0], spec.hidden_size, spec.dtype,
-                                  config.timeout_s)
+                                  config.timeout_s, on_failure)
         except Exception:
             for c in children:
                 c.kill()
@@ -109,10 +95,6 @@ class TPGroup:
         shard = TPShard.load_split(model_path, spec, start, end, device or self.config.devices[0], self.comm, shard_id)
         weakref.finalize(shard, self.comm.dropped_shards.append, shard_id)
         return shard
-
-    def _failed(self, reason: str) -> None:
-        if self.on_failure is not None:
-            self.on_failure(reason)
 
     def _watch_loop(self) -> None:
         while not self._stop.wait(0.2):

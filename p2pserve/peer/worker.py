@@ -77,7 +77,7 @@ class WorkerStats:
 class ComputeWorker:
     """Owns the shard and runs batches on a dedicated thread."""
 
-    def __init__(self, shard: Shard | None, throttle: TokenThrottle, budget: KVBudget):
+    def __init__(self, shard: Shard | None, throttle: TokenThrottle, budget: KVBudget, metrics=None):
         self.shard = shard
         self.throttle = throttle
         self.budget = budget
@@ -91,7 +91,7 @@ class ComputeWorker:
         self._busy = False  # a step is running (on this thread or inline on the caller's)
         self._step_since: float | None = None  # time.monotonic() when the running step began
         self.restarts = 0  # compute threads started again by ``revive``
-        self.metrics = None  # a p2pserve.metrics.PeerMetrics when the peer exports metrics
+        self.metrics = metrics  # a p2pserve.metrics.PeerMetrics when the peer exports metrics
         self._thread = self._new_thread()
 
     def _new_thread(self) -> threading.Thread:

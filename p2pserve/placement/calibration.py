@@ -69,7 +69,8 @@ def held_back_placements(topo: Topology, plans: Mapping[str, Mapping[int, tuple[
         out[f"tiered{j}"] = p
     for name, p in plans.items():
         out[name] = dict(p)
-        for j, q in enumerate(perturbations(topo, p, per_plan, moves, seed + j)):
+        # the seed's j is the previous loop's (kept as it is: it fixes the published calibration)
+        for j, q in enumerate(perturbations(topo, p, per_plan, moves, seed + j)):  # pyright: ignore[reportPossiblyUnboundVariable]
             out[f"{name}~{j}"] = q
     return {k: v for k, v in out.items() if v and not validate_placement(topo, v)}
 

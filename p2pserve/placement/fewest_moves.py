@@ -37,7 +37,7 @@ class _MoveScore:
     """
 
     def __init__(self, topo: Topology, current: Mapping[str, tuple[int, int]],
-                 value: Callable[[Mapping[int, tuple[int, int]]], float], target: float) -> None:
+                 value: Callable[[Placement], float], target: float) -> None:
         self.topo, self.current, self.value, self.target = topo, current, value, target
         self.big = float(topo.num_layers * max(1, topo.num_nodes) + 1)  # more than any reload
         self.cur_idx = by_index(topo, current)
@@ -96,7 +96,7 @@ class _MoveScore:
 def fewest_moves_within(
     topo: Topology,
     current: Mapping[str, tuple[int, int]],
-    value: Callable[[Mapping[int, tuple[int, int]]], float],
+    value: Callable[[Placement], float],
     target: float,
     starts: list[Mapping[int, tuple[int, int]]],
     time_limit_s: float,
@@ -135,7 +135,9 @@ def _priced_rounds(topo: Topology, ms: _MoveScore, best: Placement, low: Placeme
     cliff. Each round climbs from two sides: down from the fewest-moves placement that reaches
     the target, and up from ``low``. The price rises while the rounds find nothing cheaper,
     falls when they overshoot the target."""
-    slack = max(ms.valid_value(best) - ms.target, 0.01 * abs(ms.target), 1e-12)
+    best_value = ms.valid_value(best)
+    assert best_value is not None, "best is a valid placement"
+    slack = max(best_value - ms.target, 0.01 * abs(ms.target), 1e-12)
     price = slack / max(1, ms.moves(best))  # dropping every move would cost exactly the slack
     rounds = 0
     while in_time() and ms.moves(best) > 0:

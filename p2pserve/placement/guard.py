@@ -62,4 +62,4 @@ def guard(final: Placement, baselines: Mapping[str, Placement], check: Check) ->
         scores[name] = float(check(p))
         if scores[name] > scores[best_name]:
             best_name, best = name, p
-    return GuardResult(best_name, {i: tuple(r) for i, r in best.items()}, scores)
+    return GuardResult(best_name, {i: (r[0], r[1]) for i, r in best.items()}, scores)

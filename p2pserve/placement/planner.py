@@ -142,7 +142,7 @@ def make_solution(
     stats: dict | None = None,
 ) -> Solution:
     """Wrap a placement into a :class:`Solution` with flows, bounds and estimates."""
-    placement = {i: tuple(r) for i, r in placement.items()}
+    placement = {i: (r[0], r[1]) for i, r in placement.items()}
     fr = max_flow(topo, placement, config.partial)
     est = estimate(topo, placement, fr, config.workload, config.partial)
     ub = topo.upper_bound()
@@ -255,7 +255,7 @@ def _starts(topo: Topology, current: Mapping[int, tuple[int, int]] | None) -> di
     """The valid candidate placements the search starts from, by name."""
     starts: dict[str, dict[int, tuple[int, int]]] = {}
     if current:
-        starts["current"] = {i: tuple(r) for i, r in current.items() if 0 <= i < topo.num_nodes}
+        starts["current"] = {i: (r[0], r[1]) for i, r in current.items() if 0 <= i < topo.num_nodes}
     starts.update(all_heuristics(topo))
     starts["balanced_chain"] = balanced_chain(topo)
     starts = {k: v for k, v in starts.items() if v and not validate_placement(topo, v)}

@@ -66,7 +66,7 @@ def _layers_at_flow(topo: Topology, order: list[int], F: float) -> list[int]:
 
 def _fewest_moves_cut(
     L: int, order: list[int], kmax: list[int], old: Mapping[int, tuple[int, int]]
-) -> tuple[int, dict[int, tuple[int, int]]] | None:
+) -> tuple[float, dict[int, tuple[int, int]]] | None:
     """The cut of ``[0, L)`` over ``order`` (node j holding at most ``kmax[j]`` layers, or
     none) that loads the fewest new layers: (layers loaded, placement), or None if none covers."""
     # dp[b] = fewest moved layers with the first j nodes covering [0, b)

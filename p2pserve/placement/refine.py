@@ -46,7 +46,7 @@ def refine(topo: Topology, start: Mapping[int, tuple[int, int]], check: Callable
     """
     rng = random.Random(seed)
     movable = list(range(topo.num_nodes))
-    best: Placement = {i: tuple(r) for i, r in start.items()}
+    best: Placement = {i: (r[0], r[1]) for i, r in start.items()}
     best_s = start_s = float(check(best))
     seen = {_key(best)}
     used, improvements, tries = 1, 0, 0

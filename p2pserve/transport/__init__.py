@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, Coroutine, Protocol, Sequence, runtime_checkable
 
 from p2pserve.types import PeerId
 
@@ -28,7 +28,7 @@ from p2pserve.types import PeerId
 #: ``remote`` is the authenticated peer id of whoever opened the stream (libp2p authenticates it;
 #: the direct path inherits it from the libp2p stream that issued its token). Peers key per-owner
 #: quotas by it.
-StreamHandler = Callable[[asyncio.StreamReader, Any, str], Awaitable[None]]
+StreamHandler = Callable[[asyncio.StreamReader, Any, str], Coroutine[Any, Any, None]]
 
 
 @dataclass(eq=False)  # one stream is one connection: identity, hashable (weak sets of streams)
@@ -58,6 +58,7 @@ class Transport(Protocol):
     @property
     def peer_id(self) -> str:
         """This node's own peer id."""
+        ...
 
     async def open_stream(self, peer_id: PeerId, maddrs: Sequence[str], protocol: str, timeout_s: float) -> Stream:
         """Dial ``peer_id`` (at ``maddrs`` when given) and open a stream for ``protocol``.
@@ -65,6 +66,7 @@ class Transport(Protocol):
         Raises ``ConnectionError`` (or ``TimeoutError`` after ``timeout_s``) when the peer cannot
         be reached or does not serve the protocol.
         """
+        ...
 
     async def serve(self, protocol: str, handler: StreamHandler) -> None:
         """Answer every inbound stream of ``protocol`` with ``handler``."""

@@ -8,6 +8,7 @@ torch, and nothing about sessions. Layout and limits are defined in ``protocol.p
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import msgspec
 import torch
@@ -25,7 +26,7 @@ def tensor_to_wire(t: torch.Tensor) -> tuple[TensorMeta, memoryview]:
     t = t.detach().contiguous().cpu()
     if t.dtype not in _DTYPE_NAMES:
         raise TypeError(f"cannot send tensors of dtype {t.dtype}")
-    raw = t.view(torch.uint8).reshape(-1).numpy() if t.numel() else b""
+    raw: Any = t.view(torch.uint8).reshape(-1).numpy() if t.numel() else b""  # an ndarray exports its buffer
     data = memoryview(raw)
     return TensorMeta(dtype=_DTYPE_NAMES[t.dtype], shape=list(t.shape), nbytes=len(data)), data
 
@@ -40,7 +41,7 @@ def tensor_from_wire(meta: TensorMeta, payload: bytes | bytearray) -> torch.Tens
     return torch.frombuffer(buf, dtype=dtype).reshape(meta.shape)
 
 
-async def write_frame(writer: asyncio.StreamWriter, message: msgspec.Struct, payload=b"") -> None:
+async def write_frame(writer: asyncio.StreamWriter, message: msgspec.Struct, payload: bytes | memoryview = b"") -> None:
     """Write one frame and wait until the transport accepted it."""
     prefix, header, body = encode_frame(message, payload)
     if len(body) <= _COALESCE_BYTES:

@@ -52,7 +52,8 @@ class Libp2pTransport:
             return
         # The daemon wants transport addresses; the /p2p/<id> suffix goes in peer_id.
         addrs = [Multiaddr(m.split("/p2p/")[0]) for m in maddrs]
-        await self.p2p._client.connect(PeerID.from_base58(peer_id), addrs)
+        # hivemind annotates _client as None (it is set when the daemon starts)
+        await self.p2p._client.connect(PeerID.from_base58(peer_id), addrs)  # pyright: ignore[reportAttributeAccessIssue]
 
     async def open_stream(self, peer_id: PeerId, maddrs: Sequence[str], protocol: str, timeout_s: float) -> Stream:
         """Dial and open a binary stream, both within ``timeout_s``."""

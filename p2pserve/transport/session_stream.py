@@ -51,7 +51,7 @@ class SessionStream:
             raise ConnectionError(f"stream to {self.label} is closed")
         return self.stream
 
-    async def call(self, msg, payload=b"") -> tuple[object, bytes]:
+    async def call(self, msg, payload: bytes | memoryview = b"") -> tuple[object, bytes]:
         """Send ``msg`` (with ``payload``) and return the reply and its payload bytes, within
         ``timeout_s``; an ``ErrorReply`` is raised as its typed error."""
         stream = self._open_stream()
@@ -66,7 +66,7 @@ class SessionStream:
             raise error_from_reply(reply.code, reply.message, peer=self.peer_id)
         return reply, body
 
-    async def send(self, msg, payload=b"") -> None:
+    async def send(self, msg, payload: bytes | memoryview = b"") -> None:
         """Write one request frame (no timeout: a caller that needs one wraps it)."""
         await write_frame(self._open_stream().writer, msg, payload)
 

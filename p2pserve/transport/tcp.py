@@ -244,7 +244,7 @@ class DirectListener:
     port forward in front of this listener, see :class:`DirectAddress`).
     """
 
-    def __init__(self, handler: StreamHandler, peer_id: PeerId, hosts: list[str], port: int = 0,
+    def __init__(self, handler: StreamHandler | None, peer_id: PeerId, hosts: list[str], port: int = 0,
                  token_ttl_s: float = 30.0, attach_timeout_s: float = 10.0, tls: Optional[DirectTLS] = None,
                  announce_port: Optional[int] = None):
         self.handler = handler
@@ -257,8 +257,15 @@ class DirectListener:
         self.attach_timeout_s = attach_timeout_s
         self._servers: list[asyncio.base_events.Server] = []
 
-    async def start(self) -> int:
-        """Listen with TLS on every host at one port (the first bind picks it when ``port`` is 0)."""
+    async def start(self, handler: StreamHandler | None = None) -> int:
+        """Listen with TLS on every host at one port (the first bind picks it when ``port`` is 0).
+
+        ``handler`` serves the attached connections when the listener was built without one (a
+        peer's session handler offers this listener's path, so it is built after it)."""
+        if handler is not None:
+            self.handler = handler
+        if self.handler is None:
+            raise ValueError("a DirectListener needs a stream handler to start")
         if self.tls is None:
             self.tls = DirectTLS.generate()
         for host in self.hosts:
@@ -309,6 +316,7 @@ class DirectListener:
             log.info("direct connection dropped before attaching: %s", e)
             writer.close()
             return
+        assert self.handler is not None, "start() made sure of a handler"
         try:
             await self.handler(reader, writer, holder)
         except OSError as e:  # a TLS record that fails to decrypt ends the connection, nothing more

@@ -31,7 +31,7 @@ from p2pserve.client.generation import Generation
 from p2pserve.client.model_info import LocalModelInfo
 from p2pserve.client.params import GenerationParams
 from p2pserve.client.pipeline import Pipeline
-from p2pserve.client.push import PushConfig
+from p2pserve.config import PushConfig
 from p2pserve.client.route_providers import ChainListRoutes
 from p2pserve.config import ClientConfig
 from p2pserve.protocol import FRAME_PREFIX, ErrorReply, Forward, PushForward, PushHop, SamplingParams, decode_reply
@@ -48,7 +48,7 @@ from tests.harness import client_node, reference_generate
 pytestmark = pytest.mark.integration
 
 RANGES = [(0, 3), (3, 6), (6, 8), (6, 8), (6, 8)]  # three replicas of the last hop: two of them die
-CONFIG = ClientConfig(hop_timeout_s=60.0, max_retries=3, ban_base_s=30.0)
+CONFIG = ClientConfig(hop_timeout_s=60.0, max_retries=3, ban_base_s=30.0, verify_share=0.0)
 GREEDY = GenerationParams(max_new_tokens=12, ignore_eos=True)
 RING = PushConfig(enabled=True, ring=True)  # pushed by the rule (slow links), as a ring
 

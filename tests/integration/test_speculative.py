@@ -11,7 +11,7 @@ from p2pserve.client.drafts import DraftModel, PromptLookup
 from p2pserve.client.generation import generate
 from p2pserve.client.model_info import LocalModelInfo
 from p2pserve.client.params import GenerationParams
-from p2pserve.client.speculative import SpeculativeConfig
+from p2pserve.config import SpeculativeConfig
 from tests.harness import client_node, open_chain_pipeline, reference_generate, start_peers
 
 pytestmark = pytest.mark.integration

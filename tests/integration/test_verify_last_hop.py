@@ -21,7 +21,7 @@ import pytest
 
 from p2pserve.client.api import AsyncClient
 from p2pserve.client.model_info import LocalModelInfo
-from p2pserve.client.speculative import SpeculativeConfig
+from p2pserve.config import SpeculativeConfig
 from p2pserve.config import ClientConfig
 from p2pserve.launch import start_peers
 from tests import dishonest

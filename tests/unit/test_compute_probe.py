@@ -6,7 +6,8 @@ import pytest
 
 from p2pserve.config import CoordinatorConfig
 from p2pserve.coordinator import claims
-from p2pserve.coordinator.compute_probe import ComputeProbeConfig, ComputeProber, due, rate_from
+from p2pserve.coordinator.compute_probe import ComputeProber, due, rate_from
+from p2pserve.config import ComputeProbeConfig
 from p2pserve.dht.records import MAX_TOKENS_PER_S, PeerInfo
 from p2pserve.dht.reports import ObservedRate, ServiceReports
 

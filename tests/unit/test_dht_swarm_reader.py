@@ -116,7 +116,7 @@ def test_config_file_and_flags(tmp_path):
 
 
 def test_merge_flags_given_win_even_when_zero_or_empty():
-    from p2pserve.swarm_file import merge
+    from p2pserve.config.swarm_file import merge
 
     assert merge({"a": 1, "b": 2, "c": None}, {"a": 0, "b": None, "d": ()}) == {"a": 0, "b": 2, "d": ()}
 
@@ -125,7 +125,7 @@ def test_flag_set_to_zero_overrides_a_nonzero_file_value(tmp_path):
     import argparse
 
     from p2pserve.cli.coordinator import add_arguments, coordinator_config
-    from p2pserve.swarm_file import SwarmFile
+    from p2pserve.config.swarm_file import SwarmFile
 
     path = tmp_path / "s.json"
     path.write_text(json.dumps({
@@ -149,7 +149,7 @@ def test_flag_set_to_zero_overrides_a_nonzero_file_value(tmp_path):
 
 
 def test_swarm_file_is_validated(tmp_path):
-    from p2pserve.swarm_file import SwarmFile
+    from p2pserve.config.swarm_file import SwarmFile
 
     (tmp_path / "typo.toml").write_text('model = "m"\n[timing]\npeer_refesh = 1.0\n')
     with pytest.raises(ConfigError, match="peer_refesh"):

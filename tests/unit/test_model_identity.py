@@ -53,7 +53,7 @@ def _parse(module, argv):
 def test_peer_coordinator_status_and_client_flags_meet_on_one_name(ckpt, tmp_path):
     from p2pserve.cli import api, coordinator, peer, status
     from p2pserve.cli.common import model_name_from_args
-    from p2pserve.swarm_file import SwarmFile
+    from p2pserve.config.swarm_file import SwarmFile
 
     none = SwarmFile()
     want = load_spec(ckpt).model_id
@@ -74,7 +74,7 @@ def test_peer_coordinator_status_and_client_flags_meet_on_one_name(ckpt, tmp_pat
 
 def test_the_coordinator_reads_the_shape_from_a_folder_and_flags_win(ckpt):
     from p2pserve.cli import coordinator
-    from p2pserve.swarm_file import SwarmFile
+    from p2pserve.config.swarm_file import SwarmFile
 
     shape = coordinator.folder_shape(str(ckpt))
     assert (shape.num_layers, shape.activation_bytes) == (6, 64 * 4)

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import asyncio
+import dataclasses
 
 import msgspec
 import pytest
@@ -23,13 +24,14 @@ import torch
 from p2pserve.cli import build_parser
 from p2pserve.cli.api import client_from_args
 from p2pserve.client.pipeline import Pipeline
-from p2pserve.client.push import PushConfig
+from p2pserve.config import PushConfig
 from p2pserve.client.route_providers import ChainListRoutes
 from p2pserve.config import ClientConfig
 from p2pserve.dht.keys import RecordKind
 from p2pserve.dht.records import PeerInfo
 from p2pserve.errors import BadRequestError, ConfigError, MalformedFrameError
-from p2pserve.peer.forwarding import ForwardingConfig, check_route
+from p2pserve.peer.forwarding import check_route
+from p2pserve.config import ForwardingConfig
 from p2pserve.peer.next_hop import AnnouncedAddresses
 from p2pserve.protocol import (
     FRAME_PREFIX,
@@ -55,6 +57,9 @@ from tests.push_swarm import (  # noqa: F401 (model, swarm: fixtures)
     C,
     C2,
     CONFIG,
+    PEER,
+    SPANS,
+    Swarm,
     _generate,
     _open,
     _raw,
@@ -118,7 +123,9 @@ def test_the_push_flag_maps_to_the_rule():
     assert PushConfig.from_mode("on").use_push(2, False, [0.0, 0.0])
     with pytest.raises(ConfigError):
         PushConfig.from_mode("sometimes")
-    assert ClientConfig().push is None and ClientConfig(push=PUSH).push is PUSH
+    assert ClientConfig().push == PushConfig() and ClientConfig(push=PUSH, verify_share=0).push is PUSH
+    with pytest.raises(ConfigError):  # a verified route is never pushed: refused, not silently client-driven
+        ClientConfig(push=PushConfig(enabled=True))
     for command in ("chat", "api"):
         fixed = (command, "--initial-peers", "/ip4/127.0.0.1/tcp/1/p2p/QmA")
         assert client_from_args(build_parser(command).parse_args(fixed)).config.push == PushConfig()
@@ -268,27 +275,30 @@ def test_a_next_hop_that_cannot_be_dialled_is_the_one_named(swarm):
     assert got == ref and [f.hop.peer_id for f in pipeline.failures] == [C]
 
 
-def test_a_hung_hop_is_named_by_its_predecessor_not_blamed_on_the_first(swarm):
+def test_a_hung_hop_is_named_by_its_predecessor_not_blamed_on_the_first(model):
     """Timeouts shrink along the chain (one ``call_timeout_s`` per hop still to run): when the last
     hop hangs, its predecessor times out first and names it."""
-    routes = ChainListRoutes([[swarm.hops[A], swarm.hops[B], swarm.hops[C]],
-                              [swarm.hops[A], swarm.hops[B], swarm.hops[C2]]])
-    for pid in (A, B):
-        swarm.handlers[pid].forwarder.config = ForwardingConfig(call_timeout_s=0.5)
+    short = dataclasses.replace(PEER, forwarding=ForwardingConfig(call_timeout_s=0.5))
+    swarm = Swarm(model, SPANS, configs={A: short, B: short})
+    try:
+        routes = ChainListRoutes([[swarm.hops[A], swarm.hops[B], swarm.hops[C]],
+                                  [swarm.hops[A], swarm.hops[B], swarm.hops[C2]]])
 
-    async def hang(*_args):
-        await asyncio.sleep(3600)
+        async def hang(*_args):
+            await asyncio.sleep(3600)
 
-    swarm.handlers[C].forwarder.push = hang
+        swarm.handlers[C].forwarder.push = hang  # fault injection: C takes pushes and never answers
 
-    async def main():
-        ref, _ = await _generate(swarm, ChainListRoutes([routes.chains[1]]), PushConfig(), [2, 2, 2], 4)
-        got, p = await _generate(swarm, routes, PUSH, [2, 2, 2], 4)
-        return ref, got, p
+        async def main():
+            ref, _ = await _generate(swarm, ChainListRoutes([routes.chains[1]]), PushConfig(), [2, 2, 2], 4)
+            got, p = await _generate(swarm, routes, PUSH, [2, 2, 2], 4)
+            return ref, got, p
 
-    ref, got, pipeline = asyncio.run(main())
-    assert got == ref and [f.hop.peer_id for f in pipeline.failures] == [C]
-    assert "TimeoutError" in pipeline.failures[0].reason
+        ref, got, pipeline = asyncio.run(main())
+        assert got == ref and [f.hop.peer_id for f in pipeline.failures] == [C]
+        assert "TimeoutError" in pipeline.failures[0].reason
+    finally:
+        swarm.stop()
 
 
 def test_hostile_routes_get_typed_errors_naming_the_hop(swarm):

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import asyncio
+import dataclasses
 
 import msgspec
 import pytest
@@ -23,10 +24,10 @@ from p2pserve.cli.api import client_from_args
 from p2pserve.client.generation import Generation
 from p2pserve.client.params import GenerationParams
 from p2pserve.client.pipeline import Pipeline
-from p2pserve.client.push import PushConfig
+from p2pserve.config import PushConfig
 from p2pserve.client.route_providers import ChainListRoutes
 from p2pserve.errors import BadRequestError, MalformedFrameError
-from p2pserve.peer.forwarding import ForwardingConfig
+from p2pserve.config import ForwardingConfig
 from p2pserve.peer.ring import RingState, check_grant, ring_position
 from p2pserve.protocol import (
     MAX_RING_STOP_TOKENS,
@@ -47,6 +48,7 @@ from tests.push_swarm import (  # noqa: F401 (model, swarm: fixtures)
     C,
     C2,
     CONFIG,
+    PEER,
     Swarm,
     _generate,
     _open,
@@ -339,9 +341,9 @@ def test_a_first_hop_that_hangs_on_ring_steps_is_named_by_the_last(model):
     no ack in ``call_timeout_s`` and answers the client's wait naming A, which is banned and
     routed around; the output is unchanged."""
     A2 = "QmPeerF"
-    s = Swarm(model, {A: (0, 1), A2: (0, 1), B: (1, 2), C: (2, 3)})
+    s = Swarm(model, {A: (0, 1), A2: (0, 1), B: (1, 2), C: (2, 3)},
+              configs={C: dataclasses.replace(PEER, forwarding=ForwardingConfig(call_timeout_s=0.5))})
     try:
-        s.handlers[C].forwarder.config = ForwardingConfig(call_timeout_s=0.5)
         honest = s.handlers[A].forwarder.push
 
         async def hang_on_ring_steps(msg, payload, stream, remote, run_local):

@@ -14,7 +14,8 @@ from p2pserve.client.api import AsyncClient
 from p2pserve.client.connection import HopConnection
 from p2pserve.client.drafts import DraftModel, PromptLookup, check_speculative, make_drafter
 from p2pserve.client.hop import Hop
-from p2pserve.client.speculative import SpeculationTuner, SpeculativeConfig, accept, choose_k, expected_tokens
+from p2pserve.client.speculative import SpeculationTuner, accept, choose_k, expected_tokens
+from p2pserve.config import SpeculativeConfig
 from p2pserve.config import ClientConfig
 from p2pserve.errors import BadRequestError, ConfigError, MalformedFrameError, UnknownModelError
 from p2pserve.peer.forward_checks import check_forward

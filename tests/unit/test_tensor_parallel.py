@@ -14,7 +14,8 @@ from p2pserve.model.shard import Segment, Shard
 from p2pserve.model.spec import load_spec
 from p2pserve.model.tensor_parallel import check_splittable, local_spec, slice_layer
 from p2pserve.peer.kv_cache import SequenceCache
-from p2pserve.peer.tp_group import TPConfig, TPGroup, parse_gpus, tp_devices
+from p2pserve.peer.tp_group import TPGroup, parse_gpus, tp_devices
+from p2pserve.config import TPConfig
 
 
 def test_slices_of_all_ranks_put_together_are_the_layer(model_dir):

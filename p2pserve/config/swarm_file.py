@@ -27,7 +27,7 @@ class _FileTable(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_field
         return {f: getattr(self, f) for f in self.__struct_fields__ if getattr(self, f) is not None}
 
 
-class Timing(_FileTable):
+class Timing(_FileTable, frozen=True):
     """``[timing]``: refresh periods (seconds) of every member; each record lives
     ``max(2 x refresh, max_clock_skew)``."""
 
@@ -41,7 +41,7 @@ class Timing(_FileTable):
     handover_max_wait: Optional[float] = None
 
 
-class ModelSettings(_FileTable):
+class ModelSettings(_FileTable, frozen=True):
     """``[models."<name>"]``: what a coordinator needs to plan one model."""
 
     num_layers: Optional[int] = None
@@ -52,7 +52,7 @@ class ModelSettings(_FileTable):
     solve_time_limit: Optional[float] = None
 
 
-class SwarmFile(_FileTable):
+class SwarmFile(_FileTable, frozen=True):
     """What every member of one swarm must agree on: its id, bootstrap addresses, trusted
     coordinator keys, the members' peer ids if it admits only those, refresh periods and, per model, the coordinator's planning settings."""
 
