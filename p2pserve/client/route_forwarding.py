@@ -13,7 +13,8 @@ import time
 from typing import Optional, Sequence
 
 from p2pserve.client.connection import HopConnection
-from p2pserve.client.push import PushConfig, PushedRoute
+from p2pserve.client.push import PushedRoute
+from p2pserve.config import PushConfig
 from p2pserve.client.ring import RingRoute
 from p2pserve.protocol import Forward
 

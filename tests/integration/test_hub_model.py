@@ -25,7 +25,7 @@ from p2pserve.client.model_info import LocalModelInfo
 from p2pserve.launch import Child
 from p2pserve.model.spec import load_spec
 from p2pserve.model.tiny_families import build_family_model
-from p2pserve.swarm_file import SwarmFile, Timing
+from p2pserve.config.swarm_file import SwarmFile, Timing
 from p2pserve.testing.fake_hub import FakeHub, shard_by_layer
 from tests.harness import reference_generate
 from tests.integration.processes import REPO
