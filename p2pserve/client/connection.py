@@ -32,7 +32,7 @@ from p2pserve.protocol import (
     SessionOpened,
     TensorMeta,
 )
-from p2pserve.transport import Transport
+from p2pserve.transport import Stream, Transport
 from p2pserve.transport.frames import tensor_from_wire, tensor_to_wire
 from p2pserve.transport.session_stream import SessionStream, open_session_stream
 
@@ -41,16 +41,18 @@ class HopConnection(SessionStream):
     """A session stream to one peer carrying one hop: open, forward, close.
 
     ``timeout_s`` bounds every round trip (a prefill included); ``connect_timeout_s`` bounds
-    dialling the peer and opening the stream.
+    dialling the peer and opening the stream. ``stream`` and ``session_id`` make it carry a
+    session already open on another connection's stream (a verifier's witness replays).
     """
 
     def __init__(self, transport: Transport, hop: Hop, limits: FrameLimits, timeout_s: float,
-                 connect_timeout_s: float = 20.0):
-        super().__init__(hop.peer_id, limits, timeout_s, label=str(hop))
+                 connect_timeout_s: float = 20.0, *, stream: Optional[Stream] = None,
+                 session_id: Optional[str] = None):
+        super().__init__(hop.peer_id, limits, timeout_s, stream=stream, label=str(hop))
         self.transport = transport
         self.hop = hop
         self.connect_timeout_s = connect_timeout_s
-        self.session_id: Optional[str] = None
+        self.session_id: Optional[str] = session_id
         self.opened: Optional[SessionOpened] = None
         self.open_rtt_s: Optional[float] = None
 

@@ -338,11 +338,11 @@ class SessionHandler:
             future=loop.create_future(),
             loop=loop,
             logit_rows=msg.outputs,
+            # The session is busy until the worker is done with this job (``SessionTable.settle``),
+            # not merely until this handler stops waiting: a retry after a timeout must not put a
+            # second job on the same cache, nor a Close release KV the worker still writes into.
+            on_settled=self.table.settle,
         )
-        # The session is busy until the worker is done with this job (``SessionTable.settle``),
-        # not merely until this handler stops waiting: a retry after a timeout must not put a
-        # second job on the same cache, nor a Close release KV the worker still writes into.
-        job.on_settled = self.table.settle
         session.job = job
         # A lone decode token, or a lone speculative step (only the tokens it verifies), runs inline.
         # A background session (a witness replay) neither runs inline nor ends another session's

@@ -12,6 +12,7 @@ from __future__ import annotations
 import random
 import time
 from collections import deque
+from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
 from p2pserve.sim.batching import CapsPolicy
@@ -26,6 +27,26 @@ from p2pserve.sim.request import Query, Stage
 from p2pserve.sim.schedulers.base import Scheduler
 from p2pserve.sim.transport import ClientRelay, TransportConfig, draw_accepted
 from p2pserve.types import SINK_INDEX, SOURCE_INDEX
+
+
+Listener = Callable[[Query], None]
+
+
+@dataclass
+class QueryHooks:
+    """Who a simulation tells about its queries, in order of subscription: the offline feeder
+    (``run.attach_offline``) and the prefill/decode split (``sim/disagg.py``) subscribe here."""
+
+    done: list[Listener] = field(default_factory=list)  # a query finished decoding
+    prompt_done: list[Listener] = field(default_factory=list)  # a query's prompt left its last stage
+    # a prefilled query took its decode route (the split moves its KV); none: its KV is assumed there
+    decode_route: list[Listener] = field(default_factory=list)
+
+
+def tell(listeners: list[Listener], query: Query) -> None:
+    """Call each of ``listeners`` with ``query``."""
+    for fn in listeners:
+        fn(query)
 
 
 class ClusterSim:
@@ -59,9 +80,7 @@ class ClusterSim:
         self.submitted = 0
         self.routed = 0
         self.depth_total = 0
-        self.on_query_done: Callable[[Query], None] | None = None
-        self.on_prompt_done: Callable[[Query], None] | None = None
-        self.on_decode_route: Callable[[Query], None] | None = None  # moves a prefilled query's KV (sim/disagg.py)
+        self.hooks = QueryHooks()
         self._speed_prior = dict(speed_prior or {})
         policy = batch_policy if batch_policy is not None else CapsPolicy()
         self._policy = policy
@@ -137,8 +156,8 @@ class ClusterSim:
         self.depth_total += len(route)
         if query.prefilled:  # its prompt ran on other nodes: decode from the first step
             self._begin_decode(query)
-            if self.on_decode_route is not None:
-                self.on_decode_route(query)
+            if self.hooks.decode_route:
+                tell(self.hooks.decode_route, query)
             else:
                 self.start_decode(query)
             return True
@@ -229,8 +248,7 @@ class ClusterSim:
                 j.prompt_done = now
                 rec.prompt(now, now - j.arrival)
                 self._begin_decode(j)
-                if self.on_prompt_done is not None:
-                    self.on_prompt_done(j)
+                tell(self.hooks.prompt_done, j)
             else:
                 made = 1 + draw_accepted(self._spec_rng, self.transport.acceptance, j.tokens - 1)
                 rec.decode(now, now - j.job_start, made)
@@ -258,8 +276,7 @@ class ClusterSim:
         self.scheduler.on_finish(query)
         self._count_running(query, -1)  # counted when its decode began (every finished query did)
         self.retry_pending()
-        if self.on_query_done is not None:
-            self.on_query_done(query)
+        tell(self.hooks.done, query)
 
     # ------------------------------------------------------------ results
     def result(self, wall_s: float, extra: dict | None = None) -> SimResult:

@@ -21,12 +21,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
-from typing import Callable
 
 import numpy as np
 
 from p2pserve.errors import ConfigError
-from p2pserve.sim.cluster import ClusterSim
+from p2pserve.sim.cluster import ClusterSim, QueryHooks, tell
 from p2pserve.sim.link import Link
 from p2pserve.sim.metrics import SimResult
 from p2pserve.sim.request import Query, Stage
@@ -76,7 +75,7 @@ class KvTransfer:
         self.bytes = 0.0
         self.prompt_tokens = 0  # prompt tokens whose KV was sent (every layer of each, once)
         self.seconds: list[float] = []  # per query, start to last part delivered
-        decode.on_decode_route = self.start
+        decode.hooks.decode_route.append(self.start)
 
     def start(self, query: Query) -> None:
         """``query`` has its decode route: send every part of its KV."""
@@ -121,8 +120,9 @@ class SplitSim:
         self.loop = self.prefill.loop
         self.transfer = KvTransfer(self.decode, kv_bytes)
         self._outputs: dict[int, int] = {}
-        self.prefill.on_query_done = self._prompt_done
-        self.on_prompt_done: Callable[[Query], None] | None = None  # as ClusterSim's, for the feeder
+        self.prefill.hooks.done.append(self._prompt_done)
+        # as ClusterSim's, for the feeder: a query is done when its decode side is
+        self.hooks = QueryHooks(done=self.decode.hooks.done)
 
     # What ``run.attach_offline`` reads of a ClusterSim, over both sides.
     def submit(self, query: Query) -> bool:
@@ -143,20 +143,11 @@ class SplitSim:
         """The fuller side's most used layer (the offline feeding rule reads it)."""
         return max(self.prefill.kv.max_layer_usage(), self.decode.kv.max_layer_usage())
 
-    @property
-    def on_query_done(self) -> Callable[[Query], None] | None:
-        return self.decode.on_query_done
-
-    @on_query_done.setter
-    def on_query_done(self, fn: Callable[[Query], None] | None) -> None:
-        self.decode.on_query_done = fn
-
     def _prompt_done(self, q: Query) -> None:
         d = Query(q.qid, q.input_len, self._outputs.pop(q.qid), q.arrival)
         d.prefilled, d.prompt_route, d.prompt_done = True, q.route, q.prompt_done
         self.decode.submit(d)
-        if self.on_prompt_done is not None:
-            self.on_prompt_done(q)
+        tell(self.hooks.prompt_done, q)
 
     def result(self, wall_s: float, extra: dict) -> SimResult:
         """The decode side's figures, with the prompt latencies of the prefill side."""

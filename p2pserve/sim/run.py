@@ -167,8 +167,8 @@ def attach_offline(sim, sampler: LengthSampler, feeding: OfflineFeeding) -> None
             sim.submit(new_query())
         top_up()
 
-    sim.on_query_done = lambda q: top_up()
-    sim.on_prompt_done = lambda q: top_up()
+    sim.hooks.done.append(lambda q: top_up())
+    sim.hooks.prompt_done.append(lambda q: top_up())
     sim.loop.at(0.0, start)
 
 

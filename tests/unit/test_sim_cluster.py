@@ -106,7 +106,7 @@ def test_every_query_finishes_once_with_all_its_tokens(scheduler, throttle, kv_m
     for q in queries:
         sim.loop.at(q.arrival, sim.submit, q)
     finished = []
-    sim.on_query_done = finished.append
+    sim.hooks.done.append(finished.append)
     sim.loop.run(float("inf"))
     assert sorted(q.qid for q in finished) == list(range(200))  # each exactly once
     assert sim.recorder.decode_tokens == sum(q.output_len for q in queries)

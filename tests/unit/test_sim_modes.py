@@ -91,7 +91,7 @@ def test_every_query_gets_exactly_its_tokens_with_speculation(mode):
     for q in queries:
         sim.loop.at(q.arrival, sim.submit, q)
     finished = []
-    sim.on_query_done = finished.append
+    sim.hooks.done.append(finished.append)
     sim.loop.run(float("inf"))
     assert sorted(q.qid for q in finished) == list(range(150))
     assert all(q.decoded == q.output_len for q in queries)

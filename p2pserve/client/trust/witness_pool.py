@@ -90,8 +90,8 @@ class WitnessPool:
             await entry.conn.connect()
             entry.sessions.clear()
         session = await self._session(entry, replica, max_length, sampling)
-        link = HopConnection(self.transport, replica, cfg.frame_limits, cfg.hop_timeout_s, cfg.connect_timeout_s)
-        link.stream, link.session_id = entry.conn.stream, session.session_id
+        link = HopConnection(self.transport, replica, cfg.frame_limits, cfg.hop_timeout_s, cfg.connect_timeout_s,
+                             stream=entry.conn.stream, session_id=session.session_id)
         replies = []
         for position, rows, dtype, payload, k in calls:
             meta = _meta(dtype, rows, payload)
