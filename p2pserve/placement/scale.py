@@ -11,7 +11,8 @@ there, and filling idle nodes one evaluation at a time ran past its time limit. 
 3. each *distinct* cell (:func:`cells.cell_key`: same nodes, same links) is solved once by the
    full planner with a work budget, first briefly (a valid plan within seconds), then with the
    full budget while time allows; equal cells reuse the plan;
-4. :mod:`stitch` unions the cell placements and sums their flows.
+4. :mod:`stitch` unions the cell placements and sums their flows, each cell's scaled so that
+   clients send it requests in proportion to what its KV cache holds.
 
 Work grows with the number of cells (linear in the swarm) and the distinct ones with the
 variety of hardware and links, not with the swarm's square. Small swarms (``direct_nodes`` or
@@ -29,7 +30,7 @@ from p2pserve.placement.cells import CELL_NODES, cell_key, cell_topologies, spli
 from p2pserve.placement.planner import PlannerConfig, plan_for_topology
 from p2pserve.placement.regions import LAN_LATENCY_S, find_regions
 from p2pserve.placement.solution import Solution, check_memory
-from p2pserve.placement.stitch import Flows, Placement, stitched_solution, to_global
+from p2pserve.placement.stitch import Flows, Placement, balance, stitched_solution, to_global
 from p2pserve.placement.topology import Topology
 
 
@@ -106,16 +107,20 @@ def plan_at_scale(topo: Topology, config: PlannerConfig | None = None, scale: Sc
         "distinct_cells": len(distinct), "improved_cells": improved, "stopped_by": stopped_by,
         "first_valid_s": first_valid, "cell_names": [[topo.nodes[i].name for i in c] for c in dec.cells],
     }}
-    return stitched_solution(topo, placement, flows, config, clock() - t0, "scale(cells)", stats)
+    return stitched_solution(topo, placement, flows, config, clock() - t0, "scale(cells)", stats,
+                             cells=dec.cells)
 
 
 def _union(dec: _Cells, plans: Mapping[Hashable, Solution]) -> tuple[Placement, Flows]:
     """Every cell's plan (by its key) in global indices, placements and flows merged."""
     placement: Placement = {}
-    flows: Flows = {}
+    parts: list[Flows] = []
     for cell, key in zip(dec.cells, dec.keys):
         p, f = to_global(cell, plans[key].assignments, plans[key].flows)
         placement.update(p)
+        parts.append(f)
+    flows: Flows = {}
+    for f in balance(parts, [plans[key].estimate.concurrency for key in dec.keys]):
         flows.update(f)
     return placement, flows
 

@@ -1,0 +1,131 @@
+"""The planner and the control plane at swarm scale, on generated clusters.
+
+For each size (default 100, 300 and 1,000 peers in 5 regions of A100, V100, L4 and T4; LAN inside
+a region, 100 Mb/s and 50 ms between regions; every node links to 8 nodes of other regions, as
+bounded probing measures; LLaMA-2-70B; default objective):
+
+* ``plan``: :func:`placement.scale.plan_at_scale` -- solve time, time to the first valid plan,
+  estimated decode tokens/s, its stitched flow, the upper and covering bounds;
+* ``baselines``: Petals-greedy, Swarm-even and separate pipelines on the whole swarm (one
+  max-flow over the whole graph each) and, with ``--today S``, today's planner
+  (``plan_for_topology``) with an S-second limit, its wall time (it overruns), decode;
+* ``replan``: 5% of the peers leave (seeded draw); :func:`placement.scale_churn.replan_after_leave`
+  -- time, layers loaded, decode against a fresh :func:`plan_at_scale` of the survivors;
+* ``records``: the plan as chunked DHT records (:mod:`coordinator.plan_chunks`): bytes of the
+  largest record against the limit, total bytes, and a delta's bytes after the re-plan.
+
+Ratios are printed against the best baseline measured in the same run. Timings are wall clock on
+whatever machine runs it (shared machines: noisy). ``python benchmarks/scale.py --sizes 100 300
+1000 --json benchmarks/results/scale.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+from p2pserve.helix.scale import five_regions, scale_cluster
+from p2pserve.helix.topology import topology_from_helix
+from p2pserve.placement.estimate import estimate
+from p2pserve.placement.heuristics import petals_greedy, separate_pipelines, swarm_even
+from p2pserve.placement.maxflow import max_flow
+from p2pserve.placement.moves import by_name
+from p2pserve.placement.planner import PlannerConfig, plan_for_topology
+from p2pserve.placement.scale import ScaleConfig, cells_by_name, plan_at_scale
+from p2pserve.placement.scale_churn import replan_after_leave
+from p2pserve.placement.solution import validate_placement
+from p2pserve.placement.topology import Topology
+
+MODEL = "llama2_70b"
+
+
+def _evaluate(topo: Topology, placement: dict[int, tuple[int, int]]) -> dict[str, float]:
+    """Max-flow over the whole graph and the decode estimate of a placement."""
+    t = time.perf_counter()
+    fr = max_flow(topo, placement)
+    est = estimate(topo, placement, fr)
+    return {"max_flow": fr.value, "decode": est.decode_tokens_per_s, "eval_s": time.perf_counter() - t,
+            "valid": not validate_placement(topo, placement)}
+
+
+def bench_size(n: int, args: argparse.Namespace) -> dict[str, Any]:
+    """Every planner figure for one generated cluster of ``n`` peers."""
+    out: dict[str, Any] = {"peers": n}
+    t = time.perf_counter()
+    topo = topology_from_helix(scale_cluster(five_regions(n), f"generated{n}", inter_sample=args.inter_sample),
+                               MODEL)
+    out["build_s"] = time.perf_counter() - t
+    out["links"] = len(topo.links)
+    cfg = PlannerConfig(seed=args.seed)
+    scale = ScaleConfig(cell_work=args.cell_work, time_limit_s=args.time_limit)
+    sol = plan_at_scale(topo, cfg, scale)
+    out["plan"] = {"solve_s": sol.solve_time_s, "decode": sol.estimate.decode_tokens_per_s,
+                   "stitched_flow": sol.max_flow, "upper_bound": sol.upper_bound,
+                   "covering_bound": sol.covering_bound, "mean_depth": sol.estimate.mean_depth,
+                   **{k: v for k, v in sol.stats["scale"].items() if k != "cell_names"}}
+    base = {"petals": petals_greedy(topo), "swarm": swarm_even(topo), "separate": separate_pipelines(topo)}
+    out["baselines"] = {k: _evaluate(topo, p) for k, p in base.items()}
+    if args.today:
+        t = time.perf_counter()
+        today = plan_for_topology(topo, PlannerConfig(seed=args.seed, time_limit_s=args.today))
+        out["baselines"]["today"] = {"decode": today.estimate.decode_tokens_per_s, "max_flow": today.max_flow,
+                                     "wall_s": time.perf_counter() - t, "limit_s": args.today}
+    best = max(v["decode"] for v in out["baselines"].values())
+    out["plan"]["decode_over_best_baseline"] = sol.estimate.decode_tokens_per_s / best if best > 0 else None
+    out["replan"] = bench_replan(topo, sol, cfg, scale, args)
+    return out
+
+
+def bench_replan(topo: Topology, sol: Any, cfg: PlannerConfig, scale: ScaleConfig,
+                 args: argparse.Namespace) -> dict[str, Any]:
+    """5% of the peers leave: the re-plan against a fresh plan of the survivors."""
+    rng = random.Random(args.seed)
+    gone = sorted(rng.sample(range(topo.num_nodes), max(1, round(0.05 * topo.num_nodes))))
+    after, _keep = topo.without(gone)
+    current = by_name(topo, sol.assignments)
+    r = replan_after_leave(after, current, cells_by_name(sol), cfg, work=args.replan_work)
+    fresh = plan_at_scale(after, cfg, scale)
+    actions: dict[str, int] = {}
+    for rep in r.repairs:
+        actions[rep.action] = actions.get(rep.action, 0) + 1
+    return {"left": len(gone), "replan_s": r.elapsed_s, "layers_moved": r.layers_moved,
+            "decode": r.plan.estimate.decode_tokens_per_s, "fresh_decode": fresh.estimate.decode_tokens_per_s,
+            "fresh_s": fresh.solve_time_s, "decode_over_fresh": r.plan.estimate.decode_tokens_per_s
+            / max(fresh.estimate.decode_tokens_per_s, 1e-9),
+            "valid": not validate_placement(after, r.plan.assignments), "cells": actions}
+
+
+def main() -> None:
+    """Run the sizes asked for, print the ratios, write the JSON."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sizes", type=int, nargs="+", default=[100, 300, 1000])
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--cell-work", type=int, default=ScaleConfig().cell_work)
+    ap.add_argument("--time-limit", type=float, default=ScaleConfig().time_limit_s)
+    ap.add_argument("--replan-work", type=int, default=150)
+    ap.add_argument("--inter-sample", type=int, default=8)
+    ap.add_argument("--today", type=float, default=0.0, help="also run today's planner with this limit (s)")
+    ap.add_argument("--json", type=Path, default=Path("benchmarks/results/scale.json"))
+    args = ap.parse_args()
+    results = {"sizes": []}
+    for n in args.sizes:
+        r = bench_size(n, args)
+        results["sizes"].append(r)
+        p, rp = r["plan"], r["replan"]
+        best = max(r["baselines"], key=lambda k: r["baselines"][k]["decode"])
+        print(f"{n} peers: solve {p['solve_s']:.1f} s (first valid {p['first_valid_s']:.1f} s), decode "
+              f"{p['decode']:.0f} tok/s = {p['decode_over_best_baseline']:.2f}x best baseline ({best} "
+              f"{r['baselines'][best]['decode']:.0f}); stitched flow {p['stitched_flow']:.0f} / covering bound "
+              f"{p['covering_bound']:.0f} = {p['stitched_flow'] / p['covering_bound']:.2f}")
+        print(f"   re-plan after {rp['left']} leave: {rp['replan_s']:.2f} s, {rp['layers_moved']} layers loaded, "
+              f"decode {rp['decode_over_fresh']:.2f}x a fresh plan ({rp['fresh_s']:.1f} s)")
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(results, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()
