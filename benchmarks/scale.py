@@ -22,12 +22,15 @@ whatever machine runs it (shared machines: noisy). ``python benchmarks/scale.py 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import random
 import time
 from pathlib import Path
 from typing import Any
 
+from p2pserve.dht.plan_chunks import CHUNK_LIMIT_BYTES, delta, encode, route_chunks, split_plan
+from p2pserve.dht.records import Flow, Plan, encode_record
 from p2pserve.helix.scale import five_regions, scale_cluster
 from p2pserve.helix.topology import topology_from_helix
 from p2pserve.placement.estimate import estimate
@@ -35,10 +38,11 @@ from p2pserve.placement.heuristics import petals_greedy, separate_pipelines, swa
 from p2pserve.placement.maxflow import max_flow
 from p2pserve.placement.moves import by_name
 from p2pserve.placement.planner import PlannerConfig, plan_for_topology
-from p2pserve.placement.scale import ScaleConfig, cells_by_name, plan_at_scale
+from p2pserve.placement.scale import ScaleConfig, cells_by_name, plan_at_scale, region_of_name
 from p2pserve.placement.scale_churn import replan_after_leave
 from p2pserve.placement.solution import validate_placement
 from p2pserve.placement.topology import Topology
+from p2pserve.types import SINK, SINK_INDEX, SOURCE, SOURCE_INDEX
 
 MODEL = "llama2_70b"
 
@@ -76,12 +80,47 @@ def bench_size(n: int, args: argparse.Namespace) -> dict[str, Any]:
                                      "wall_s": time.perf_counter() - t, "limit_s": args.today}
     best = max(v["decode"] for v in out["baselines"].values())
     out["plan"]["decode_over_best_baseline"] = sol.estimate.decode_tokens_per_s / best if best > 0 else None
-    out["replan"] = bench_replan(topo, sol, cfg, scale, args)
+    out["replan"], replanned = bench_replan(topo, sol, cfg, scale, args)
+    out["records"] = bench_records(sol, replanned)
     return out
 
 
+def _peer_id(name: str) -> str:
+    """A libp2p-length peer id (52 characters) for a node name, so record sizes are realistic."""
+    return ("12D3KooW" + hashlib.sha256(name.encode()).hexdigest())[:52]
+
+
+def _wire_plan(sol: Any, epoch: int) -> Plan:
+    """A solution as the wire Plan a coordinator would publish (targets = spans = ranges)."""
+    names = {i: _peer_id(n) for i, n in sol.node_names.items()}
+
+    def end(i: int) -> str:
+        return SOURCE if i == SOURCE_INDEX else SINK if i == SINK_INDEX else names[i]
+
+    ranges = {names[i]: r for i, r in sol.assignments.items()}
+    flows = [Flow(end(u), end(v), float(f)) for (u, v), f in sorted(sol.flows.items()) if f > 0]
+    return Plan(model=MODEL, epoch=epoch, leader_id=_peer_id("leader"), num_layers=80, targets=ranges, spans=ranges,
+                flows=flows, max_flow=sol.max_flow, upper_bound=sol.upper_bound, created_at=1.8e9)
+
+
+def bench_records(sol: Any, replanned: Any) -> dict[str, Any]:
+    """The plan as one record and as chunks per region; the delta after the re-plan."""
+    groups = {_peer_id(n): g for n, g in region_of_name(sol).items()}
+    plan = _wire_plan(sol, 1)
+    index, chunks = split_plan(plan, groups)
+    sizes = [len(encode(c)) for c in chunks]
+    after = _wire_plan(replanned, 2)
+    index2, chunks2 = split_plan(after, groups)
+    index2, fresh = delta(index, index2, chunks2)
+    return {"single_plan_bytes": len(encode_record(plan)), "chunks": len(chunks), "largest_chunk_bytes": max(sizes),
+            "total_chunk_bytes": sum(sizes), "index_bytes": len(encode(index)), "limit_bytes": CHUNK_LIMIT_BYTES,
+            "all_fit": max(sizes) <= CHUNK_LIMIT_BYTES, "route_bytes": len(encode(index)) + sum(
+                len(encode(c)) for c in chunks if c.name in set(route_chunks(index))),
+            "delta_chunks": len(fresh), "delta_bytes": len(encode(index2)) + sum(len(encode(c)) for c in fresh)}
+
+
 def bench_replan(topo: Topology, sol: Any, cfg: PlannerConfig, scale: ScaleConfig,
-                 args: argparse.Namespace) -> dict[str, Any]:
+                 args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
     """5% of the peers leave: the re-plan against a fresh plan of the survivors."""
     rng = random.Random(args.seed)
     gone = sorted(rng.sample(range(topo.num_nodes), max(1, round(0.05 * topo.num_nodes))))
@@ -96,7 +135,7 @@ def bench_replan(topo: Topology, sol: Any, cfg: PlannerConfig, scale: ScaleConfi
             "decode": r.plan.estimate.decode_tokens_per_s, "fresh_decode": fresh.estimate.decode_tokens_per_s,
             "fresh_s": fresh.solve_time_s, "decode_over_fresh": r.plan.estimate.decode_tokens_per_s
             / max(fresh.estimate.decode_tokens_per_s, 1e-9),
-            "valid": not validate_placement(after, r.plan.assignments), "cells": actions}
+            "valid": not validate_placement(after, r.plan.assignments), "cells": actions}, r.plan
 
 
 def main() -> None:
@@ -121,6 +160,10 @@ def main() -> None:
               f"{p['decode']:.0f} tok/s = {p['decode_over_best_baseline']:.2f}x best baseline ({best} "
               f"{r['baselines'][best]['decode']:.0f}); stitched flow {p['stitched_flow']:.0f} / covering bound "
               f"{p['covering_bound']:.0f} = {p['stitched_flow'] / p['covering_bound']:.2f}")
+        rc = r["records"]
+        print(f"   records: one plan {rc['single_plan_bytes']} B; {rc['chunks']} chunks, largest {rc['largest_chunk_bytes']}"
+              f" B of {rc['limit_bytes']} (all fit: {rc['all_fit']}); a client's route reads {rc['route_bytes']} B; "
+              f"re-plan delta {rc['delta_chunks']} chunks, {rc['delta_bytes']} B")
         print(f"   re-plan after {rp['left']} leave: {rp['replan_s']:.2f} s, {rp['layers_moved']} layers loaded, "
               f"decode {rp['decode_over_fresh']:.2f}x a fresh plan ({rp['fresh_s']:.1f} s)")
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -61,14 +61,16 @@ class _Cells:
     topos: list[Topology]
     keys: list[Hashable]
     regions: list[list[int]]
+    cell_region: list[int]
 
 
 def decompose(topo: Topology, scale: ScaleConfig) -> _Cells:
     """Regions, then cells, with each cell's topology and key."""
     regions = find_regions(topo, scale.lan_latency_s)
-    cells = [c for r in regions for c in split_region(topo, r, scale.cell_nodes)]
+    split = [(x, c) for x, r in enumerate(regions) for c in split_region(topo, r, scale.cell_nodes)]
+    cells = [c for _, c in split]
     topos = cell_topologies(topo, cells)
-    return _Cells(cells, topos, [cell_key(t) for t in topos], regions)
+    return _Cells(cells, topos, [cell_key(t) for t in topos], regions, [x for x, _ in split])
 
 
 def plan_at_scale(topo: Topology, config: PlannerConfig | None = None, scale: ScaleConfig = ScaleConfig(),
@@ -106,6 +108,7 @@ def plan_at_scale(topo: Topology, config: PlannerConfig | None = None, scale: Sc
         "regions": len(dec.regions), "region_sizes": [len(r) for r in dec.regions], "cells": len(dec.cells),
         "distinct_cells": len(distinct), "improved_cells": improved, "stopped_by": stopped_by,
         "first_valid_s": first_valid, "cell_names": [[topo.nodes[i].name for i in c] for c in dec.cells],
+        "cell_regions": dec.cell_region,
     }}
     return stitched_solution(topo, placement, flows, config, clock() - t0, "scale(cells)", stats,
                              cells=dec.cells)
@@ -128,6 +131,13 @@ def _union(dec: _Cells, plans: Mapping[Hashable, Solution]) -> tuple[Placement, 
 def cells_by_name(solution: Solution) -> list[list[str]]:
     """The cells a :func:`plan_at_scale` solution was made of, as node names (re-plans use them)."""
     return [list(c) for c in solution.stats.get("scale", {}).get("cell_names", [])]
+
+
+def region_of_name(solution: Solution) -> dict[str, str]:
+    """Node name -> its region's name (``r0``, ``r1``, ...) in a :func:`plan_at_scale` solution:
+    the groups its plan is published in (:mod:`p2pserve.dht.plan_chunks`)."""
+    st = solution.stats.get("scale", {})
+    return {name: f"r{r}" for names, r in zip(st.get("cell_names", []), st.get("cell_regions", [])) for name in names}
 
 
 def subset_by_names(topo: Topology, names: Sequence[str]) -> list[int]:

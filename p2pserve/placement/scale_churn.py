@@ -17,13 +17,14 @@ from dataclasses import dataclass
 from typing import Callable, Hashable, Sequence
 
 from p2pserve.placement.cells import cell_key, cell_topologies
+from p2pserve.placement.estimate import estimate
 from p2pserve.placement.maxflow import max_flow
 from p2pserve.placement.moves import NamedPlacement, layers_to_load
 from p2pserve.placement.planner import PlannerConfig, throughput_score
 from p2pserve.placement.recut import chain_order, chain_rebalance, repair
 from p2pserve.placement.search import improve, max_flow_score
 from p2pserve.placement.solution import Solution, validate_placement
-from p2pserve.placement.stitch import Flows, Placement, stitched_solution, to_global
+from p2pserve.placement.stitch import Flows, Placement, balance, stitched_solution, to_global
 from p2pserve.placement.topology import Topology
 
 
@@ -62,9 +63,10 @@ def replan_after_leave(topo: Topology, current: NamedPlacement, cells: Sequence[
     alive = [(c, members) for c, members in alive if members]
     live = [members for _, members in alive]
     topos = cell_topologies(topo, live)
-    memo: dict[Hashable, tuple[Placement, Flows, str]] = {}
+    memo: dict[Hashable, tuple[Placement, Flows, str, float]] = {}
     placement: Placement = {}
-    flows: Flows = {}
+    parts: list[Flows] = []
+    concurrency: list[float] = []
     repairs: list[CellRepair] = []
     moved = 0
     for (c, members), sub in zip(alive, topos):
@@ -73,26 +75,32 @@ def replan_after_leave(topo: Topology, current: NamedPlacement, cells: Sequence[
         key = (cell_key(sub), tuple(sorted(cur.items())))
         if key not in memo:
             memo[key] = _repair_cell(sub, cur, config, reload_share, work)
-        p, f, action = memo[key]
+        p, f, action, n_kv = memo[key]
         gp, gf = to_global(members, p, f)
         placement.update(gp)
-        flows.update(gf)
+        parts.append(gf)
+        concurrency.append(n_kv)
         n_moved = layers_to_load({sub.nodes[x].name: r for x, r in cur.items()},
                                  {sub.nodes[x].name: r for x, r in p.items()})
         moved += n_moved
         if lost or n_moved:
             repairs.append(CellRepair(c, action, n_moved))
+    flows: Flows = {}
+    for f in balance(parts, concurrency):
+        flows.update(f)
     sol = stitched_solution(topo, placement, flows, config, clock() - t0, "scale(replan)", {}, cells=live)
     return ScaleReplan(sol, moved, tuple(repairs), clock() - t0)
 
 
 def _repair_cell(sub: Topology, cur: Placement, config: PlannerConfig, reload_share: float,
-                 work: int) -> tuple[Placement, Flows, str]:
-    """The cell's new placement, its flows and the action taken (see module docstring)."""
+                 work: int) -> tuple[Placement, Flows, str, float]:
+    """The cell's new placement, its flows, the action taken (see module docstring) and the
+    requests in flight it can hold (the stitch balances flows by it)."""
     if not validate_placement(sub, cur):
         fr = max_flow(sub, cur, config.partial)
         if fr.value > 0:
-            return dict(cur), dict(fr.edge_flows), "flows"
+            n_kv = estimate(sub, cur, fr, config.workload, config.partial).concurrency
+            return dict(cur), dict(fr.edge_flows), "flows", n_kv
     base = max_flow_score(sub, config.partial) if config.objective == "max-flow" else throughput_score(sub, config)
     named_cur = {sub.nodes[x].name: r for x, r in cur.items()}
     starts = [repair(sub, cur)]
@@ -108,4 +116,5 @@ def _repair_cell(sub: Topology, cur: Placement, config: PlannerConfig, reload_sh
     starts = [p for p in starts if not validate_placement(sub, p)] or starts
     best, _ = improve(sub, starts, score, float("inf"), seed=config.seed, max_evals=work)
     fr = max_flow(sub, best, config.partial)
-    return dict(best), dict(fr.edge_flows), "repaired"
+    n_kv = estimate(sub, best, fr, config.workload, config.partial).concurrency
+    return dict(best), dict(fr.edge_flows), "repaired", n_kv
