@@ -145,7 +145,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--cell-work", type=int, default=ScaleConfig().cell_work)
     ap.add_argument("--time-limit", type=float, default=ScaleConfig().time_limit_s)
-    ap.add_argument("--replan-work", type=int, default=150)
+    ap.add_argument("--replan-work", type=int, default=600, help="search evaluations for a whole re-plan")
     ap.add_argument("--inter-sample", type=int, default=8)
     ap.add_argument("--today", type=float, default=0.0, help="also run today's planner with this limit (s)")
     ap.add_argument("--json", type=Path, default=Path("benchmarks/results/scale.json"))

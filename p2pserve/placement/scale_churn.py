@@ -4,9 +4,11 @@ A cell that lost no node keeps its ranges and its flows. A cell that lost nodes 
 every layer keeps its ranges too; only its max-flow is recomputed (no layer loads). A cell whose
 remaining nodes no longer cover the model gets the cheapest repairs
 (:func:`recut.repair` of the holes, then an order-keeping re-cut, each charged the layers it
-loads), then a short search (``work`` evaluations) on the cell's objective minus a reload cost
-per newly loaded layer, so the fewest-moves trade of :mod:`churn` holds cell by cell. Equal
-damage in equal cells is solved once. Every step has a work budget: the same inputs give the
+loads), then a short search on the cell's objective minus a reload cost
+per newly loaded layer, so the fewest-moves trade of :mod:`churn` holds cell by cell. The search's
+evaluations are one budget for the whole re-plan (``work``), shared evenly by the cells that need
+a repair, so a re-plan costs about the same however many cells lost nodes. Equal damage in equal
+cells is solved once. Every step has a work budget: the same inputs give the
 same plan.
 """
 
@@ -49,12 +51,13 @@ class ScaleReplan:
 
 
 def replan_after_leave(topo: Topology, current: NamedPlacement, cells: Sequence[Sequence[str]],
-                       config: PlannerConfig | None = None, reload_share: float = 0.01, work: int = 150,
+                       config: PlannerConfig | None = None, reload_share: float = 0.01, work: int = 600,
                        clock: Callable[[], float] = time.monotonic) -> ScaleReplan:
     """Re-plan ``topo`` (the swarm after the leaves) from ``current`` (node name -> range) over
     ``cells`` (node names, as :func:`scale.cells_by_name` gives them); see module docstring.
 
     ``reload_share``: a newly loaded layer costs this share of the cell's score per layer.
+    ``work``: search evaluations for the whole re-plan, shared by the cells to repair.
     """
     config = config or PlannerConfig()
     t0 = clock()
@@ -69,12 +72,15 @@ def replan_after_leave(topo: Topology, current: NamedPlacement, cells: Sequence[
     concurrency: list[float] = []
     repairs: list[CellRepair] = []
     moved = 0
-    for (c, members), sub in zip(alive, topos):
-        cur = {x: tuple(current[sub.nodes[x].name]) for x in range(sub.num_nodes) if sub.nodes[x].name in current}
+    states = [{x: tuple(current[sub.nodes[x].name]) for x in range(sub.num_nodes) if sub.nodes[x].name in current}
+              for sub in topos]
+    keys = [(cell_key(sub), tuple(sorted(cur.items()))) for sub, cur in zip(topos, states)]
+    broken = {k for k, sub, cur in zip(keys, topos, states) if validate_placement(sub, cur)}
+    share = work // max(1, len(broken))
+    for (c, members), sub, cur, key in zip(alive, topos, states, keys):
         lost = len(cells[c]) != len(members)
-        key = (cell_key(sub), tuple(sorted(cur.items())))
         if key not in memo:
-            memo[key] = _repair_cell(sub, cur, config, reload_share, work)
+            memo[key] = _repair_cell(sub, cur, config, reload_share, share)
         p, f, action, n_kv = memo[key]
         gp, gf = to_global(members, p, f)
         placement.update(gp)
