@@ -20,7 +20,8 @@ from p2pserve.placement import churn as inc
 from p2pserve.placement.guard import Check
 from p2pserve.placement.heuristics import coverage, fill_weakest_windows, petals_greedy
 from p2pserve.placement.moves import by_index
-from p2pserve.placement.planner import PlannerConfig, plan_for_topology
+from p2pserve.placement.planner import PlannerConfig
+from p2pserve.placement.scale import plan_at_scale
 from p2pserve.placement.profile import LatencyProfile
 from p2pserve.placement.topology import LinkSpec, NodeSpec, Topology
 from p2pserve.types import SINK_INDEX, SOURCE_INDEX, LayerRange
@@ -136,7 +137,8 @@ def plan_targets(
 ) -> tuple[dict[str, LayerRange], str]:
     """Target ranges for peers ``ids`` with the planner's churn handling; returns (targets, method).
 
-    * no current placement: a full solve (``planner.plan_for_topology``);
+    * no current placement: a full solve (``scale.plan_at_scale``: the planner on the whole swarm
+      up to a few dozen peers, regions and cells beyond);
     * newcomers: ``churn.on_join`` (warm start, reload cost per moved layer);
     * a trigger that re-measured the swarm (periodic, link change: :attr:`Trigger.remeasures`):
       ``churn.periodic`` (adopted only if the gain beats the reloads);
@@ -155,7 +157,7 @@ def plan_targets(
         if reload_cost is None:
             reload_cost = inc.default_reload_cost(topo, cur, pc, cfg.reload_share)
         if not cur:
-            result = plan_for_topology(topo, pc, check=check)
+            result = plan_at_scale(topo, pc, check=check)  # today's planner up to ScaleConfig.direct_nodes
             method = f"solve:{result.method}"
             if "guard" in result.stats:
                 method += f", guard kept {result.stats['guard']['chosen']}"

@@ -27,6 +27,7 @@ from dataclasses import dataclass, replace
 from typing import Callable, Hashable, Mapping, Sequence
 
 from p2pserve.placement.cells import CELL_NODES, cell_key, cell_topologies, split_region
+from p2pserve.placement.guard import Check
 from p2pserve.placement.planner import PlannerConfig, plan_for_topology
 from p2pserve.placement.regions import LAN_LATENCY_S, find_regions
 from p2pserve.placement.solution import Solution, check_memory
@@ -74,12 +75,17 @@ def decompose(topo: Topology, scale: ScaleConfig) -> _Cells:
 
 
 def plan_at_scale(topo: Topology, config: PlannerConfig | None = None, scale: ScaleConfig = ScaleConfig(),
-                  clock: Callable[[], float] = time.monotonic) -> Solution:
-    """A plan for ``topo`` (see module docstring); ``stats["scale"]`` says what was done."""
+                  clock: Callable[[], float] = time.monotonic, check: Check | None = None) -> Solution:
+    """A plan for ``topo`` (see module docstring); ``stats["scale"]`` says what was done.
+
+    ``check`` (the publish guard) is used where the planner runs on the whole swarm (small
+    swarms); decomposed plans are not checked (a simulation of the whole swarm is the cost this
+    avoids).
+    """
     config = config or PlannerConfig()
     t0 = clock()
     if topo.num_nodes <= scale.direct_nodes:
-        return plan_for_topology(topo, config, clock=clock)
+        return plan_for_topology(topo, config, clock=clock, check=check)
     check_memory(topo)
     dec = decompose(topo, scale)
     distinct = list(dict.fromkeys(dec.keys))
