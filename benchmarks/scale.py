@@ -126,7 +126,8 @@ def bench_replan(topo: Topology, sol: Any, cfg: PlannerConfig, scale: ScaleConfi
     gone = sorted(rng.sample(range(topo.num_nodes), max(1, round(0.05 * topo.num_nodes))))
     after, _keep = topo.without(gone)
     current = by_name(topo, sol.assignments)
-    r = replan_after_leave(after, current, cells_by_name(sol), cfg, work=args.replan_work)
+    r = replan_after_leave(after, current, cells_by_name(sol), cfg, work=args.replan_work,
+                           covering_bound=sol.covering_bound)
     fresh = plan_at_scale(after, cfg, scale)
     actions: dict[str, int] = {}
     for rep in r.repairs:
@@ -145,7 +146,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--cell-work", type=int, default=ScaleConfig().cell_work)
     ap.add_argument("--time-limit", type=float, default=ScaleConfig().time_limit_s)
-    ap.add_argument("--replan-work", type=int, default=600, help="search evaluations for a whole re-plan")
+    ap.add_argument("--replan-work", type=int, default=300, help="search evaluations for a whole re-plan")
     ap.add_argument("--inter-sample", type=int, default=8)
     ap.add_argument("--today", type=float, default=0.0, help="also run today's planner with this limit (s)")
     ap.add_argument("--json", type=Path, default=Path("benchmarks/results/scale.json"))

@@ -21,13 +21,16 @@ from typing import Callable, Hashable, Sequence
 from p2pserve.placement.cells import cell_key, cell_topologies
 from p2pserve.placement.estimate import estimate
 from p2pserve.placement.maxflow import max_flow
-from p2pserve.placement.moves import NamedPlacement, layers_to_load
+from p2pserve.placement.moves import NamedPlacement, layers_to_load, new_layer_count
 from p2pserve.placement.planner import PlannerConfig, throughput_score
 from p2pserve.placement.recut import chain_order, chain_rebalance, repair
 from p2pserve.placement.search import improve, max_flow_score
 from p2pserve.placement.solution import Solution, validate_placement
 from p2pserve.placement.stitch import Flows, Placement, balance, stitched_solution, to_global
 from p2pserve.placement.topology import Topology
+
+#: A re-cut start keeps at least this share of the repaired placement's flow.
+RECUT_FLOOR = 0.8
 
 
 @dataclass(frozen=True)
@@ -51,13 +54,16 @@ class ScaleReplan:
 
 
 def replan_after_leave(topo: Topology, current: NamedPlacement, cells: Sequence[Sequence[str]],
-                       config: PlannerConfig | None = None, reload_share: float = 0.01, work: int = 600,
-                       clock: Callable[[], float] = time.monotonic) -> ScaleReplan:
+                       config: PlannerConfig | None = None, reload_share: float = 0.01, work: int = 300,
+                       clock: Callable[[], float] = time.monotonic,
+                       covering_bound: float | None = None) -> ScaleReplan:
     """Re-plan ``topo`` (the swarm after the leaves) from ``current`` (node name -> range) over
     ``cells`` (node names, as :func:`scale.cells_by_name` gives them); see module docstring.
 
     ``reload_share``: a newly loaded layer costs this share of the cell's score per layer.
     ``work``: search evaluations for the whole re-plan, shared by the cells to repair.
+    ``covering_bound``: the plan's covering bound before the leaves (still a bound after them;
+    reported instead of recomputing it).
     """
     config = config or PlannerConfig()
     t0 = clock()
@@ -94,7 +100,8 @@ def replan_after_leave(topo: Topology, current: NamedPlacement, cells: Sequence[
     flows: Flows = {}
     for f in balance(parts, concurrency):
         flows.update(f)
-    sol = stitched_solution(topo, placement, flows, config, clock() - t0, "scale(replan)", {}, cells=live)
+    sol = stitched_solution(topo, placement, flows, config, clock() - t0, "scale(replan)", {}, cells=live,
+                            covering_bound=covering_bound)
     return ScaleReplan(sol, moved, tuple(repairs), clock() - t0)
 
 
@@ -108,15 +115,16 @@ def _repair_cell(sub: Topology, cur: Placement, config: PlannerConfig, reload_sh
             n_kv = estimate(sub, cur, fr, config.workload, config.partial).concurrency
             return dict(cur), dict(fr.edge_flows), "flows", n_kv
     base = max_flow_score(sub, config.partial) if config.objective == "max-flow" else throughput_score(sub, config)
-    named_cur = {sub.nodes[x].name: r for x, r in cur.items()}
     starts = [repair(sub, cur)]
     scale = max(base(starts[0]), 1e-9)
     cost = reload_share * scale / max(1, sub.num_layers)
 
     def score(p: dict[int, tuple[int, int]]) -> float:
-        return base(p) - cost * layers_to_load(named_cur, {sub.nodes[x].name: r for x, r in p.items()})
+        return base(p) - cost * sum(new_layer_count(cur.get(i), s, e) for i, (s, e) in p.items())
 
-    recut = chain_rebalance(sub, chain_order(starts[0]), cur, cost)
+    # Re-cuts at flows below 0.8x the repair's are not worth their DP (each flow value is one).
+    floor = RECUT_FLOOR * max_flow(sub, starts[0], config.partial).value
+    recut = chain_rebalance(sub, chain_order(starts[0]), cur, cost, floor or None)
     if recut:
         starts.append(recut)
     starts = [p for p in starts if not validate_placement(sub, p)] or starts

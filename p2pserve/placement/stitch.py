@@ -107,14 +107,20 @@ def cell_workload(config: PlannerConfig, placement: Mapping[int, tuple[int, int]
 
 def stitched_solution(topo: Topology, placement: Placement, flows: Flows, config: PlannerConfig,
                       solve_time_s: float, method: str, stats: dict,
-                      cells: Sequence[Sequence[int]] | None = None) -> Solution:
+                      cells: Sequence[Sequence[int]] | None = None,
+                      covering_bound: float | None = None) -> Solution:
     """A :class:`Solution` of the whole topology from stitched cell placements and flows (the
-    estimate counts range twins inside ``cells`` only, :func:`cell_workload`, when given)."""
+    estimate counts range twins inside ``cells`` only, :func:`cell_workload`, when given).
+
+    ``covering_bound``: a known covering bound to report instead of computing it (a knapsack
+    over every node, a second at a thousand nodes); the bound of a swarm is also one of any
+    swarm it loses nodes from, which is how a re-plan uses it.
+    """
     flow = stitched_flow(flows)
     model = config.workload if cells is None else cell_workload(config, placement, cells)
     est = estimate(topo, placement, flow, model, config.partial)
     ub = topo.upper_bound()
-    cover = topo.covering_upper_bound()
+    cover = topo.covering_upper_bound() if covering_bound is None else covering_bound
     bound = min(x for x in (ub, cover) if x > 0) if ub > 0 else 0.0
     gap = (bound - flow.value) / bound if bound > 0 else float("nan")
     return Solution(
