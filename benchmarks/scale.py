@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import scale_swarm  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 from p2pserve.dht.plan_chunks import CHUNK_LIMIT_BYTES, delta, encode, route_chunks, split_plan
 from p2pserve.dht.records import Flow, Plan, encode_record
 from p2pserve.helix.scale import five_regions, scale_cluster
@@ -142,13 +143,15 @@ def bench_replan(topo: Topology, sol: Any, cfg: PlannerConfig, scale: ScaleConfi
 def main() -> None:
     """Run the sizes asked for, print the ratios, write the JSON."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--sizes", type=int, nargs="+", default=[100, 300, 1000])
+    ap.add_argument("--sizes", type=int, nargs="*", default=[100, 300, 1000])
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--cell-work", type=int, default=ScaleConfig().cell_work)
     ap.add_argument("--time-limit", type=float, default=ScaleConfig().time_limit_s)
     ap.add_argument("--replan-work", type=int, default=300, help="search evaluations for a whole re-plan")
     ap.add_argument("--inter-sample", type=int, default=8)
     ap.add_argument("--today", type=float, default=0.0, help="also run today's planner with this limit (s)")
+    ap.add_argument("--swarm", type=int, nargs="*", default=[300],
+                    help="synthetic swarm sizes (announced peers, real DHT nodes); none: skip")
     ap.add_argument("--json", type=Path, default=Path("benchmarks/results/scale.json"))
     args = ap.parse_args()
     results = {"sizes": []}
@@ -168,6 +171,20 @@ def main() -> None:
         print(f"   re-plan after {rp['left']} leave: {rp['replan_s']:.2f} s, {rp['layers_moved']} layers loaded, "
               f"decode {rp['decode_over_fresh']:.2f}x a fresh plan ({rp['fresh_s']:.1f} s)")
         args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(results, indent=1, default=str))
+    results["swarm"] = []
+    for n in args.swarm:
+        topo = topology_from_helix(scale_cluster(five_regions(n), f"generated{n}", inter_sample=args.inter_sample),
+                                   MODEL)
+        r = scale_swarm.run(topo, MODEL)
+        results["swarm"].append(r)
+        r1, r2, c = r["round1"], r["round2"], r["client"]
+        print(f"synthetic swarm of {n} announced peers: round 1 read {r1['read_s']:.2f} s + solve {r1['solve_s']:.2f} s"
+              f" + publish {r1['publish_s']:.2f} s = {r1['total_s']:.2f} s (target 10 s: {r1['total_s'] / 10:.2f}x);"
+              f" round 2 {r2['total_s']:.2f} s; one Plan record would be {r2['single_plan_bytes']} B "
+              f"({r2['defaulted_links']} defaulted links), {r2['chunks']} chunks, largest {r2['largest_chunk_bytes']} B;"
+              f" client's first route {c['route_s']:.2f} s (target 1 s; {c['route_hops']} hops, "
+              f"{c['peers_read']} peers read)")
         args.json.write_text(json.dumps(results, indent=1, default=str))
 
 

@@ -33,8 +33,10 @@ from p2pserve.dht.records import (
 from p2pserve.errors import MalformedFrameError, RecordRejected
 from p2pserve.types import SINK, SOURCE, LayerRange
 
-#: Most bytes of one chunk record: a DHT value a reader fetches in one small message.
-CHUNK_LIMIT_BYTES = 64 << 10
+#: Most bytes of one chunk record. A hivemind DHT process reads each call from its pipe in one
+#: non-blocking read: a value near the pipe buffer (64 KiB) can arrive in pieces and kill it
+#: (BlockingIOError in DHT._run, seen storing a 40-peer Plan with its defaulted links).
+CHUNK_LIMIT_BYTES = 32 << 10
 MAX_CHUNKS = 4096
 DIGEST_BYTES = 16
 
