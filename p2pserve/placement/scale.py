@@ -42,8 +42,9 @@ class ScaleConfig:
     ``direct_nodes``: at most this many nodes, the planner runs on the whole swarm as before.
     ``cell_nodes``: target nodes per cell. ``first_work`` / ``cell_work``: evaluations per
     distinct cell in the first (valid plan fast) and second (improving) pass. ``lan_latency_s``:
-    the region threshold. ``time_limit_s``: outer wall-clock limit (the second pass stops early
-    when it would pass it; ``stats["scale"]["stopped_by"]`` says so).
+    the region threshold. ``time_limit_s``: outer wall-clock limit, with the planner's own
+    ``time_limit_s`` if lower (the second pass stops early when it would pass it;
+    ``stats["scale"]["stopped_by"]`` says so).
     """
 
     direct_nodes: int = 48
@@ -96,11 +97,12 @@ def plan_at_scale(topo: Topology, config: PlannerConfig | None = None, scale: Sc
         plans[k] = plan_for_topology(sub, replace(config, work=scale.first_work, time_limit_s=config.time_limit_s),
                                      clock=clock)
     first_valid = clock() - t0
+    limit = min(scale.time_limit_s, config.time_limit_s)
     improved, stopped_by = 0, "work"
     for k in distinct:
         elapsed = clock() - t0
         per_cell = (elapsed - first_valid) / improved if improved else first_valid / len(distinct) * 10
-        if elapsed + per_cell > scale.time_limit_s:
+        if elapsed + per_cell > limit:
             stopped_by = "time"
             break
         sub = dec.topos[first_of[k]]
