@@ -33,10 +33,12 @@ from p2pserve.dht.records import (
 from p2pserve.errors import MalformedFrameError, RecordRejected
 from p2pserve.types import SINK, SOURCE, LayerRange
 
-#: Most bytes of one chunk record. A hivemind DHT process reads each call from its pipe in one
-#: non-blocking read: a value near the pipe buffer (64 KiB) can arrive in pieces and kill it
-#: (BlockingIOError in DHT._run, seen storing a 40-peer Plan with its defaulted links).
-CHUNK_LIMIT_BYTES = 32 << 10
+#: Most bytes of one chunk record. A hivemind DHT process reads each call from its pipe without
+#: blocking, and ``multiprocessing`` writes a message over 16 KiB as two sends (header, then
+#: body): a store of a larger value can arrive half-written and kill the DHT process
+#: (``BlockingIOError`` in ``DHT._run``; seen storing a 40-peer Plan of 44 kB and a 32 KiB chunk).
+#: 12 KiB leaves room for the call's key, owner subkey and pickling within 16 KiB.
+CHUNK_LIMIT_BYTES = 12 << 10
 MAX_CHUNKS = 4096
 DIGEST_BYTES = 16
 

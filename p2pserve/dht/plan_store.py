@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 from p2pserve.dht import keys
-from p2pserve.dht.plan_chunks import PlanChunk, PlanIndex, assemble, decode_chunk, decode_index, encode, route_chunks
+from p2pserve.dht.plan_chunks import CHUNK_LIMIT_BYTES, PlanChunk, PlanIndex, assemble, decode_chunk, decode_index, encode, route_chunks
 from p2pserve.dht.records import Plan
 from p2pserve.dht.signing import is_trusted, trusted_set
 from p2pserve.dht.swarm import Swarm
@@ -38,7 +38,10 @@ async def publish_chunked(swarm: Swarm, index: PlanIndex, chunks: Sequence[PlanC
         chunk.validate()
         ok &= await swarm.store_owned(chunk_key(swarm, chunk.name, chunk.epoch), encode(chunk), ttl)
     index.validate()
-    return ok and await swarm.store_owned(index_key(swarm), encode(index), ttl)
+    data = encode(index)
+    if len(data) > CHUNK_LIMIT_BYTES:
+        raise RecordRejected(f"plan index of {len(data)} bytes exceeds {CHUNK_LIMIT_BYTES}")
+    return ok and await swarm.store_owned(index_key(swarm), data, ttl)
 
 
 async def read_index(swarm: Swarm) -> Optional[tuple[str, PlanIndex]]:
