@@ -35,7 +35,7 @@ def region_plan(groups: int, per_group: int, epoch: int = 1, rate: float = 10.0)
 
 def test_a_thousand_peer_plan_fits_in_chunks_and_reassembles():
     plan, group_of = region_plan(5, 200)
-    limit = 16 << 10
+    limit = 8 << 10
     index, chunks = split_plan(plan, group_of, limit=limit)
     assert len(encode_record(plan)) > CHUNK_LIMIT_BYTES  # one record would pass the chunk limit
     assert all(len(encode(c)) <= limit for c in chunks)
