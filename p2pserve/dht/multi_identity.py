@@ -26,7 +26,7 @@ from p2pserve.dht.swarm import Swarm
 class MultiKeyValidator(LoggingSignatureValidator):
     """The signature validator, signing with whichever held key a record's subkey names."""
 
-    def __init__(self, node_key: RSAPrivateKey, keys: Sequence[RSAPrivateKey]):
+    def __init__(self, node_key: RSAPrivateKey, keys: Sequence[RSAPrivateKey]) -> None:
         super().__init__(node_key)
         self._keys = {k.get_public_key().to_bytes(): k for k in keys}
 

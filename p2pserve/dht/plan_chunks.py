@@ -22,7 +22,7 @@ digest check in :func:`assemble` ties each chunk to the index that names it.
 from __future__ import annotations
 
 import hashlib
-from typing import Iterable, Mapping, Optional, Sequence
+from typing import Any, Iterable, Mapping, Optional, Sequence
 
 import msgspec
 
@@ -169,7 +169,7 @@ def decode_chunk(data: bytes) -> PlanChunk:
     return _decode(data, _CHUNK, CHUNK_LIMIT_BYTES)
 
 
-def _decode(data: bytes, dec: msgspec.msgpack.Decoder, limit: int):
+def _decode(data: bytes, dec: msgspec.msgpack.Decoder, limit: int) -> Any:
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise MalformedFrameError(f"expected bytes, got {type(data).__name__}")
     if len(data) > limit:

@@ -60,7 +60,8 @@ def probe_set(me: str, peers: Iterable[str], rtt: Mapping[str, float], round_no:
     unknown = sorted((p for p in others if p not in rtt), key=lambda p: _rank(me, p, 0))
     chosen.update(unknown[:cfg.discover])
     salt = 1 + round_no // cfg.rotate
-    rest = sorted((p for p in others if p not in chosen and p not in set(region)), key=lambda p: _rank(me, p, salt))
+    in_region = set(region)
+    rest = sorted((p for p in others if p not in chosen and p not in in_region), key=lambda p: _rank(me, p, salt))
     chosen.update(rest[:cfg.sample])
     return sorted(chosen)
 
