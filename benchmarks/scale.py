@@ -57,6 +57,31 @@ def _evaluate(topo: Topology, placement: dict[int, tuple[int, int]]) -> dict[str
             "valid": not validate_placement(topo, placement)}
 
 
+#: The clusters of the issue that measured today's planner at scale (complete graphs, as
+#: ``cluster_text`` writes them), with today's figures there: (decode, wall s) at a 120 s limit.
+ISSUE_CLUSTERS = {
+    "issue120": ([[("A100", 8), ("L4", 8), ("T4", 8)]] * 5, (2213.0, 108.0)),
+    "issue256": ([[("A100", 16), ("V100", 16), ("L4", 16), ("T4", 16)]] * 4, (2895.0, 181.0)),
+}
+
+
+def bench_issue(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    """``plan_at_scale`` and the greedy baselines on one of :data:`ISSUE_CLUSTERS`."""
+    regions, (today, today_s) = ISSUE_CLUSTERS[name]
+    topo = topology_from_helix(scale_cluster(regions, name, inter_sample=None), MODEL)
+    sol = plan_at_scale(topo, PlannerConfig(seed=args.seed),
+                        ScaleConfig(cell_work=args.cell_work, time_limit_s=args.time_limit))
+    base = {"petals": petals_greedy(topo), "swarm": swarm_even(topo), "separate": separate_pipelines(topo)}
+    out = {"cluster": name, "peers": topo.num_nodes, "solve_s": sol.solve_time_s,
+           "decode": sol.estimate.decode_tokens_per_s, "today_decode_120s": today, "today_wall_s": today_s,
+           "baselines": {k: _evaluate(topo, p) for k, p in base.items()}}
+    best = max(v["decode"] for v in out["baselines"].values())
+    print(f"{name}: solve {sol.solve_time_s:.1f} s, decode {out['decode']:.0f} = {out['decode'] / today:.2f}x today's "
+          f"planner at 120 s ({today:.0f}, {today_s:.0f} s wall, from its own run), {out['decode'] / best:.2f}x the "
+          f"best greedy baseline measured now ({best:.0f})")
+    return out
+
+
 def bench_size(n: int, args: argparse.Namespace) -> dict[str, Any]:
     """Every planner figure for one generated cluster of ``n`` peers."""
     out: dict[str, Any] = {"peers": n}
@@ -152,6 +177,8 @@ def main() -> None:
     ap.add_argument("--today", type=float, default=0.0, help="also run today's planner with this limit (s)")
     ap.add_argument("--swarm", type=int, nargs="*", default=[300],
                     help="synthetic swarm sizes (announced peers, real DHT nodes); none: skip")
+    ap.add_argument("--issue", nargs="*", default=[], choices=sorted(ISSUE_CLUSTERS),
+                    help="also plan these complete-graph clusters (today's planner was measured on them)")
     ap.add_argument("--json", type=Path, default=Path("benchmarks/results/scale.json"))
     args = ap.parse_args()
     results = {"sizes": []}
@@ -172,6 +199,8 @@ def main() -> None:
               f"decode {rp['decode_over_fresh']:.2f}x a fresh plan ({rp['fresh_s']:.1f} s)")
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(results, indent=1, default=str))
+    results["issue"] = [bench_issue(name, args) for name in args.issue]
+    args.json.write_text(json.dumps(results, indent=1, default=str))
     results["swarm"] = []
     for n in args.swarm:
         topo = topology_from_helix(scale_cluster(five_regions(n), f"generated{n}", inter_sample=args.inter_sample),
