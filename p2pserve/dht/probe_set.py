@@ -76,3 +76,13 @@ def links_to_keep(measured: Mapping[str, float], current: Iterable[str], me: str
                     key=lambda p: (measured[p], p))
     keep.update(region[:cfg.region_cap])
     return sorted(keep, key=lambda p: (measured[p], p))[:cfg.bound]
+
+
+def probe_round(me: str, addrs: Mapping[str, list[str]], rtt: Mapping[str, float], round_no: int,
+                cfg: ProbeSetConfig = ProbeSetConfig()) -> tuple[dict[str, list[str]], set[str]]:
+    """One round for a prober: the targets to probe (peer -> addresses, from the live peers
+    ``addrs``) and the peers whose measured links to keep (the rest are forgotten, so the
+    announced LinkInfo stays bounded)."""
+    chosen = probe_set(me, addrs, rtt, round_no, cfg)
+    keep = set(links_to_keep(rtt, chosen, me, addrs, cfg)) | set(chosen)
+    return {p: list(addrs[p]) for p in chosen}, keep
