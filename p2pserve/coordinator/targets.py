@@ -13,6 +13,7 @@ from typing import Mapping, Optional, Sequence
 
 from p2pserve.config import CoordinatorConfig
 from p2pserve.coordinator.trigger import Trigger
+from p2pserve.coordinator.scale_targets import is_large, large_swarm_targets
 from p2pserve.coordinator.snapshot import Snapshot
 from p2pserve.dht.records import PeerInfo
 from p2pserve.errors import ConfigError, PlanningError
@@ -147,12 +148,18 @@ def plan_targets(
 
     With a ``check`` (a simulation of ``topo``, see :data:`placement.guard.CheckFactory`) the full
     solve goes through the planner's publish guard, and the method names what the guard kept.
+    Above a few dozen peers (:func:`scale_targets.is_large`) churn goes to
+    :func:`scale_targets.large_swarm_targets` instead of the whole-swarm searches.
     Peers the planner leaves idle get a replica (:func:`replicate_idle`). If the planner fails (e.g.
     the swarm is too small for the model) the greedy fallback covers what it can.
     """
     cur = {pid: tuple(span) for pid, span in current.items() if pid in set(ids)}
     try:
         pc = PlannerConfig(objective=cfg.objective, time_limit_s=cfg.solve_time_limit, seed=cfg.seed)
+        if cur and is_large(topo):
+            assignments, method = large_swarm_targets(topo, ids, cur, pc)
+            targets = {ids[i]: (int(s), int(e)) for i, (s, e) in assignments.items() if e > s}
+            return replicate_idle(topo, ids, targets), method
         reload_cost = cfg.reload_cost_per_layer
         if reload_cost is None:
             reload_cost = inc.default_reload_cost(topo, cur, pc, cfg.reload_share)
