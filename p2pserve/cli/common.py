@@ -56,7 +56,7 @@ def add_dht_arguments(parser: argparse.ArgumentParser, *, need_model: bool = Tru
                             "overrides the name --model gives: a folder's checkpoint id, a bare name as is)")
     g.add_argument("--initial-peers", nargs="*", default=None, help="multiaddrs of running DHT nodes")
     g.add_argument("--swarm-id", default=None, help="swarm id prefixing every DHT key (default from file or 'p2pserve')")
-    g.add_argument("--host-maddrs", nargs="*", default=None, help="listen multiaddrs (default /ip4/0.0.0.0/tcp/0)")
+    g.add_argument("--host-maddrs", nargs="*", default=None, help=f"listen multiaddrs (default {DHTConfig.host_maddrs[0]})")
     g.add_argument("--announce-maddrs", nargs="*", default=None, help="public multiaddrs to announce (behind NAT / port forward)")
     g.add_argument("--identity-path", default=None,
                    help="this node's key as a libp2p identity file: it signs the node's records and fixes its peer "

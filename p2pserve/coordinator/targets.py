@@ -13,6 +13,7 @@ from typing import Mapping, Optional, Sequence
 
 from p2pserve.config import CoordinatorConfig
 from p2pserve.coordinator.trigger import Trigger
+from p2pserve.coordinator.scale_targets import is_large, large_swarm_targets
 from p2pserve.coordinator.snapshot import Snapshot
 from p2pserve.dht.records import PeerInfo
 from p2pserve.errors import ConfigError, PlanningError
@@ -20,7 +21,8 @@ from p2pserve.placement import churn as inc
 from p2pserve.placement.guard import Check
 from p2pserve.placement.heuristics import coverage, fill_weakest_windows, petals_greedy
 from p2pserve.placement.moves import by_index
-from p2pserve.placement.planner import PlannerConfig, plan_for_topology
+from p2pserve.placement.planner import PlannerConfig
+from p2pserve.placement.scale import plan_at_scale
 from p2pserve.placement.profile import LatencyProfile
 from p2pserve.placement.topology import LinkSpec, NodeSpec, Topology
 from p2pserve.types import SINK_INDEX, SOURCE_INDEX, LayerRange
@@ -136,7 +138,8 @@ def plan_targets(
 ) -> tuple[dict[str, LayerRange], str]:
     """Target ranges for peers ``ids`` with the planner's churn handling; returns (targets, method).
 
-    * no current placement: a full solve (``planner.plan_for_topology``);
+    * no current placement: a full solve (``scale.plan_at_scale``: the planner on the whole swarm
+      up to a few dozen peers, regions and cells beyond);
     * newcomers: ``churn.on_join`` (warm start, reload cost per moved layer);
     * a trigger that re-measured the swarm (periodic, link change: :attr:`Trigger.remeasures`):
       ``churn.periodic`` (adopted only if the gain beats the reloads);
@@ -145,17 +148,23 @@ def plan_targets(
 
     With a ``check`` (a simulation of ``topo``, see :data:`placement.guard.CheckFactory`) the full
     solve goes through the planner's publish guard, and the method names what the guard kept.
+    Above a few dozen peers (:func:`scale_targets.is_large`) churn goes to
+    :func:`scale_targets.large_swarm_targets` instead of the whole-swarm searches.
     Peers the planner leaves idle get a replica (:func:`replicate_idle`). If the planner fails (e.g.
     the swarm is too small for the model) the greedy fallback covers what it can.
     """
     cur: dict[str, LayerRange] = {pid: (span[0], span[1]) for pid, span in current.items() if pid in set(ids)}
     try:
         pc = PlannerConfig(objective=cfg.objective, time_limit_s=cfg.solve_time_limit, seed=cfg.seed)
+        if cur and is_large(topo):
+            assignments, method = large_swarm_targets(topo, ids, cur, pc)
+            targets = {ids[i]: (int(s), int(e)) for i, (s, e) in assignments.items() if e > s}
+            return replicate_idle(topo, ids, targets), method
         reload_cost = cfg.reload_cost_per_layer
         if reload_cost is None:
             reload_cost = inc.default_reload_cost(topo, cur, pc, cfg.reload_share)
         if not cur:
-            result = plan_for_topology(topo, pc, check=check)
+            result = plan_at_scale(topo, pc, check=check)  # today's planner up to ScaleConfig.direct_nodes
             method = f"solve:{result.method}"
             if "guard" in result.stats:
                 method += f", guard kept {result.stats['guard']['chosen']}"

@@ -29,6 +29,7 @@ def start_dht(
     use_auto_relay: bool = False,
     client_mode: bool = False,
     key_dir: Optional[str] = None,
+    record_validator: Optional[LoggingSignatureValidator] = None,
 ) -> hivemind.DHT:
     """Start a hivemind DHT node (blocks ~1-3 s) whose libp2p identity is ``private_key``, the RSA
     key it signs its records with, so that its peer id is ``peer_id_of`` its public key.
@@ -36,14 +37,15 @@ def start_dht(
     ``identity_path``, if given, must hold ``private_key`` (see :func:`~p2pserve.dht.identity.node_key`;
     ``private_key=None`` then reads it from there); otherwise the key (an ephemeral one if None)
     reaches hivemind through a private temporary identity file, deleted once the node runs
-    (created in ``key_dir``, the persistent key's directory, if given).
+    (created in ``key_dir``, the persistent key's directory, if given). ``record_validator``
+    replaces the default signature validator (:mod:`p2pserve.dht.multi_identity`).
     """
     if private_key is None:
         private_key = read_identity(identity_path) if identity_path else load_or_create_key(None)
     kwargs = dict(
         initial_peers=list(initial_peers),
         start=True,
-        record_validators=[LoggingSignatureValidator(private_key)],
+        record_validators=[record_validator or LoggingSignatureValidator(private_key)],
         host_maddrs=list(host_maddrs),
         use_relay=use_relay,
         use_auto_relay=use_auto_relay,

@@ -172,6 +172,23 @@ class Swarm:
         )
         return bool(await asyncio.wait_for(asyncio.wrap_future(fut), self.config.rpc_timeout))
 
+    async def store_owned(self, key: str, value: bytes, ttl: float) -> bool:
+        """Store ``value`` under our subkey of an arbitrary ``key`` (:mod:`p2pserve.dht.plan_store`)."""
+        fut = self.dht.store(key, value, expiration_time=self._clock() + ttl, subkey=self._subkey, return_future=True)
+        return bool(await asyncio.wait_for(asyncio.wrap_future(fut), self.config.rpc_timeout))
+
+    async def fetch_owned(self, key: str) -> list[tuple[str, bytes, float]]:
+        """Live ``(signer, value, expiration)`` entries under ``key``, unvalidated bytes (the
+        caller decodes and validates them); entries without an owner are dropped."""
+        fut = self.dht.get(key, latest=True, return_future=True)
+        found = await asyncio.wait_for(asyncio.wrap_future(fut), self.config.rpc_timeout)
+        if found is None or not isinstance(found.value, dict):
+            return []
+        now = self._clock()
+        return [(signer, bytes(item.value), item.expiration_time) for subkey, item in found.value.items()
+                if (signer := owner_of_subkey(subkey)) is not None and item.expiration_time >= now
+                and isinstance(item.value, (bytes, bytearray)) and item.value]
+
     def _check_own(self, record) -> None:
         """Validate a record before publishing it, and refuse one readers would drop as not ours."""
         record.validate()
