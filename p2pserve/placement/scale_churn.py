@@ -78,8 +78,10 @@ def replan_after_leave(topo: Topology, current: NamedPlacement, cells: Sequence[
     concurrency: list[float] = []
     repairs: list[CellRepair] = []
     moved = 0
-    states = [{x: tuple(current[sub.nodes[x].name]) for x in range(sub.num_nodes) if sub.nodes[x].name in current}
-              for sub in topos]
+    states: list[Placement] = [
+        {x: (current[sub.nodes[x].name][0], current[sub.nodes[x].name][1])
+         for x in range(sub.num_nodes) if sub.nodes[x].name in current}
+        for sub in topos]
     keys = [(cell_key(sub), tuple(sorted(cur.items()))) for sub, cur in zip(topos, states)]
     broken = {k for k, sub, cur in zip(keys, topos, states) if validate_placement(sub, cur)}
     share = work // max(1, len(broken))
