@@ -237,10 +237,8 @@ class AsyncClient:
         """
         sampling = params.validate()
         if len(prompt_ids) >= self.max_length:
-            raise BadRequestError(
-                f"the prompt has {len(prompt_ids)} tokens; this client allows at most {self.max_length - 1} "
-                f"(max context {self.max_length})"
-            )
+            raise BadRequestError(f"the prompt has {len(prompt_ids)} tokens; this client allows at most "
+                                  f"{self.max_length - 1} (max context {self.max_length})")
         if not self._started:
             raise ConfigError("the client is not started: use 'async with AsyncClient(...)' or await start()")
         # the pipeline holds the prompt and every generated token but the last
@@ -249,10 +247,11 @@ class AsyncClient:
         pipeline = Pipeline(self._transport, self._routes_for(max_length), spec.model_id, spec.num_layers,
                             max_length, sampling, self.config, self.failover, vocab_size=spec.vocab_size,
                             observer=self.observer, verifier=self.verifier, metrics=self.metrics)
+        pipeline.extras = extras = params.extras or sampling.logprobs
         self.metrics.requests.inc()
         return Generation(pipeline, prompt_ids, params, self.info.eos_ids, self.info.tokenizer,
                           recompute_past=spec.recompute_past, metrics=self.metrics,
-                          drafter=self.drafter.session() if self.drafter is not None else None,
+                          drafter=self.drafter.session() if self.drafter is not None and not extras else None,
                           speculative=self.speculative_config)
 
     def _routes_for(self, max_length: int) -> RouteProvider:
@@ -262,12 +261,13 @@ class AsyncClient:
 
     async def chat(self, messages, max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
                    top_k: int = 0, seed: Optional[int] = None, stop=None, ignore_eos: bool = False, *,
-                   params: Optional[GenerationParams] = None) -> Reply:
+                   params: Optional[GenerationParams] = None, **sampling) -> Reply:
         """Answer a conversation (list of {'role', 'content'}); returns the reply text as a Reply.
 
-        ``params`` replaces the keyword parameters when given.
+        ``params`` replaces the keyword parameters when given; ``sampling`` keywords are
+        :class:`GenerationParams` fields (``min_p``, the penalties, ``logit_bias``, ``logprobs``...).
         """
-        params = params or GenerationParams.of(max_new_tokens, temperature, top_p, top_k, seed, stop, ignore_eos)
+        params = params or GenerationParams.of(max_new_tokens, temperature, top_p, top_k, seed, stop, ignore_eos, **sampling)
         gen = self.generation(self.chat_prompt(messages), params)
         try:
             async for _ in gen:
@@ -278,19 +278,19 @@ class AsyncClient:
 
     def chat_stream(self, messages, max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
                     top_k: int = 0, seed: Optional[int] = None, stop=None, ignore_eos: bool = False, *,
-                    params: Optional[GenerationParams] = None) -> ReplyStream:
+                    params: Optional[GenerationParams] = None, **sampling) -> ReplyStream:
         """Like ``chat``, yielding text pieces; the stream's ``reply`` is set when it ends.
 
         Bad input raises here, before anything is yielded.
         """
-        params = params or GenerationParams.of(max_new_tokens, temperature, top_p, top_k, seed, stop, ignore_eos)
+        params = params or GenerationParams.of(max_new_tokens, temperature, top_p, top_k, seed, stop, ignore_eos, **sampling)
         return ReplyStream(self.generation(self.chat_prompt(messages), params))
 
     async def generate(self, prompt, max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
                        top_k: int = 0, seed: Optional[int] = None, stop=None, ignore_eos: bool = False, *,
-                       params: Optional[GenerationParams] = None) -> Reply:
+                       params: Optional[GenerationParams] = None, **sampling) -> Reply:
         """Continue a raw prompt (a string, tokenized without chat template, or token ids)."""
-        params = params or GenerationParams.of(max_new_tokens, temperature, top_p, top_k, seed, stop, ignore_eos)
+        params = params or GenerationParams.of(max_new_tokens, temperature, top_p, top_k, seed, stop, ignore_eos, **sampling)
         gen = self.generation(self.text_prompt(prompt), params)
         try:  # drained here, not through a helper: keeps a decode token's call path short
             async for _ in gen:
@@ -301,9 +301,9 @@ class AsyncClient:
 
     def generate_stream(self, prompt, max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
                         top_k: int = 0, seed: Optional[int] = None, stop=None, ignore_eos: bool = False, *,
-                        params: Optional[GenerationParams] = None) -> ReplyStream:
+                        params: Optional[GenerationParams] = None, **sampling) -> ReplyStream:
         """Like ``generate``, yielding text pieces."""
-        params = params or GenerationParams.of(max_new_tokens, temperature, top_p, top_k, seed, stop, ignore_eos)
+        params = params or GenerationParams.of(max_new_tokens, temperature, top_p, top_k, seed, stop, ignore_eos, **sampling)
         return ReplyStream(self.generation(self.text_prompt(prompt), params))
 
 

@@ -37,6 +37,7 @@ from p2pserve.client.failover import (
     routes_exhausted,
 )
 from p2pserve.client.hop import Hop, check_chain
+from p2pserve.client.logprobs import check_reply_logprobs
 from p2pserve.client.observer import ServiceObserver
 from p2pserve.client.push import PushConfig, PushedRoute
 from p2pserve.client.ring import RingRoute
@@ -95,6 +96,11 @@ class Pipeline:
         self.ring_limit: Optional[tuple[int, frozenset]] = (max_length - 1, frozenset())
         self.ring_steps = 0  # steps whose token came round a ring, for tests and reports
         self.suspects = Suspects()  # who touched which outputs; its checks (client/rollback.py)
+        # the last hop gets each step's token ids (``Forward.context``: penalties, prompt
+        # log-probabilities) and maybe a grammar mask: such steps go client-driven (no push or
+        # ring), and the last hop is not taped for re-execution (a witness would lack them)
+        self.extras = False
+        self.last_reply = None  # the last hop's reply of the latest step (its log-probabilities)
 
     @property
     def position(self) -> int:
@@ -125,7 +131,8 @@ class Pipeline:
             except RoutingError as e:
                 waited = await self._await_route(e, waited, attempts)
 
-    async def step(self, token_ids: Sequence[int], outputs: int = 1) -> int:
+    async def step(self, token_ids: Sequence[int], outputs: int = 1, allowed: Optional[bytes] = None,
+                   prompt_logprobs: bool = False) -> int:
         """Feed ``token_ids`` after the history; returns the next token, whatever fails below.
 
         The route first gets the history it does not hold: after a re-route that is all of it,
@@ -133,6 +140,8 @@ class Pipeline:
         drives the hops itself (no per-hop helper call between it and the connection).
         ``outputs`` > 1 (speculative verification, :meth:`verify`) asks the last hop for the token
         after each of the last ``outputs`` of ``token_ids``; they are left in ``self.verified``.
+        ``allowed`` (a grammar's token bitmask) and ``prompt_logprobs`` go to the last hop
+        (:attr:`extras` must be on); its checked reply is left in ``self.last_reply``.
         """
         if not 1 <= outputs <= min(len(token_ids), MAX_VERIFY_OUTPUTS):
             raise BadRequestError(f"a step needs at least one token and {outputs} output(s), got {len(token_ids)} tokens")
@@ -146,10 +155,12 @@ class Pipeline:
                     await self._open_route()
                 sent = self.history[self._held:] + list(token_ids)
                 meta, data = tensor_to_wire(torch.tensor(sent, dtype=torch.int64))
-                if self.push.use_push(len(self._links), bool(self._tapes), [c.open_rtt_s for c in self._links]):
+                if not self.extras and self.push.use_push(len(self._links), bool(self._tapes),
+                                                          [c.open_rtt_s for c in self._links]):
                     reply = await self._push(sent, meta, data, outputs)
                 else:
-                    reply = await self._drive(sent, meta, data, outputs)
+                    last = dict(context=sent, allowed=allowed, prompt_logprobs=prompt_logprobs) if self.extras else {}
+                    reply = await self._drive(sent, meta, data, outputs, last)
             except HopFailure as f:
                 await self._recover(f, attempts)
                 continue
@@ -159,6 +170,7 @@ class Pipeline:
                 continue
             break
         self._steps += 1
+        self.last_reply = reply
         if self._tapes:
             self.verifier.after_step(self._tapes, self.sampling, self.suspects)
         self.history.extend(token_ids)
@@ -168,9 +180,10 @@ class Pipeline:
             return self.verified[-1]
         return int(reply.token)  # check_forward made sure the last hop sent one
 
-    async def _drive(self, sent: list[int], meta, data, outputs: int):
+    async def _drive(self, sent: list[int], meta, data, outputs: int, last_fields: Optional[dict] = None):
         """Client-driven hops: send ``sent`` (``meta``/``data`` on the wire) to each hop in turn,
-        handing each hop's hidden states to the next; returns the last hop's checked reply."""
+        handing each hop's hidden states to the next; returns the last hop's checked reply.
+        ``last_fields`` are the last hop's own Forward fields (``Pipeline.extras``)."""
         observe = self.observer if len(sent) == 1 else None  # decode steps only
         timed = None if self.metrics is None else (
             self.metrics.hop_decode if len(sent) == 1 else self.metrics.hop_prefill)
@@ -178,7 +191,7 @@ class Pipeline:
         for i, link in enumerate(self._links):
             try:
                 msg = Forward(session_id=link.session_id, step=self._steps, position=self._held, tensor=meta,
-                              outputs=outputs if i == last else 1)
+                              outputs=outputs if i == last else 1, **((last_fields or {}) if i == last else {}))
                 inputs = data
                 t0 = time.perf_counter()
                 reply, data = await link.call(msg, data)
@@ -189,7 +202,9 @@ class Pipeline:
                     timed.observe(elapsed)
                 meta = link.check_forward(reply, data, len(sent), self._steps, self._held,  # handed on undecoded
                                           link.hop.end == self.num_layers, self.vocab_size, msg.outputs)
-                if self._tapes:  # kept for re-execution: references, not copies
+                if i == last:
+                    check_reply_logprobs(reply, self.sampling, len(sent), msg, self.vocab_size)
+                if i < len(self._tapes):  # kept for re-execution: references, not copies
                     self._tapes[i].record(self._held, len(sent), msg.tensor.dtype, inputs, reply, data)
             except Exception as e:  # whatever broke on this hop is this hop's failure
                 raise HopFailure(link.hop, e) from e
@@ -288,7 +303,7 @@ class Pipeline:
             if self.metrics is not None:
                 self.metrics.failovers.inc()
         if self.verifier is not None and cfg.verify_share > 0:
-            self._tapes = [HopTape(c.hop, c.session_id) for c in links]
+            self._tapes = [HopTape(c.hop, c.session_id) for c in (links[:-1] if self.extras else links)]
         if self.observer is not None:
             for c in links:
                 if c.open_rtt_s is not None:
