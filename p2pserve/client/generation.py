@@ -16,6 +16,7 @@ from typing import Optional
 
 import msgspec
 
+from p2pserve.client.grammar import grammar_of
 from p2pserve.client.logprobs import unpack
 from p2pserve.client.params import GenerationParams
 from p2pserve.client.rollback import settle, suspect_from
@@ -98,7 +99,8 @@ class Generation:
         self.tuner = SpeculationTuner(speculative) if drafter is not None else None
         self._ready: list[int] = []  # tokens a speculative step yielded that are not returned yet
         # the reply's grammar state (structured output, client/grammar.py): the next token's mask
-        self.grammar = params.grammar.matcher() if params.grammar is not None else None
+        self._grammar = grammar_of(params, tokenizer, getattr(pipeline, "vocab_size", None), eos_token_ids)
+        self.grammar = self._grammar.matcher() if self._grammar is not None else None
         self._extras = params.extras or params.logprobs or params.top_logprobs > 0
         self.rolled_back = 0  # tokens withdrawn because a peer that computed them was caught
         # whether a caught peer's tokens may be withdrawn and regenerated; a stream that has sent
@@ -244,7 +246,7 @@ class Generation:
         del self.result.tokens[keep:]
         del self.result.logprobs[keep:]
         if self.grammar is not None:
-            self.grammar = self.params.grammar.matcher(self.result.tokens)
+            self.grammar = self._grammar.matcher(self.result.tokens)
         self.result.finish_reason = "length"
         if self._detok is not None:  # the text is the kept tokens' text again
             self._detok = IncrementalDetokenizer(self._detok.tokenizer)

@@ -46,13 +46,14 @@ class GenerationParams:
     top_logprobs: int = 0  # with that many alternatives
     prompt_logprobs: bool = False  # the prompt tokens' too (``Reply.prompt_logprobs``; the API's echo)
     grammar: object = None  # a ``client.grammar.Grammar`` the reply must follow (structured output)
+    response_format: object = None  # or an OpenAI response_format ({"type": "json_schema", ...}) to compile
 
     @property
     def extras(self) -> bool:
         """Whether the last hop needs more than the plain token path: the history (penalties,
         prompt log-probabilities) or a grammar mask each step."""
         return (self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
-                or self.prompt_logprobs or self.grammar is not None)
+                or self.prompt_logprobs or self.grammar is not None or self.response_format is not None)
 
     def with_sampling(self, **fields) -> "GenerationParams":
         """A copy with ``fields`` replaced (``dataclasses.replace``)."""
