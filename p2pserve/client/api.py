@@ -43,6 +43,7 @@ from p2pserve.client.pipeline import Pipeline
 from p2pserve.client.reply import Reply, ReplyStream
 from p2pserve.client.route_providers import PeerListRoutes, RouteProvider
 from p2pserve.client.speculative import SpeculativeConfig
+from p2pserve.client.tools.requests import clean_messages, parse_tools
 from p2pserve.config import ClientConfig
 from p2pserve.errors import BadRequestError, ConfigError
 from p2pserve.metrics import ClientMetrics
@@ -203,18 +204,10 @@ class AsyncClient:
 
     # ----------------------------------------------------------------------------- requests
 
-    def chat_prompt(self, messages) -> list[int]:
-        """Token ids of ``messages`` with the chat template (raises BadRequestError on bad input)."""
-        if not isinstance(messages, (list, tuple)) or not messages:
-            raise BadRequestError("messages must be a non-empty list of {'role': ..., 'content': ...}")
-        clean = []
-        for i, m in enumerate(messages):
-            if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-                raise BadRequestError(f"messages[{i}] must be an object with string 'role' and 'content'")
-            if m["role"] not in ("system", "user", "assistant"):
-                raise BadRequestError(f"messages[{i}].role must be system, user or assistant, got {m['role']!r}")
-            clean.append({"role": m["role"], "content": m["content"]})
-        return self.info.chat_ids(clean)
+    def chat_prompt(self, messages, tools: Optional[list] = None) -> list[int]:
+        """Token ids of ``messages`` (OpenAI's shape, tool calls and results included) with the
+        chat template, which renders ``tools`` (raises BadRequestError on bad input)."""
+        return self.info.chat_ids(clean_messages(messages), parse_tools(tools, None).tools if tools else None)
 
     def text_prompt(self, prompt) -> list[int]:
         """Token ids of a raw prompt (str, or a list of token ids, used as is)."""

@@ -108,8 +108,8 @@ class GrammarCompiler:
         return self._cached(text, compile_it)
 
     def json_object(self) -> Grammar:
-        """The grammar of any JSON object."""
-        return self._cached("json", self._compiler.compile_builtin_json_grammar)
+        """The grammar of any JSON object (xgrammar's built-in JSON grammar takes any value)."""
+        return self.json_schema({"type": "object"})
 
     def response_format(self, fmt) -> Optional[Grammar]:
         """The grammar of an OpenAI ``response_format``: None for ``text``; raises
