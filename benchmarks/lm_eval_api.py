@@ -49,7 +49,7 @@ def _start_api(path: str, peers) -> tuple[object, str]:
     raise RuntimeError("the api server did not start:\n" + child.output())
 
 
-def _evaluate(model: str, model_args: str, tasks_dir: Path) -> dict:
+def _evaluate(model, model_args: str, tasks_dir: Path) -> dict:
     import lm_eval
     from lm_eval.tasks import TaskManager
 
@@ -58,6 +58,17 @@ def _evaluate(model: str, model_args: str, tasks_dir: Path) -> dict:
     samples = out["samples"][TASK]
     return {"results": {k: v for k, v in out["results"][TASK].items() if isinstance(v, (int, float))},
             "loglikelihoods": [[r[0][0] for r in s["resps"]] for s in samples]}
+
+
+def _hf_model(path: str):
+    """The harness's ``hf`` model over the checkpoint loaded here in fp32 (lm-eval 0.4.13's own
+    loading passes transformers 5 a ``gguf_file=None`` it refuses)."""
+    import torch
+    from lm_eval.models.huggingface import HFLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    return HFLM(pretrained=model, tokenizer=AutoTokenizer.from_pretrained(path), batch_size=1, device="cpu")
 
 
 def main() -> None:
@@ -88,7 +99,7 @@ def main() -> None:
             for p in peers:
                 p.stop()
         t0 = time.perf_counter()
-        local = _evaluate("hf", f"pretrained={path},dtype=float32,device=cpu", tasks_dir)
+        local = _evaluate(_hf_model(path), "", tasks_dir)
         local_s = time.perf_counter() - t0
     diffs = [abs(a - b) for sa, sb in zip(swarm["loglikelihoods"], local["loglikelihoods"]) for a, b in zip(sa, sb)]
     report = {"model": path, "peers": len(cuts) - 1, "swarm": swarm["results"], "hf": local["results"],

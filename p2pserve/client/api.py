@@ -43,7 +43,8 @@ from p2pserve.client.pipeline import Pipeline
 from p2pserve.client.reply import Reply, ReplyStream
 from p2pserve.client.route_providers import PeerListRoutes, RouteProvider
 from p2pserve.client.speculative import SpeculativeConfig
-from p2pserve.client.tools.requests import clean_messages, parse_tools
+from p2pserve.client.choices import choices
+from p2pserve.client.tools.requests import clean_messages, parse_tools, with_forced_call, with_tool_calls
 from p2pserve.config import ClientConfig
 from p2pserve.errors import BadRequestError, ConfigError
 from p2pserve.metrics import ClientMetrics
@@ -205,8 +206,7 @@ class AsyncClient:
     # ----------------------------------------------------------------------------- requests
 
     def chat_prompt(self, messages, tools: Optional[list] = None) -> list[int]:
-        """Token ids of ``messages`` (OpenAI's shape, tool calls and results included) with the
-        chat template, which renders ``tools`` (raises BadRequestError on bad input)."""
+        """Token ids of ``messages`` and ``tools`` through the chat template (BadRequestError on bad input)."""
         return self.info.chat_ids(clean_messages(messages), parse_tools(tools, None).tools if tools else None)
 
     def text_prompt(self, prompt) -> list[int]:
@@ -254,20 +254,27 @@ class AsyncClient:
 
     async def chat(self, messages, max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
                    top_k: int = 0, seed: Optional[int] = None, stop=None, ignore_eos: bool = False, *,
-                   params: Optional[GenerationParams] = None, **sampling) -> Reply:
-        """Answer a conversation (list of {'role', 'content'}); returns the reply text as a Reply.
+                   params: Optional[GenerationParams] = None, tools=None, tool_choice=None, n: int = 1,
+                   **sampling):
+        """Answer a conversation (list of {'role', 'content'}); returns the reply text as a Reply
+        (a list of ``n`` Replies, seeds ``seed + i``, when ``n`` > 1: ``client/choices.py``).
 
         ``params`` replaces the keyword parameters when given; ``sampling`` keywords are
-        :class:`GenerationParams` fields (``min_p``, the penalties, ``logit_bias``, ``logprobs``...).
+        :class:`GenerationParams` fields (``min_p``, the penalties, ``logit_bias``, ``logprobs``,
+        ``response_format``...). ``tools`` / ``tool_choice`` as in the OpenAI API: ``Reply.tool_calls``.
         """
         params = params or GenerationParams.of(max_new_tokens, temperature, top_p, top_k, seed, stop, ignore_eos, **sampling)
-        gen = self.generation(self.chat_prompt(messages), params)
+        if n > 1:  # each choice is one call with n = 1
+            return await choices(self.chat, n, messages, params=params, tools=tools, tool_choice=tool_choice)
+        tool_request = parse_tools(tools, tool_choice)
+        gen = self.generation(self.chat_prompt(messages, tools and tool_request.template_tools),
+                              with_forced_call(params, tool_request))
         try:
             async for _ in gen:
                 pass
         finally:
             await gen.pipeline.close()
-        return Reply.of(gen)
+        return with_tool_calls(Reply.of(gen), tool_request, self.info)
 
     def chat_stream(self, messages, max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
                     top_k: int = 0, seed: Optional[int] = None, stop=None, ignore_eos: bool = False, *,

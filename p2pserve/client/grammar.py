@@ -97,7 +97,7 @@ class GrammarCompiler:
         """The grammar of JSON text valid against ``schema`` (a dict), compact (no free whitespace)."""
         import xgrammar as xgr
 
-        text = json.dumps(schema, sort_keys=True)
+        text = json.dumps(schema)  # key order kept: it is the order the properties are written in
 
         def compile_it():
             # xgrammar 0.2.9 writes a string with maxLength/minLength as characters [^"\\\r\n],

@@ -31,6 +31,8 @@ class Reply(str):
     rolled_back: int
     logprobs: list  # a client.logprobs.TokenLogprob per generated token, when asked for
     prompt_logprobs: list  # one per prompt token but the first (``prompt_logprobs=True``)
+    tool_calls: list  # client.tools.ToolCall of a chat with tools (``content``: the text without them)
+    content: str
 
     @classmethod
     def of(cls, generation: Generation) -> "Reply":
@@ -48,6 +50,7 @@ class Reply(str):
         reply.rolled_back = generation.rolled_back
         reply.logprobs = list(result.logprobs)
         reply.prompt_logprobs = list(result.prompt_logprobs)
+        reply.tool_calls, reply.content = [], reply.text
         return reply
 
     @property

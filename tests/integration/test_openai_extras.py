@@ -34,8 +34,12 @@ SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "pattern":
           "required": ["name", "ok", "n"], "additionalProperties": False}
 
 
+SWARM: dict[str, list] = {}  # model path -> its peers as p2pserve.Client takes them
+
+
 def _serve(path: str, ranges):
     peers = start_peers(path, ranges)
+    SWARM[path] = [(p.maddrs[0], *p.layers) for p in peers]
     server = None
     try:
         server, url = start_api(path, [(p, *p.layers) for p in peers], "--served-model-name", "tiny")
@@ -194,3 +198,21 @@ def test_langchain_bound_tool_gets_its_call(tool_api):
     model = lc.ChatOpenAI(base_url=url + "/v1", api_key=KEY, model="tiny", temperature=0, max_tokens=32)
     message = model.bind_tools([WEATHER]).invoke("What is the weather in Paris?")
     assert message.tool_calls[0]["name"] == CALL_NAME and message.tool_calls[0]["args"] == CALL_ARGUMENTS
+
+
+def test_python_client_offers_the_same(api, tmp_path_factory):
+    """``p2pserve.Client``: log-probabilities, n choices, a schema, and (on a tool model) tools."""
+    import p2pserve
+
+    url, path, info = api
+    with p2pserve.Client(peers=SWARM[path], model=path, seed=1) as client:
+        replies = client.chat(MESSAGES, max_new_tokens=6, temperature=1.0, seed=4, n=3, logprobs=True)
+        assert len(replies) == 3 and len({r.text for r in replies}) > 1
+        ref = reference_logprobs(path, info.chat_ids(MESSAGES) + replies[0].tokens)
+        start = len(info.chat_ids(MESSAGES)) - 1
+        assert max(abs(ref[start + i, e.token].item() - e.logprob) for i, e in enumerate(replies[0].logprobs)) < TOL
+        fmt = {"type": "json_schema", "json_schema": {"name": "s", "schema": SCHEMA}}
+        jsonschema.validate(json.loads(client.chat(MESSAGES, max_new_tokens=64, temperature=1.0, seed=2,
+                                                   response_format=fmt)), SCHEMA)
+        forced = client.chat(MESSAGES, max_new_tokens=64, tools=[WEATHER], tool_choice="required")
+        assert forced.tool_calls[0].name == CALL_NAME

@@ -141,3 +141,24 @@ def _call(i: int, c) -> dict:
     except ValueError:
         pass  # the template renders it as the text it is
     return {"id": c.get("id", ""), "type": "function", "function": {"name": fn["name"], "arguments": args}}
+
+
+def with_forced_call(params, request: Optional[ToolRequest]):
+    """``params`` (``GenerationParams``) holding the reply to a forced choice's schema."""
+    schema = request.schema() if request is not None else None
+    if schema is None:
+        return params
+    return params.with_sampling(response_format={"type": "json_schema", "json_schema": {"schema": schema}})
+
+
+def with_tool_calls(reply, request: Optional[ToolRequest], info):
+    """``reply`` with ``tool_calls`` (and ``content``, the text without them) parsed in the
+    format of ``info``'s chat template."""
+    from p2pserve.client.tools.formats import detect_format
+
+    reply.content, reply.tool_calls = reply.text, []
+    if request is not None and request.parses:
+        eos = set(info.eos_ids)
+        text = info.tokenizer.decode([t for t in reply.tokens if t not in eos], skip_special_tokens=False)
+        reply.content, reply.tool_calls = request.calls(text, detect_format(info.tokenizer.chat_template))
+    return reply
