@@ -102,6 +102,8 @@ class Generation:
         self._grammar = grammar_of(params, tokenizer, getattr(pipeline, "vocab_size", None), eos_token_ids)
         self.grammar = self._grammar.matcher() if self._grammar is not None else None
         self._extras = params.extras or params.logprobs or params.top_logprobs > 0
+        if self._extras and hasattr(pipeline, "extras"):
+            pipeline.extras = True  # the last hop gets each step's context and mask (client-driven)
         self.rolled_back = 0  # tokens withdrawn because a peer that computed them was caught
         # whether a caught peer's tokens may be withdrawn and regenerated; a stream that has sent
         # them (ReplyStream) sets False: the route is only changed, what was sent stays

@@ -8,8 +8,9 @@ one is set.
 Errors use OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``:
 
 * 400 — bad input: malformed HTTP or JSON (deep nesting included), missing/invalid ``messages``
-  or ``prompt``, out-of-range parameters, an unknown ``model``, a prompt over ``max_prompt_chars``
-  (refused before tokenising) or longer than the context;
+  or ``prompt``, out-of-range parameters, a prompt over ``max_prompt_chars`` (refused before
+  tokenising) or longer than the context;
+* 404 ``model_not_found`` — an unknown ``model`` (as OpenAI and vLLM answer it);
 * 401 — a key is configured and the request does not carry it;
 * 404 unknown path, 405 wrong method, 408 body too slow, 413 body too large;
 * 429 (with ``Retry-After``) — every route goes through an overloaded peer, or this server
@@ -18,7 +19,9 @@ Errors use OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``:
   or the bodies being read fill ``max_inflight_body_bytes`` (with ``Retry-After``);
 * 500 — anything else (a bug: the message says what).
 
-Each generation runs in a task of its own (:class:`GenerationJob`) that always closes its swarm
+The fields beyond plain text (``n``, log-probabilities, ``echo``, tools, ``response_format``) are
+parsed in ``openai_extras`` and their choices run and stream through ``openai_choices``
+(docs/openai-api.md). Each generation runs in a task of its own (:class:`GenerationJob`) that always closes its swarm
 sessions when it ends. A watcher waits for the HTTP client's disconnect and cancels the job, so
 a client that goes away stops its generation, streamed or not. Prompts are tokenised on one
 worker thread, off the event loop, where a long one cannot stall other connections and hops.
