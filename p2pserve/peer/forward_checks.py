@@ -11,6 +11,9 @@ from p2pserve.model.spec import ModelSpec
 from p2pserve.peer.sampling import Ask, mask_words
 from p2pserve.protocol import Forward
 
+#: The most fp32 logits bytes a Forward asking for prompt log-probabilities may make the last hop hold.
+MAX_PROMPT_LOGITS_BYTES = 256 << 20
+
 
 def check_forward(spec: ModelSpec, session, msg: Forward, inputs: torch.Tensor) -> None:
     """Raise unless ``inputs`` (decoded from ``msg``'s payload) may run on ``session`` (a peer
@@ -81,6 +84,10 @@ def last_hop_ask(spec: ModelSpec, session, msg: Forward, n: int) -> Ask | None:
         raise BadRequestError("this session's penalties and prompt_logprobs need the Forward's context")
     if msg.prompt_logprobs and msg.outputs != 1:
         raise BadRequestError("prompt_logprobs takes outputs=1")
+    if msg.prompt_logprobs and n * spec.vocab_size * 4 > MAX_PROMPT_LOGITS_BYTES:
+        # the job holds the fp32 logits of every row until it is scored: bounded per Forward
+        raise BadRequestError(f"prompt_logprobs over {n} tokens needs more than {MAX_PROMPT_LOGITS_BYTES >> 20} MiB "
+                              f"of logits; at most {MAX_PROMPT_LOGITS_BYTES // (4 * spec.vocab_size)} tokens")
     if msg.allowed is not None and (len(msg.allowed) != 4 * mask_words(spec.vocab_size) or msg.outputs != 1):
         raise BadRequestError(f"allowed must be a bitmask of {4 * mask_words(spec.vocab_size)} bytes, with outputs=1")
     if sampling.logit_bias and any(t >= spec.vocab_size for t, _ in sampling.logit_bias):

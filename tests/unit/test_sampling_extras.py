@@ -123,3 +123,12 @@ def test_sampling_params_bounds():
     for bad in [dict(min_p=1.5), dict(repetition_penalty=0.0), dict(frequency_penalty=2.5), dict(top_logprobs=21),
                 dict(logit_bias=[(1, 101.0)])]:
         assert SamplingParams(**bad).validate() is not None
+
+
+def test_prompt_logprobs_are_bounded_by_the_logits_they_hold():
+    class Wide(_Spec):
+        vocab_size = 1 << 20  # 4 MiB of logits a row
+
+    n = 65  # 260 MiB of logits
+    with pytest.raises(BadRequestError, match="MiB"):
+        last_hop_ask(Wide, _Session(), _forward(n, context=[1] * n, prompt_logprobs=True), n)
