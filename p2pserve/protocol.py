@@ -37,6 +37,7 @@ from p2pserve.wire_types import (  # noqa: F401 (re-exported: every message is b
     MAX_TENSOR_DIMS as MAX_TENSOR_DIMS,
     MAX_TENSOR_EXTENT as MAX_TENSOR_EXTENT,
     Fingerprint,
+    Logprobs,
     NonNegative,
     Port,
     SamplingParams,
@@ -95,6 +96,14 @@ class Forward(msgspec.Struct, frozen=True, omit_defaults=True, tag_field="t", ta
     the token after each of the last ``outputs`` positions (greedy or seeded per position, as for
     one token): speculative decoding verifies k draft tokens with k + 1 of them. Hops before the
     last only accept 1. Left at 1 it is not encoded at all, so the one-token path is unchanged.
+
+    For the last hop only (each left out unless used): ``context``, the token ids at this
+    Forward's n positions, which the session keeps as its history for the penalties of its
+    ``SamplingParams`` and for ``prompt_logprobs``; ``prompt_logprobs`` asks for the
+    log-probability of each of ``context[1:]`` given what precedes it
+    (``ForwardResult.prompt_logprobs``); ``allowed``, a bitmask of the tokens the next one may be
+    (bit t of little-endian int32 word t // 32, ceil(V / 32) words), which the client's grammar
+    (structured output) computed.
     """
 
     session_id: SessionId
@@ -102,6 +111,9 @@ class Forward(msgspec.Struct, frozen=True, omit_defaults=True, tag_field="t", ta
     position: NonNegative
     tensor: TensorMeta
     outputs: Outputs = 1
+    context: list[NonNegative] | None = None
+    prompt_logprobs: bool = False
+    allowed: bytes | None = None
 
 
 class CloseSession(msgspec.Struct, frozen=True, tag_field="t", tag="close"):
@@ -161,6 +173,7 @@ class ForwardResult(msgspec.Struct, frozen=True, tag_field="t", tag="result"):
 
     A Forward with ``outputs`` m > 1 gets ``tokens`` (m of them, the token after each of its last
     m positions, in order) instead of ``token``; their digest is that of :func:`tokens_bytes`.
+    ``logprobs`` and ``prompt_logprobs`` come back when the session or the Forward asked for them.
     ``signature`` is the peer's Ed25519 reply-key signature over the reply's claim (the span,
     positions, a commitment to every input the session consumed, the output's digest:
     ``p2pserve.dht.evidence.ReplyClaim``); empty from a peer that does not sign.
@@ -173,6 +186,8 @@ class ForwardResult(msgspec.Struct, frozen=True, tag_field="t", tag="result"):
     token: NonNegative | None = None
     signature: Annotated[bytes, msgspec.Meta(max_length=64)] = b""
     tokens: Annotated[list[NonNegative], msgspec.Meta(max_length=MAX_VERIFY_OUTPUTS)] | None = None
+    logprobs: Logprobs | None = None  # the sampled token(s)' (``SamplingParams.logprobs``)
+    prompt_logprobs: Logprobs | None = None  # ``Forward.prompt_logprobs``: n - 1 rows
 
 
 class SessionClosed(msgspec.Struct, frozen=True, tag_field="t", tag="closed"):

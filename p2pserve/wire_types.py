@@ -51,17 +51,47 @@ class TensorMeta(msgspec.Struct, frozen=True):
             )
 
 
+#: The most alternatives a log-probability entry may list (the OpenAI API's ``top_logprobs`` bound).
+MAX_TOP_LOGPROBS = 20
+#: The most token ids ``SamplingParams.logit_bias`` may name.
+MAX_LOGIT_BIAS = 1024
+
+
 class SamplingParams(msgspec.Struct, frozen=True):
     """How the peer holding the last layer picks the next token.
 
     temperature 0 means greedy. The random draw for the token at absolute position p uses a
     generator seeded from (seed, p), so replaying a session reproduces its tokens exactly.
+
+    The rest is applied to the fp32 logits before the choice, in this order: ``logit_bias``
+    (token id, added value) pairs; ``repetition_penalty`` (transformers' rule: a logit of a token
+    seen anywhere in the session's history is divided by it when positive, multiplied when
+    negative); ``frequency_penalty`` and ``presence_penalty`` (the OpenAI API's rule: subtract
+    ``frequency * count + presence * (count > 0)`` for the tokens at positions from
+    ``penalty_start`` on, the generated ones); then temperature, ``top_k``, ``top_p`` and
+    ``min_p`` (drop tokens whose probability is below ``min_p`` times the top one). Penalties
+    need the session's token history: the client sends it with each Forward to the last hop
+    (``Forward.context``). ``logprobs`` asks for the sampled token's log-probability (fp32
+    log-softmax of the raw logits) with ``top_logprobs`` alternatives.
     """
 
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
     seed: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    penalty_start: int = 0
+    logit_bias: Annotated[list[tuple[int, float]], msgspec.Meta(max_length=MAX_LOGIT_BIAS)] = []
+    logprobs: bool = False
+    top_logprobs: int = 0
+
+    @property
+    def needs_history(self) -> bool:
+        """Whether the choice depends on the session's earlier tokens (the penalties)."""
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
     def validate(self) -> str | None:
         """Return a reason if the parameters are unusable, else None."""
@@ -71,4 +101,32 @@ class SamplingParams(msgspec.Struct, frozen=True):
             return f"top_k must be >= 0, got {self.top_k}"
         if not (0.0 < self.top_p <= 1.0):
             return f"top_p must be in (0, 1], got {self.top_p}"
+        if not (0.0 <= self.min_p <= 1.0):
+            return f"min_p must be in [0, 1], got {self.min_p}"
+        if not (0.0 < self.repetition_penalty <= 10.0):
+            return f"repetition_penalty must be in (0, 10], got {self.repetition_penalty}"
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not (-2.0 <= value <= 2.0):
+                return f"{name} must be in [-2, 2], got {value}"
+        if not (0 <= self.penalty_start <= INT64_MAX):
+            return f"penalty_start must be >= 0, got {self.penalty_start}"
+        if not (0 <= self.top_logprobs <= MAX_TOP_LOGPROBS):
+            return f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs}"
+        for token, bias in self.logit_bias:
+            if not (0 <= token <= INT64_MAX) or not (-100.0 <= bias <= 100.0):
+                return f"logit_bias must map token ids >= 0 to values in [-100, 100], got {token}: {bias}"
         return None
+
+
+class Logprobs(msgspec.Struct, frozen=True):
+    """Log-probabilities of ``count`` positions' next tokens, packed little-endian: ``chosen``
+    float32 [count] (the token that followed or was sampled), ``top_ids`` int32 [count, k] and
+    ``top_values`` float32 [count, k] (the k most likely, best first). Validated by the reader
+    (:func:`p2pserve.client.logprobs.check_logprobs`): lengths, ids, finite values."""
+
+    count: NonNegative
+    k: Annotated[int, msgspec.Meta(ge=0, le=MAX_TOP_LOGPROBS)]
+    chosen: bytes
+    top_ids: bytes = b""
+    top_values: bytes = b""

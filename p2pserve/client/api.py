@@ -42,6 +42,8 @@ from p2pserve.client.params import GenerationParams
 from p2pserve.client.pipeline import Pipeline
 from p2pserve.client.reply import Reply, ReplyStream
 from p2pserve.client.route_providers import PeerListRoutes, RouteProvider
+from p2pserve.client.choices import choices
+from p2pserve.client.tools.requests import clean_messages, parse_tools, with_forced_call, with_tool_calls
 from p2pserve.config import ClientConfig
 from p2pserve.config.client import with_settings
 from p2pserve.errors import BadRequestError, ConfigError
@@ -194,18 +196,9 @@ class AsyncClient:
 
     # ----------------------------------------------------------------------------- requests
 
-    def chat_prompt(self, messages) -> list[int]:
-        """Token ids of ``messages`` with the chat template (raises BadRequestError on bad input)."""
-        if not isinstance(messages, (list, tuple)) or not messages:
-            raise BadRequestError("messages must be a non-empty list of {'role': ..., 'content': ...}")
-        clean = []
-        for i, m in enumerate(messages):
-            if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-                raise BadRequestError(f"messages[{i}] must be an object with string 'role' and 'content'")
-            if m["role"] not in ("system", "user", "assistant"):
-                raise BadRequestError(f"messages[{i}].role must be system, user or assistant, got {m['role']!r}")
-            clean.append({"role": m["role"], "content": m["content"]})
-        return self.info.chat_ids(clean)
+    def chat_prompt(self, messages, tools: Optional[list] = None) -> list[int]:
+        """Token ids of ``messages`` and ``tools`` through the chat template (BadRequestError on bad input)."""
+        return self.info.chat_ids(clean_messages(messages), parse_tools(tools, None).tools if tools else None)
 
     def text_prompt(self, prompt) -> list[int]:
         """Token ids of a raw prompt (str, or a list of token ids, used as is)."""
@@ -228,22 +221,22 @@ class AsyncClient:
         """
         sampling = params.validate()
         if len(prompt_ids) >= self.max_length:
-            raise BadRequestError(
-                f"the prompt has {len(prompt_ids)} tokens; this client allows at most {self.max_length - 1} "
-                f"(max context {self.max_length})"
-            )
+            raise BadRequestError(f"the prompt has {len(prompt_ids)} tokens; this client allows at most "
+                                  f"{self.max_length - 1} (max context {self.max_length})")
         if not self._started:
             raise ConfigError("the client is not started: use 'async with AsyncClient(...)' or await start()")
         # the pipeline holds the prompt and every generated token but the last
         max_length = min(self.max_length, len(prompt_ids) + params.max_new_tokens)
         spec = self.info.spec
+        extras = params.extras or sampling.logprobs  # the last hop needs the history, a mask or log-probabilities
         pipeline = Pipeline(self._transport, self._routes_for(max_length), spec.model_id, spec.num_layers,
                             max_length, sampling, self.config, self.failover, vocab_size=spec.vocab_size,
-                            observer=self.observer, trust=self.verifier and self.verifier.session(), metrics=self.metrics)
+                            observer=self.observer, trust=self.verifier and self.verifier.session(), metrics=self.metrics,
+                            extras=extras)
         self.metrics.requests.inc()
         return Generation(pipeline, prompt_ids, params, self.info.eos_ids, self.info.tokenizer,
                           recompute_past=spec.recompute_past, metrics=self.metrics,
-                          drafter=self.drafter.session() if self.drafter is not None else None,
+                          drafter=self.drafter.session() if self.drafter is not None and not extras else None,
                           speculative=self.speculative_config)
 
     def _routes_for(self, max_length: int) -> RouteProvider:
@@ -253,36 +246,45 @@ class AsyncClient:
 
     async def chat(self, messages, max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
                    top_k: int = 0, seed: Optional[int] = None, stop=None, ignore_eos: bool = False, *,
-                   params: Optional[GenerationParams] = None) -> Reply:
-        """Answer a conversation (list of {'role', 'content'}); returns the reply text as a Reply.
+                   params: Optional[GenerationParams] = None, tools=None, tool_choice=None, n: int = 1,
+                   **sampling):
+        """Answer a conversation (list of {'role', 'content'}); returns the reply text as a Reply
+        (a list of ``n`` Replies, seeds ``seed + i``, when ``n`` > 1: ``client/choices.py``).
 
-        ``params`` replaces the keyword parameters when given.
+        ``params`` replaces the keyword parameters when given; ``sampling`` keywords are
+        :class:`GenerationParams` fields (``min_p``, the penalties, ``logit_bias``, ``logprobs``,
+        ``response_format``...). ``tools`` / ``tool_choice`` as in the OpenAI API: ``Reply.tool_calls``.
         """
-        params = params or GenerationParams.of(max_new_tokens, temperature, top_p, top_k, seed, stop, ignore_eos)
-        return await _drained(self.generation(self.chat_prompt(messages), params))
+        params = params or GenerationParams.of(max_new_tokens, temperature, top_p, top_k, seed, stop, ignore_eos, **sampling)
+        if n > 1:  # each choice is one call with n = 1
+            return await choices(self.chat, n, messages, params=params, tools=tools, tool_choice=tool_choice)
+        tool_request = parse_tools(tools, tool_choice)
+        gen = self.generation(self.chat_prompt(messages, tools and tool_request.template_tools),
+                              with_forced_call(params, tool_request))
+        return with_tool_calls(await _drained(gen), tool_request, self.info)
 
     def chat_stream(self, messages, max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
                     top_k: int = 0, seed: Optional[int] = None, stop=None, ignore_eos: bool = False, *,
-                    params: Optional[GenerationParams] = None) -> ReplyStream:
+                    params: Optional[GenerationParams] = None, **sampling) -> ReplyStream:
         """Like ``chat``, yielding text pieces; the stream's ``reply`` is set when it ends.
 
         Bad input raises here, before anything is yielded.
         """
-        params = params or GenerationParams.of(max_new_tokens, temperature, top_p, top_k, seed, stop, ignore_eos)
+        params = params or GenerationParams.of(max_new_tokens, temperature, top_p, top_k, seed, stop, ignore_eos, **sampling)
         return ReplyStream(self.generation(self.chat_prompt(messages), params))
 
     async def generate(self, prompt, max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
                        top_k: int = 0, seed: Optional[int] = None, stop=None, ignore_eos: bool = False, *,
-                       params: Optional[GenerationParams] = None) -> Reply:
+                       params: Optional[GenerationParams] = None, **sampling) -> Reply:
         """Continue a raw prompt (a string, tokenized without chat template, or token ids)."""
-        params = params or GenerationParams.of(max_new_tokens, temperature, top_p, top_k, seed, stop, ignore_eos)
+        params = params or GenerationParams.of(max_new_tokens, temperature, top_p, top_k, seed, stop, ignore_eos, **sampling)
         return await _drained(self.generation(self.text_prompt(prompt), params))
 
     def generate_stream(self, prompt, max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
                         top_k: int = 0, seed: Optional[int] = None, stop=None, ignore_eos: bool = False, *,
-                        params: Optional[GenerationParams] = None) -> ReplyStream:
+                        params: Optional[GenerationParams] = None, **sampling) -> ReplyStream:
         """Like ``generate``, yielding text pieces."""
-        params = params or GenerationParams.of(max_new_tokens, temperature, top_p, top_k, seed, stop, ignore_eos)
+        params = params or GenerationParams.of(max_new_tokens, temperature, top_p, top_k, seed, stop, ignore_eos, **sampling)
         return ReplyStream(self.generation(self.text_prompt(prompt), params))
 
 

@@ -14,6 +14,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Optional
 
+import msgspec
+
+from p2pserve.client.grammar import grammar_of
+from p2pserve.client.logprobs import unpack
 from p2pserve.client.params import GenerationParams
 from p2pserve.client.speculative import SpeculationTuner, accept
 from p2pserve.config import SpeculativeConfig
@@ -39,6 +43,8 @@ class GenerationResult:
     text: str = ""
     finish_reason: str = "length"  # "stop" (EOS or stop string) or "length"
     prompt_tokens: int = 0
+    logprobs: list = field(default_factory=list)  # a TokenLogprob per token, when asked for
+    prompt_logprobs: list = field(default_factory=list)  # a TokenLogprob per prompt token but the first
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -77,6 +83,10 @@ class Generation:
             raise BadRequestError("the prompt is empty")
         self.pipeline = pipeline
         self.params = params
+        sampling = getattr(pipeline, "sampling", None)
+        if sampling is not None and sampling.needs_history and not pipeline.position:
+            # presence and frequency penalties count the generated tokens only
+            pipeline.sampling = msgspec.structs.replace(sampling, penalty_start=len(prompt_ids))
         self.eos_token_ids = eos_token_ids
         self.recompute_past = recompute_past
         self.result = GenerationResult(prompt_tokens=len(prompt_ids))
@@ -94,6 +104,12 @@ class Generation:
         self._stop_ids = frozenset() if params.ignore_eos else frozenset(eos_token_ids)  # a ring's stop tokens
         self.tuner = SpeculationTuner(speculative) if drafter is not None else None
         self._ready: list[int] = []  # tokens a speculative step yielded that are not returned yet
+        # the reply's grammar state (structured output, client/grammar.py): the next token's mask
+        self._grammar = grammar_of(params, tokenizer, pipeline.vocab_size, eos_token_ids)
+        self.grammar = self._grammar.matcher() if self._grammar is not None else None
+        # the last hop gets each step's context and mask (client-driven): the pipeline was built
+        # with ``extras`` for such parameters (``AsyncClient.generation``)
+        self._extras = params.extras or params.logprobs or params.top_logprobs > 0
         self.rolled_back = 0  # tokens withdrawn because a peer that computed them was caught
         # whether a caught peer's tokens may be withdrawn and regenerated; a stream that has sent
         # them (ReplyStream) sets False: the route is only changed, what was sent stays
@@ -123,7 +139,9 @@ class Generation:
                 self._pending = self.pipeline.history + self._pending
                 self.pipeline.rewind(0)
             self._limit_ring()
-            if self._drafter is None:
+            if self._extras:
+                token = await self._step_with_extras()
+            elif self._drafter is None:
                 token = await self.pipeline.step(self._pending)
             else:
                 self._ready = await self._speculate()
@@ -149,6 +167,22 @@ class Generation:
             self._done = True
             self.elapsed_s = self._clock() - self._t0
         return GenerationEvent(token, text)
+
+    async def _step_with_extras(self) -> int:
+        """A step whose last hop gets the grammar's mask or returns log-probabilities (and, on the
+        first step, the prompt's); what it returned is kept in ``result``."""
+        first = not self.result.tokens and not self.result.prompt_logprobs
+        mask = self.grammar.mask() if self.grammar is not None else None
+        want_prompt = first and self.params.prompt_logprobs and len(self._pending) > 1
+        token = await self.pipeline.step(self._pending, 1, mask, want_prompt)
+        reply = self.pipeline.last_reply
+        if want_prompt:
+            self.result.prompt_logprobs = unpack(reply.prompt_logprobs, self._pending[1:])
+        if reply.logprobs is not None:
+            self.result.logprobs.extend(unpack(reply.logprobs, [token]))
+        if self.grammar is not None and token not in self.eos_token_ids:
+            self.grammar.accept(token)
+        return token
 
     def _limit_ring(self) -> None:
         """Tell a pipeline that may run a ring (``client/ring.py``) how far this generation can
@@ -219,6 +253,9 @@ class Generation:
         self._pending, self._ready = [kept[-1]], []
         self.rolled_back += len(self.result.tokens) - keep
         del self.result.tokens[keep:]
+        del self.result.logprobs[keep:]
+        if self.grammar is not None:
+            self.grammar = self._grammar.matcher(self.result.tokens)
         self.result.finish_reason = "length"
         if self._detok is not None:  # the text is the kept tokens' text again
             self._detok = IncrementalDetokenizer(self._detok.tokenizer)

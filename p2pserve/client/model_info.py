@@ -37,9 +37,10 @@ class LocalModelInfo:
             gen_cfg = None
         return cls(path, load_spec(path, dtype=dtype, quant=quant), tok, eos_ids_of(tok, gen_cfg))
 
-    def chat_ids(self, messages: list[dict]) -> list[int]:
-        """Token ids of a conversation with the generation prompt appended."""
-        out = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    def chat_ids(self, messages: list[dict], tools: list | None = None) -> list[int]:
+        """Token ids of a conversation with the generation prompt appended (``tools``: OpenAI
+        function tools, rendered by the checkpoint's chat template)."""
+        out = self.tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True)
         if isinstance(out, dict) or hasattr(out, "input_ids"):
             out = out["input_ids"]
         return list(out)

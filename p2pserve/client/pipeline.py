@@ -40,6 +40,7 @@ from p2pserve.client.failover import (
 from p2pserve.client.hop import Hop, check_chain
 from p2pserve.client.route_forwarding import RouteForwarding
 from p2pserve.config import PushConfig
+from p2pserve.client.logprobs import check_reply_logprobs
 from p2pserve.client.route_providers import ChainListRoutes, RouteProvider
 from p2pserve.client.trust.protocol import HopObserver, StepTrust
 from p2pserve.config import ClientConfig
@@ -64,7 +65,7 @@ class Pipeline:
                  sampling: SamplingParams = SamplingParams(), config: ClientConfig = ClientConfig(),
                  state: Optional[FailoverState] = None, vocab_size: Optional[int] = None,
                  observer: Optional[HopObserver] = None, trust: Optional[StepTrust] = None,
-                 metrics: Optional[ClientMetrics] = None):
+                 metrics: Optional[ClientMetrics] = None, extras: bool = False):
         self.transport = transport
         self.vocab_size = vocab_size  # when known, a last hop's token outside it is malformed
         self.observer = observer  # times decode hops for the service reports (client/trust/observer.py)
@@ -87,6 +88,11 @@ class Pipeline:
         self.verified: list[int] = []  # the last hop's tokens of the latest step with outputs > 1
         # when and how steps go peer to peer (client/push.py, client/ring.py)
         self.forwarding = RouteForwarding(config.push, max_length)
+        # the last hop gets each step's token ids (``Forward.context``: penalties, prompt
+        # log-probabilities) and maybe a grammar mask: such steps go client-driven (no push or
+        # ring), and the last hop is not taped for re-execution (a witness would lack them)
+        self.extras = extras
+        self.last_reply = None  # the last hop's reply of the latest step (its log-probabilities)
 
     @property
     def position(self) -> int:
@@ -117,7 +123,8 @@ class Pipeline:
             except RoutingError as e:
                 waited = await self._await_route(e, waited, attempts)
 
-    async def step(self, token_ids: Sequence[int], outputs: int = 1) -> int:
+    async def step(self, token_ids: Sequence[int], outputs: int = 1, allowed: Optional[bytes] = None,
+                   prompt_logprobs: bool = False) -> int:
         """Feed ``token_ids`` after the history; returns the next token, whatever fails below.
 
         The route first gets the history it does not hold: after a re-route that is all of it,
@@ -125,6 +132,8 @@ class Pipeline:
         drives the hops itself (no per-hop helper call between it and the connection).
         ``outputs`` > 1 (speculative verification, :meth:`verify`) asks the last hop for the token
         after each of the last ``outputs`` of ``token_ids``; they are left in ``self.verified``.
+        ``allowed`` (a grammar's token bitmask) and ``prompt_logprobs`` go to the last hop
+        (:attr:`extras` must be on); its checked reply is left in ``self.last_reply``.
         """
         if not 1 <= outputs <= min(len(token_ids), MAX_VERIFY_OUTPUTS):
             raise BadRequestError(f"a step needs at least one token and {outputs} output(s), got {len(token_ids)} tokens")
@@ -138,10 +147,11 @@ class Pipeline:
                     await self._open_route()
                 sent = self.history[self._held:] + list(token_ids)
                 meta, data = tensor_to_wire(torch.tensor(sent, dtype=torch.int64))
-                if self.forwarding.use(self._links, self._taping()):
+                if not self.extras and self.forwarding.use(self._links, self._taping()):
                     reply = await self._push(sent, meta, data, outputs)
                 else:
-                    reply = await self._drive(sent, meta, data, outputs)
+                    last = dict(context=sent, allowed=allowed, prompt_logprobs=prompt_logprobs) if self.extras else {}
+                    reply = await self._drive(sent, meta, data, outputs, last)
             except HopFailure as f:
                 await self._recover(f, attempts)
                 continue
@@ -151,6 +161,7 @@ class Pipeline:
                 continue
             break
         self._steps += 1
+        self.last_reply = reply
         if self.trust is not None:
             self.trust.after_step(self.sampling)
         self.history.extend(token_ids)
@@ -164,9 +175,10 @@ class Pipeline:
         """Whether verification records this route's exchanges (a taped route is never pushed)."""
         return self.trust is not None and self.trust.taping
 
-    async def _drive(self, sent: list[int], meta, data, outputs: int):
+    async def _drive(self, sent: list[int], meta, data, outputs: int, last_fields: Optional[dict] = None):
         """Client-driven hops: send ``sent`` (``meta``/``data`` on the wire) to each hop in turn,
-        handing each hop's hidden states to the next; returns the last hop's checked reply."""
+        handing each hop's hidden states to the next; returns the last hop's checked reply.
+        ``last_fields`` are the last hop's own Forward fields (``Pipeline.extras``)."""
         observe = self.observer if len(sent) == 1 else None  # decode steps only
         timed = None if self.metrics is None else (
             self.metrics.hop_decode if len(sent) == 1 else self.metrics.hop_prefill)
@@ -175,7 +187,7 @@ class Pipeline:
         for i, link in enumerate(self._links):
             try:
                 msg = Forward(session_id=link.session_id, step=self._steps, position=self._held, tensor=meta,
-                              outputs=outputs if i == last else 1)
+                              outputs=outputs if i == last else 1, **((last_fields or {}) if i == last else {}))
                 inputs = data
                 t0 = time.perf_counter()
                 reply, data = await link.call(msg, data)
@@ -186,7 +198,9 @@ class Pipeline:
                     timed.observe(elapsed)
                 meta = link.check_forward(reply, data, len(sent), self._steps, self._held,  # handed on undecoded
                                           link.hop.end == self.num_layers, self.vocab_size, msg.outputs)
-                if tape is not None:  # kept for re-execution: references, not copies
+                if i == last:
+                    check_reply_logprobs(reply, self.sampling, len(sent), msg, self.vocab_size)
+                if tape is not None and not (self.extras and i == last):  # kept for re-execution: references
                     tape.record(i, self._held, len(sent), msg.tensor.dtype, inputs, reply, data)
             except Exception as e:  # whatever broke on this hop is this hop's failure
                 raise HopFailure(link.hop, e) from e
@@ -258,7 +272,7 @@ class Pipeline:
             if self.metrics is not None:
                 self.metrics.failovers.inc()
         if self.trust is not None:
-            self.trust.route_opened(links)
+            self.trust.route_opened(links[:-1] if self.extras else links)
         if self.observer is not None:
             for c in links:
                 if c.open_rtt_s is not None:

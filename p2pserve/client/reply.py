@@ -16,7 +16,8 @@ class Reply(str):
     ``prompt_tokens``, ``route`` (the hops of the last route used), ``routes`` (every route, more
     than one after a failover), ``failures`` (failed hops, as text), ``elapsed_s`` and
     ``first_token_s`` (seconds from the request to the first token), ``rolled_back`` (tokens
-    withdrawn and regenerated because a peer that computed them was caught, client/trust/rollback.py).
+    withdrawn and regenerated because a peer that computed them was caught, client/trust/rollback.py),
+    ``logprobs`` and ``prompt_logprobs`` (``TokenLogprob`` lists, when the request asked for them).
     """
 
     tokens: list[int]
@@ -28,6 +29,10 @@ class Reply(str):
     elapsed_s: float
     first_token_s: Optional[float]
     rolled_back: int
+    logprobs: list  # a client.logprobs.TokenLogprob per generated token, when asked for
+    prompt_logprobs: list  # one per prompt token but the first (``prompt_logprobs=True``)
+    tool_calls: list  # client.tools.ToolCall of a chat with tools (``content``: the text without them)
+    content: str
 
     @classmethod
     def of(cls, generation: Generation) -> "Reply":
@@ -43,6 +48,9 @@ class Reply(str):
         reply.elapsed_s = generation.elapsed_s
         reply.first_token_s = generation.first_token_s
         reply.rolled_back = generation.rolled_back
+        reply.logprobs = list(result.logprobs)
+        reply.prompt_logprobs = list(result.prompt_logprobs)
+        reply.tool_calls, reply.content = [], reply.text
         return reply
 
     @property

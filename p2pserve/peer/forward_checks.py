@@ -8,7 +8,11 @@ import torch
 
 from p2pserve.errors import BadRequestError
 from p2pserve.model.spec import ModelSpec
+from p2pserve.peer.sampling import Ask, mask_words
 from p2pserve.protocol import Forward
+
+#: The most fp32 logits bytes a Forward asking for prompt log-probabilities may make the last hop hold.
+MAX_PROMPT_LOGITS_BYTES = 256 << 20
 
 
 def check_forward(spec: ModelSpec, session, msg: Forward, inputs: torch.Tensor) -> None:
@@ -53,3 +57,42 @@ def check_inputs(spec: ModelSpec, session, inputs: torch.Tensor) -> None:
             raise BadRequestError("hidden states must be finite (they hold NaN or inf)")
     if inputs.shape[0] == 0:
         raise BadRequestError("a Forward must carry at least one token")
+
+
+def last_hop_ask(spec: ModelSpec, session, msg: Forward, n: int) -> Ask | None:
+    """Check a Forward's last-hop fields (``context``, ``prompt_logprobs``, ``allowed``) and
+    advance the session's token history with ``context``; the job's :class:`Ask`, or None when
+    the Forward asks nothing beyond a plain token. Raises before anything runs."""
+    last = session.end == spec.num_layers
+    extras = msg.context is not None or msg.prompt_logprobs or msg.allowed is not None
+    if extras and not last:
+        raise BadRequestError("context, prompt_logprobs and allowed are for the hop holding the last layer")
+    if not last:
+        return None
+    sampling = session.sampling
+    if msg.context is not None:
+        if len(msg.context) != n:
+            raise BadRequestError(f"context must hold the Forward's {n} token ids, got {len(msg.context)}")
+        if any(t >= spec.vocab_size for t in msg.context):
+            raise BadRequestError(f"context token ids must be in [0, {spec.vocab_size})")
+        if len(session.tokens) < msg.position:
+            raise BadRequestError(f"the session's token history stops at {len(session.tokens)}; send context "
+                                  f"from there (this Forward starts at {msg.position})")
+        del session.tokens[msg.position:]
+        session.tokens.extend(msg.context)
+    elif sampling.needs_history or msg.prompt_logprobs:
+        raise BadRequestError("this session's penalties and prompt_logprobs need the Forward's context")
+    if msg.prompt_logprobs and msg.outputs != 1:
+        raise BadRequestError("prompt_logprobs takes outputs=1")
+    if msg.prompt_logprobs and n * spec.vocab_size * 4 > MAX_PROMPT_LOGITS_BYTES:
+        # the job holds the fp32 logits of every row until it is scored: bounded per Forward
+        raise BadRequestError(f"prompt_logprobs over {n} tokens needs more than {MAX_PROMPT_LOGITS_BYTES >> 20} MiB "
+                              f"of logits; at most {MAX_PROMPT_LOGITS_BYTES // (4 * spec.vocab_size)} tokens")
+    if msg.allowed is not None and (len(msg.allowed) != 4 * mask_words(spec.vocab_size) or msg.outputs != 1):
+        raise BadRequestError(f"allowed must be a bitmask of {4 * mask_words(spec.vocab_size)} bytes, with outputs=1")
+    if sampling.logit_bias and any(t >= spec.vocab_size for t, _ in sampling.logit_bias):
+        raise BadRequestError(f"logit_bias token ids must be in [0, {spec.vocab_size})")
+    if msg.context is None and msg.allowed is None and not sampling.logprobs:
+        return None
+    history = session.tokens if msg.context is not None else None
+    return Ask(history=history, allowed=msg.allowed, prompt_rows=n - 1 if msg.prompt_logprobs else 0)

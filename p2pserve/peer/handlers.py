@@ -33,8 +33,9 @@ from p2pserve.errors import (
 )
 from p2pserve.model.spec import ModelSpec
 from p2pserve.peer.admission import PayloadBudget, StreamQuota, payload_allowance
-from p2pserve.peer.forward_checks import check_forward
+from p2pserve.peer.forward_checks import check_forward, last_hop_ask
 from p2pserve.peer.reply_signer import ReplySigner
+from p2pserve.peer.sampling import Choice
 from p2pserve.peer.sessions import SessionTable
 from p2pserve.peer.timing import RecentTimes
 from p2pserve.peer.worker import ComputeWorker, Job
@@ -324,6 +325,7 @@ class SessionHandler:
         inputs = tensor_from_wire(msg.tensor, payload)
         check_forward(self.spec, session, msg, inputs)
         n, last = inputs.shape[0], session.end == self.spec.num_layers
+        ask = last_hop_ask(self.spec, session, msg, n)
         if msg.position < session.position:
             # The client rewinds: it regenerates a turn, or drops draft tokens it did not accept.
             session.cache.truncate(msg.position)
@@ -337,7 +339,8 @@ class SessionHandler:
             sample=last,
             future=loop.create_future(),
             loop=loop,
-            logit_rows=msg.outputs,
+            logit_rows=n if msg.prompt_logprobs and n > 1 else msg.outputs,
+            ask=ask,
             # The session is busy until the worker is done with this job (``SessionTable.settle``),
             # not merely until this handler stops waiting: a retry after a timeout must not put a
             # second job on the same cache, nor a Close release KV the worker still writes into.
@@ -366,14 +369,18 @@ class SessionHandler:
         """The signed ForwardResult of a step's ``result`` (a token, a list of tokens for a Forward
     with ``outputs`` > 1, or hidden states [n, hidden])."""
         position = msg.position + n
+        extra = {}
+        if isinstance(result, Choice):  # the token(s), with the log-probabilities asked for
+            extra = dict(logprobs=result.logprobs, prompt_logprobs=result.prompt_logprobs)
+            result = result.tokens if msg.outputs > 1 else result.tokens[-1]
         if isinstance(result, list):  # speculative verification: the token after each of the last positions
             sig = self.signer.sign(session, msg.position, n, commitment, tokens_bytes(result))
             return ForwardResult(session_id=session.id, step=msg.step, position=position, tokens=result,
-                                 signature=sig), b""
+                                 signature=sig, **extra), b""
         if isinstance(result, int):
             sig = self.signer.sign(session, msg.position, n, commitment, token=result)
             return ForwardResult(session_id=session.id, step=msg.step, position=position, token=result,
-                                 signature=sig), b""
+                                 signature=sig, **extra), b""
         meta, data = tensor_to_wire(result)
         sig = self.signer.sign(session, msg.position, n, commitment, data)
         return ForwardResult(session_id=session.id, step=msg.step, position=position, tensor=meta,

@@ -46,6 +46,9 @@ class Session:
     closed: bool = False  # closed while a job ran: the reservation is released when it settles
     chain: InputChain = field(default_factory=InputChain)  # commitment to every input consumed (signed replies)
     background: bool = False  # its Forwards run only in spare steps (OpenSession.background)
+    # Last hop: the token ids at positions [0, len) the client sent as ``Forward.context``
+    # (the history that penalties and prompt log-probabilities read).
+    tokens: list[int] = field(default_factory=list)
 
     @property
     def position(self) -> int:

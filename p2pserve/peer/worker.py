@@ -32,7 +32,7 @@ from p2pserve.model.shard import Segment, Shard
 from p2pserve.peer.batch_forming import ArrivalForecast
 from p2pserve.peer.batcher import Pending, TokenThrottle
 from p2pserve.peer.kv_cache import KVBudget
-from p2pserve.peer.sampling import sample_token, sample_tokens
+from p2pserve.peer.sampling import Ask, answer
 from p2pserve.peer.sessions import Session
 from p2pserve.peer.threads import adopt_torch_threads
 from p2pserve.peer.timing import RecentTimes
@@ -60,6 +60,7 @@ class Job:
     # the result is a list of tokens, and ``logits`` collects their rows [r, V] chunk by chunk.
     logit_rows: int = 1
     logits: list = field(default_factory=list)
+    ask: Ask | None = None  # what the answer needs beyond a plain token (peer/sampling.py): a Choice
 
 
 @dataclass
@@ -362,10 +363,8 @@ def _finish(job: Job, out: torch.Tensor, position: int) -> "Delivery":
     if not job.sample:
         return job, (job.outputs[0] if len(job.outputs) == 1 else torch.cat(job.outputs)), None
     try:
-        if job.logit_rows > 1:  # logits [logit_rows, V]: the token after each verified position
-            logits = torch.cat([o.reshape(-1, o.shape[-1]) for o in job.logits])
-            return job, sample_tokens(logits, job.session.sampling, position - job.logit_rows + 1), None
-        return job, sample_token(out, job.session.sampling, position), None
+        return job, answer(job.logits if job.logit_rows > 1 else [out], job.logit_rows, job.session.sampling,
+                           position, job.ask), None
     except P2PServeError as e:
         job.session.cache.truncate(job.position)
         return job, None, e

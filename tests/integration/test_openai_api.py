@@ -160,7 +160,6 @@ def test_bad_requests_get_400_with_a_clear_message(api):
     c = oai(url)
     cases = {
         "negative max tokens": (dict(model="tiny", messages=MESSAGES, max_tokens=-5), "max_tokens"),
-        "unknown model": (dict(model="gpt-17", messages=MESSAGES), "unknown model 'gpt-17'"),
         "oversized prompt": (dict(model="tiny", messages=[{"role": "user", "content": "word " * 6000}]), "tokens"),
         "empty messages": (dict(model="tiny", messages=[]), "messages"),
         "bad role": (dict(model="tiny", messages=[{"role": "wizard", "content": "hi"}]), "role"),
@@ -171,6 +170,9 @@ def test_bad_requests_get_400_with_a_clear_message(api):
             c.chat.completions.create(**kw)
         assert e.value.status_code == 400, name
         assert needle in e.value.message, (name, e.value.message)
+    with pytest.raises(openai.NotFoundError) as e:  # 404 model_not_found, as OpenAI answers it
+        c.chat.completions.create(model="gpt-17", messages=MESSAGES)
+    assert e.value.code == "model_not_found" and "unknown model 'gpt-17'" in e.value.message
     # the same through a streamed request: still a 400 before any event
     with pytest.raises(openai.BadRequestError):
         c.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=0, stream=True)

@@ -118,7 +118,7 @@ def test_parse_chat_request_validation():
         ({"model": "m"}, "'messages' is required"),
         ({"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": -1}, "max_tokens"),
         ({"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": 1.5}, "integer"),
-        ({"model": "m", "messages": [{"role": "user", "content": "x"}], "n": 2}, "'n'"),
+        ({"model": "m", "messages": [{"role": "user", "content": "x"}], "n": 17}, "'n'"),
         ({"model": "m", "messages": [{"role": "user", "content": 5}]}, "content"),
         ({"model": "m", "messages": [{"role": "user", "content": "x"}], "stop": [""]}, "stop"),
         ({"model": "m", "messages": [{"role": "user", "content": "x"}], "temperature": 7}, "temperature"),

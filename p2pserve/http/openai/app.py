@@ -8,8 +8,9 @@ one is set.
 Errors use OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``:
 
 * 400 — bad input: malformed HTTP or JSON (deep nesting included), missing/invalid ``messages``
-  or ``prompt``, out-of-range parameters, an unknown ``model``, a prompt over ``max_prompt_chars``
-  (refused before tokenising) or longer than the context;
+  or ``prompt``, out-of-range parameters, a prompt over ``max_prompt_chars`` (refused before
+  tokenising) or longer than the context;
+* 404 ``model_not_found`` — an unknown ``model`` (as OpenAI and vLLM answer it);
 * 401 — a key is configured and the request does not carry it;
 * 404 unknown path, 405 wrong method, 408 body too slow, 413 body too large;
 * 429 (with ``Retry-After``) — every route goes through an overloaded peer, or this server
@@ -18,7 +19,9 @@ Errors use OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``:
   or the bodies being read fill ``max_inflight_body_bytes`` (with ``Retry-After``);
 * 500 — anything else (a bug: the message says what).
 
-Each generation runs in a task of its own (:class:`GenerationJob`) that always closes its swarm
+The fields beyond plain text (``n``, log-probabilities, ``echo``, tools, ``response_format``) are
+parsed in ``http/openai/extras.py`` and their choices run and stream through ``http/openai/choices.py``
+(docs/openai-api.md). Each generation runs in a task of its own (:class:`GenerationJob`) that always closes its swarm
 sessions when it ends. A watcher waits for the HTTP client's disconnect and cancels the job, so
 a client that goes away stops its generation, streamed or not. Prompts are tokenised on one
 worker thread, off the event loop, where a long one cannot stall other connections and hops.
@@ -27,11 +30,11 @@ worker thread, off the event loop, where a long one cannot stall other connectio
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from typing import Optional
 
 from fastapi import FastAPI, Request
 from prometheus_client import make_asgi_app
@@ -40,15 +43,9 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from p2pserve.http.guard import ApiGuard, BodyBudget, ClientGone, error_response, read_body
-from p2pserve.http.openai.schema import (
-    GenRequest,
-    chunk_body,
-    completion_body,
-    http_error_for,
-    parse_request_body,
-    route_info,
-    usage,
-)
+from p2pserve.http.openai.choices import ChoiceEvents, prepare_request, start_choices
+from p2pserve.http.openai.extras import Rendering, sampling_defaults
+from p2pserve.http.openai.schema import GenRequest, completion_body, http_error_for, parse_request_body
 from p2pserve.config import ApiConfig
 from p2pserve.errors import HTTPError
 from p2pserve.metrics import ClientMetrics
@@ -66,19 +63,32 @@ class GenerationJob:
     ends; ``on_done(job)`` runs then too. Cancelling the job is how a disconnect stops a generation.
     """
 
-    def __init__(self, stream, on_done):
+    def __init__(self, stream, on_done, after: Optional[asyncio.Event] = None):
         self.stream = stream
         self.events: asyncio.Queue = asyncio.Queue()  # at most one event per generated piece
         self._on_done = on_done
+        self._after = after  # another choice's ``started``: its prompt is in the peers' caches then
+        self.started = asyncio.Event()  # set once the first text came (the prompt ran) or it ended
         self.task = asyncio.create_task(self._run())
+
+    def _new_logprobs(self, seen: int) -> list:
+        """The log-probabilities of the tokens since the first ``seen`` (streamed with their text)."""
+        generation = getattr(self.stream, "generation", None)
+        return generation.result.logprobs[seen:] if generation is not None else []
 
     async def _run(self) -> None:
         outcome: tuple = ("cancelled", None)
         try:
+            if self._after is not None:
+                await self._after.wait()
             await self.stream.open()
             self.events.put_nowait(("open", None))
+            seen = 0
             async for piece in self.stream:
-                self.events.put_nowait(("text", piece))
+                new = self._new_logprobs(seen)
+                seen += len(new)
+                self.events.put_nowait(("text", (piece, new)))
+                self.started.set()
             outcome = ("end", self.stream.reply)
         except Exception as e:  # reported to the HTTP client (a CancelledError is not caught)
             outcome = ("error", e)
@@ -88,6 +98,7 @@ class GenerationJob:
             except Exception as e:
                 log.warning(f"closing a generation's route failed: {e!r}")
             self._on_done(self)
+            self.started.set()
             self.events.put_nowait(outcome)
 
     async def outcome(self) -> tuple:
@@ -102,12 +113,13 @@ class GenerationJob:
         self.task.cancel()
 
 
-async def _cancel_on_disconnect(receive, job: GenerationJob) -> None:
-    """Cancel ``job`` when the HTTP client disconnects (the request body was read in full, so the
+async def _cancel_on_disconnect(receive, jobs: list[GenerationJob]) -> None:
+    """Cancel ``jobs`` when the HTTP client disconnects (the request body was read in full, so the
     next ASGI message is the disconnect)."""
     while (await receive())["type"] != "http.disconnect":
         pass
-    job.cancel()
+    for job in jobs:
+        job.cancel()
 
 
 class EventStream(StreamingResponse):
@@ -130,10 +142,6 @@ class EventStream(StreamingResponse):
             self._cleanup()
 
 
-def _event(obj) -> bytes:
-    return b"data: " + json.dumps(obj).encode() + b"\n\n"
-
-
 class OpenAIApi:
     """The endpoints, over one started ``AsyncClient`` (or ``p2pserve.testing.FakeClient``)."""
 
@@ -147,6 +155,8 @@ class OpenAIApi:
         self.jobs: set[GenerationJob] = set()  # in flight, at most limits.max_generations
         self._starting = 0  # requests past the generation cap check, still tokenising
         self.bodies = BodyBudget(limits.max_inflight_body_bytes)
+        self.rendering = Rendering.of(client)  # tokenizer and tool-call format, for log-probabilities and tools
+        self.defaults = sampling_defaults(getattr(getattr(client, "info", None), "path", None))
         # One thread: the tokenizer is not meant for concurrent calls, and one worker bounds
         # the CPU that tokenising takes from the peers sharing this machine.
         self._tokenizer = ThreadPoolExecutor(1, thread_name_prefix="p2pserve-tokenize")
@@ -163,7 +173,9 @@ class OpenAIApi:
     async def list_models(self, request: Request) -> JSONResponse:
         """``GET /v1/models``."""
         created = int(self.clock())
-        data = [{"id": m, "object": "model", "created": created, "owned_by": "p2pserve"} for m in sorted(self.models)]
+        # p2pserve's field: the checkpoint's generation_config sampling fields, used where a request leaves them out
+        data = [{"id": m, "object": "model", "created": created, "owned_by": "p2pserve",
+                 "p2pserve": {"sampling_defaults": self.defaults}} for m in sorted(self.models)]
         return JSONResponse({"object": "list", "data": data})
 
     async def health(self, request: Request) -> JSONResponse:
@@ -186,79 +198,63 @@ class OpenAIApi:
         except HTTPError as e:
             return error_response(e, close=True)  # the rest of the body stays unread
         try:
-            g = parse_request_body(raw, kind, self.models, self.limits.max_prompt_chars)
-            job = await self._start(g)
+            g = parse_request_body(raw, kind, self.models, self.limits.max_prompt_chars, self.defaults)
+            jobs = await self._start(g)
         except Exception as e:  # the HTTP edge: every failure becomes a typed error response
             return self._failure(request, e)
-        watcher = asyncio.create_task(_cancel_on_disconnect(request.receive, job))
+        watchers = [asyncio.create_task(_cancel_on_disconnect(request.receive, jobs))]
         rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
         created = int(self.clock())
         if not g.stream:
             try:
-                what, value = await job.outcome()
+                outcomes = [await job.outcome() for job in jobs]
             finally:
-                watcher.cancel()
-                job.cancel()
-            if what == "end":
-                return JSONResponse(completion_body(g, value, rid, created))
-            return self._failure(request, value if what == "error" else ClientGone())
-        return await self._stream(request, g, job, watcher, rid, created)
+                for w in watchers:
+                    w.cancel()
+                for job in jobs:
+                    job.cancel()
+            for what, value in outcomes:
+                if what != "end":
+                    return self._failure(request, value if what == "error" else ClientGone())
+            return JSONResponse(completion_body(g, [v for _, v in outcomes], rid, created, self.rendering))
+        return await self._stream(request, g, jobs, watchers[0], rid, created)
 
-    async def _start(self, g: GenRequest) -> GenerationJob:
-        """Take a generation slot (429 when none is free), tokenise off the loop, start the job."""
-        if self._starting + len(self.jobs) >= self.limits.max_generations:
+    async def _start(self, g: GenRequest) -> list[GenerationJob]:
+        """Take a generation slot per choice (429 when too few are free), tokenise and compile
+        any grammar off the loop, start the jobs."""
+        n = g.extras.n
+        if self._starting + len(self.jobs) + n > self.limits.max_generations:
             raise HTTPError(429, f"this server already runs {self.limits.max_generations} generations; retry later",
                             "rate_limit_error", code="too_many_generations")
-        self._starting += 1  # holds the slot while tokenising
+        self._starting += n  # holds the slots while tokenising
         try:
-            c = self.client
-            tokenize, arg = (c.chat_prompt, g.messages) if g.kind == "chat" else (c.text_prompt, g.prompt)
-            ids = await asyncio.get_running_loop().run_in_executor(self._tokenizer, tokenize, arg)
-            # token ids in: generate_stream only checks them, no tokenising on the loop
-            job = GenerationJob(c.generate_stream(ids, params=g.params), self.jobs.discard)
-            self.jobs.add(job)
-            return job
+            loop = asyncio.get_running_loop()
+            ids, params = await loop.run_in_executor(self._tokenizer, prepare_request, self.client, g)
+            g.prompt_ids = ids
+            jobs = start_choices(self.client, ids, params, n, lambda s, after: GenerationJob(s, self.jobs.discard, after))
+            self.jobs.update(jobs)
+            return jobs
         finally:
-            self._starting -= 1
+            self._starting -= n
 
-    async def _stream(self, request, g: GenRequest, job: GenerationJob, watcher, rid: str, created: int) -> Response:
-        """Open the route first, so that 400/429/503 are still possible; then stream events."""
+    async def _stream(self, request, g: GenRequest, jobs: list, watcher, rid: str, created: int) -> Response:
+        """Open the routes first, so that 400/429/503 are still possible; then stream events."""
         def cleanup() -> None:
             watcher.cancel()
-            job.cancel()
+            for job in jobs:
+                job.cancel()
 
+        events = ChoiceEvents(jobs)
         try:
-            what, value = await job.events.get()
+            failure = await events.opened()
         except BaseException:  # this request is being cancelled (shutdown): so is its generation
             cleanup()
             raise
-        if what != "open":
+        if failure is not None:
             cleanup()
+            what, value = failure
             return self._failure(request, value if what == "error" else ClientGone())
-        return EventStream(self._events(g, job, rid, created), cleanup)
-
-    async def _events(self, g: GenRequest, job: GenerationJob, rid: str, created: int):
-        if g.kind == "chat":
-            yield _event(chunk_body(g, rid, created, text="", role=True))
-        while True:
-            what, value = await job.events.get()
-            if what == "text":
-                yield _event(chunk_body(g, rid, created, text=value))
-            elif what == "end":
-                final = chunk_body(g, rid, created, text=None if g.kind == "chat" else "",
-                                   finish_reason=value.finish_reason)
-                final["p2pserve"] = route_info(value)
-                yield _event(final)
-                if g.include_usage:
-                    yield _event({"id": rid, "object": final["object"], "created": created, "model": g.model,
-                                  "choices": [], "usage": usage(value)})
-                break
-            elif what == "error":  # headers are gone: report in-band, as OpenAI does
-                yield _event(http_error_for(value).body())
-                break
-            else:  # cancelled: the client went away
-                return
-        yield b"data: [DONE]\n\n"
+        return EventStream(events.sse(g, rid, created, self.rendering), cleanup)
 
     def _failure(self, request: Request, exc: BaseException) -> JSONResponse:
         if isinstance(exc, ClientGone):

@@ -3,7 +3,9 @@
 Every request parameter is validated once, by :class:`~p2pserve.client.params.GenerationParams`
 (the same rules as the Python API); this module checks only what is the HTTP API's own: JSON
 types, the OpenAI names (``max_tokens`` for ``max_new_tokens``), and limits of the OpenAI API
-itself (``n`` = 1, ``temperature`` <= 2, up to 16 stop strings, sizes that fit the wire).
+itself (``temperature`` <= 2, up to 16 stop strings, sizes that fit the wire); the fields beyond
+plain text (``n``, log-probabilities, ``echo``, tools, ``response_format``, penalties) are parsed
+and formatted by :mod:`p2pserve.http.openai.extras`.
 Failures become :class:`~p2pserve.errors.HTTPError` with status 400 and the OpenAI field name.
 
 :func:`parse_request_body` is the whole parser from raw bytes: any input gives a ``GenRequest``
@@ -15,10 +17,20 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from p2pserve.http.openai.extras import (
+    Extras,
+    Rendering,
+    TokenNames,
+    chat_logprobs,
+    completion_logprobs,
+    parse_extras,
+    sampling_fields,
+)
 from p2pserve.client.params import GenerationParams
+from p2pserve.client.tools.requests import clean_messages
 from p2pserve.errors import (
     AllRoutesOverloadedError,
     BadRequestError,
@@ -73,6 +85,8 @@ class GenRequest:
     prompt: Any = None
     stream: bool = False
     include_usage: bool = False
+    extras: Extras = field(default_factory=Extras)
+    prompt_ids: Optional[list] = None  # set once tokenised (echo shows the prompt)
 
 
 def _number(body: dict, name: str, default, integer: bool = False, at_most: Optional[float] = None):
@@ -107,11 +121,10 @@ def _stop(body: dict) -> Optional[list]:
     return stop
 
 
-def _params(body: dict) -> GenerationParams:
-    """The request's GenerationParams, validated by its own rules (OpenAI names in the errors)."""
+def _params(body: dict, extras: Extras, defaults: dict) -> GenerationParams:
+    """The request's GenerationParams, validated by its own rules (OpenAI names in the errors);
+    ``defaults`` are the checkpoint's sampling fields, for those the request leaves out."""
     limit_name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
-    if _number(body, "n", 1, integer=True) != 1:
-        raise HTTPError(400, f"'n' must be 1 (one choice per request), got {_shown(body['n'])}", param="n")
     seed = _number(body, "seed", None, integer=True)
     if seed is not None and abs(seed) > SEED_LIMIT:
         raise HTTPError(400, f"'seed' must be in [-2^62, 2^62], got {_shown(seed)}", param="seed")
@@ -119,10 +132,10 @@ def _params(body: dict) -> GenerationParams:
         seed &= SEED_LIMIT - 1  # negative seeds are valid in the OpenAI API; ours are not
     params = GenerationParams.of(
         max_new_tokens=_number(body, limit_name, DEFAULT_MAX_TOKENS, integer=True, at_most=SIZE_LIMIT),
-        temperature=float(_number(body, "temperature", 1.0, at_most=OPENAI_MAX_TEMPERATURE)),
-        top_p=float(_number(body, "top_p", 1.0)),
-        top_k=_number(body, "top_k", 0, integer=True, at_most=SIZE_LIMIT),
-        seed=seed, stop=_stop(body),
+        temperature=float(_number(body, "temperature", defaults.get("temperature", 1.0), at_most=OPENAI_MAX_TEMPERATURE)),
+        top_p=float(_number(body, "top_p", defaults.get("top_p", 1.0))),
+        top_k=_number(body, "top_k", int(defaults.get("top_k", 0)), integer=True, at_most=SIZE_LIMIT),
+        seed=seed, stop=_stop(body), **sampling_fields(body, extras, defaults),
     )
     problem = params.problem()
     if problem is not None:
@@ -145,10 +158,12 @@ def decode_json(raw: bytes) -> Any:
         raise HTTPError(400, f"the body is not valid JSON: {e}") from None
 
 
-def parse_request_body(raw: bytes, kind: str, models: set[str], max_prompt_chars: Optional[int] = None) -> GenRequest:
-    """Validate the raw body of a ``kind`` ("chat" or "completion") request."""
+def parse_request_body(raw: bytes, kind: str, models: set[str], max_prompt_chars: Optional[int] = None,
+                       defaults: Optional[dict] = None) -> GenRequest:
+    """Validate the raw body of a ``kind`` ("chat" or "completion") request (``defaults``: the
+    checkpoint's sampling fields, ``openai_extras.sampling_defaults``)."""
     parse = parse_chat_request if kind == "chat" else parse_completion_request
-    return parse(decode_json(raw), models, max_prompt_chars)
+    return parse(decode_json(raw), models, max_prompt_chars, defaults)
 
 
 def _check_prompt_size(size: int, max_prompt_chars: Optional[int], param: str, unit: str = "characters") -> None:
@@ -157,58 +172,48 @@ def _check_prompt_size(size: int, max_prompt_chars: Optional[int], param: str, u
                         param=param, code="prompt_too_long")
 
 
-def parse_common(body: dict, models: set[str], kind: str) -> GenRequest:
+def parse_common(body: dict, models: set[str], kind: str, defaults: Optional[dict] = None) -> GenRequest:
     """Fields shared by /v1/chat/completions and /v1/completions."""
     if not isinstance(body, dict):
         raise HTTPError(400, "the request body must be a JSON object")
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise HTTPError(400, "'model' is required (see GET /v1/models)", param="model")
-    if model not in models:
-        raise HTTPError(400, f"unknown model {_shown(model)}; this server serves {sorted(models)}", param="model",
-                        code="model_not_found")
-    params = _params(body)
+    if model not in models:  # 404, as OpenAI and vLLM answer it
+        raise HTTPError(404, f"unknown model {_shown(model)}; this server serves {sorted(models)}",
+                        "invalid_request_error", param="model", code="model_not_found")
+    extras = parse_extras(body, kind)
+    params = _params(body, extras, defaults or {})
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise HTTPError(400, "'stream' must be a boolean", param="stream")
     opts = body.get("stream_options") or {}
     include_usage = bool(isinstance(opts, dict) and opts.get("include_usage"))
-    return GenRequest(kind=kind, model=model, params=params, stream=stream, include_usage=include_usage)
+    return GenRequest(kind=kind, model=model, params=params, stream=stream, include_usage=include_usage, extras=extras)
 
 
-def parse_chat_request(body: dict, models: set[str], max_prompt_chars: Optional[int] = None) -> GenRequest:
+def parse_chat_request(body: dict, models: set[str], max_prompt_chars: Optional[int] = None,
+                       defaults: Optional[dict] = None) -> GenRequest:
     """Validate a /v1/chat/completions body (its prompt size counts every role and content)."""
-    req = parse_common(body, models, "chat")
+    req = parse_common(body, models, "chat", defaults)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise HTTPError(400, "'messages' is required: a non-empty list of {role, content}", param="messages")
-    clean = []
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict):
-            raise HTTPError(400, f"messages[{i}] must be an object", param="messages")
-        content = m.get("content")
-        if isinstance(content, list):  # the content-parts form: keep the text parts
-            parts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
-            if len(parts) != len(content) or not all(isinstance(p, str) for p in parts):
-                raise HTTPError(400, f"messages[{i}].content: only text parts are supported", param="messages")
-            content = "".join(parts)
-        if not isinstance(content, str):
-            raise HTTPError(400, f"messages[{i}].content must be a string", param="messages")
-        role = m.get("role")
-        if role == "developer":
-            role = "system"
-        if role not in ("system", "user", "assistant"):
-            raise HTTPError(400, f"messages[{i}].role must be system, user or assistant, got {_shown(role)}", param="messages")
-        clean.append({"role": role, "content": content})
-    _check_prompt_size(sum(len(m["role"]) + len(m["content"]) for m in clean), max_prompt_chars, "messages")
+    try:
+        clean = clean_messages(messages)
+    except BadRequestError as e:
+        raise HTTPError(400, e.message, param="messages") from None
+    _check_prompt_size(sum(len(m["role"]) + len(m["content"]) + len(json.dumps(m.get("tool_calls", "")))
+                           for m in clean), max_prompt_chars, "messages")
     req.messages = clean
     return req
 
 
-def parse_completion_request(body: dict, models: set[str], max_prompt_chars: Optional[int] = None) -> GenRequest:
+def parse_completion_request(body: dict, models: set[str], max_prompt_chars: Optional[int] = None,
+                             defaults: Optional[dict] = None) -> GenRequest:
     """Validate a /v1/completions body (prompt: a string, token ids, or a one-element list of either;
     its size is its characters, or its number of token ids)."""
-    req = parse_common(body, models, "completion")
+    req = parse_common(body, models, "completion", defaults)
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]
@@ -218,17 +223,17 @@ def parse_completion_request(body: dict, models: set[str], max_prompt_chars: Opt
     if not ok:
         raise HTTPError(400, "'prompt' is required: a non-empty string or list of token ids (one prompt per request)",
                         param="prompt")
-    if body.get("echo"):
-        raise HTTPError(400, "'echo' is not supported", param="echo")
     _check_prompt_size(len(prompt), max_prompt_chars, "prompt", "characters" if isinstance(prompt, str) else "token ids")
     req.prompt = prompt
     return req
 
 
-def usage(reply) -> dict:
-    """OpenAI usage object of a finished Reply."""
-    return {"prompt_tokens": reply.prompt_tokens, "completion_tokens": len(reply.tokens),
-            "total_tokens": reply.prompt_tokens + len(reply.tokens)}
+def usage(replies) -> dict:
+    """OpenAI usage object of finished Replies (one per choice; the prompt counts once)."""
+    replies = replies if isinstance(replies, list) else [replies]
+    completion = sum(len(r.tokens) for r in replies)
+    return {"prompt_tokens": replies[0].prompt_tokens, "completion_tokens": completion,
+            "total_tokens": replies[0].prompt_tokens + completion}
 
 
 def route_info(reply) -> dict:
@@ -242,31 +247,55 @@ def route_info(reply) -> dict:
     }
 
 
-def completion_body(req: GenRequest, reply, rid: str, created: int) -> dict:
-    """The non-streaming response body."""
+def choice_body(req: GenRequest, index: int, reply, rendering: Rendering) -> dict:
+    """One choice of the non-streaming response: its text or message, tool calls and
+    log-probabilities as the request asked."""
+    ex, tok = req.extras, rendering.tokenizer
     if req.kind == "chat":
-        choice = {"index": 0, "message": {"role": "assistant", "content": reply.text}, "logprobs": None,
-                  "finish_reason": reply.finish_reason}
-        obj = "chat.completion"
-    else:
-        choice = {"index": 0, "text": reply.text, "logprobs": None, "finish_reason": reply.finish_reason}
-        obj = "text_completion"
-    return {"id": rid, "object": obj, "created": created, "model": req.model, "choices": [choice],
-            "usage": usage(reply), "p2pserve": route_info(reply)}
+        content, calls = reply.text, []
+        if ex.tools is not None and ex.tools.parses:
+            content, calls = ex.tools.calls(rendering.full_text(reply), rendering.tool_format)
+        message: dict = {"role": "assistant", "content": content if content or not calls else None}
+        if calls:
+            message["tool_calls"] = [c.openai() for c in calls]
+        finish = "tool_calls" if calls and ex.tools.choice != "named" else reply.finish_reason
+        return {"index": index, "message": message, "finish_reason": finish,
+                "logprobs": chat_logprobs(TokenNames(tok, ex.token_ids), reply.logprobs) if ex.logprobs else None}
+    text, logprobs = reply.text, None
+    if ex.echo:
+        text = rendering.prompt_text(req) + text
+    if ex.logprobs:
+        tokens, entries = list(reply.tokens), list(reply.logprobs)
+        if ex.echo:
+            tokens, entries = list(req.prompt_ids) + tokens, [None, *reply.prompt_logprobs] + entries
+        logprobs = completion_logprobs(TokenNames(tok, ex.token_ids), tokens, entries)
+    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": reply.finish_reason}
+
+
+def completion_body(req: GenRequest, replies, rid: str, created: int, rendering: Rendering = Rendering()) -> dict:
+    """The non-streaming response body (``replies``: a Reply per choice, or one Reply)."""
+    replies = replies if isinstance(replies, list) else [replies]
+    obj = "chat.completion" if req.kind == "chat" else "text_completion"
+    return {"id": rid, "object": obj, "created": created, "model": req.model,
+            "choices": [choice_body(req, i, r, rendering) for i, r in enumerate(replies)],
+            "usage": usage(replies), "p2pserve": route_info(replies[0])}
 
 
 def chunk_body(req: GenRequest, rid: str, created: int, text: Optional[str] = None, role: bool = False,
-               finish_reason: Optional[str] = None) -> dict:
-    """One streamed chunk."""
+               finish_reason: Optional[str] = None, index: int = 0, logprobs: Optional[dict] = None,
+               tool_calls: Optional[list] = None) -> dict:
+    """One streamed chunk of choice ``index``."""
     if req.kind == "chat":
         delta: dict = {}
         if role:
             delta["role"] = "assistant"
         if text is not None:
             delta["content"] = text
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        if tool_calls:
+            delta["tool_calls"] = tool_calls
+        choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
         obj = "chat.completion.chunk"
     else:
-        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+        choice = {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish_reason}
         obj = "text_completion"
     return {"id": rid, "object": obj, "created": created, "model": req.model, "choices": [choice]}
