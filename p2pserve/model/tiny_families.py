@@ -43,6 +43,12 @@ _SHAPES: dict[str, dict] = {
     # Only the window shrinks: a session may not outgrow max_position_embeddings.
     "phi3-4k": dict(hidden_size=192, intermediate_size=512, num_attention_heads=2, num_key_value_heads=2,
                     sliding_window=2048 // _CONTEXT_SCALE - 1),
+    # Routed experts: 8 per layer, 2 per token (Mixtral's own routing; Qwen3-MoE's 128 / 8 scaled).
+    # Qwen3-MoE keeps GQA 8:1 with two KV heads, so tensor parallelism over 2 ranks can split it.
+    "qwen3-moe": dict(hidden_size=128, intermediate_size=384, moe_intermediate_size=64, num_experts=8,
+                      num_experts_per_tok=2, num_attention_heads=16, num_key_value_heads=2, max_window_layers=6),
+    "mixtral": dict(hidden_size=512, intermediate_size=128, num_attention_heads=4, num_key_value_heads=1,
+                    num_local_experts=8, num_experts_per_tok=2),
 }
 _TORCH = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
