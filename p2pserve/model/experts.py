@@ -31,6 +31,7 @@ import torch.nn.functional as F
 _CHECKPOINT_LAYOUT: dict[str, tuple[str, tuple[str, str, str]]] = {
     "qwen3_moe": ("mlp.", ("gate_proj", "up_proj", "down_proj")),
     "mixtral": ("block_sparse_moe.", ("w1", "w3", "w2")),
+    "glm4_moe": ("mlp.", ("gate_proj", "up_proj", "down_proj")),
 }
 MOE_FAMILIES = frozenset(_CHECKPOINT_LAYOUT)
 
@@ -38,12 +39,15 @@ MOE_FAMILIES = frozenset(_CHECKPOINT_LAYOUT)
 @dataclass(frozen=True)
 class ExpertShape:
     """How many experts a layer holds, how many a token runs, and each expert's MLP width;
-    ``moe_layers`` is how many of the model's layers are routed (the rest are dense)."""
+    ``moe_layers`` is how many of the model's layers are routed (the rest are dense), and
+    ``shared_intermediate_size`` the width of the shared experts every token runs besides its
+    routed ones (GLM-4.5; 0 where there are none)."""
 
     num_experts: int
     experts_per_token: int
     expert_intermediate_size: int
     moe_layers: int
+    shared_intermediate_size: int = 0
 
 
 def expert_shape(cfg: dict, num_layers: int) -> ExpertShape | None:
@@ -58,6 +62,11 @@ def expert_shape(cfg: dict, num_layers: int) -> ExpertShape | None:
         moe = sum(1 for i in range(num_layers) if i not in dense and (i + 1) % step == 0)
         return ExpertShape(int(cfg["num_experts"]), int(cfg["num_experts_per_tok"]),
                            int(cfg["moe_intermediate_size"]), moe)
+    if family == "glm4_moe":  # the first first_k_dense_replace layers are dense
+        width = int(cfg.get("moe_intermediate_size", 1408))
+        return ExpertShape(int(cfg.get("n_routed_experts", 128)), int(cfg.get("num_experts_per_tok", 8)), width,
+                           max(0, num_layers - int(cfg.get("first_k_dense_replace", 1))),
+                           width * int(cfg.get("n_shared_experts", 1)))
     return None
 
 

@@ -263,6 +263,48 @@ MIXTRAL_8X7B_INSTRUCT_V0_1 = {
     "vocab_size": 32000,
 }
 
+# GLM-4.5 (355B-A32B, model_type glm4_moe): 160 routed experts of width 1536, 8 per token, chosen by
+# sigmoid scores with a correction bias and scaled by 2.5, plus one shared expert every token runs;
+# the first 3 layers dense; q/k/v biases, per-head q/k RMSNorm, rotary on half of each 128-wide head.
+# Its checkpoints also hold one multi-token-prediction layer after the last (num_nextn_predict_layers),
+# which serving ignores.
+GLM_4_5 = {
+    "architectures": ["Glm4MoeForCausalLM"],
+    "attention_bias": True,
+    "attention_dropout": 0.0,
+    "pad_token_id": 151329,
+    "eos_token_id": [151329, 151336, 151338],
+    "head_dim": 128,
+    "hidden_act": "silu",
+    "hidden_size": 5120,
+    "partial_rotary_factor": 0.5,
+    "initializer_range": 0.02,
+    "intermediate_size": 12288,
+    "max_position_embeddings": 131072,
+    "model_type": "glm4_moe",
+    "moe_intermediate_size": 1536,
+    "norm_topk_prob": True,
+    "num_attention_heads": 96,
+    "n_group": 1,
+    "topk_group": 1,
+    "n_routed_experts": 160,
+    "n_shared_experts": 1,
+    "routed_scaling_factor": 2.5,
+    "num_experts_per_tok": 8,
+    "first_k_dense_replace": 3,
+    "num_hidden_layers": 92,
+    "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-05,
+    "rope_scaling": None,
+    "rope_theta": 1000000,
+    "num_nextn_predict_layers": 1,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "use_cache": True,
+    "use_qk_norm": True,
+    "vocab_size": 151552,
+}
+
 # Gemma 2 2B it: a family this version does not run (tests check the refusal names it).
 GEMMA_2_2B_IT = {
     "architectures": ["Gemma2ForCausalLM"],
@@ -345,4 +387,13 @@ FAMILIES["mixtral"] = dict(
     hub="mistralai/Mixtral-8x7B-Instruct-v0.1", config=MIXTRAL_8X7B_INSTRUCT_V0_1,
     generation={"bos_token_id": 1, "eos_token_id": 2},
     tokens={0: "<unk>", 1: "<s>", 2: "</s>"}, bos="<s>", eos="</s>", pad="<unk>", template=_MISTRAL_INST,
+)
+FAMILIES["glm4.5"] = dict(
+    hub="zai-org/GLM-4.5", config=GLM_4_5,
+    generation={"eos_token_id": [151329, 151336, 151338], "pad_token_id": 151329},
+    tokens={151329: "<|endoftext|>", 151331: "[gMASK]", 151333: "<sop>", 151335: "<|system|>", 151336: "<|user|>",
+            151337: "<|assistant|>", 151338: "<|observation|>"},
+    bos=None, eos="<|user|>", pad="<|endoftext|>",
+    template=("[gMASK]<sop>{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}{% endfor %}"
+              "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"),
 )

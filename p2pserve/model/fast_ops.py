@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 log = logging.getLogger(__name__)
 
-FAST_FAMILIES = frozenset({"llama", "mistral", "qwen2", "qwen3", "phi3", "qwen3_moe", "mixtral"})
+FAST_FAMILIES = frozenset({"llama", "mistral", "qwen2", "qwen3", "phi3", "qwen3_moe", "mixtral", "glm4_moe"})
 
 
 def linear(x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -64,9 +64,18 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin_signed: torch.
     Here rotate_half(x) * sin = roll(x) * [-sin1, sin2] = [x2, x1] * sin_signed, which is the
     same product bit for bit ((-a) * b == a * (-b) in IEEE arithmetic); q and k are stacked so
     the four elementwise ops run once instead of twice.
+
+    With partial rotary (GLM-4.5: cos, sin [T, 1, R] with R < D) only the first R dims of each
+    head rotate and the other D - R pass through, concatenated after them as transformers does.
     """
     nq = q.shape[1]
     qk = torch.cat((q, k), 1)  # [T, nH + nKV, D]
+    rotary = cos.shape[-1]
+    if rotary < qk.shape[-1]:
+        part, rest = qk[..., :rotary], qk[..., rotary:]
+        qk = torch.cat((part * cos + torch.roll(part, rotary // 2, -1).mul_(sin_signed), rest), -1)
+        q, k = qk[:, :nq], qk[:, nq:]
+        return (q.contiguous() if q.shape[0] > 1 else q), k
     rotated = torch.roll(qk, qk.shape[-1] // 2, -1).mul_(sin_signed)
     qk = qk.mul_(cos).add_(rotated)  # == qk * cos + rotated
     q, k = qk[:, :nq], qk[:, nq:]

@@ -121,7 +121,7 @@ class Shard(torch.nn.Module):
         self.windows = [self._sliding_window(i) for i in range(start, end)]
         self.device = torch.device("cpu")
         self._fast_classes = (norm_cls, getattr(mod, f"{prefix}Attention", None), getattr(mod, f"{prefix}MLP", None),
-                              getattr(mod, f"{prefix}SparseMoeBlock", None))
+                              getattr(mod, f"{prefix}SparseMoeBlock", None) or getattr(mod, f"{prefix}MoE", None))
         # Fast-path state, built on first use and dropped whenever weights may have moved.
         self._plan: list[LayerPlan] | None = None
         self._plan_built = False

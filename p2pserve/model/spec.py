@@ -20,8 +20,8 @@ from p2pserve.model.quant import BYTES_PER_WEIGHT, check_quant, with_quant
 # decoder layout (pre-norm, RoPE, GQA, gated MLP); Qwen2 adds q/k/v biases, Qwen3 per-head q/k
 # RMSNorm, Mistral a sliding window, and Phi-3 fuses q/k/v and gate/up into one matrix each.
 # Qwen3-MoE (Qwen3's attention) and Mixtral (Mistral's) replace the MLP by routed experts
-# (model/experts.py). docs/models.md says what each family's checkpoints look like and what the
-# tests prove.
+# (model/experts.py); GLM-4.5 adds a shared expert to its routed ones, q/k/v biases and partial
+# rotary. docs/models.md says what each family's checkpoints look like and what the tests prove.
 SUPPORTED_FAMILIES: dict[str, tuple[str, str]] = {
     "llama": ("transformers.models.llama.modeling_llama", "Llama"),
     "mistral": ("transformers.models.mistral.modeling_mistral", "Mistral"),
@@ -30,7 +30,11 @@ SUPPORTED_FAMILIES: dict[str, tuple[str, str]] = {
     "phi3": ("transformers.models.phi3.modeling_phi3", "Phi3"),
     "qwen3_moe": ("transformers.models.qwen3_moe.modeling_qwen3_moe", "Qwen3Moe"),
     "mixtral": ("transformers.models.mixtral.modeling_mixtral", "Mixtral"),
+    "glm4_moe": ("transformers.models.glm4_moe.modeling_glm4_moe", "Glm4Moe"),
 }
+# Families whose attention rotates only part of each head (``partial_rotary_factor`` < 1), as the
+# shard's `rope` reproduces: GLM-4.5 rotates the first half of each 128-wide head.
+PARTIAL_ROTARY_FAMILIES = frozenset({"glm4_moe"})
 
 _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
@@ -67,6 +71,7 @@ class ModelSpec:
     experts_per_token: int = 0
     expert_intermediate_size: int = 0
     moe_layers: int = 0
+    shared_expert_intermediate_size: int = 0  # shared experts every token runs in routed layers (GLM-4.5)
 
     @property
     def dtype_bytes(self) -> int:
@@ -90,7 +95,8 @@ class ModelSpec:
         dense = 3 * h * self.intermediate_size
         if not self.num_experts:
             return attn + dense
-        routed = self.num_experts * h + experts * 3 * h * self.expert_intermediate_size  # router + experts
+        routed = (self.num_experts * h + experts * 3 * h * self.expert_intermediate_size  # router + experts
+                  + 3 * h * self.shared_expert_intermediate_size)
         mlp = (self.moe_layers * routed + (self.num_layers - self.moe_layers) * dense) // self.num_layers
         return attn + mlp
 
@@ -158,6 +164,7 @@ def load_spec(model_path: str | os.PathLike, dtype: str | None = None, quant: st
         experts_per_token=experts.experts_per_token if experts else 0,
         expert_intermediate_size=experts.expert_intermediate_size if experts else 0,
         moe_layers=experts.moe_layers if experts else 0,
+        shared_expert_intermediate_size=experts.shared_intermediate_size if experts else 0,
     )
 
 
@@ -189,7 +196,7 @@ def check_supported(cfg: dict, model_path: str | os.PathLike = "") -> str:
         )
     rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
     partial = cfg.get("partial_rotary_factor", rope.get("partial_rotary_factor", 1.0) if isinstance(rope, dict) else 1.0)
-    if partial not in (None, 1, 1.0):
+    if partial not in (None, 1, 1.0) and family not in PARTIAL_ROTARY_FAMILIES:
         raise UnsupportedModelError(
             f"model family {family!r}{where}: partial rotary embeddings (partial_rotary_factor={partial}) "
             "are not supported", family=family,

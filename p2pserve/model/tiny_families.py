@@ -49,6 +49,9 @@ _SHAPES: dict[str, dict] = {
                       num_experts_per_tok=2, num_attention_heads=16, num_key_value_heads=2, max_window_layers=6),
     "mixtral": dict(hidden_size=512, intermediate_size=128, num_attention_heads=4, num_key_value_heads=1,
                     num_local_experts=8, num_experts_per_tok=2),
+    # GLM-4.5: GQA 12:1 (96:8 rounded), one dense layer before the routed ones (3 of 92 in the real one).
+    "glm4.5": dict(hidden_size=256, intermediate_size=384, moe_intermediate_size=64, n_routed_experts=8,
+                   num_experts_per_tok=2, num_attention_heads=12, num_key_value_heads=1, first_k_dense_replace=1),
 }
 _TORCH = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

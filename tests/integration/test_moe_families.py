@@ -1,8 +1,8 @@
-"""Routed-experts families (Qwen3-MoE, Mixtral) through real peer processes, on every path.
+"""Routed-experts families (Qwen3-MoE, Mixtral, GLM-4.5) through real peer processes, on every path.
 
 Each folder is built by `p2pserve.model.tiny_families` from the family's real config.json
-(Qwen3-30B-A3B, Mixtral-8x7B-Instruct; 8 experts, top-2) and saved as the hub saves it, one matrix
-per expert. Peers are `p2pserve peer --model PATH --layers A:B` processes. Against transformers
+(Qwen3-30B-A3B, Mixtral-8x7B-Instruct, GLM-4.5 with its shared expert and partial rotary; 8
+experts, top-2) and saved as the hub saves it, one matrix per expert. Peers are `p2pserve peer --model PATH --layers A:B` processes. Against transformers
 `generate` on the same folder in fp32, token for token:
 
 * the public `p2pserve.Client` over three peers [0, 2), [2, 4), [4, 6), and the same with
@@ -35,7 +35,7 @@ SYSTEM = ("You are a careful assistant of a peer-to-peer swarm. Answer briefly, 
           "and say so when you do not know. Never invent numbers; show the steps of any sum.")
 
 
-@pytest.mark.parametrize("family", ["qwen3-moe", "mixtral"])
+@pytest.mark.parametrize("family", ["qwen3-moe", "mixtral", "glm4.5"])
 def test_moe_family_through_peers_on_every_path(tmp_path_factory, family):
     path = str(build_family_model(family, tmp_path_factory.mktemp(family) / family, seed=0))
     info = LocalModelInfo.load(path)

@@ -1,4 +1,4 @@
-"""Routed-experts families (Qwen3-MoE, Mixtral) in one process: the checkpoint layout, memory and
+"""Routed-experts families (Qwen3-MoE, Mixtral, GLM-4.5) in one process: the checkpoint layout, memory and
 compute facts, batching and speculative rows, and quantization of the experts.
 
 Greedy tokens of a whole-model shard against `generate` (fast path, and module path with a
@@ -21,7 +21,7 @@ from p2pserve.model.spec import load_spec
 from p2pserve.model.tiny_families import build_family_model
 from p2pserve.peer.kv_cache import SequenceCache
 
-MOE = ["qwen3-moe", "mixtral"]
+MOE = ["qwen3-moe", "mixtral", "glm4.5"]
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +49,8 @@ def test_the_checkpoint_stores_each_expert_and_the_shard_holds_them_fused(moe_di
     assert f"model.layers.2.{block}.experts.7.{gate}.weight" in names  # the hub's per-expert layout
     assert not any("gate_up_proj" in n for n in names)
     spec = load_spec(path)
-    assert (spec.num_experts, spec.experts_per_token, spec.moe_layers) == (8, 2, spec.num_layers)
+    dense = 1 if family == "glm4.5" else 0  # GLM-4.5's first layers are dense
+    assert (spec.num_experts, spec.experts_per_token, spec.moe_layers) == (8, 2, spec.num_layers - dense)
     shard = Shard.load(path, spec, 2, 4)
     from transformers import AutoModelForCausalLM
 
@@ -75,9 +76,9 @@ def test_memory_counts_every_expert_and_compute_only_the_routed_ones(moe_dir, fa
     of a layer's bytes and the routed ones little of its compute."""
     path = moe_dir(family)
     spec = load_spec(path)
-    shard = Shard.load(path, spec, 0, 3)
+    shard = Shard.load(path, spec, 0, spec.num_layers)
     held = sum(p.numel() for layer in shard.layers for p in layer.parameters())
-    assert abs(held - 3 * spec.layer_param_count) / held < 0.01
+    assert abs(held - spec.num_layers * spec.layer_param_count) / held < 0.01
     assert spec.layer_bytes == spec.layer_param_count * 4
     (tmp_path / "config.json").write_text(json.dumps(FAMILIES[family]["config"]))
     real = load_spec(tmp_path, dtype="bfloat16")
@@ -149,3 +150,24 @@ def test_weight_only_quantization_covers_the_experts(moe_dir, quant):
     measured = weight_bytes(shard.layers)
     assert measured < weight_bytes(full.layers) / 3  # fp32 -> ~1 byte per weight
     assert abs(measured - 2 * spec.layer_bytes) / measured < 0.05  # what the peer's budget counts
+
+
+@pytest.mark.parametrize("family", ["gpt_oss", "deepseek_v3", "kimi_k2"])
+def test_moe_families_not_served_yet_are_refused_by_name(tmp_path, family):
+    """Attention sinks with MXFP4 experts (GPT-OSS) and multi-head latent attention (DeepSeek-V3,
+    Kimi K2) are not in the shard: a peer and a client refuse them at start, naming the family."""
+    from p2pserve.errors import UnsupportedModelError
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": family, "num_hidden_layers": 2}))
+    with pytest.raises(UnsupportedModelError, match=f"model family '{family}'.*qwen3_moe"):
+        load_spec(tmp_path)
+
+
+def test_tensor_parallelism_needs_every_layer_routed(moe_dir):
+    """GLM-4.5's first layers are dense: splitting by expert width would not split them."""
+    from p2pserve.errors import ConfigError
+    from p2pserve.model.tensor_parallel import check_splittable
+
+    with pytest.raises(ConfigError, match="every layer routed"):
+        check_splittable(load_spec(moe_dir("glm4.5")), 2)
+    check_splittable(load_spec(moe_dir("qwen3-moe")), 2)  # 16:2 heads and 64-wide experts split
