@@ -253,6 +253,14 @@ def _handle_signals(loop, stop: asyncio.Event, agent) -> None:
         loop.add_signal_handler(signal.SIGUSR1, agent.retire)
 
 
+def max_layers_of(spec, config: PeerConfig) -> int:
+    """The most layers a plan-driven peer offers: ``--max-layers``, else as many layers' weights as
+    ``--weights-memory-gb`` holds (`ModelSpec.layer_bytes`: every expert of a mixture-of-experts
+    layer, quantized where ``--quant`` says), never more than the model has (readers reject a
+    record claiming more, dht/records.py)."""
+    return min(spec.num_layers, config.max_layers or max(1, config.weights_memory_bytes // spec.layer_bytes))
+
+
 async def _start_agent(peer, swarm, config: PeerConfig, progress):
     from p2pserve.config import ProberConfig
     from p2pserve.dht.prober import LinkProber
@@ -263,8 +271,7 @@ async def _start_agent(peer, swarm, config: PeerConfig, progress):
     # push mode: a peer in a swarm dials next hops where they announced themselves (none otherwise)
     peer.handler.forwarder.resolve = AnnouncedAddresses(swarm)
     spec = peer.spec
-    # Never more than the model has: readers reject a record claiming more (dht/records.py).
-    max_layers = min(spec.num_layers, config.max_layers or max(1, config.weights_memory_bytes // spec.layer_bytes))
+    max_layers = max_layers_of(spec, config)
     with progress.step(f"profiling {config.device} for up to {max_layers} layers (cached after the first run)"):
         profile = await asyncio.to_thread(load_or_measure, peer.model_path, spec, config.device, max_layers,
                                           config.profile_batch, peer.tp)

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from p2pserve.errors import BadRequestError
+
 # family -> (checkpoint prefix of the MoE block inside a layer, expert projection names
 # (gate, up, down) in the checkpoint)
 _CHECKPOINT_LAYOUT: dict[str, tuple[str, tuple[str, str, str]]] = {
@@ -74,7 +76,8 @@ def fuse_layer_tensors(family: str, tensors: dict[str, torch.Tensor]) -> dict[st
     """One layer's checkpoint tensors (names relative to the layer, e.g. ``mlp.experts.3.up_proj.weight``)
     under the names transformers' module holds: per-expert matrices stacked into ``mlp.experts.gate_up_proj``
     [E, 2I, H] and ``mlp.experts.down_proj`` [E, H, I], the router as ``mlp.gate.weight``. Tensors of
-    dense families, and already fused ones, come back unchanged."""
+    dense families, and already fused ones, come back unchanged; a layer whose experts are not
+    numbered 0..E-1 in all three projections is a `BadRequestError`."""
     layout = _CHECKPOINT_LAYOUT.get(family)
     if layout is None:
         return tensors
@@ -93,7 +96,8 @@ def fuse_layer_tensors(family: str, tensors: dict[str, torch.Tensor]) -> dict[st
     if per_expert[gate]:
         experts = sorted(per_expert[gate])
         if experts != list(range(len(experts))) or any(sorted(per_expert[p]) != experts for p in (up, down)):
-            raise ValueError(f"{family} checkpoint layer holds an incomplete set of experts")
+            raise BadRequestError(f"{family} checkpoint layer holds an incomplete set of experts: "
+                                  f"{[sorted(per_expert[p]) for p in (gate, up, down)]}")
         out["mlp.experts.gate_up_proj"] = torch.stack(
             [torch.cat((per_expert[gate][e], per_expert[up][e])) for e in experts])  # [E, 2I, H]
         out["mlp.experts.down_proj"] = torch.stack([per_expert[down][e] for e in experts])  # [E, H, I]

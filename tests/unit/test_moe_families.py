@@ -14,6 +14,7 @@ import json
 import pytest
 import torch
 
+from p2pserve.errors import BadRequestError
 from p2pserve.model.family_configs import FAMILIES
 from p2pserve.model.experts import LinearExperts, fuse_layer_tensors, unfuse_experts
 from p2pserve.model.shard import Segment, Shard
@@ -65,7 +66,7 @@ def test_fusing_passes_fused_tensors_through_and_refuses_missing_experts():
     fused = {"mlp.experts.gate_up_proj": torch.zeros(2, 4, 3), "mlp.gate.weight": torch.zeros(2, 3)}
     assert fuse_layer_tensors("qwen3_moe", dict(fused)).keys() == fused.keys()
     partial = {f"block_sparse_moe.experts.{e}.{w}.weight": torch.zeros(2, 3) for e in (0, 2) for w in ("w1", "w2", "w3")}
-    with pytest.raises(ValueError, match="incomplete set of experts"):
+    with pytest.raises(BadRequestError, match="incomplete set of experts"):
         fuse_layer_tensors("mixtral", partial)
 
 
@@ -171,3 +172,16 @@ def test_tensor_parallelism_needs_every_layer_routed(moe_dir):
     with pytest.raises(ConfigError, match="every layer routed"):
         check_splittable(load_spec(moe_dir("glm4.5")), 2)
     check_splittable(load_spec(moe_dir("qwen3-moe")), 2)  # 16:2 heads and 64-wide experts split
+
+
+def test_a_peer_offers_the_layers_its_memory_holds_with_every_expert(tmp_path):
+    """Qwen3-30B-A3B in bf16: 24 GiB for weights hold 20 layers of ~0.63 B weights each (all 128
+    experts), not the ~200 its 3 B active weights per token would suggest; int8 about doubles it."""
+    from p2pserve.cli.peer import config_from_args, max_layers_of
+    from p2pserve.cli import build_parser
+
+    (tmp_path / "config.json").write_text(json.dumps(FAMILIES["qwen3-moe"]["config"]))
+    config = config_from_args(build_parser("peer").parse_args(["peer", "--weights-memory-gb", "24"]))
+    spec = load_spec(tmp_path, dtype="bfloat16")
+    assert max_layers_of(spec, config) == 24 * 2**30 // spec.layer_bytes == 20
+    assert 36 <= max_layers_of(load_spec(tmp_path, dtype="bfloat16", quant="int8"), config) <= 40
