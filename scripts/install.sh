@@ -30,7 +30,8 @@ install_chromium() {
 }
 
 if [[ "${1:-}" == "--test" ]]; then
-  $PY -m pip install --quiet -e ".[test]"
+  # The quant extra too: the quantized tests (int8/int4/nf4 through real peers) must run, not skip.
+  $PY -m pip install --quiet -e ".[test,quant]"
   install_chromium
 else
   $PY -m pip install --quiet -e .

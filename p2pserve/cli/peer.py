@@ -274,14 +274,21 @@ def _handle_signals(loop, stop: asyncio.Event, agent) -> None:
         loop.add_signal_handler(signal.SIGUSR1, agent.retire)
 
 
+def max_layers_of(spec, config: PeerConfig) -> int:
+    """The most layers a plan-driven peer offers: ``--max-layers``, else as many layers' weights as
+    ``--weights-memory-gb`` holds (`ModelSpec.layer_bytes`: every expert of a mixture-of-experts
+    layer, quantized where ``--quant`` says), never more than the model has (readers reject a
+    record claiming more, dht/records.py)."""
+    return min(spec.num_layers, config.max_layers or max(1, config.weights_memory_bytes // spec.layer_bytes))
+
+
 async def _start_agent(peer, swarm, config: PeerConfig, progress):
     from p2pserve.dht.prober import LinkProber
     from p2pserve.peer.agent import SwarmAgent
     from p2pserve.peer.profiler import load_or_measure
 
     spec = peer.spec
-    # Never more than the model has: readers reject a record claiming more (dht/records.py).
-    max_layers = min(spec.num_layers, config.max_layers or max(1, config.weights_memory_bytes // spec.layer_bytes))
+    max_layers = max_layers_of(spec, config)
     load = None
     if peer.source is not None and peer.source.partial:  # a hub id: time stand-in layers, fetch nothing
         from p2pserve.model.stand_in import stand_in_shard

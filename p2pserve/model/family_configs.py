@@ -196,6 +196,115 @@ PHI_3_MINI_4K_INSTRUCT = {
     "sliding_window": 2047,
 }
 
+# Qwen3 30B-A3B (model_type qwen3_moe): Qwen3's attention (per-head q/k RMSNorm, head_dim 128,
+# GQA 32:4) with 128 routed experts of width 768 per layer, 8 per token, top-k weights renormalised.
+QWEN3_30B_A3B = {
+    "architectures": ["Qwen3MoeForCausalLM"],
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "bos_token_id": 151643,
+    "decoder_sparse_step": 1,
+    "eos_token_id": 151645,
+    "head_dim": 128,
+    "hidden_act": "silu",
+    "hidden_size": 2048,
+    "initializer_range": 0.02,
+    "intermediate_size": 6144,
+    "max_position_embeddings": 40960,
+    "max_window_layers": 48,
+    "mlp_only_layers": [],
+    "model_type": "qwen3_moe",
+    "moe_intermediate_size": 768,
+    "norm_topk_prob": True,
+    "num_attention_heads": 32,
+    "num_experts": 128,
+    "num_experts_per_tok": 8,
+    "num_hidden_layers": 48,
+    "num_key_value_heads": 4,
+    "output_router_logits": False,
+    "rms_norm_eps": 1e-06,
+    "rope_scaling": None,
+    "rope_theta": 1000000.0,
+    "router_aux_loss_coef": 0.001,
+    "sliding_window": None,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "use_cache": True,
+    "use_sliding_window": False,
+    "vocab_size": 151936,
+}
+
+# Mixtral 8x7B Instruct v0.1: Mistral's attention (GQA 32:8, head_dim 128) with 8 routed experts
+# of width 14336 per layer, 2 per token; checkpoints name the experts block_sparse_moe.experts.{e}.w1/w2/w3.
+MIXTRAL_8X7B_INSTRUCT_V0_1 = {
+    "architectures": ["MixtralForCausalLM"],
+    "attention_dropout": 0.0,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "hidden_act": "silu",
+    "hidden_size": 4096,
+    "initializer_range": 0.02,
+    "intermediate_size": 14336,
+    "max_position_embeddings": 32768,
+    "model_type": "mixtral",
+    "num_attention_heads": 32,
+    "num_experts_per_tok": 2,
+    "num_hidden_layers": 32,
+    "num_key_value_heads": 8,
+    "num_local_experts": 8,
+    "output_router_logits": False,
+    "rms_norm_eps": 1e-05,
+    "rope_theta": 1000000.0,
+    "router_aux_loss_coef": 0.02,
+    "sliding_window": None,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "use_cache": True,
+    "vocab_size": 32000,
+}
+
+# GLM-4.5 (355B-A32B, model_type glm4_moe): 160 routed experts of width 1536, 8 per token, chosen by
+# sigmoid scores with a correction bias and scaled by 2.5, plus one shared expert every token runs;
+# the first 3 layers dense; q/k/v biases, per-head q/k RMSNorm, rotary on half of each 128-wide head.
+# Its checkpoints also hold one multi-token-prediction layer after the last (num_nextn_predict_layers),
+# which serving ignores.
+GLM_4_5 = {
+    "architectures": ["Glm4MoeForCausalLM"],
+    "attention_bias": True,
+    "attention_dropout": 0.0,
+    "pad_token_id": 151329,
+    "eos_token_id": [151329, 151336, 151338],
+    "head_dim": 128,
+    "hidden_act": "silu",
+    "hidden_size": 5120,
+    "partial_rotary_factor": 0.5,
+    "initializer_range": 0.02,
+    "intermediate_size": 12288,
+    "max_position_embeddings": 131072,
+    "model_type": "glm4_moe",
+    "moe_intermediate_size": 1536,
+    "norm_topk_prob": True,
+    "num_attention_heads": 96,
+    "n_group": 1,
+    "topk_group": 1,
+    "n_routed_experts": 160,
+    "n_shared_experts": 1,
+    "routed_scaling_factor": 2.5,
+    "num_experts_per_tok": 8,
+    "first_k_dense_replace": 3,
+    "num_hidden_layers": 92,
+    "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-05,
+    "rope_scaling": None,
+    "rope_theta": 1000000,
+    "num_nextn_predict_layers": 1,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "use_cache": True,
+    "use_qk_norm": True,
+    "vocab_size": 151552,
+}
+
 # Gemma 2 2B it: a family this version does not run (tests check the refusal names it).
 GEMMA_2_2B_IT = {
     "architectures": ["Gemma2ForCausalLM"],
@@ -221,6 +330,9 @@ _CHATML = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
+
+_MISTRAL_INST = ("{{ bos_token }}{% for m in messages %}{% if m['role'] == 'assistant' %}{{ m['content'] }}"
+                 "{{ eos_token }}{% else %}[INST] {{ m['content'] }}[/INST]{% endif %}{% endfor %}")
 
 # name -> (hub id, config.json, generation_config.json, tokens: real id -> token text, the
 # tokenizer's bos/eos/pad token texts, chat template)
@@ -256,9 +368,7 @@ FAMILIES: dict[str, dict] = {
         hub="mistralai/Mistral-7B-Instruct-v0.3", config=MISTRAL_7B_INSTRUCT_V0_3,
         generation={"bos_token_id": 1, "eos_token_id": 2},
         tokens={0: "<unk>", 1: "<s>", 2: "</s>", 3: "[INST]", 4: "[/INST]"},
-        bos="<s>", eos="</s>", pad="<unk>",
-        template=("{{ bos_token }}{% for m in messages %}{% if m['role'] == 'assistant' %}{{ m['content'] }}"
-                  "{{ eos_token }}{% else %}[INST] {{ m['content'] }}[/INST]{% endif %}{% endfor %}"),
+        bos="<s>", eos="</s>", pad="<unk>", template=_MISTRAL_INST,
     ),
     "phi3.5": dict(
         hub="microsoft/Phi-3.5-mini-instruct", config=PHI_3_5_MINI_INSTRUCT,
@@ -272,3 +382,18 @@ FAMILIES: dict[str, dict] = {
 }
 FAMILIES["phi3-4k"] = dict(FAMILIES["phi3.5"], hub="microsoft/Phi-3-mini-4k-instruct", config=PHI_3_MINI_4K_INSTRUCT,
                            generation={"bos_token_id": 1, "eos_token_id": [32000, 32001, 32007], "pad_token_id": 32000})
+FAMILIES["qwen3-moe"] = dict(FAMILIES["qwen3"], hub="Qwen/Qwen3-30B-A3B", config=QWEN3_30B_A3B)
+FAMILIES["mixtral"] = dict(
+    hub="mistralai/Mixtral-8x7B-Instruct-v0.1", config=MIXTRAL_8X7B_INSTRUCT_V0_1,
+    generation={"bos_token_id": 1, "eos_token_id": 2},
+    tokens={0: "<unk>", 1: "<s>", 2: "</s>"}, bos="<s>", eos="</s>", pad="<unk>", template=_MISTRAL_INST,
+)
+FAMILIES["glm4.5"] = dict(
+    hub="zai-org/GLM-4.5", config=GLM_4_5,
+    generation={"eos_token_id": [151329, 151336, 151338], "pad_token_id": 151329},
+    tokens={151329: "<|endoftext|>", 151331: "[gMASK]", 151333: "<sop>", 151335: "<|system|>", 151336: "<|user|>",
+            151337: "<|assistant|>", 151338: "<|observation|>"},
+    bos=None, eos="<|user|>", pad="<|endoftext|>",
+    template=("[gMASK]<sop>{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}{% endfor %}"
+              "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"),
+)

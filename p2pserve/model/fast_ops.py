@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 log = logging.getLogger(__name__)
 
-FAST_FAMILIES = frozenset({"llama", "mistral", "qwen2", "qwen3", "phi3"})
+FAST_FAMILIES = frozenset({"llama", "mistral", "qwen2", "qwen3", "phi3", "qwen3_moe", "mixtral", "glm4_moe"})
 
 
 def linear(x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -64,9 +64,18 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin_signed: torch.
     Here rotate_half(x) * sin = roll(x) * [-sin1, sin2] = [x2, x1] * sin_signed, which is the
     same product bit for bit ((-a) * b == a * (-b) in IEEE arithmetic); q and k are stacked so
     the four elementwise ops run once instead of twice.
+
+    With partial rotary (GLM-4.5: cos, sin [T, 1, R] with R < D) only the first R dims of each
+    head rotate and the other D - R pass through, concatenated after them as transformers does.
     """
     nq = q.shape[1]
     qk = torch.cat((q, k), 1)  # [T, nH + nKV, D]
+    rotary = cos.shape[-1]
+    if rotary < qk.shape[-1]:
+        part, rest = qk[..., :rotary], qk[..., rotary:]
+        qk = torch.cat((part * cos + torch.roll(part, rotary // 2, -1).mul_(sin_signed), rest), -1)
+        q, k = qk[:, :nq], qk[:, nq:]
+        return (q.contiguous() if q.shape[0] > 1 else q), k
     rotated = torch.roll(qk, qk.shape[-1] // 2, -1).mul_(sin_signed)
     qk = qk.mul_(cos).add_(rotated)  # == qk * cos + rotated
     q, k = qk[:, :nq], qk[:, nq:]
@@ -86,6 +95,8 @@ class LayerPlan:
     SiLU (run in place), else the layer's own activation module. Phi-3 checkpoints fuse q/k/v
     into ``qkv`` and gate/up into ``gate_up`` (one matmul each, as its modules run them); then
     ``q``/``k``/``v`` and ``gate``/``up`` are None, and the other way round for every other family.
+    A routed-experts layer (Qwen3-MoE, Mixtral) keeps its MoE block as ``moe``, called as a
+    module (the router and the expert loop are transformers' own); its gate/up/down are None.
     """
 
     input_norm: Norm
@@ -98,11 +109,12 @@ class LayerPlan:
     o: Linear
     gate: Linear | None
     up: Linear | None
-    down: Linear
+    down: Linear | None
     act: Callable[[torch.Tensor], torch.Tensor] | None
     scaling: float
     qkv: Linear | None = None
     gate_up: Linear | None = None
+    moe: torch.nn.Module | None = None
 
 
 class NoFastPath(Exception):
@@ -126,7 +138,7 @@ def build_layer_plans(shard) -> tuple[tuple | None, list[LayerPlan] | None]:
     """
     if shard.spec.family not in FAST_FAMILIES:
         return None, None
-    norm_cls, attn_cls, mlp_cls = shard._fast_classes
+    norm_cls, attn_cls, mlp_cls, moe_cls = shard._fast_classes
     silu_types = tuple(t for t in (torch.nn.SiLU, hf_silu_type()) if t is not None)
 
     def norm_of(m) -> Norm:
@@ -145,13 +157,13 @@ def build_layer_plans(shard) -> tuple[tuple | None, list[LayerPlan] | None]:
             head = (norm_of(shard.norm), *linear_of(shard.lm_head))
         for layer in shard.layers:
             attn, mlp = layer.self_attn, layer.mlp
-            if type(attn) is not attn_cls or type(mlp) is not mlp_cls:
+            moe = moe_cls is not None and type(mlp) is moe_cls
+            if type(attn) is not attn_cls or not (moe or type(mlp) is mlp_cls):
                 raise NoFastPath
-            has_qk_norm = hasattr(attn, "q_norm")
-            fused = hasattr(attn, "qkv_proj")  # Phi-3
+            has_qk_norm, fused = hasattr(attn, "q_norm"), hasattr(attn, "qkv_proj")  # Qwen3; Phi-3
             if fused != hasattr(mlp, "gate_up_proj"):
                 raise NoFastPath
-            act = mlp.activation_fn if fused else mlp.act_fn
+            act, dense = None if moe else mlp.activation_fn if fused else mlp.act_fn, not fused and not moe
             plans.append(
                 LayerPlan(
                     input_norm=norm_of(layer.input_layernorm),
@@ -162,13 +174,14 @@ def build_layer_plans(shard) -> tuple[tuple | None, list[LayerPlan] | None]:
                     k=None if fused else linear_of(attn.k_proj),
                     v=None if fused else linear_of(attn.v_proj),
                     o=linear_of(attn.o_proj),
-                    gate=None if fused else linear_of(mlp.gate_proj),
-                    up=None if fused else linear_of(mlp.up_proj),
-                    down=linear_of(mlp.down_proj),
+                    gate=linear_of(mlp.gate_proj) if dense else None,
+                    up=linear_of(mlp.up_proj) if dense else None,
+                    down=None if moe else linear_of(mlp.down_proj),
                     act=None if isinstance(act, silu_types) else act,
                     scaling=attn.scaling,
                     qkv=linear_of(attn.qkv_proj) if fused else None,
                     gate_up=linear_of(mlp.gate_up_proj) if fused else None,
+                    moe=mlp if moe else None,
                 )
             )
     except (NoFastPath, AttributeError):
@@ -190,7 +203,10 @@ def qkv_of(h: torch.Tensor, p: LayerPlan, q_size: int, kv_size: int, head_dim: i
 
 def gated_mlp(h: torch.Tensor, p: LayerPlan) -> torch.Tensor:
     """``down(act(gate(h)) * up(h))`` for h [T, H]; Phi-3's fused ``gate_up`` is chunked in two,
-    and ``up * act(gate)`` is formed out of place as its MLP does (a * b == b * a bit for bit)."""
+    and ``up * act(gate)`` is formed out of place as its MLP does (a * b == b * a bit for bit).
+    A routed-experts block runs as its module, on one batch of T tokens."""
+    if p.moe is not None:
+        return p.moe(h[None])[0]
     if p.gate_up is not None:
         gate, up = linear(h, *p.gate_up).chunk(2, dim=-1)
         a = up * (F.silu(gate) if p.act is None else p.act(gate))

@@ -1,7 +1,9 @@
 """Weight-only quantization of a shard's decoder layers (``p2pserve peer --quant int8|nf4|int4``).
 
-Only the linear projections inside the decoder layers are quantized (q/k/v/o and the MLP's
-gate/up/down): the embeddings, the final norm and the LM head stay at the compute dtype, and
+Only the linear projections inside the decoder layers are quantized (q/k/v/o, the MLP's
+gate/up/down, and every expert's gate/up/down in a routed-experts layer, which transformers holds as
+fused 3-D tensors and `experts.unfuse_experts` first splits into one ``nn.Linear`` each; routers
+stay at the compute dtype, as they are ``nn.Parameter`` matrices): the embeddings, the final norm and the LM head stay at the compute dtype, and
 activations, the KV cache and the wire format are unchanged. Each scheme goes through the library
 that measured best for it on CPU (``docs/quantization.md`` has the side-by-side table):
 
@@ -24,6 +26,7 @@ import importlib
 from typing import Optional
 
 from p2pserve.errors import ConfigError
+from p2pserve.model.experts import unfuse_experts
 
 # scheme -> the module it needs (what `pip install 'p2pserve[quant]'` brings)
 SCHEMES: dict[str, str] = {"int8": "torchao", "int4": "torchao", "nf4": "bitsandbytes"}
@@ -76,6 +79,7 @@ def quantize_layers(layers, quant: Optional[str]) -> None:
     quant = require_backend(quant)
     if quant is None:
         return
+    unfuse_experts(layers)  # routed experts -> one nn.Linear per expert and projection
     if quant == "nf4":
         _nf4(layers)
         return

@@ -33,6 +33,7 @@ from p2pserve.dtypes import MODEL_DTYPES
 from p2pserve.errors import BadRequestError
 from p2pserve.model.attention import LayerCache, PagedBatch, attend_each, paged_batch
 from p2pserve.model.checkpoint import CheckpointIndex
+from p2pserve.model.experts import MOE_FAMILIES, fuse_layer_tensors
 from p2pserve.model.fast_ops import LayerPlan, Norm, build_layer_plans, gated_mlp, linear, qkv_of, rms_norm, rope
 from p2pserve.model.quant import quantize_layers
 from p2pserve.model.spec import SUPPORTED_FAMILIES, ModelSpec
@@ -120,7 +121,8 @@ class Shard(torch.nn.Module):
         self.rotary = rotary_cls(config=hf_config)
         self.windows = [self._sliding_window(i) for i in range(start, end)]
         self.device = torch.device("cpu")
-        self._fast_classes = (norm_cls, getattr(mod, f"{prefix}Attention", None), getattr(mod, f"{prefix}MLP", None))
+        self._fast_classes = (norm_cls, getattr(mod, f"{prefix}Attention", None), getattr(mod, f"{prefix}MLP", None),
+                              getattr(mod, f"{prefix}SparseMoeBlock", None) or getattr(mod, f"{prefix}MoE", None))
         # Fast-path state, built on first use and dropped whenever weights may have moved.
         self._plan: list[LayerPlan] | None = None
         self._plan_built = False
@@ -149,6 +151,9 @@ class Shard(torch.nn.Module):
         """Read only this shard's tensors from the checkpoint and build the shard."""
         hf_config = AutoConfig.from_pretrained(model_path)
         hf_config._attn_implementation = "sdpa"
+        if spec.family in MOE_FAMILIES:
+            # What `from_pretrained` picks for these families, so experts run as in `generate`.
+            hf_config._experts_implementation = "grouped_mm"
         shard = cls(spec, hf_config, start, end)
         index = CheckpointIndex(model_path)
         dtype = TORCH_DTYPES[spec.dtype]
@@ -166,6 +171,11 @@ class Shard(torch.nn.Module):
                 raise BadRequestError("checkpoint has no lm_head.weight and embeddings are not tied")
         tensors = index.read(list(wanted), dtype)
         state = {wanted[k]: v for k, v in tensors.items()}
+        if spec.family in MOE_FAMILIES:  # per-expert checkpoint matrices -> the module's fused 3-D form
+            for i in range(end - start):
+                prefix = f"layers.{i}."
+                mine = {k[len(prefix):]: state.pop(k) for k in [k for k in state if k.startswith(prefix)]}
+                state.update({prefix + k: v for k, v in fuse_layer_tensors(spec.family, mine).items()})
         if end == spec.num_layers and "lm_head.weight" not in state:
             # Tied embeddings: the head is the embedding matrix. Read it even when this shard
             # does not hold layer 0.
@@ -338,7 +348,7 @@ class Shard(torch.nn.Module):
         q, k = rope(q, k, cos, sin)
         o = self._attention(layer_idx, q, k, v, segments, attn.scaling)
         x = x + attn.o_proj(o)
-        return x + layer.mlp(layer.post_attention_layernorm(x))
+        return x + mlp_of(layer.mlp, layer.post_attention_layernorm(x))
 
     def _layer_fast(self, layer_idx: int, x: torch.Tensor, cos, sin, segments: list[Segment]) -> torch.Tensor:
         """`_layer` for the known families with the module wrappers peeled off: same ops, same order."""
@@ -362,6 +372,14 @@ class Shard(torch.nn.Module):
         if self._paged is not None:
             return self._paged.attend(layer_idx, q, k, v, scaling, window)
         return attend_each(layer_idx, q, k, v, segments, scaling, window)
+
+
+def mlp_of(mlp: torch.nn.Module, h: torch.Tensor) -> torch.Tensor:
+    """A layer's MLP on h [T, H]: dense MLPs take it as it is; transformers' routed-experts blocks
+    read a [B, S, H] input, so they get one batch of T tokens (routing is per token either way)."""
+    if hasattr(mlp, "experts"):
+        return mlp(h[None])[0]
+    return mlp(h)
 
 
 def _is_dynamic_rope(rotary) -> bool:

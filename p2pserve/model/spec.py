@@ -14,19 +14,28 @@ from pathlib import Path
 from p2pserve.dtypes import DTYPE_SIZES, MODEL_DTYPES
 from p2pserve.errors import UnknownModelError, UnsupportedModelError
 from p2pserve.model.checkpoint_id import checkpoint_id
+from p2pserve.model.experts import expert_shape
 from p2pserve.model.quant import BYTES_PER_WEIGHT, check_quant, with_quant
 
 # model_type -> (transformers module, class-name prefix). These families share the Llama
 # decoder layout (pre-norm, RoPE, GQA, gated MLP); Qwen2 adds q/k/v biases, Qwen3 per-head q/k
-# RMSNorm, Mistral a sliding window, and Phi-3 fuses q/k/v and gate/up into one matrix each
-# (docs/models.md says what each family's checkpoints look like and what the tests prove).
+# RMSNorm, Mistral a sliding window, and Phi-3 fuses q/k/v and gate/up into one matrix each.
+# Qwen3-MoE (Qwen3's attention) and Mixtral (Mistral's) replace the MLP by routed experts
+# (model/experts.py); GLM-4.5 adds a shared expert to its routed ones, q/k/v biases and partial
+# rotary. docs/models.md says what each family's checkpoints look like and what the tests prove.
 SUPPORTED_FAMILIES: dict[str, tuple[str, str]] = {
     "llama": ("transformers.models.llama.modeling_llama", "Llama"),
     "mistral": ("transformers.models.mistral.modeling_mistral", "Mistral"),
     "qwen2": ("transformers.models.qwen2.modeling_qwen2", "Qwen2"),
     "qwen3": ("transformers.models.qwen3.modeling_qwen3", "Qwen3"),
     "phi3": ("transformers.models.phi3.modeling_phi3", "Phi3"),
+    "qwen3_moe": ("transformers.models.qwen3_moe.modeling_qwen3_moe", "Qwen3Moe"),
+    "mixtral": ("transformers.models.mixtral.modeling_mixtral", "Mixtral"),
+    "glm4_moe": ("transformers.models.glm4_moe.modeling_glm4_moe", "Glm4Moe"),
 }
+# Families whose attention rotates only part of each head (``partial_rotary_factor`` < 1), as the
+# shard's `rope` reproduces: GLM-4.5 rotates the first half of each 128-wide head.
+PARTIAL_ROTARY_FAMILIES = frozenset({"glm4_moe"})
 
 
 
@@ -57,6 +66,13 @@ class ModelSpec:
     # this, and transformers then recomputes the whole cache (the client re-sends the history).
     recompute_past: int | None = None
     quant: str | None = None  # weight-only scheme of the decoder layers (int8, nf4, int4) or None
+    # Routed experts (0 for dense models): E experts of width expert_intermediate_size per routed
+    # layer, experts_per_token of them run per token; moe_layers of the num_layers are routed.
+    num_experts: int = 0
+    experts_per_token: int = 0
+    expert_intermediate_size: int = 0
+    moe_layers: int = 0
+    shared_expert_intermediate_size: int = 0  # shared experts every token runs in routed layers (GLM-4.5)
 
     @property
     def dtype_bytes(self) -> int:
@@ -73,13 +89,30 @@ class ModelSpec:
         """Bytes of K and V one token occupies in one layer's cache."""
         return 2 * self.num_kv_heads * self.head_dim * self.dtype_bytes
 
-    @property
-    def layer_param_count(self) -> int:
-        """Parameters of one decoder layer (weights only; biases and norms are negligible)."""
+    def _layer_params(self, experts: int) -> int:
+        """Weights of an average layer when ``experts`` experts of each routed layer count."""
         h, kv = self.hidden_size, self.num_kv_heads * self.head_dim
         attn = h * self.num_heads * self.head_dim * 2 + h * kv * 2
-        mlp = 3 * h * self.intermediate_size
+        dense = 3 * h * self.intermediate_size
+        if not self.num_experts:
+            return attn + dense
+        routed = (self.num_experts * h + experts * 3 * h * self.expert_intermediate_size  # router + experts
+                  + 3 * h * self.shared_expert_intermediate_size)
+        mlp = (self.moe_layers * routed + (self.num_layers - self.moe_layers) * dense) // self.num_layers
         return attn + mlp
+
+    @property
+    def layer_param_count(self) -> int:
+        """Parameters one decoder layer holds in memory (weights only; biases and norms are
+        negligible): with routed experts, all of them, averaged over the model's layers."""
+        return self._layer_params(self.num_experts)
+
+    @property
+    def layer_active_param_count(self) -> int:
+        """Parameters one token's pass through a layer multiplies by: with routed experts, only
+        the ``experts_per_token`` it is routed to (plus the router), so far below
+        `layer_param_count`; for dense models the same."""
+        return self._layer_params(self.experts_per_token)
 
     @property
     def layer_bytes(self) -> int:
@@ -109,10 +142,12 @@ def load_spec(model_path: str | os.PathLike, dtype: str | None = None, quant: st
     dtype = dtype or "float32"
     if dtype not in MODEL_DTYPES:
         raise UnknownModelError(f"unsupported dtype {dtype!r}; use one of {sorted(MODEL_DTYPES)}")
+    num_layers = int(cfg["num_hidden_layers"])
+    experts = expert_shape(cfg, num_layers)
     return ModelSpec(
         model_id=with_quant(checkpoint_id(cfg_file.parent, family), check_quant(quant)),
         family=family,
-        num_layers=int(cfg["num_hidden_layers"]),
+        num_layers=num_layers,
         hidden_size=hidden,
         num_heads=num_heads,
         num_kv_heads=int(cfg.get("num_key_value_heads") or num_heads),
@@ -124,6 +159,11 @@ def load_spec(model_path: str | os.PathLike, dtype: str | None = None, quant: st
         max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
         recompute_past=_longrope_switch(cfg),
         quant=check_quant(quant),
+        num_experts=experts.num_experts if experts else 0,
+        experts_per_token=experts.experts_per_token if experts else 0,
+        expert_intermediate_size=experts.expert_intermediate_size if experts else 0,
+        moe_layers=experts.moe_layers if experts else 0,
+        shared_expert_intermediate_size=experts.shared_intermediate_size if experts else 0,
     )
 
 
@@ -155,7 +195,7 @@ def check_supported(cfg: dict, model_path: str | os.PathLike = "") -> str:
         )
     rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
     partial = cfg.get("partial_rotary_factor", rope.get("partial_rotary_factor", 1.0) if isinstance(rope, dict) else 1.0)
-    if partial not in (None, 1, 1.0):
+    if partial not in (None, 1, 1.0) and family not in PARTIAL_ROTARY_FAMILIES:
         raise UnsupportedModelError(
             f"model family {family!r}{where}: partial rotary embeddings (partial_rotary_factor={partial}) "
             "are not supported", family=family,

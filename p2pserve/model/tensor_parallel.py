@@ -8,6 +8,10 @@ Megatron-style split of each decoder layer over ``world`` ranks (rank r of w):
 * o_proj by its input columns (the same heads), MLP gate/up by output rows, down by input
   columns; each rank's o_proj and down_proj give a partial sum [T, H], and one all-reduce (sum)
   after each makes the full residual update on every rank;
+* routed experts (Qwen3-MoE, Mixtral) by each expert's MLP width, as a dense MLP is split: every
+  rank holds every expert's gate/up rows and down columns of its share, the router is replicated
+  (every rank routes the same all-reduced x alike), and the experts' weighted sum is the partial
+  sum all-reduced after the MLP;
 * norms (and Qwen3's per-head q/k norms) replicated; biases of o_proj/down only on rank 0, so the
   sum adds them once. Embeddings, the final norm and the LM head stay on rank 0 only: the other
   ranks receive hidden states [T, H] that rank 0 embedded.
@@ -41,8 +45,11 @@ def check_splittable(spec: ModelSpec, world: int) -> None:
         raise ConfigError(f"tensor-parallel size must be >= 1, got {world}")
     if spec.quant:
         raise ConfigError("tensor parallelism does not combine with --quant")
-    for what, n in (("attention heads", spec.num_heads), ("num_key_value_heads", spec.num_kv_heads),
-                    ("intermediate_size", spec.intermediate_size)):
+    mlp = (("moe_intermediate_size", spec.expert_intermediate_size) if spec.num_experts
+           else ("intermediate_size", spec.intermediate_size))
+    if spec.num_experts and spec.moe_layers != spec.num_layers:
+        raise ConfigError("tensor parallelism needs every layer routed (no mlp_only_layers) in a mixture-of-experts model")
+    for what, n in (("attention heads", spec.num_heads), ("num_key_value_heads", spec.num_kv_heads), mlp):
         if n % world:
             raise ConfigError(f"tensor parallelism over {world} devices needs {what} ({n}) divisible by {world}")
 
@@ -73,7 +80,8 @@ def _columns(linear_mod: torch.nn.Linear, a: int, b: int, keep_bias: bool) -> No
 def slice_layer(layer: torch.nn.Module, spec: ModelSpec, rank: int, world: int) -> None:
     """Cut one decoder layer (in place) down to rank ``rank``'s share of heads and MLP columns."""
     D = spec.head_dim
-    nh, nkv, inter = spec.num_heads // world, spec.num_kv_heads // world, spec.intermediate_size // world
+    width = spec.expert_intermediate_size if spec.num_experts else spec.intermediate_size
+    nh, nkv, inter = spec.num_heads // world, spec.num_kv_heads // world, width // world
     q = (rank * nh * D, (rank + 1) * nh * D)  # rows of q_proj / columns of o_proj
     kv = (rank * nkv * D, (rank + 1) * nkv * D)
     mlp = (rank * inter, (rank + 1) * inter)
@@ -86,12 +94,19 @@ def slice_layer(layer: torch.nn.Module, spec: ModelSpec, rank: int, world: int) 
         _rows(attn.k_proj, [kv])
         _rows(attn.v_proj, [kv])
     _columns(attn.o_proj, q[0], q[1], keep_bias=rank == 0)
-    if hasattr(m, "gate_up_proj"):  # Phi-3: rows [gate | up]
+    if hasattr(m, "experts"):  # fused experts: gate_up [E, 2I, H] rows [gate | up], down [E, H, I] columns
+        e = m.experts
+        e.gate_up_proj = _param(torch.cat((e.gate_up_proj[:, mlp[0]:mlp[1]],
+                                           e.gate_up_proj[:, width + mlp[0]:width + mlp[1]]), dim=1))
+        e.down_proj = _param(e.down_proj[:, :, mlp[0]:mlp[1]])
+        e.intermediate_dim = inter
+    elif hasattr(m, "gate_up_proj"):  # Phi-3: rows [gate | up]
         _rows(m.gate_up_proj, [mlp, (spec.intermediate_size + mlp[0], spec.intermediate_size + mlp[1])])
     else:
         _rows(m.gate_proj, [mlp])
         _rows(m.up_proj, [mlp])
-    _columns(m.down_proj, mlp[0], mlp[1], keep_bias=rank == 0)
+    if not hasattr(m, "experts"):
+        _columns(m.down_proj, mlp[0], mlp[1], keep_bias=rank == 0)
 
 
 class TPShard(Shard):

@@ -44,6 +44,15 @@ _SHAPES: dict[str, dict] = {
     # Only the window shrinks: a session may not outgrow max_position_embeddings.
     "phi3-4k": dict(hidden_size=192, intermediate_size=512, num_attention_heads=2, num_key_value_heads=2,
                     sliding_window=2048 // _CONTEXT_SCALE - 1),
+    # Routed experts: 8 per layer, 2 per token (Mixtral's own routing; Qwen3-MoE's 128 / 8 scaled).
+    # Qwen3-MoE keeps GQA 8:1 with two KV heads, so tensor parallelism over 2 ranks can split it.
+    "qwen3-moe": dict(hidden_size=128, intermediate_size=384, moe_intermediate_size=64, num_experts=8,
+                      num_experts_per_tok=2, num_attention_heads=16, num_key_value_heads=2, max_window_layers=6),
+    "mixtral": dict(hidden_size=512, intermediate_size=128, num_attention_heads=4, num_key_value_heads=1,
+                    num_local_experts=8, num_experts_per_tok=2),
+    # GLM-4.5: GQA 12:1 (96:8 rounded), one dense layer before the routed ones (3 of 92 in the real one).
+    "glm4.5": dict(hidden_size=256, intermediate_size=384, moe_intermediate_size=64, n_routed_experts=8,
+                   num_experts_per_tok=2, num_attention_heads=12, num_key_value_heads=1, first_k_dense_replace=1),
 }
 
 
