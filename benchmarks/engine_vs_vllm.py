@@ -132,8 +132,10 @@ def wait_models(url: str, proc, timeout: float, log: Path | None = None) -> None
     raise TimeoutError(f"{url} did not answer within {timeout:.0f} s")
 
 
-def start_vllm(py: Path, model: str, dtype: str, threads: int, logdir: Path, timeout: float) -> Server:
-    """vLLM's OpenAI server on the checkpoint (its CPU KV cache: 2 GiB)."""
+def start_vllm(py: Path, model: str, dtype: str, threads: int, logdir: Path, timeout: float,
+               eager: bool = False) -> Server:
+    """vLLM's OpenAI server on the checkpoint (its CPU KV cache: 2 GiB); ``eager`` skips its
+    torch.compile warm-up (``--enforce-eager``: minutes on a busy 2-core machine)."""
     port = free_port()
     log = logdir / f"vllm-{dtype}.log"
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="2", VLLM_CPU_OMP_THREADS_BIND="nobind",
@@ -141,7 +143,7 @@ def start_vllm(py: Path, model: str, dtype: str, threads: int, logdir: Path, tim
     env.pop("PYTHONPATH", None)
     cmd = [str(py), "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--dtype", dtype,
            "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "bench",
-           "--max-model-len", "2048", "--seed", "0"]
+           "--max-model-len", "2048", "--seed", "0"] + (["--enforce-eager"] if eager else [])
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     server = Server("vllm", f"http://127.0.0.1:{port}", "bench", [proc])
@@ -281,7 +283,8 @@ def run(args) -> dict:
         engines = ([] if args.skip_vllm else ["vllm"]) + [f"p2pserve-{s}" for s in args.setups.split(",")]
         for engine in engines:
             print(f"== {engine} {dtype}: starting", flush=True)
-            server = (start_vllm(py, model, dtype, args.threads, logdir, args.start_timeout) if engine == "vllm"
+            server = (start_vllm(py, model, dtype, args.threads, logdir, args.start_timeout, args.vllm_eager)
+                      if engine == "vllm"
                       else start_p2pserve(model, dtype, engine.split("-")[1], args.threads, layers, args.start_timeout))
             try:
                 for streams in levels:
@@ -293,6 +296,7 @@ def run(args) -> dict:
                 server.stop()
     return {"model": model, "levels": levels, "duration_s": args.duration, "max_tokens": args.max_tokens,
             "threads": args.threads, "vllm_version": None if args.skip_vllm else args.vllm_version,
+            "vllm_eager": args.vllm_eager,
             "load_average": os.getloadavg(), "rows": rows, "ratios": ratios(rows)}
 
 
@@ -306,6 +310,7 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--threads", type=int, default=2, help="torch threads of vLLM and of the one peer")
     ap.add_argument("--skip-vllm", action="store_true")
+    ap.add_argument("--vllm-eager", action="store_true", help="vLLM without its compiled step (quick start)")
     ap.add_argument("--venv", default=str(cache_dir() / "vllm-venv"))
     ap.add_argument("--vllm-version", default=VLLM_VERSION)
     ap.add_argument("--start-timeout", type=float, default=900.0, help="seconds a server may take to start")

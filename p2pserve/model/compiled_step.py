@@ -67,7 +67,7 @@ def _post(x, o, p: LayerPlan):
 class CompiledLayers:
     """``Shard._layer_fast`` with its dense parts compiled per batch bucket (module docstring)."""
 
-    def __init__(self, shard, buckets: tuple[int, ...] = DEFAULT_BUCKETS):
+    def __init__(self, shard, buckets: tuple[int, ...] = DEFAULT_BUCKETS, backend: str = "inductor"):
         plan = shard._fast_plan()
         if plan is None:
             raise ValueError("the compiled step needs the fast path (a known family, unquantized weights)")
@@ -76,8 +76,8 @@ class CompiledLayers:
         self.plans = [_detached(p) for p in plan]
         spec = shard.spec
         self._sizes = (spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim, spec.head_dim)
-        self._pre = torch.compile(_pre, dynamic=False)
-        self._post = torch.compile(_post, dynamic=False)
+        self._pre = torch.compile(_pre, dynamic=False, backend=backend)
+        self._post = torch.compile(_post, dynamic=False, backend=backend)
         # One graph per bucket and part; more layers than the default limit share them.
         torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 4 * len(self.buckets))
 

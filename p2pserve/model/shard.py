@@ -201,15 +201,16 @@ class Shard(torch.nn.Module):
         self._reset_fast_path()
         return super().load_state_dict(*args, **kwargs)
 
-    def enable_compile(self, buckets: tuple[int, ...] | None = None, warm: bool = True) -> bool:
-        """Run the fast path's dense parts compiled per batch bucket (model/compiled_step.py),
-        compiling every bucket now when ``warm``; False (nothing changes) where the fast path
-        does not apply."""
+    def enable_compile(self, buckets: tuple[int, ...] | None = None, warm: bool = True,
+                       backend: str = "inductor") -> bool:
+        """Run the fast path's dense parts compiled per batch bucket (model/compiled_step.py) by
+        torch.compile's ``backend``, compiling every bucket now when ``warm``; False (nothing
+        changes) where the fast path does not apply."""
         from p2pserve.model.compiled_step import DEFAULT_BUCKETS, CompiledLayers
 
         if self._fast_plan() is None:
             return False
-        self._compiled = CompiledLayers(self, buckets or DEFAULT_BUCKETS)
+        self._compiled = CompiledLayers(self, buckets or DEFAULT_BUCKETS, backend)
         if warm:
             self._compiled.warm(TORCH_DTYPES[self.spec.dtype])
         return True
