@@ -7,7 +7,8 @@ loop drives every server in turn: each of N streams sends a streamed chat comple
 ``openai`` client, greedy, ``--max-tokens`` new tokens) and the next one as soon as it ends, for
 ``--duration`` seconds per level. Per server, dtype and level: tokens/s (completion tokens of the
 requests started in the window over the time until the last one ended), TTFT p50/p95 and time
-between streamed chunks p50; then p2pserve's ratios against vLLM measured in the same run.
+between tokens p50 (per request: first to last content chunk over its tokens); then p2pserve's
+ratios against vLLM measured in the same run.
 
 vLLM runs in a virtual environment of its own (it pins another transformers), made once under
 ``--venv`` (default ~/.cache/p2pserve/vllm-venv) with ``python -m venv`` and pip:
@@ -239,11 +240,15 @@ def summarise(reqs: list[Request], t0: float, streams: int) -> dict:
     end = max(r.ended for r in reqs)
     ttft = [(r.chunks[0] - r.started) * 1000 for r in reqs if r.chunks]
     gaps = [(b - a) * 1000 for r in reqs for a, b in zip(r.chunks, r.chunks[1:])]
+    # A server may send several tokens' chunks in one burst (vLLM does at low load), so the time
+    # between tokens is each request's (last chunk - first chunk) / (tokens - 1), p50 over requests.
+    itl = [(r.chunks[-1] - r.chunks[0]) * 1000 / (r.tokens - 1) for r in reqs if r.chunks and r.tokens > 1]
     tokens = sum(r.tokens for r in reqs)
     return {"streams": streams, "requests": len(reqs), "tokens": tokens, "seconds": round(end - t0, 2),
             "tok_s": round(tokens / (end - t0), 2),
             "ttft_p50_ms": _r(pct(ttft, 0.5)), "ttft_p95_ms": _r(pct(ttft, 0.95)),
-            "tbt_p50_ms": _r(statistics.median(gaps) if gaps else None),
+            "tbt_p50_ms": _r(statistics.median(itl) if itl else None),
+            "chunk_gap_p50_ms": _r(statistics.median(gaps) if gaps else None),
             "mean_tokens_per_request": round(tokens / len(reqs), 1)}
 
 
