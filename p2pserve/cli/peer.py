@@ -53,6 +53,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:  # long: a flat list of f
     p.add_argument("--swarm-model", default=None, help="model name in the swarm's DHT keys (default: the swarm file's 'model', else the checkpoint "
                         "id; the rule every role shares: p2pserve/model/identity.py)")
     p.add_argument("--num-threads", type=int, default=None, help="torch intra-op threads")
+    p.add_argument("--compile-buckets", type=lambda v: tuple(int(x) for x in v.split(",")), default=(), metavar="B,B,...",
+                   help="run each layer's dense parts compiled by torch.compile, per batch bucket (e.g. 1,8,32), compiled "
+                        "when the layers load (minutes on a CPU; docs/engine.md); default: eager")
     p.add_argument("--max-layers", type=int, default=None, help="most layers this peer may hold (default: from --weights-memory-gb)")
     p.add_argument("--weights-memory-gb", type=float, default=d.weights_memory_bytes / 1024**3, help="memory for weights (a tensor-parallel group's total)")
     p.add_argument("--profile-batch", type=int, default=d.profile_batch,
@@ -144,6 +147,7 @@ def config_from_args(args: argparse.Namespace) -> PeerConfig:
         dtype=args.dtype,
         quant=require_backend(args.quant),
         num_threads=args.num_threads,
+        compile_buckets=args.compile_buckets,
         kv_budget_token_layers=args.kv_token_layers,
         kv_memory_bytes=int(args.kv_memory_gb * 1024**3),
         session_idle_timeout_s=args.session_idle_timeout,

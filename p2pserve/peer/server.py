@@ -147,6 +147,8 @@ class Peer:
         if self.source is not None:
             await asyncio.to_thread(self.source.fetch_layers, self.spec, start, end)
         shard = await asyncio.to_thread(self.load_shard, self.model_path, self.spec, start, end, self.config.device)
+        if self.config.compile_buckets and self.tp is None:  # compiled once, before the range serves
+            await asyncio.to_thread(shard.enable_compile, self.config.compile_buckets)
         log.info("loaded layers [%d, %d) of %s in %.1f s", start, end, self.spec.model_id, time.perf_counter() - t0)
         return shard
 
