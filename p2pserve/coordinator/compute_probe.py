@@ -96,16 +96,18 @@ def due(peers: Mapping[str, PeerInfo], last: Mapping[str, float], now: float, in
     return sorted(ready, key=lambda pid: (last.get(pid, -float("inf")), pid))
 
 
-class _Session:
+class SessionLink:
     """One probe session's stream: a frame out, a frame back, under a timeout."""
 
     def __init__(self, stream: Stream, peer_id: str, timeout_s: float, limits: FrameLimits):
         self.stream, self.peer_id, self.timeout_s, self.limits = stream, peer_id, timeout_s, limits
+        self.last_body = b""  # the payload of the latest reply (hidden states), for a retrial
 
     async def call(self, msg, payload=b""):
         async with asyncio.timeout(self.timeout_s):
             await write_frame(self.stream.writer, msg, payload)
             header, body = await read_frame(self.stream.reader, self.limits)
+        self.last_body = body
         reply = decode_reply(header)
         if isinstance(reply, ErrorReply):
             raise error_from_reply(reply.code, reply.message, peer=self.peer_id)
@@ -117,7 +119,7 @@ async def probe_peer(transport: Transport, info: PeerInfo, model_id: str, cfg: C
     """Measure ``info``'s one-session decode rate over the span it serves (see the module docstring)."""
     start, end = info.serving
     stream = await transport.open_stream(info.peer_id, tuple(info.addrs), SESSION_PROTOCOL, cfg.timeout_s)
-    link = _Session(stream, info.peer_id, cfg.timeout_s, limits)
+    link = SessionLink(stream, info.peer_id, cfg.timeout_s, limits)
     sid = secrets.token_hex(16)
     try:
         t0 = time.perf_counter()
@@ -182,7 +184,8 @@ class ComputeProber:
             self._last[pid] = self.clock()
             try:
                 transport = await self._node()
-                self.results[pid] = await probe_peer(transport, peers[pid], self.model_id, self.config, self.rng)
+                model_id = peers[pid].model_id or self.model_id  # a --swarm-model name is not the peers' id
+                self.results[pid] = await probe_peer(transport, peers[pid], model_id, self.config, self.rng)
                 self.failures.pop(pid, None)
             except asyncio.CancelledError:
                 raise
@@ -199,6 +202,11 @@ class ComputeProber:
         rates = [r for r in self.results.values() if now - r.observed_at <= self.config.max_age_s]
         rates = sorted(rates, key=lambda r: -r.observed_at)[:MAX_REPORTED_PEERS]
         return ServiceReports(model=model, reporter_id=reporter_id, addrs=addrs, rates=rates, timestamp=now)
+
+    async def node(self) -> Transport:
+        """The probing node (an identity other than the coordinator's), started or rotated as due;
+        retrials (``coordinator/retrial.py``) open their sessions through it too."""
+        return await self._node()
 
     async def _node(self) -> Transport:
         if self._transport is not None and self.clock() - self._born >= self.config.rotate_s:

@@ -108,6 +108,7 @@ class SwarmAgent:
             latency=LatencyPoints(prompt=list(self.profile.prompt_ms), decode=list(self.profile.decode_ms))
             if self.profile.prompt_ms and self.profile.decode_ms else None,
             kv_entry_bytes=spec.kv_bytes_per_token_layer,
+            model_id=spec.model_id,
         )
 
     def link_info(self) -> LinkInfo | None:

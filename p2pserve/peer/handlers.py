@@ -112,7 +112,7 @@ class SessionHandler:
         self._alone_since = 0.0  # when that session became the only one sending
         self._service = RecentTimes()  # recent Forwards, frame read to reply written
         # signs every ForwardResult; Peer.create names the peer, the agent sets the derived key
-        self.signer = ReplySigner("unnamed", spec.model_id)
+        self.signer = ReplySigner("unnamed", spec.model_id, dtype=spec.dtype)
 
     async def handle_stream(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, remote: str = "") -> None:
         """A transport's stream handler (``StreamHandler``): serve frames until the client hangs
@@ -360,11 +360,11 @@ class SessionHandler:
     with ``outputs`` > 1, or hidden states [n, hidden])."""
         position = msg.position + n
         if isinstance(result, list):  # speculative verification: the token after each of the last positions
-            sig = self.signer.sign(session, msg.position, n, commitment, tokens_bytes(result))
+            sig = self.signer.sign(session, msg.position, n, commitment, tokens_bytes(result), kind="tokens")
             return ForwardResult(session_id=session.id, step=msg.step, position=position, tokens=result,
                                  signature=sig), b""
         if isinstance(result, int):
-            sig = self.signer.sign(session, msg.position, n, commitment, token=result)
+            sig = self.signer.sign(session, msg.position, n, commitment, token=result, kind="token")
             return ForwardResult(session_id=session.id, step=msg.step, position=position, token=result,
                                  signature=sig), b""
         meta, data = tensor_to_wire(result)
