@@ -34,6 +34,7 @@ from p2pserve.errors import (
 from p2pserve.model.spec import ModelSpec
 from p2pserve.peer.admission import PayloadBudget, StreamQuota, payload_allowance
 from p2pserve.peer.forward_checks import check_forward
+from p2pserve.peer.prefix_share import coarse_free
 from p2pserve.peer.reply_signer import ReplySigner
 from p2pserve.peer.sessions import SessionTable
 from p2pserve.peer.timing import RecentTimes
@@ -280,7 +281,7 @@ class SessionHandler:
             served_end=hi,
             sessions=len(self.table),
             kv_capacity_token_layers=budget.capacity,
-            kv_free_token_layers=budget.free,
+            kv_free_token_layers=coarse_free(budget.free, budget.capacity, self.admission.prefix_sharing),
             queued_tokens=self.worker.queued_tokens,
             steps=st.steps,
             tokens=st.tokens,
