@@ -145,6 +145,7 @@ class ApiConfig:
     port: int = 8000
     served_model_names: tuple[str, ...] = ()  # names requests may use besides the checkpoint id
     api_key: Optional[str] = field(default=None, repr=False)  # None: open to anyone who can connect
+    allowed_hosts: tuple[str, ...] = ()  # keyless: Host names served besides IP literals and localhost
     header_timeout_s: float = 10.0  # from connect (or the last response) to a complete request head
     body_timeout_s: float = 30.0  # from the head to the end of the body (408, then close)
     keep_alive_s: float = 5.0  # an idle kept-alive connection is closed after this
@@ -316,9 +317,8 @@ class CoordinatorConfig:
     # a new candidate only observes for this long before it may lead, so that it has seen every
     # live candidacy (default: one candidate TTL); avoids two leaders right after a start
     election_grace: Optional[float] = None
-    # Output verification (coordinator/exclusion.py, docs/trust.md): a trusted verifier's holding case
-    # (its DHT key or peer id; while trust_verifiers is on) excludes a peer for exclusion_s; anyone
-    # else's is an accusation the leader re-executes on retrial_replicas replicas (coordinator/retrial.py).
+    # Verification (docs/trust.md): a trusted verifier's case (its DHT key or peer id) excludes a peer for exclusion_s;
+    # anyone else's is an accusation the leader re-executes on retrial_replicas replicas (coordinator/retrial.py).
     trusted_verifiers: tuple[str, ...] = ()
     trust_verifiers: bool = True
     retrial_replicas: int = 2

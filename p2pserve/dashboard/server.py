@@ -17,7 +17,7 @@ from typing import Optional
 
 import uvicorn
 
-from p2pserve.client.http_guard import GuardedH11Protocol
+from p2pserve.client.http_guard import ApiGuard, GuardedH11Protocol  # keyless: Host and cross-site checks
 from p2pserve.config import ApiConfig, DashboardConfig
 from p2pserve.dashboard.app import create_dashboard_app
 from p2pserve.dashboard.watch import SwarmWatch
@@ -63,7 +63,7 @@ class DashboardServer:
         self.port = sock.getsockname()[1]
         limits = ApiConfig(host=cfg.host, port=self.port)
         self._server = _QuietServer(uvicorn.Config(
-            self.app, http=functools.partial(GuardedH11Protocol, limits=limits), ws="none", lifespan="off",
+            ApiGuard(self.app, limits), http=functools.partial(GuardedH11Protocol, limits=limits), ws="none", lifespan="off",
             log_config=None, access_log=False, server_header=False, limit_concurrency=limits.max_connections + 1,
             timeout_keep_alive=limits.keep_alive_s, h11_max_incomplete_event_size=limits.max_header_bytes))
         await self.watch.refresh()
