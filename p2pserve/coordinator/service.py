@@ -258,7 +258,7 @@ class CoordinatorService:
             plan = msgspec.structs.replace(decision.publish, groupings=groupings)
         elif self.plan is not None and groupings != self.plan.groupings:
             seen = [self.plan.epoch] + ([self._latest_seen.epoch] if self._latest_seen else [])
-            plan = msgspec.structs.replace(self.plan, groupings=groupings, epoch=next_epoch(seen),
+            plan = msgspec.structs.replace(self.plan, groupings=groupings, epoch=next_epoch(seen, self._clock()),
                                            reason="machine groupings changed")
             logger.info(f"machine groupings: {groupings}")
         else:
