@@ -25,21 +25,16 @@ import dataclasses
 import time
 
 import pytest
-import torch
 
 from p2pserve.cli.common import write_local_swarm_file
 from p2pserve.client.api import AsyncClient
-from p2pserve.client.connection import HopConnection
 from p2pserve.client.model_info import LocalModelInfo
 from p2pserve.client.node import client_transport
 from p2pserve.config import ClientConfig, DHTConfig
-from p2pserve.dht.evidence import Evidence, InputChain, Mismatch, SignedClaim, make_claim, output_digest, row_digests
 from p2pserve.dht.keys import RecordKind
-from p2pserve.dht.records import encode_record
-from p2pserve.dht.swarm import Swarm
+from p2pserve.dht.evidence import Evidence
 from p2pserve.launch import Children, PeerProcess
-from p2pserve.protocol import SamplingParams
-from p2pserve.transport.frames import tensor_to_wire
+from p2pserve.testing.framing import PROMPT, FramingAttacker, publish_from_fresh_keys
 from tests import dishonest
 from tests.harness import reference_generate
 
@@ -48,9 +43,7 @@ pytestmark = pytest.mark.integration
 SWARM_ID = "framing-swarm"
 TIMING = dict(peer_refresh=0.5, candidate_refresh=0.5, plan_refresh=1.0, link_refresh=5.0, max_clock_skew=2.0)
 DEADLINE = 120.0  # generous for a loaded two-core machine, not a performance claim
-PROMPT = [1, 5, 9, 13]
 NEW_TOKENS = 12
-LIMITS = ClientConfig().frame_limits
 
 
 async def _until(fn, what: str, deadline: float = DEADLINE):
@@ -94,91 +87,18 @@ def swarm(model_dir, tmp_path_factory):
         children.stop_all(timeout=0)
 
 
-class _Attacker:
-    """Ordinary sessions on honest peers, and the claims those peers signed, as an attacker sees them."""
-
-    def __init__(self, transport, model: LocalModelInfo):
-        self.transport, self.model = transport, model
-
-    async def run(self, peer: PeerProcess, start: int, end: int, steps: list[list[int]], sampling: SamplingParams,
-                  sid: str) -> tuple[SignedClaim, bytes, bytes]:
-        """Send ``steps`` (token rows) in turn; the signed claim of the last reply, its output
-        bytes, and every input row sent (the history)."""
-        conn = HopConnection(self.transport, peer.hop(start, end), LIMITS, 30)
-        await conn.open(self.model.spec.model_id, sid, 64, sampling)
-        chain, position, history = InputChain(), 0, b""
-        try:
-            for i, rows in enumerate(steps):
-                ids = torch.tensor(rows)
-                reply, hidden = await conn.forward(i, position, ids)
-                data = bytes(tensor_to_wire(ids)[1])
-                history += data
-                commitment = chain.extend(row_digests(data, len(rows)))
-                count, at = len(rows), position
-                position += len(rows)
-        finally:
-            await conn.close()
-        out = bytes(tensor_to_wire(hidden)[1]) if hidden is not None else b""
-        kind = "hidden" if hidden is not None else "token"
-        claim = make_claim(model=self.model.spec.model_id, peer_id=peer.peer_id, session_id=sid, start=start, end=end,
-                           position=at, count=count, commitment=commitment,
-                           output=output_digest(out, None if hidden is not None else reply.token), kind=kind,
-                           dtype=self.model.spec.dtype, sampling=sampling)
-        return SignedClaim(claim, reply.signature, ""), out, history
-
-
-async def _frame(swarm) -> list[Mismatch]:
-    """Cases against each honest peer, from the honest peers' own signed replies."""
-    model, honest = swarm["model"], swarm["honest"]
-    keys = {}
+async def _frame(swarm) -> tuple[list, list]:
+    """The attacker's cases against each honest peer, from their own signed replies."""
+    model = swarm["model"]
     async with AsyncClient(model=swarm["path"], dht_config=swarm["dht"], model_info=model) as client:
         await client.swarm_routes.refresh(force=True)
         keys = {pid: info.reply_key for pid, info in client.swarm_routes.peers.items()}
     transport = await client_transport(ClientConfig())
-    attacker = _Attacker(transport, model)
-    cases = []
     try:
-        for i, accused in enumerate(honest):
-            witnesses = [p for p in honest if p is not accused]
-            # 1. tokens sampled with other seeds: the witnesses share one, the accused has its own
-            hot = lambda seed: SamplingParams(temperature=1.5, seed=seed)  # noqa: E731
-            signed_w = [await attacker.run(w, 0, 8, [PROMPT], hot(100), f"w{i}{j}") for j, w in enumerate(witnesses)]
-            for seed in range(1, 40):
-                a = await attacker.run(accused, 0, 8, [PROMPT], hot(seed), f"a{i}-{seed}")
-                if a[0].claim.output != signed_w[0][0].claim.output:
-                    break
-            cases.append(_case(a, signed_w, keys))
-            # 2. the accused runs four positions one by one, the witnesses the first three as one
-            # prefill, then the fourth: the same inputs, honest rounding (relative L2 ~1e-7)
-            step_by_step = await attacker.run(accused, 0, 4, [[t] for t in PROMPT], SamplingParams(), f"s{i}")
-            prefill = [await attacker.run(w, 0, 4, [PROMPT[:3], PROMPT[3:]], SamplingParams(), f"p{i}{j}")
-                       for j, w in enumerate(witnesses)]
-            cases.append(_case(step_by_step, prefill, keys))
+        attacker = FramingAttacker(transport, model.spec.model_id, model.spec.dtype, keys)
+        return await attacker.cases([p.hop() for p in swarm["honest"]], 4)
     finally:
         await transport.close()
-    return cases
-
-
-def _case(accused, witnesses, keys) -> Mismatch:
-    def signed(entry):
-        claim = entry[0]
-        return SignedClaim(claim.claim, claim.signature, keys.get(claim.claim.peer_id, ""))
-
-    return Mismatch(accused=signed(accused), witnesses=[signed(w) for w in witnesses],
-                    outputs=[accused[1], *[w[1] for w in witnesses]] if accused[1] else [], history=accused[2])
-
-
-def _publish_from_fresh_keys(swarm, cases: list[Mismatch], reporters: int, tmp_path, name: str) -> None:
-    """``cases`` under ``reporters`` fresh DHT keys each, stored raw: an attacker skips the
-    validation an honest client runs before it publishes (``Swarm._check_own``)."""
-    for r in range(reporters):
-        dht = dataclasses.replace(swarm["dht"], key_path=str(tmp_path / f"{name}{r}.key"))
-        node = Swarm.create(dht)
-        try:
-            record = Evidence(model=dht.model, reporter_id=node.peer_id, cases=cases[:8], timestamp=time.time())
-            assert asyncio.run(node._put(RecordKind.EVIDENCE, encode_record(record), 600))
-        finally:
-            node.shutdown()
 
 
 def test_sybil_reporters_with_no_colluding_peer_exclude_no_honest_peer(swarm, tmp_path):
@@ -198,11 +118,10 @@ def test_sybil_reporters_with_no_colluding_peer_exclude_no_honest_peer(swarm, tm
             return await _until(everyone, "a plan with flow through every honest peer")
 
     before = asyncio.run(plan())
-    cases = asyncio.run(_frame(swarm))
-    # the sampled-token cases (even indices) and the rounding cases (odd) under three keys each: a
-    # record holding a malformed case is dropped whole by readers, so each kind gets its own
-    _publish_from_fresh_keys(swarm, cases[0::2], 3, tmp_path, "seeds")
-    _publish_from_fresh_keys(swarm, cases[1::2], 3, tmp_path, "rounding")
+    seeds, rounding = asyncio.run(_frame(swarm))
+    # each kind under three keys of its own: a record holding a malformed case is dropped whole
+    assert publish_from_fresh_keys(swarm["dht"], seeds, 3, str(tmp_path), "seeds") == 3
+    assert publish_from_fresh_keys(swarm["dht"], rounding, 3, str(tmp_path), "rounding") == 3
 
     async def after():
         async with AsyncClient(model=path, dht_config=swarm["dht"], model_info=model,
