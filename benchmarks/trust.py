@@ -13,7 +13,10 @@ timed the same way in the same run, and gathers their results:
   cycle of phases, as CPU seconds per token, and with ``verify_hold`` and with every request
   checked against off), ``requests_to_exclusion`` of a peer that
   corrupts 10% of its steps, ``false_exclusions`` over verified honest steps in fp32 and bf16,
-  and the signing cost per step.
+  and the signing cost per step;
+* ``benchmarks/framing.py``: 3, 10 and 30 Sybil reporters with no colluding peer accusing honest
+  peers (honest exclusions, the honest peers' flow against before), and a corrupting peer
+  convicted by the coordinator's own re-execution (requests until the plan drops it).
 
 Usage::
 
@@ -37,13 +40,14 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 #: part name -> the benchmark module whose ``measure(...) -> dict`` it runs
-PARTS = {"tls": "direct_tls", "sybil": "sybil", "verification": "verification"}
+PARTS = {"tls": "direct_tls", "sybil": "sybil", "verification": "verification", "framing": "framing"}
 
 #: keyword arguments of each part's ``measure`` for a full run and for ``--quick``
 SETTINGS = {
     "tls": ({}, {"quick": True}),
     "sybil": ({"time_limit": 2.0}, {"time_limit": 0.5, "counts": (1, 10)}),
     "verification": ({}, {"honest_steps": 1000, "trials": 1, "rounds": 10}),
+    "framing": ({"culprit": True}, {"reporters": (3,)}),
 }
 
 
@@ -96,6 +100,10 @@ def summarize(out: dict) -> dict:
         summary["verification_overhead_cpu_ratio"] = overhead["cpu_ratio"]
     if "sybil_flow_share" in out.get("sybil", {}):
         summary["sybil_flow_share"] = out["sybil"]["sybil_flow_share"]
+    if "reporters" in out.get("framing", {}):
+        summary["framing"] = out["framing"]["reporters"]
+        if "culprit" in out["framing"]:
+            summary["culprit"] = out["framing"]["culprit"]
     if "encryption_cost_per_hop" in out.get("tls", {}):
         summary["encryption_cost_per_hop"] = out["tls"]["encryption_cost_per_hop"]
     return summary

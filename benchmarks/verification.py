@@ -62,6 +62,7 @@ def signing_cost(rounds: int = 2000) -> dict:
 
     from p2pserve.dht.evidence import InputChain, ReplyClaim, derive_reply_key, output_digest, reply_key_text, verify_claim
     from p2pserve.peer.reply_signer import ReplySigner
+    from p2pserve.protocol import SamplingParams
 
     key = derive_reply_key(b"benchmark identity")
     signer = ReplySigner("peer", "model", key)
@@ -69,7 +70,7 @@ def signing_cost(rounds: int = 2000) -> dict:
     for name, width in (("llama3_8b_bf16_row", 4096), ("tiny_fp32_row", 64)):
         dtype = torch.bfloat16 if width == 4096 else torch.float32
         row = torch.randn(1, width).to(dtype).view(torch.uint8).numpy().tobytes()
-        chain, session = InputChain(), type("S", (), {"id": "s", "start": 0, "end": 4})()
+        chain, session = InputChain(), type("S", (), {"id": "s", "start": 0, "end": 4, "sampling": SamplingParams()})()
         t0 = time.perf_counter()
         for i in range(rounds):
             c = signer.consume(chain, i, row, 1)

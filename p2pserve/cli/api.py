@@ -131,6 +131,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"require 'Authorization: Bearer KEY' on every /v1 request and /metrics (401 otherwise); default "
                              f"${API_KEY_ENV}, which keeps the key out of the process list. With neither, the API "
                              f"is OPEN to anyone who can connect (logged at start)")
+    parser.add_argument("--allowed-host", dest="allowed_hosts", action="append", default=[], metavar="NAME",
+                        help="without an API key, requests are answered only for Host IP addresses and localhost "
+                             "(a page elsewhere must not reach this API through the browser); add a name (repeatable)")
     parser.add_argument("--dashboard", action="store_true",
                         help="also serve the live swarm dashboard at /dashboard/ and its JSON at /api/swarm, with "
                              "this server's recent routes (docs/dashboard.md); not behind --api-key")
@@ -162,6 +165,7 @@ def api_config_from_args(args: argparse.Namespace) -> ApiConfig:
         max_body_bytes=int(args.max_body_mb * 2**20), max_inflight_body_bytes=int(args.max_inflight_body_mb * 2**20),
         max_connections=args.max_connections,
         max_generations=args.max_generations, max_prompt_chars=args.max_prompt_chars,
+        allowed_hosts=tuple(args.allowed_hosts),
     )
 
 

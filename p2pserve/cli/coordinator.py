@@ -31,7 +31,7 @@ _FLAGS = ("num_layers", "activation_bytes", "replan_period", "link_change_thresh
           "solve_time_limit", "priority", "coordinator_id", "check_claims", "claim_slack", "claim_batch",
           "min_report_samples", "min_reporter_addresses", "max_rtt_credit", "unobserved_share", "unobserved_total_share",
           "cold_claim_slack", "max_peers_per_address", "trusted_verifiers", "trust_verifiers",
-          "evidence_min_reporters", "exclusion_s", "grouping")
+          "retrial_replicas", "exclusion_s", "grouping")
 
 
 def publish_guard(args: argparse.Namespace):
@@ -102,9 +102,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:  # long: a flat list
                    help="a verifier whose evidence alone excludes a peer: the OpenSSH public key of its DHT "
                         "records, or its peer id (repeatable)")
     v.add_argument("--no-trust-verifiers", dest="trust_verifiers", action="store_const", const=False, default=None,
-                   help="ignore --trusted-verifier: only evidence from several independent clients excludes a peer")
-    v.add_argument("--evidence-min-reporters", type=int, default=None,
-                   help=f"distinct clients whose holding evidence excludes a peer (default {D.evidence_min_reporters})")
+                   help="ignore --trusted-verifier: only the coordinator's own re-execution of accused steps excludes a peer")
+    v.add_argument("--retrial-replicas", type=int, default=None,
+                   help="replicas the coordinator re-executes an accused step on, which must all agree against "
+                        f"the accused before it is excluded (default {D.retrial_replicas}; 0: only trusted verifiers exclude)")
     v.add_argument("--exclusion-s", type=float, default=None,
                    help=f"how long an exclusion lasts after its last evidence (default {D.exclusion_s:g} s)")
     w = parser.add_argument_group("web dashboard (docs/dashboard.md)")
@@ -147,14 +148,23 @@ def folder_shape(model: str | None):
     return Shape(spec.num_layers, spec.activation_bytes_per_token)
 
 
+async def _own_node():
+    """A libp2p node with an identity of its own, not the coordinator's: the compute probes and
+    retrials it carries look like any client's sessions."""
+    from p2pserve.protocol import FrameLimits
+    from p2pserve.transport.libp2p import Libp2pTransport
+    from p2pserve.transport.tcp import DirectTransport
+
+    return DirectTransport(await Libp2pTransport.create(host_maddrs=("/ip4/0.0.0.0/tcp/0",)), FrameLimits())
+
+
 def compute_prober(args: argparse.Namespace, name: str):
     """The leader's compute prober (``coordinator/compute_probe.py``), or None with an interval of 0.
-    Sessions are opened for the checkpoint's model id: the ``--model`` folder's, else the swarm's
-    model name without its ``@SCHEME`` suffix."""
+    Sessions are opened for the model id each peer announces (``PeerInfo.model_id``), else the
+    ``--model`` folder's model id, else the swarm's model name without its ``@SCHEME`` suffix."""
     from p2pserve.coordinator.compute_probe import ComputeProber
     from p2pserve.model.identity import checkpoint_of
     from p2pserve.model.spec import load_spec
-    from p2pserve.protocol import FrameLimits
 
     if args.compute_probe_interval <= 0:
         return None
@@ -162,15 +172,27 @@ def compute_prober(args: argparse.Namespace, name: str):
         raise ConfigError("--compute-probe-steps must be >= 1")
     folder = checkpoint_of(args.model) if getattr(args, "model", None) is not None else None
     model_id = load_spec(folder).model_id if folder is not None else name.split("@")[0]
-
-    async def node():  # a libp2p identity of its own, not the coordinator's: probes look like any client
-        from p2pserve.transport.libp2p import Libp2pTransport
-        from p2pserve.transport.tcp import DirectTransport
-
-        return DirectTransport(await Libp2pTransport.create(host_maddrs=("/ip4/0.0.0.0/tcp/0",)), FrameLimits())
-
     cfg = ComputeProbeConfig(interval_s=args.compute_probe_interval, steps=args.compute_probe_steps)
-    return ComputeProber(node, model_id, cfg)
+    return ComputeProber(_own_node, model_id, cfg)
+
+
+def retrials(cfg: CoordinatorConfig, prober):
+    """The leader's retrials of accused steps (``coordinator/retrial.py``), through the prober's
+    node when it has one, else a node of their own; None with ``retrial_replicas`` 0."""
+    from p2pserve.coordinator.retrial import Retrials
+
+    if cfg.retrial_replicas <= 0:
+        return None
+    if prober is not None:
+        return Retrials(prober.node, cfg.retrial_replicas)
+    node = []
+
+    async def own():
+        if not node:
+            node.append(await _own_node())
+        return node[0]
+
+    return Retrials(own, cfg.retrial_replicas)
 
 
 def _print_public_key(key_path: str | None) -> int:
@@ -192,7 +214,7 @@ def web_dashboard(args: argparse.Namespace, swarm, dcfg, ccfg: CoordinatorConfig
     config = DashboardConfig(host=args.web_host, port=args.web_port)
     trusted = tuple(ccfg.trusted_verifiers) if ccfg.trust_verifiers else ()
     watch = SwarmWatch(swarm, config, source="coordinator", model=dcfg.model, swarm_id=dcfg.swarm_id,
-                       num_layers=ccfg.num_layers, trusted_verifiers=trusted, min_reporters=ccfg.evidence_min_reporters)
+                       num_layers=ccfg.num_layers, trusted_verifiers=trusted)
     return serving(watch, config)
 
 
@@ -253,8 +275,9 @@ async def _serve(swarm, args: argparse.Namespace, file: SwarmFile, name: str, gi
         swarm.config = dataclasses.replace(swarm.config, num_layers=cfg.num_layers)
     # Peers announcing another shape are left out of the plan (readers drop other depths anyway).
     checked = from_peers and "activation_bytes" not in given
+    prober = compute_prober(args, name)
     service = CoordinatorService(swarm, cfg, shape=Shape(cfg.num_layers, cfg.activation_bytes if checked else 0),
-                                 prober=compute_prober(args, name), plan_check=publish_guard(args))
+                                 prober=prober, retrials=retrials(cfg, prober), plan_check=publish_guard(args))
     metrics = serve_metrics(service.metrics.registry, mcfg) if mcfg.port is not None else None
     if metrics is not None:
         print(f"P2PSERVE_METRICS_READY url={metrics.url}", flush=True)

@@ -90,6 +90,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:  # long: a flat list of f
                    help="sessions one remote peer id may hold here")
     p.add_argument("--max-kv-fraction-per-owner", type=float, default=a.max_kv_fraction_per_owner,
                    help="share of the KV budget one remote peer id may hold (1 turns the quota off)")
+    p.add_argument("--prefix-sharing", choices=("owner", "global"), default=a.prefix_sharing,
+                   help="share KV prefix blocks within one remote peer id's sessions (default), or between "
+                        "everyone's: faster for a common system prompt, but it tells who cached what (docs/trust.md)")
     p.add_argument("--max-streams-per-owner", type=int, default=a.max_streams_per_owner,
                    help="session streams one remote peer id may keep open")
     p.add_argument("--stream-idle-timeout", type=float, default=a.stream_idle_timeout_s,
@@ -167,6 +170,7 @@ def config_from_args(args: argparse.Namespace) -> PeerConfig:
             max_sessions_per_owner=args.max_sessions_per_owner,
             max_kv_fraction_per_owner=args.max_kv_fraction_per_owner,
             max_streams_per_owner=args.max_streams_per_owner,
+            prefix_sharing=args.prefix_sharing,
             stream_idle_timeout_s=args.stream_idle_timeout,
             frame_read_timeout_s=args.frame_read_timeout,
         ),

@@ -34,8 +34,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     parser.add_argument("--trusted-verifier", dest="trusted_verifiers", action="append", default=[],
                         metavar="KEY|PEER_ID", help="judge evidence as a coordinator trusting this verifier does")
-    parser.add_argument("--evidence-min-reporters", type=int, default=3,
-                        help="distinct clients whose evidence excludes a peer, as the coordinator counts them")
     d = DashboardConfig()
     w = parser.add_argument_group("web dashboard (docs/dashboard.md)")
     w.add_argument("--web", action="store_true",
@@ -107,8 +105,7 @@ async def serve_web(swarm, dcfg, args: argparse.Namespace) -> int:
 
     config = DashboardConfig(host=args.host, port=args.port, refresh_s=args.refresh)
     watch = SwarmWatch(swarm, config, source="status", model=dcfg.model, swarm_id=dcfg.swarm_id,
-                       num_layers=dcfg.num_layers, trusted_verifiers=tuple(args.trusted_verifiers),
-                       min_reporters=args.evidence_min_reporters)
+                       num_layers=dcfg.num_layers, trusted_verifiers=tuple(args.trusted_verifiers))
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         asyncio.get_running_loop().add_signal_handler(sig, stop.set)
@@ -136,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
                 return 2
         snap = asyncio.run(read_settled(swarm))
         d = collect_status(snap.peers, snap.links, snap.candidates, snap.plan, snap.taken_at, snap.reports,
-                           snap.evidence, tuple(args.trusted_verifiers), args.evidence_min_reporters)
+                           snap.evidence, tuple(args.trusted_verifiers))
     finally:
         swarm.shutdown()
     if args.json:

@@ -164,10 +164,10 @@ class AsyncClient:
         spec, seed = self.info.spec, self.seed + 1
         if self.peers is not None:
             self.verifier = peer_list_verifier(self._transport, spec.model_id, spec.num_layers, self.config,
-                                               self.peers, self.failover, seed)
+                                               self.peers, self.failover, seed, dtype=spec.dtype)
         else:
             self.verifier = swarm_verifier(self._transport, spec.model_id, spec.num_layers, self.config,
-                                           self.swarm_routes, self._swarm, self.failover, seed)
+                                           self.swarm_routes, self._swarm, self.failover, seed, dtype=spec.dtype)
 
     async def close(self) -> None:
         """Leave the network (a transport given to the constructor stays open: it is the caller's)."""

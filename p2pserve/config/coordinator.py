@@ -40,13 +40,12 @@ class CoordinatorConfig:
     # a new candidate only observes for this long before it may lead, so that it has seen every
     # live candidacy (default: one candidate TTL); avoids two leaders right after a start
     election_grace: Optional[float] = None
-    # Output verification (coordinator/exclusion.py, docs/trust.md): a peer with holding evidence
-    # from a trusted verifier (an OpenSSH public key of its DHT record, or its peer id) while
-    # trust_verifiers is on, or from evidence_min_reporters distinct clients, gets no flow for
-    # exclusion_s after the last such evidence.
+    # Verification (docs/trust.md): a trusted verifier's case (its DHT key or peer id) excludes a
+    # peer for exclusion_s; anyone else's is an accusation the leader re-executes on
+    # retrial_replicas replicas (coordinator/retrial.py).
     trusted_verifiers: tuple[str, ...] = ()
     trust_verifiers: bool = True
-    evidence_min_reporters: int = 3
+    retrial_replicas: int = 2
     exclusion_s: float = 3600.0
     # Claims (coordinator/claims.py, docs/trust.md "Claims"): a peer's throughput table is scaled
     # down to min(claim, claim_slack x observed), where observed is the median over independent

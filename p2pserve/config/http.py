@@ -17,6 +17,7 @@ class ApiConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     served_model_names: tuple[str, ...] = ()  # names requests may use besides the checkpoint id
+    allowed_hosts: tuple[str, ...] = ()  # keyless: Host names served besides IP literals and localhost
     api_key: Optional[str] = field(default=None, repr=False)  # None: open to anyone who can connect
     header_timeout_s: float = 10.0  # from connect (or the last response) to a complete request head
     body_timeout_s: float = 30.0  # from the head to the end of the body (408, then close)

@@ -22,6 +22,7 @@ class AdmissionConfig:
     max_streams_per_owner: int = 256  # a client node opens one stream per hop per request
     max_sessions_per_owner: int = 256
     max_kv_fraction_per_owner: float = 0.5  # of the KV budget; 1.0 turns the KV quota off
+    prefix_sharing: str = "owner"  # KV prefix blocks shared within one owner's sessions, or "global" (peer/prefix_share.py)
     max_inflight_payload_bytes: int = 1024**3  # frame payloads being read or served, all streams
     stream_idle_timeout_s: float = 120.0  # a stream holding no session, silent this long, is closed
     frame_read_timeout_s: float = 30.0  # the rest of a frame once its first byte arrived ...

@@ -62,6 +62,10 @@ class Verdict:
     reporters: int = 0
     observed: Optional[float] = None
     probed: Optional[float] = None  # the coordinator's own probe's ratio of observed to claimed
+    # per layer count j (index j - 1), the most the peer's decode table may say (empty: no cap
+    # beyond ``effective``): a newcomer's or a cold swarm's cap binds every entry, so a flat
+    # table (the one-layer rate claimed for every layer count) gains nothing at many layers
+    ceiling: tuple[float, ...] = ()
 
     @property
     def capped(self) -> bool:
@@ -159,24 +163,57 @@ def verdicts(peers: Mapping[str, PeerInfo], reports: Sequence[ServiceReports], c
     out: dict[str, Verdict] = {}
     for pid in sorted(set(ratios) | set(probed)):
         claim = one_layer(peers[pid])
-        seen = [x for x in (statistics.median(ratios[pid]) if pid in ratios else None, probed.get(pid)) if x is not None]
-        out[pid] = Verdict(pid, claim, claim * min(1.0, cfg.claim_slack * min(seen)),
-                           "observed" if pid in ratios else "probed", len(ratios.get(pid, ())), min(seen), probed.get(pid))
+        # the coordinator's own probe wins: reports (free identities, self-announced addresses) may
+        # neither raise nor lower what it measured itself; without a probe the clients' median counts
+        seen = probed[pid] if pid in probed else statistics.median(ratios[pid])
+        out[pid] = Verdict(pid, claim, claim * min(1.0, cfg.claim_slack * seen),
+                           "probed" if pid in probed else "observed", len(ratios.get(pid, ())), seen, probed.get(pid))
     unobserved = [pid for pid in peers if pid not in out]
     if not out:  # a cold swarm: no report yet; a minority cannot move the median of the claims
-        claims = [one_layer(p) for p in peers.values()]
-        ceiling = cfg.cold_claim_slack * statistics.median(claims) if claims else 0.0
-        return {pid: Verdict(pid, one_layer(p), min(one_layer(p), ceiling), "cold") for pid, p in peers.items()}
+        ceiling = [cfg.cold_claim_slack * m for m in median_table([p.throughput_decode for p in peers.values()])]
+        return {pid: Verdict(pid, one_layer(p), min([one_layer(p), *ceiling[:1]]), "cold", ceiling=tuple(ceiling))
+                for pid, p in peers.items()}
     observed_total = sum(v.effective for v in out.values())
-    ref = cfg.unobserved_share * statistics.median(v.effective for v in out.values())
-    fresh = {pid: min(one_layer(peers[pid]), ref) for pid in unobserved}
+    effective_tables = [[t * v.effective / v.claimed for t in peers[pid].throughput_decode] if v.claimed > 0 else []
+                        for pid, v in out.items()]
+    ref = [cfg.unobserved_share * m for m in median_table(effective_tables)]
+    fresh = {pid: min([one_layer(peers[pid]), *ref[:1]]) for pid in unobserved}
     # newcomers together get at most unobserved_total_share of what the observed peers deliver:
     # a hundred fresh identities share one newcomers' budget instead of a median each
     budget = cfg.unobserved_total_share * observed_total
     squeeze = min(1.0, budget / sum(fresh.values())) if sum(fresh.values()) > 0 else 1.0
     for pid, rate in fresh.items():
-        out[pid] = Verdict(pid, one_layer(peers[pid]), rate * squeeze, "unobserved")
+        out[pid] = Verdict(pid, one_layer(peers[pid]), rate * squeeze, "unobserved",
+                           ceiling=tuple(r * squeeze for r in ref))
     return out
+
+
+def median_table(tables: Sequence[Sequence[float]]) -> list[float]:
+    """Per layer count, the median entry over the ``tables`` that have one (as long as the longest)."""
+    longest = max((len(t) for t in tables), default=0)
+    out: list[float] = []
+    for j in range(longest):
+        column = [t[j] for t in tables if len(t) > j]
+        out.append(statistics.median(column))
+    return out
+
+
+def capped(p: PeerInfo, v: Verdict) -> PeerInfo:
+    """``p`` planned as its verdict says: its tables scaled to ``v.effective`` and each decode
+    entry at most ``v.ceiling``'s (the prefill table scaled alike, entry by entry)."""
+    factor = v.effective / v.claimed if v.claimed > 0 else 1.0
+    out = scaled(p, factor)
+    if not v.ceiling or not out.throughput_decode:
+        return out
+    decode = list(out.throughput_decode)
+    last = v.ceiling[-1] * len(v.ceiling)  # beyond the reference's layer counts: one layer's share
+    limits = [v.ceiling[j] if j < len(v.ceiling) else last / (j + 1) for j in range(len(decode))]
+    shrink = [min(1.0, lim / t) if t > 0 else 1.0 for t, lim in zip(decode, limits)]
+    if all(s >= 1.0 for s in shrink):
+        return out
+    prefill = [t * shrink[j] if j < len(shrink) else t for j, t in enumerate(out.throughput_prefill)]
+    return msgspec.structs.replace(out, throughput_decode=[t * s for t, s in zip(decode, shrink)],
+                                   throughput_prefill=prefill)
 
 
 def scaled(p: PeerInfo, factor: float) -> PeerInfo:
@@ -201,8 +238,7 @@ def police(snap: Snapshot, reports: Sequence[ServiceReports], cfg: CoordinatorCo
     out: dict[str, Verdict] = {pid: Verdict(pid, one_layer(snap.peers[pid]), 0.0, "address cap") for pid in dropped}
     if cfg.check_claims:
         found = verdicts(kept, reports, cfg, trusted)
-        kept = {pid: scaled(p, found[pid].effective / found[pid].claimed if found[pid].claimed > 0 else 1.0)
-                for pid, p in kept.items()}
+        kept = {pid: capped(p, found[pid]) for pid, p in kept.items()}
     else:
         found = {pid: Verdict(pid, one_layer(p), one_layer(p), "no cap") for pid, p in kept.items()}
     out.update(found)

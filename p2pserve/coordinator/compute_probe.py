@@ -151,7 +151,8 @@ class ComputeProber:
             self._last[pid] = self.clock()
             try:
                 transport = await self._node()
-                self.results[pid] = await probe_peer(transport, peers[pid], self.model_id, self.config, self.rng)
+                model_id = peers[pid].model_id or self.model_id  # a --swarm-model name is not the peers' id
+                self.results[pid] = await probe_peer(transport, peers[pid], model_id, self.config, self.rng)
                 self.failures.pop(pid, None)
             except asyncio.CancelledError:
                 raise
@@ -168,6 +169,11 @@ class ComputeProber:
         rates = [r for r in self.results.values() if now - r.observed_at <= self.config.max_age_s]
         rates = sorted(rates, key=lambda r: -r.observed_at)[:MAX_REPORTED_PEERS]
         return ServiceReports(model=model, reporter_id=reporter_id, addrs=addrs, rates=rates, timestamp=now)
+
+    async def node(self) -> Transport:
+        """The probing node (an identity other than the coordinator's), started or rotated as due;
+        retrials (``coordinator/retrial.py``) open their sessions through it too."""
+        return await self._node()
 
     async def _node(self) -> Transport:
         if self._transport is not None and self.clock() - self._born >= self.config.rotate_s:

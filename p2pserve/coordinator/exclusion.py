@@ -2,26 +2,29 @@
 
 An :class:`~p2pserve.dht.evidence.Evidence` record lists mismatches a verifier found. A
 mismatch *holds* (:func:`case_holds`) when every claim in it is signed by the reply key its peer
-announces now (``PeerInfo.reply_key``), the witnesses' claims are over the very inputs of the
-accused's (same span, positions and input commitment), and no peer appears twice. Signatures
-prove what each peer answered; they cannot prove who computed right: that is the reporter's
-comparison, which is why a holding case counts only when
+announces now (``PeerInfo.reply_key``) in the dtype it announces, the witnesses' claims carry the
+very terms of the accused's (same span, positions, input commitment, kind of output, dtype and
+sampling: ``ReplyClaim.same_inputs``), no peer appears twice, and no peer in it is excluded
+already. Signatures prove what each peer answered; they cannot prove who computed right, and
+reporters' identities are free (a set of claims published under three fresh keys is one
+reporter three times), so a holding case only decides anything when
 
 * its reporter is a trusted verifier (``CoordinatorConfig.trusted_verifiers``, by the public key
-  that signed its record or by its peer id, while ``trust_verifiers`` is on), or
-* at least ``evidence_min_reporters`` distinct reporters (DHT signers) hold cases against the
-  same peer that are also *self-evident* (:func:`~p2pserve.dht.evidence.self_evident`: two
-  witnesses' signed outputs agree with each other and not with the accused's, checked here from
-  the signed bytes, not taken from the reporter).
+  that signed its record or by its peer id, while ``trust_verifiers`` is on): the peer is
+  excluded on its word; or
+* it is *self-evident* (:func:`~p2pserve.dht.evidence.self_evident`, checked here from the signed
+  bytes): then it is an **accusation**, a reason for the coordinator to look. The coordinator
+  runs the accused step again itself on replicas it chooses (``coordinator/retrial.py``) and
+  excludes only on its own result.
 
-An excluded peer stays excluded for ``exclusion_s`` after the last evidence that held, even once
-the records expire (:class:`ExclusionBook`). Its reason is what ``p2pserve status`` shows.
+An excluded peer stays excluded for ``exclusion_s`` after the last verdict, even once the
+records expire (:class:`ExclusionBook`). Its reason is what ``p2pserve status`` shows.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Optional, Sequence
+from typing import Callable, Collection, Mapping, Optional, Sequence
 
 from p2pserve.dht.evidence import Evidence, Mismatch, self_evident
 from p2pserve.dht.records import PeerInfo
@@ -29,21 +32,44 @@ from p2pserve.dht.view import Signed
 from p2pserve.types import PeerId
 
 
-def case_holds(case: Mismatch, peers: Mapping[str, PeerInfo]) -> Optional[str]:
-    """None when the case's claims are all signed by the keys their peers announce; else why not."""
+def case_holds(case: Mismatch, peers: Mapping[str, PeerInfo], excluded: Collection[str] = frozenset()) -> Optional[str]:
+    """None when the case's claims are all signed by the keys their peers announce, in the dtype
+    they announce, and none of them is excluded already; else why not."""
     for signed in [case.accused, *case.witnesses]:
-        info = peers.get(signed.claim.peer_id)
+        pid = signed.claim.peer_id
+        info = peers.get(pid)
+        if pid in excluded:
+            return f"{pid} is excluded already"
         if info is None or not info.reply_key:
-            return f"{signed.claim.peer_id} announces no reply key"
+            return f"{pid} announces no reply key"
         if signed.reply_key != info.reply_key:
-            return f"claim of {signed.claim.peer_id} is under another reply key than it announces"
+            return f"claim of {pid} is under another reply key than it announces"
+        if signed.claim.dtype != info.dtype:
+            return f"claim of {pid} is in {signed.claim.dtype}, but it announces {info.dtype}"
         if not signed.valid():
-            return f"signature of {signed.claim.peer_id} does not verify"
+            return f"signature of {pid} does not verify"
     try:
         case.validate()
     except Exception as e:  # RecordRejected: claims about different inputs
         return str(e)
     return None
+
+
+def describe(case: Mismatch) -> str:
+    """One line about what a case says."""
+    c = case.accused.claim
+    return (f"{case.kind} mismatch on layers [{c.start}, {c.end}) at position {c.position}, "
+            f"outvoted by {len(case.witnesses)} replica(s)")
+
+
+@dataclass
+class Findings:
+    """What one round of evidence says: ``convicted`` peers (a trusted verifier's holding case,
+    with the reason) and ``accused`` peers (holding, self-evident cases from anyone else: each a
+    reason for the coordinator to re-execute, never a verdict)."""
+
+    convicted: dict[str, str] = field(default_factory=dict)
+    accused: dict[str, list[tuple[str, Mismatch]]] = field(default_factory=dict)  # peer -> [(reporter, case)]
 
 
 @dataclass(frozen=True)
@@ -56,29 +82,24 @@ class Verdict:
 
 
 def judge(evidence: Sequence[Signed[Evidence]], peers: Mapping[str, PeerInfo], trusted: Callable[[str, str], bool],
-          min_reporters: int) -> dict[str, str]:
-    """Peers that the evidence excludes now, with the reason (see the module docstring).
+          excluded: Collection[str] = frozenset()) -> Findings:
+    """Sort this round's holding cases into convictions and accusations (see the module docstring).
 
-    ``trusted(signer, reporter_id)`` says whether a record's author is a trusted verifier.
+    ``trusted(signer, reporter_id)`` says whether a record's author is a trusted verifier;
+    ``excluded`` are the peers out already (no case is judged against them, nor on their word).
     """
-    holding: dict[str, dict[str, str]] = {}  # accused -> signer -> description
-    trusted_hits: dict[str, str] = {}
+    out = Findings()
     for signed in evidence:
         record = signed.record
         for case in record.cases:
             accused = case.accused.claim.peer_id
-            if accused == record.reporter_id or case_holds(case, peers) is not None:
+            if accused == record.reporter_id or accused in out.convicted or case_holds(case, peers, excluded) is not None:
                 continue
-            what = (f"{case.kind} mismatch on layers [{case.accused.claim.start}, {case.accused.claim.end}) at "
-                    f"position {case.accused.claim.position}, outvoted by {len(case.witnesses)} replica(s)")
             if trusted(signed.signer, record.reporter_id):
-                trusted_hits[accused] = f"{what}; reported by trusted verifier {record.reporter_id}"
+                out.convicted[accused] = f"{describe(case)}; reported by trusted verifier {record.reporter_id}"
+                out.accused.pop(accused, None)
             elif self_evident(case) is None:
-                holding.setdefault(accused, {})[signed.signer] = what
-    out = dict(trusted_hits)
-    for accused, by in holding.items():
-        if accused not in out and len(by) >= min_reporters:
-            out[accused] = f"{next(iter(by.values()))}; reported by {len(by)} independent clients"
+                out.accused.setdefault(accused, []).append((record.reporter_id, case))
     return out
 
 

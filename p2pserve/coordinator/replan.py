@@ -121,5 +121,5 @@ def replan(
     if not (reason.trigger.bumps_epoch or plan_changed(state.plan, plan)):
         return Decision(state, reason, solve_s=plan.solve_time)
     seen = [p.epoch for p in (latest_seen, state.plan) if p is not None]
-    plan = with_epoch(plan, next_epoch(seen))
+    plan = with_epoch(plan, next_epoch(seen, now))
     return Decision(replace(state, plan=plan), reason, plan, plan.solve_time)

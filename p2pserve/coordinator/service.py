@@ -23,6 +23,7 @@ from p2pserve.errors import ConfigError
 from p2pserve.coordinator.exclusion import ExclusionBook, judge
 from p2pserve.coordinator import claims
 from p2pserve.coordinator.compute_probe import ComputeProber
+from p2pserve.coordinator.retrial import Retrials
 from p2pserve.coordinator.replan import Decision, LeaderState, replan
 from p2pserve.coordinator.shape import Shape, agree, mismatched
 from p2pserve.coordinator.snapshot import LivePeers, Snapshot
@@ -70,6 +71,7 @@ class CoordinatorService:
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         shape: Optional[Shape] = None,
         prober: Optional[ComputeProber] = None,
+        retrials: Optional[Retrials] = None,
         plan_check: Optional[CheckFactory] = None,
     ):
         self.swarm = swarm
@@ -94,6 +96,9 @@ class CoordinatorService:
         self.verdicts: dict[str, claims.Verdict] = {}  # of the last round, by peer id
         self.prober = prober  # the leader's own compute probes (coordinator/compute_probe.py), if any
         self._probe_targets: dict = {}  # the peers of the last snapshot, which the prober measures
+        # re-executes accused steps before excluding anyone (coordinator/retrial.py); None: only
+        # trusted verifiers' cases exclude
+        self.retrials = retrials
         self.metrics = CoordinatorMetrics()  # served by `p2pserve coordinator --metrics-port`
         self.grouping = GroupingPolicy.parse(str(config.grouping))  # a bad --grouping fails at start
 
@@ -188,8 +193,12 @@ class CoordinatorService:
             logger.warning(f"reading evidence failed: {e!r}")
             evidence = []
         trusted = verifier_set(self.config.trusted_verifiers) if self.config.trust_verifiers else frozenset()
-        found = judge(evidence, peers, lambda signer, reporter: key_text(signer) in trusted or reporter in trusted,
-                      self.config.evidence_min_reporters)
+        excluded = frozenset(self.exclusions.verdicts)
+        findings = judge(evidence, peers, lambda signer, reporter: key_text(signer) in trusted or reporter in trusted,
+                         excluded)
+        found = dict(findings.convicted)
+        if self.retrials is not None and findings.accused:  # an accusation is a reason to look
+            found.update(await self.retrials.convictions(findings.accused, peers, excluded | found.keys()))
         for peer, reason in found.items():
             if peer not in self.exclusions.verdicts:
                 logger.warning(f"excluding peer {peer}: {reason}")
@@ -249,7 +258,7 @@ class CoordinatorService:
             plan = msgspec.structs.replace(decision.publish, groupings=groupings)
         elif self.plan is not None and groupings != self.plan.groupings:
             seen = [self.plan.epoch] + ([self._latest_seen.epoch] if self._latest_seen else [])
-            plan = msgspec.structs.replace(self.plan, groupings=groupings, epoch=next_epoch(seen),
+            plan = msgspec.structs.replace(self.plan, groupings=groupings, epoch=next_epoch(seen, self._clock()),
                                            reason="machine groupings changed")
             logger.info(f"machine groupings: {groupings}")
         else:

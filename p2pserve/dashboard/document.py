@@ -101,12 +101,12 @@ def _plan_extras(doc_plan: dict[str, Any], snap: SwarmSnapshot) -> None:
 def swarm_document(snap: SwarmSnapshot, *, source: str, model: str, swarm_id: str,
                    num_layers: Optional[int] = None, routes: Optional[list] = None,
                    history: Optional[dict] = None, trusted_verifiers: tuple[str, ...] = (),
-                   min_reporters: int = 3, max_links: int = 4096) -> dict[str, Any]:
+                   max_links: int = 4096) -> dict[str, Any]:
     """The ``/api/swarm`` document of ``snap`` (see the module docstring). ``routes`` are this
     process's recent requests (None: it makes none); links are kept between live peers only,
     at most ``max_links`` of them."""
     doc = collect_status(snap.peers, snap.links, snap.candidates, snap.plan, snap.taken_at, snap.reports,
-                         snap.evidence, trusted_verifiers, min_reporters)
+                         snap.evidence, trusted_verifiers)
     seen = observed_rates(snap.reports)
     unseen = {"observed_tps": None, "observed_wall_tps": None, "observed_by": 0, "observed_layers": None}
     for row in doc["peers"]:

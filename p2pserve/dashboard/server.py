@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 from typing import Optional
 
+from p2pserve.http.guard import ApiGuard  # keyless: Host and cross-site checks
 from p2pserve.config import ApiConfig, DashboardConfig
 from p2pserve.dashboard.app import create_dashboard_app
 from p2pserve.dashboard.watch import SwarmWatch
@@ -44,7 +45,7 @@ class DashboardServer:
         self.port = sock.getsockname()[1]
         limits = ApiConfig(host=cfg.host, port=self.port)
         await self.watch.refresh()
-        await self._server.start(cfg.host, sock, uvicorn_config(self.app, limits, graceful_shutdown=False))
+        await self._server.start(cfg.host, sock, uvicorn_config(ApiGuard(self.app, limits), limits, graceful_shutdown=False))
         self._refreshing = asyncio.create_task(self.watch.run())
         return self.port
 

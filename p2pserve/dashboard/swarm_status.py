@@ -72,7 +72,7 @@ def collect_status(
     plan: Optional[SignedPlan],
     now: float,
     reports: Sequence[ServiceReports] = (),
-    evidence: Optional[list] = None, trusted_verifiers: tuple[str, ...] = (), min_reporters: int = 3,
+    evidence: Optional[list] = None, trusted_verifiers: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """A JSON-ready description of the swarm (``reports``: clients' observed service rates, from
     which each peer's claimed and effective one-layer rate are judged as a coordinator with the
@@ -98,22 +98,27 @@ def collect_status(
         "leader": leader.coordinator_id if leader else None,
         "plan": _plan_status(plan, now) if plan is not None else None,
     }
-    out.update(verification_status(evidence or [], peers, plan, trusted_verifiers, min_reporters))
+    out.update(verification_status(evidence or [], peers, plan, trusted_verifiers))
     return out
 
 
 def verification_status(evidence: list, peers: dict[str, PeerInfo], plan: Optional[SignedPlan],
-                        trusted_verifiers: tuple[str, ...], min_reporters: int) -> dict[str, Any]:
-    """Every accusation in the evidence records (whether it holds, and why not), and the peers it
-    excludes with the reason (``coordinator/exclusion.py``); ``in_plan`` says whether the plan
+                        trusted_verifiers: tuple[str, ...]) -> dict[str, Any]:
+    """Every accusation in the evidence records (whether it holds, and why not), and the peers
+    excluded with the reason (``coordinator/exclusion.py``): a trusted verifier's holding case, or
+    an accused peer the plan gives no layers (the leader convicts only on its own re-execution,
+    ``coordinator/retrial.py``, which a reader cannot redo); ``in_plan`` says whether the plan
     followed still gives the peer layers."""
     from p2pserve.coordinator.exclusion import case_holds, judge
     from p2pserve.coordinator.service import key_text, verifier_set
 
     trusted = verifier_set(trusted_verifiers)
-    found = judge(evidence, peers, lambda signer, reporter: key_text(signer) in trusted or reporter in trusted,
-                  min_reporters)
+    findings = judge(evidence, peers, lambda signer, reporter: key_text(signer) in trusted or reporter in trusted)
     spans = plan.plan.spans if plan is not None else {}
+    found = dict(findings.convicted)
+    for pid, cases in findings.accused.items():
+        if plan is not None and pid not in spans:
+            found[pid] = f"accused ({len(cases)} case(s)), not in the leader's plan: convicted on its re-execution"
     accusations = [
         {"accused": c.accused.claim.peer_id, "reporter": s.record.reporter_id, "kind": c.kind,
          "layers": [c.accused.claim.start, c.accused.claim.end], "position": c.accused.claim.position,

@@ -30,13 +30,13 @@ class SwarmWatch:
 
     def __init__(self, reader, config: DashboardConfig = DashboardConfig(), *, source: str, model: str,
                  swarm_id: str, num_layers: Optional[int] = None, requests: Optional[RequestLog] = None,
-                 trusted_verifiers: tuple[str, ...] = (), min_reporters: int = 3, clock: Clock = clocks.wall):
+                 trusted_verifiers: tuple[str, ...] = (), clock: Clock = clocks.wall):
         self.reader = reader
         self.config = config
         self.requests = requests
         self.history = History(config.history_samples, config.history_peers)
         self._doc_args = dict(source=source, model=model, swarm_id=swarm_id, num_layers=num_layers,
-                              trusted_verifiers=trusted_verifiers, min_reporters=min_reporters,
+                              trusted_verifiers=trusted_verifiers,
                               max_links=config.max_links)
         self._clock = clock
         self._snapshot = SwarmSnapshot(taken_at=clock())

@@ -25,13 +25,38 @@ def elect_leader(candidates: Iterable[CoordinatorCandidate]) -> Optional[Coordin
     return min(candidates, key=candidate_order_key, default=None)
 
 
-def next_epoch(seen_epochs: Iterable[int]) -> int:
+#: Epochs a plan may carry beyond what time allows: ``EPOCH_HEADROOM`` plus 1000 per second of
+#: DHT time since 1970 (:func:`epoch_ceiling`). Honest coordinators count up by one per plan, far
+#: below it; a plan whose epoch jumps past it (to win every tie for good) is not followed.
+EPOCH_HEADROOM = 1 << 32
+EPOCHS_PER_S = 1000
+
+
+def epoch_ceiling(now: float) -> int:
+    """The highest epoch a plan may carry at DHT time ``now`` (readers add their clock skew)."""
+    return min(EPOCH_HEADROOM + int(max(now, 0.0) * EPOCHS_PER_S), MAX_EPOCH)
+
+
+def next_epoch(seen_epochs: Iterable[int], now: Optional[float] = None) -> int:
     """Epoch for a new plan: one more than the highest epoch seen from any trusted coordinator.
 
-    Saturates at ``MAX_EPOCH``, the highest a valid plan may carry: a record already there (any
-    member of an open swarm can publish one) must not make every honest plan invalid.
+    Saturates at what time allows at ``now`` (:func:`epoch_ceiling`; without ``now``, at
+    ``MAX_EPOCH``): a record already there must not make every honest plan invalid.
     """
-    return min(max(seen_epochs, default=0) + 1, MAX_EPOCH)
+    ceiling = epoch_ceiling(now) if now is not None else MAX_EPOCH
+    return min(max(seen_epochs, default=0) + 1, ceiling)
+
+
+def elected_plans(plans: Sequence["SignedPlan"], candidates: Iterable[CoordinatorCandidate],
+                  normalize) -> list["SignedPlan"]:
+    """In an open swarm, the plans of the elected leader only: signed by the key the leader's live
+    candidacy declares, under its coordinator id (``normalize`` makes keys comparable). A key that
+    never stood for election, or a candidate that is not the leader, is not followed."""
+    leader = elect_leader(candidates)
+    if leader is None:
+        return []
+    key = normalize(leader.public_key)
+    return [p for p in plans if p.plan.leader_id == leader.coordinator_id and normalize(p.signer) == key]
 
 
 @dataclass(frozen=True)

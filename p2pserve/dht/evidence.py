@@ -23,16 +23,17 @@ import struct
 from typing import Iterable, Optional
 
 import msgspec
-import numpy as np
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
+from p2pserve.dht.rows import row_distance, rows_of  # noqa: F401  (re-exported: readers import them from here)
 from p2pserve.errors import RecordRejected
 from p2pserve.types import PeerId, SessionId
+from p2pserve.wire_types import SamplingParams
 
-DOMAIN = b"p2pserve/reply-claim/1"
+DOMAIN = b"p2pserve/reply-claim/2"
 GENESIS = hashlib.sha256(b"p2pserve/inputs/1").digest()
 DIGEST_BYTES = 32
 SIGNATURE_BYTES = 64
@@ -48,6 +49,13 @@ MAX_OUTPUT_BYTES = 16 * 1024  # so does each claim's output (hidden states), for
 #: the same inputs: a replay runs the history as one prefill where the accused ran it step by
 #: step, so rounding differs (docs/trust.md "Calibration" has the measured maxima).
 TOLERANCE = {"float32": 1e-3, "float16": 2e-2, "bfloat16": 5e-2}
+#: What a reply returned: hidden states, one sampled token, or the token after each of a step's
+#: last positions (speculative verification, ``ForwardResult.tokens``).
+KINDS = ("hidden", "token", "tokens")
+#: Input rows a case carries from position 0 (``Mismatch.history``), so that a coordinator can
+#: re-execute the accused step itself: 32 decode steps of a 4096-wide bf16 model.
+MAX_HISTORY_BYTES = 256 * 1024
+_U64 = (1 << 64) - 1
 _HKDF_SALT = b"p2pserve reply key"
 _HKDF_INFO = b"ed25519 reply key v1"
 
@@ -138,28 +146,6 @@ def output_digest(payload: bytes | memoryview = b"", token: Optional[int] = None
     return hashlib.sha256(payload).digest()
 
 
-def rows_of(dtype: str, payload: bytes, count: int) -> np.ndarray:
-    """Hidden-state bytes as float32 rows [count, width] (bfloat16 widened bit-exactly)."""
-    if dtype == "bfloat16":
-        values = (np.frombuffer(payload, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
-    elif dtype in ("float32", "float16"):
-        values = np.frombuffer(payload, dtype=np.float32 if dtype == "float32" else np.float16).astype(np.float32)
-    else:
-        raise ValueError(f"no hidden states of dtype {dtype}")
-    if count <= 0 or values.size % count:
-        raise ValueError(f"{values.size} values do not split into {count} rows")
-    return values.reshape(count, -1)
-
-
-def row_distance(a: np.ndarray, b: np.ndarray) -> float:
-    """Largest relative L2 error over rows, ``|a - b| / |b|`` (0 for identical rows)."""
-    if a.shape != b.shape:
-        return float("inf")
-    den = np.maximum(np.linalg.norm(b, axis=-1), 1e-6)
-    d = np.linalg.norm(a - b, axis=-1) / den
-    return float(np.nan_to_num(d, nan=np.inf).max()) if d.size else 0.0
-
-
 # ---------------------------------------------------------------------------------------------
 # claims and signatures
 
@@ -168,7 +154,13 @@ class ReplyClaim(msgspec.Struct, frozen=True, array_like=True):
     """What one signed reply asserts: over ``session_id`` on ``peer_id``, layers [start, end) of
     ``model`` turned the inputs at positions [position, position + count), after the inputs
     committed to by ``commitment`` (``c[position + count]``), into the output with ``output``
-    as digest."""
+    as digest.
+
+    It binds everything else that determines the output, so that nobody can present it as
+    something else: ``kind`` (:data:`KINDS`), ``dtype`` (the peer's compute dtype: hidden
+    inputs and outputs travel in it, and it sets the tolerance), and the sampling parameters of
+    a token (canonical, all defaults, for hidden states and greedy tokens, whose output they do
+    not change: :func:`sampling_terms`)."""
 
     model: str
     peer_id: PeerId
@@ -179,21 +171,33 @@ class ReplyClaim(msgspec.Struct, frozen=True, array_like=True):
     count: int
     commitment: bytes
     output: bytes
+    kind: str = "hidden"
+    dtype: str = "float32"
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
 
     def digest(self) -> bytes:
         """What the signature covers: sha256 of the domain tag and every field, length-prefixed."""
         parts = [DOMAIN]
-        for text in (self.model, self.peer_id, self.session_id):
+        for text in (self.model, self.peer_id, self.session_id, self.kind, self.dtype):
             raw = text.encode()
             parts += [struct.pack(">I", len(raw)), raw]
         parts.append(struct.pack(">QQQQ", self.start, self.end, self.position, self.count))
+        parts.append(struct.pack(">dQdQ", self.temperature, self.top_k & _U64, self.top_p, self.seed & _U64))
         parts += [self.commitment, self.output]
         return hashlib.sha256(b"".join(parts)).digest()
 
     def same_inputs(self, other: "ReplyClaim") -> bool:
-        """Whether both claims ran the same layers of the same model on the same inputs."""
-        return (self.model, self.start, self.end, self.position, self.count, self.commitment) == (
-            other.model, other.start, other.end, other.position, other.count, other.commitment)
+        """Whether both claims ran the same layers of the same model on the same inputs, for the
+        same kind of output in the same dtype with the same sampling: their outputs must agree."""
+        return self.terms() == other.terms()
+
+    def terms(self) -> tuple:
+        """Everything but the peer, its session and its output: what an honest output depends on."""
+        return (self.model, self.start, self.end, self.position, self.count, self.commitment, self.kind,
+                self.dtype, self.temperature, self.top_k, self.top_p, self.seed)
 
     def validate(self) -> None:
         """Raise RecordRejected on malformed fields."""
@@ -204,6 +208,29 @@ class ReplyClaim(msgspec.Struct, frozen=True, array_like=True):
             raise RecordRejected("claim span or positions out of range")
         if len(self.commitment) != DIGEST_BYTES or len(self.output) != DIGEST_BYTES:
             raise RecordRejected("claim digests must be 32 bytes")
+        if self.kind not in KINDS or self.dtype not in TOLERANCE:
+            raise RecordRejected(f"claim kind {self.kind!r} / dtype {self.dtype!r} unknown")
+        if (self.temperature, self.top_k, self.top_p, self.seed) != sampling_terms(
+                self.kind, SamplingParams(self.temperature, self.top_k, self.top_p, self.seed)):
+            raise RecordRejected("claim sampling parameters are not in canonical form")
+
+
+def sampling_terms(kind: str, sampling: SamplingParams) -> tuple[float, int, float, int]:
+    """The sampling fields a claim carries: the defaults where they cannot change the output
+    (hidden states; greedy tokens), else ``sampling``'s own. A replica replaying a greedy step
+    with another seed therefore signs the same terms, and a sampled step's only with the same seed."""
+    if kind == "hidden" or sampling.temperature == 0.0:
+        return 0.0, 0, 1.0, 0
+    return float(sampling.temperature), int(sampling.top_k), float(sampling.top_p), int(sampling.seed)
+
+
+def make_claim(*, model: str, peer_id: str, session_id: str, start: int, end: int, position: int, count: int,
+               commitment: bytes, output: bytes, kind: str, dtype: str, sampling: SamplingParams) -> ReplyClaim:
+    """The claim of one reply, its sampling fields canonical (:func:`sampling_terms`)."""
+    t, k, p, seed = sampling_terms(kind, sampling)
+    return ReplyClaim(model=model, peer_id=peer_id, session_id=session_id, start=start, end=end, position=position,
+                      count=count, commitment=commitment, output=output, kind=kind, dtype=dtype, temperature=t,
+                      top_k=k, top_p=p, seed=seed)
 
 
 def sign_claim(key: Ed25519PrivateKey, claim: ReplyClaim) -> bytes:
@@ -241,29 +268,50 @@ class SignedClaim(msgspec.Struct, frozen=True, array_like=True):
 class Mismatch(msgspec.Struct, kw_only=True, frozen=True):
     """One accusation: ``accused`` disagreed with every witness, and the witnesses agreed.
 
-    ``kind`` is "hidden" (hidden states compared within ``tolerance``; ``distance`` is the
-    largest relative row error seen) or "token" (greedy tokens compared exactly).
-    ``inputs`` holds the step's input rows when they are small (at most ``MAX_INPUT_BYTES``).
+    What was compared, and how, comes from the signed claims, never from the reporter: ``kind``
+    and ``dtype`` are the accused claim's (hidden states are compared within the dtype's
+    :data:`TOLERANCE`, tokens exactly), and every witness claim must carry the same terms
+    (:meth:`ReplyClaim.same_inputs`). ``distance`` and ``tolerance`` are the reporter's figures,
+    for people to read. ``history`` holds the session's input rows from position 0 through the
+    accused step (at most :data:`MAX_HISTORY_BYTES`; their hash chain must be the accused's
+    commitment), so that a coordinator can run the step again itself; ``inputs`` the step's own
+    rows when they are small (at most ``MAX_INPUT_BYTES``).
     """
 
     accused: SignedClaim
     witnesses: list[SignedClaim]
-    kind: str = "hidden"
-    dtype: str = "float32"
     distance: float = 0.0
     tolerance: float = 0.0
     inputs: bytes = b""
     outputs: list[bytes] = []  # the accused's then each witness's output bytes, when small
+    history: bytes = b""
     found_at: float = 0.0
+
+    @property
+    def kind(self) -> str:
+        """What the accused signed it returned (``ReplyClaim.kind``)."""
+        return self.accused.claim.kind
+
+    @property
+    def dtype(self) -> str:
+        """The accused's signed compute dtype (``ReplyClaim.dtype``)."""
+        return self.accused.claim.dtype
+
+    def history_matches(self) -> bool:
+        """Whether ``history`` is exactly the inputs the accused's commitment covers."""
+        claim = self.accused.claim
+        rows = claim.position + claim.count
+        if not self.history or len(self.history) % rows:
+            return False
+        chain = InputChain()
+        return chain.extend(row_digests(self.history, rows)) == claim.commitment
 
     def validate(self) -> None:
         """Raise RecordRejected unless the claims are well-formed and about the same inputs."""
-        if self.kind not in ("hidden", "token"):
-            raise RecordRejected(f"mismatch kind {self.kind!r}")
         if not 1 <= len(self.witnesses) <= MAX_WITNESSES:
             raise RecordRejected(f"a mismatch needs 1-{MAX_WITNESSES} witnesses")
-        if len(self.inputs) > MAX_INPUT_BYTES or len(self.dtype) > 16:
-            raise RecordRejected("mismatch inputs or dtype too large")
+        if len(self.inputs) > MAX_INPUT_BYTES or len(self.history) > MAX_HISTORY_BYTES:
+            raise RecordRejected("mismatch inputs or history too large")
         if self.outputs and (len(self.outputs) != 1 + len(self.witnesses)
                              or any(len(o) > MAX_OUTPUT_BYTES for o in self.outputs)):
             raise RecordRejected(f"mismatch outputs must be one per claim, each at most {MAX_OUTPUT_BYTES} bytes")
@@ -272,7 +320,7 @@ class Mismatch(msgspec.Struct, kw_only=True, frozen=True):
         for w in self.witnesses:
             w.claim.validate()
             if not w.claim.same_inputs(self.accused.claim):
-                raise RecordRejected("a witness claim is about other inputs than the accused's")
+                raise RecordRejected("a witness claim is about other inputs, outputs or sampling than the accused's")
             if w.claim.peer_id in peers:
                 raise RecordRejected("a peer appears twice in one mismatch")
             peers.add(w.claim.peer_id)
@@ -293,7 +341,7 @@ def self_evident(case: Mismatch) -> Optional[str]:
     accused, witnesses = case.accused.claim, [w.claim for w in case.witnesses]
     if len(witnesses) < 2:
         return "fewer than two witnesses"
-    if case.kind == "token":
+    if case.kind != "hidden":
         if len({w.output for w in witnesses}) != 1 or accused.output == witnesses[0].output:
             return "the signed tokens do not outvote the accused"
         return None

@@ -14,8 +14,21 @@ from p2pserve.config import BootstrapConfig
 from p2pserve.dht.identity import identity_file, node_key, peer_id_of, read_identity
 from p2pserve.dht.signing import LoggingSignatureValidator, load_or_create_key, public_key_text
 from p2pserve.errors import ConfigError
+from p2pserve.parent_watch import children_die_with_us, end_with_parent
 
 logger = logging.getLogger(__name__)
+
+
+class OwnedDHT(hivemind.DHT):
+    """A hivemind DHT node whose process, and the libp2p daemon it starts, end with the process
+    that started it (``p2pserve/parent_watch.py``): a SIGKILLed peer, coordinator or client
+    leaves nothing running."""
+
+    def run(self) -> None:
+        """The DHT process's body: hivemind's, with its parent watched and its daemon tied to it."""
+        end_with_parent()
+        with children_die_with_us():
+            super().run()
 
 
 def start_dht(
@@ -61,7 +74,7 @@ def start_dht(
                           check_if_identity_free=False)
         else:
             kwargs["identity_path"] = identity_path
-        dht = hivemind.DHT(**kwargs)  # p2pd has read the identity file once this returns
+        dht = OwnedDHT(**kwargs)  # p2pd has read the identity file once this returns
     expected = peer_id_of(public_key_text(private_key))
     if dht.peer_id.to_base58() != expected:
         dht.shutdown()

@@ -13,83 +13,43 @@ Layer ranges are half-open ``(start, end)`` pairs, i.e. layers ``start .. end-1`
 
 from __future__ import annotations
 
-import math
-from typing import Literal, Optional, TypeVar, Union
+from typing import Optional, TypeVar, Union
 
 import msgspec
 
+from p2pserve.dht.bounds import (  # noqa: F401  (re-exported: readers import the bounds from here)
+    SCHEMA_VERSION,
+    MAX_LAYERS,
+    MAX_ACTIVATION_BYTES,
+    MAX_MEMORY_BYTES,
+    MAX_TOKENS_PER_S,
+    MAX_BANDWIDTH_BYTES_S,
+    MAX_RTT_S,
+    MAX_TOKENS,
+    MAX_EPOCH,
+    MAX_ADDRS,
+    MAX_STR,
+    MAX_QUANT,
+    MAX_LINKS,
+    MAX_PEERS_IN_PLAN,
+    MAX_FLOWS,
+    MAX_TP,
+    MAX_MACHINE_SLOTS,
+    MAX_LATENCY_POINTS,
+    MAX_LAYER_MS,
+    MAX_KV_ENTRY_BYTES,
+    PeerState,
+    PEER_STATES,
+    _finite,
+    _int,
+    _str,
+    check_span,
+    _check_quant,
+    _check_schema,
+)
 from p2pserve.dht.evidence import check_reply_key
 from p2pserve.errors import MalformedFrameError, RecordRejected
 from p2pserve.types import SINK, SOURCE, LayerRange, PeerId
-
-SCHEMA_VERSION = 1
-
-# Sanity bounds. They are deliberately generous (a record within them may still be wrong) but
-# they stop a single buggy or hostile peer from poisoning the planner with figures that would
-# dominate any max-flow (10^12 tokens/s) or break arithmetic (negative memory, NaN).
-MAX_LAYERS = 4096
-MAX_ACTIVATION_BYTES = 1 << 20  # one token's hidden state: hidden size 262144 in fp32
-MAX_MEMORY_BYTES = 1 << 50  # 1 PiB: far beyond any single peer
-MAX_TOKENS_PER_S = 1e8  # per peer, for one layer: ~1000x a fast GPU today
-MAX_BANDWIDTH_BYTES_S = 1e12  # 8 Tbit/s
-MAX_RTT_S = 60.0
-MAX_TOKENS = 1 << 40
-MAX_EPOCH = 1 << 62  # plan epochs; a coordinator's next epoch saturates here (dht.election.next_epoch)
-MAX_ADDRS = 32
-MAX_STR = 512
-MAX_QUANT = 16  # a quantization scheme's name (int8, nf4, ...)
-MAX_LINKS = 4096
-MAX_PEERS_IN_PLAN = 4096
-MAX_FLOWS = 1 << 17
-MAX_TP = 8  # tensor-parallel degree of one peer (a TP group inside one machine)
-MAX_MACHINE_SLOTS = 16  # GPUs (or CPU slots) one machine agent offers
-MAX_LATENCY_POINTS = 8  # measured (tokens, ms) points per phase of a latency profile
-MAX_LAYER_MS = 1e5  # one layer's batch taking 100 s is no serving peer
-MAX_KV_ENTRY_BYTES = 1 << 24  # one token's K and V for one layer
-
-PeerState = Literal["joining", "loading", "serving", "draining"]
-PEER_STATES: tuple[str, ...] = ("joining", "loading", "serving", "draining")
-
-
-# ---------------------------------------------------------------------------------------------
-# small validation helpers: each returns None or raises RecordRejected with a reason
-
-
-def _finite(name: str, x: float, lo: float, hi: float) -> None:
-    if not isinstance(x, (int, float)) or isinstance(x, bool) or not math.isfinite(x) or not lo <= x <= hi:
-        raise RecordRejected(f"{name}={x!r} outside [{lo:g}, {hi:g}]")
-
-
-def _int(name: str, x: int, lo: int, hi: int) -> None:
-    if not lo <= x <= hi:
-        raise RecordRejected(f"{name}={x!r} outside [{lo}, {hi}]")
-
-
-def _str(name: str, s: str, *, allow_empty: bool = False) -> None:
-    if (not s and not allow_empty) or len(s) > MAX_STR:
-        raise RecordRejected(f"{name} must be 1-{MAX_STR} characters, got {len(s)}")
-
-
-def check_span(name: str, span: Optional[LayerRange], num_layers: Optional[int] = None) -> None:
-    """Reject a half-open layer range that is empty, reversed or out of bounds."""
-    if span is None:
-        return
-    start, end = span
-    upper = MAX_LAYERS if num_layers is None else num_layers
-    if not 0 <= start < end <= upper:
-        raise RecordRejected(f"{name}=[{start}, {end}) is not a valid range within [0, {upper})")
-
-
-def _check_quant(quant: str, model: str) -> None:
-    """A quantization name is a short token, and the model's name carries it as its suffix."""
-    if not quant:
-        return
-    if len(quant) > MAX_QUANT or not quant.isascii() or not all(c.isalnum() or c == "_" for c in quant) \
-            or quant != quant.lower():
-        raise RecordRejected(f"quant {quant[:MAX_QUANT]!r} is not a lowercase token of 1-{MAX_QUANT} characters")
-    if not model.endswith("@" + quant):
-        raise RecordRejected(f"announces quant={quant!r} for model {model!r}, whose name does not end in '@{quant}'")
-
 
 # ---------------------------------------------------------------------------------------------
 
@@ -160,6 +120,7 @@ class PeerInfo(msgspec.Struct, kw_only=True, frozen=True):
     # ``kv_memory_bytes``, what a coordinator needs to simulate the swarm before publishing a plan.
     latency: Optional[LatencyPoints] = None
     kv_entry_bytes: int = 0
+    model_id: str = ""  # its sessions' model id (ModelSpec.model_id; a --swarm-model name differs; "": older peers)
 
     def validate(self, num_layers: Optional[int] = None) -> None:
         """Raise :class:`RecordRejected` if any figure is absurd or inconsistent (with the
@@ -178,7 +139,8 @@ class PeerInfo(msgspec.Struct, kw_only=True, frozen=True):
             _str("addr", a)
         _str("device", self.device)
         _str("dtype", self.dtype)
-        _str("version", self.version, allow_empty=True)
+        for name in ("version", "model_id"):
+            _str(name, getattr(self, name), allow_empty=True)
         _int("weights_memory_bytes", self.weights_memory_bytes, 0, MAX_MEMORY_BYTES)
         _int("kv_memory_bytes", self.kv_memory_bytes, 0, MAX_MEMORY_BYTES)
         _int("max_layers", self.max_layers, 0, MAX_LAYERS if num_layers is None else num_layers)
@@ -345,11 +307,6 @@ class Plan(msgspec.Struct, kw_only=True, frozen=True):
             for layer in range(start, end):
                 cover[layer] += 1
         return cover
-
-
-def _check_schema(schema: int) -> None:
-    if schema != SCHEMA_VERSION:
-        raise RecordRejected(f"schema {schema} not supported (this build reads {SCHEMA_VERSION})")
 
 
 Record = Union[PeerInfo, LinkInfo, CoordinatorCandidate, Plan]

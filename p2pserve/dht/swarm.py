@@ -34,7 +34,7 @@ from p2pserve.dht.acceptance import (
     membership_reason,
     timestamp_reason,
 )
-from p2pserve.dht.election import SignedPlan, choose_plan
+from p2pserve.dht.election import SignedPlan, choose_plan, elected_plans, epoch_ceiling
 from p2pserve.dht.evidence import derive_reply_key
 from p2pserve.dht.identity import node_key, peer_id_of
 from p2pserve.dht.node import start_dht
@@ -337,16 +337,23 @@ class Swarm:
         return out
 
     async def get_plans(self) -> list[SignedPlan]:
-        """All live plans signed by trusted coordinators."""
+        """All live plans signed by trusted coordinators (in an open swarm: by the elected
+        candidate, ``election.elected_plans``), with epochs that time allows."""
         out = []
         expiration: dict[str, float] = {}  # only the live plans': signers come and go
+        ceiling = epoch_ceiling(self._clock() + self.config.max_clock_skew)
         for s in await self._entries(keys.RecordKind.PLAN, Plan):
             if not is_trusted(s.signer, self._trusted):
                 self.rejects.reject("plan", s.signer, "plan signed by a key not in trusted_coordinators")
                 continue
+            if s.record.epoch > ceiling:
+                self.rejects.reject("plan", s.signer, f"epoch {s.record.epoch} beyond what time allows ({ceiling})")
+                continue
             expiration[s.signer] = s.expiration
             out.append(SignedPlan(s.record, s.signer))
-        self._plan_expiration = expiration
+        if not self._trusted and out:  # an open swarm: anyone may sign a plan, only the leader is followed
+            out = elected_plans(out, [c.record for c in await self.get_candidates()], normalize_public_key)
+        self._plan_expiration = {p.signer: expiration[p.signer] for p in out}
         return out
 
     async def get_plan(self) -> Optional[SignedPlan]:

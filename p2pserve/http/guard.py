@@ -6,7 +6,12 @@
   the connection is closed. A connection over ``max_connections`` gets a 503 and is closed at
   once, and malformed HTTP (a ``Content-Length: 1_0``) gets a 400 in the OpenAI shape.
 * :class:`ApiGuard` — ASGI middleware: the API key (401) and the Content-Length cap (413), both
-  before a byte of the body is read.
+  before a byte of the body is read. Without a key, a browser is the way in for other sites: a
+  page can send a "simple" cross-origin POST (``text/plain``, no preflight) to ``localhost``, or
+  rebind its own DNS name to 127.0.0.1 and read the answers. So a keyless server answers only
+  requests whose ``Host`` is an IP literal, ``localhost`` or in ``ApiConfig.allowed_hosts``, and
+  refuses (403) what a browser marks as cross-site (``Sec-Fetch-Site``) or sends with an
+  ``Origin`` other than the server's own.
 * :func:`read_body` — the body under the size cap (413 while streaming chunks), the deadline
   (408) and a :class:`BodyBudget` that every body being read shares (503 past it), so that
   stalled bodies cannot pile up in memory.
@@ -19,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import ipaddress
 import json
 import logging
 from typing import Optional
@@ -164,6 +170,10 @@ class ApiGuard:
         await self.app(scope, receive, send)
 
     def _refusal(self, scope) -> Optional[HTTPError]:
+        if self._expected is None:
+            err = cross_site_refusal(scope, self.limits.allowed_hosts)
+            if err is not None:
+                return err
         if self._expected is not None and scope["path"].startswith(("/v1", "/metrics")):
             given = _header(scope, b"authorization") or b""
             if not hmac.compare_digest(given, self._expected):
@@ -174,6 +184,35 @@ class ApiGuard:
             return HTTPError(413, f"the request body is {int(length)} bytes; this server takes at most "
                                   f"{self.limits.max_body_bytes}", code="body_too_large")
         return None
+
+
+def _host_name(value: str) -> str:
+    """The host of a ``Host`` header or an origin's authority, without port or brackets."""
+    value = value.strip().lower()
+    if value.startswith("["):  # [::1]:8000
+        return value[1:value.find("]")] if "]" in value else value
+    return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
+
+
+def cross_site_refusal(scope, allowed_hosts: tuple[str, ...]) -> Optional[HTTPError]:
+    """A 403 for a request a keyless server must not answer (see the module docstring), else None."""
+    host = (_header(scope, b"host") or b"").decode("latin-1")
+    name = _host_name(host)
+    try:
+        ipaddress.ip_address(name)
+        literal = True
+    except ValueError:
+        literal = False
+    if not (literal or name == "localhost" or name in {h.lower() for h in allowed_hosts}):
+        return HTTPError(403, f"Host {host!r} is not served here (a keyless server answers IP addresses, "
+                              "localhost and --allowed-host names only)", code="host_not_allowed")
+    site = (_header(scope, b"sec-fetch-site") or b"").decode("latin-1").lower()
+    origin = (_header(scope, b"origin") or b"").decode("latin-1")
+    foreign_origin = origin not in ("", "null") and origin.split("://", 1)[-1].lower() != host.lower()
+    if site in ("cross-site", "same-site") or foreign_origin or origin == "null":
+        return HTTPError(403, "cross-site requests are refused by a server without an API key",
+                         code="cross_site_request")
+    return None
 
 
 class BodyBudget:

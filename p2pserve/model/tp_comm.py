@@ -15,6 +15,7 @@ from __future__ import annotations
 import datetime
 import logging
 import os
+import socket
 import sys
 import threading
 import time
@@ -80,14 +81,23 @@ class TPComm:
         self.last_sent = time.monotonic()
 
     @classmethod
-    def connect(cls, rank: int, world: int, port: int, device: str, hidden_size: int, dtype: str,
+    def connect(cls, rank: int, world: int, rendezvous: str, device: str, hidden_size: int, dtype: str,
                 timeout_s: float, on_failure: Callable[[str], None] | None = None) -> "TPComm":
-        """Join the group on 127.0.0.1:``port`` (rank 0 hosts the store); blocks until all ranks are in.
-        ``on_failure`` is told once if the group fails."""
+        """Join the group through the file ``rendezvous`` (in a directory only this user can
+        open); blocks until all ranks are in. ``on_failure`` is told once if the group fails.
+
+        The group meets through a file, not a TCP store: torch's ``TCPStore`` listens on every
+        interface whatever host it is given and takes writes from anyone who connects, and all
+        ranks of a group run on one machine anyway. The collectives' own sockets stay on loopback
+        (``GLOO_SOCKET_IFNAME`` / ``NCCL_SOCKET_IFNAME``, unless the operator set them)."""
         backend = "nccl" if device.startswith("cuda") else "gloo"
         if backend == "nccl":
             torch.cuda.set_device(torch.device(device))
-        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+        loopback = next((name for _, name in socket.if_nameindex() if name in ("lo", "lo0")), None)
+        if loopback is not None:
+            os.environ.setdefault("GLOO_SOCKET_IFNAME", loopback)
+            os.environ.setdefault("NCCL_SOCKET_IFNAME", loopback)
+        dist.init_process_group(backend, store=dist.FileStore(rendezvous, world), rank=rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=timeout_s))
         return cls(rank, world, device, hidden_size, dtype, on_failure)
 

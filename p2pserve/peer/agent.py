@@ -22,6 +22,7 @@ from p2pserve.dht.probe_set import probe_round
 from p2pserve.dht.records import MAX_ADDRS, MAX_STR, LatencyPoints, LinkInfo, PeerInfo, Plan
 from p2pserve.dht.view import LinkProbes, SwarmView
 from p2pserve.peer.handover import OtherPeer, flip_decision
+from p2pserve.peer.prefix_share import coarse_free
 from p2pserve.peer.profiler import Profile
 from p2pserve.peer.server import Peer
 from p2pserve.types import LayerRange, PeerId
@@ -93,7 +94,8 @@ class SwarmAgent:
             loading=self.loading,
             loaded=self.loaded,
             state="draining" if self.peer.stuck or self.retiring else self.state,
-            kv_free_tokens=budget.free // layers_held,
+            kv_free_tokens=coarse_free(budget.free, budget.capacity, self.peer.config.admission.prefix_sharing)
+            // layers_held,
             queued_tokens=self.peer.worker.queued_tokens,
             version=__version__,
             timestamp=self._wall(),
@@ -105,6 +107,7 @@ class SwarmAgent:
             latency=LatencyPoints(prompt=list(self.profile.prompt_ms), decode=list(self.profile.decode_ms))
             if self.profile.prompt_ms and self.profile.decode_ms else None,
             kv_entry_bytes=spec.kv_bytes_per_token_layer,
+            model_id=spec.model_id,
         )
 
     def link_info(self) -> LinkInfo | None:

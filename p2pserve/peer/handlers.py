@@ -34,6 +34,7 @@ from p2pserve.errors import (
 from p2pserve.model.spec import ModelSpec
 from p2pserve.peer.admission import PayloadBudget, StreamQuota, payload_allowance
 from p2pserve.peer.forward_checks import check_forward, last_hop_ask
+from p2pserve.peer.prefix_share import coarse_free
 from p2pserve.peer.reply_signer import ReplySigner
 from p2pserve.peer.sampling import Choice
 from p2pserve.peer.sessions import SessionTable
@@ -120,7 +121,7 @@ class SessionHandler:
         self._last_session: str | None = None  # the session of the latest Forward
         self._alone_since = 0.0  # when that session became the only one sending
         self._service = RecentTimes()  # recent Forwards, frame read to reply written
-        self.signer = signer if signer is not None else ReplySigner("unnamed", spec.model_id)
+        self.signer = signer if signer is not None else ReplySigner("unnamed", spec.model_id, dtype=spec.dtype)
 
     async def handle_stream(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, remote: str = "") -> None:
         """A transport's stream handler (``StreamHandler``): serve frames until the client hangs
@@ -288,7 +289,7 @@ class SessionHandler:
             served_end=hi,
             sessions=len(self.table),
             kv_capacity_token_layers=budget.capacity,
-            kv_free_token_layers=budget.free,
+            kv_free_token_layers=coarse_free(budget.free, budget.capacity, self.admission.prefix_sharing),
             queued_tokens=self.worker.queued_tokens,
             steps=st.steps,
             tokens=st.tokens,
@@ -374,11 +375,11 @@ class SessionHandler:
             extra = dict(logprobs=result.logprobs, prompt_logprobs=result.prompt_logprobs)
             result = result.tokens if msg.outputs > 1 else result.tokens[-1]
         if isinstance(result, list):  # speculative verification: the token after each of the last positions
-            sig = self.signer.sign(session, msg.position, n, commitment, tokens_bytes(result))
+            sig = self.signer.sign(session, msg.position, n, commitment, tokens_bytes(result), kind="tokens")
             return ForwardResult(session_id=session.id, step=msg.step, position=position, tokens=result,
                                  signature=sig, **extra), b""
         if isinstance(result, int):
-            sig = self.signer.sign(session, msg.position, n, commitment, token=result)
+            sig = self.signer.sign(session, msg.position, n, commitment, token=result, kind="token")
             return ForwardResult(session_id=session.id, step=msg.step, position=position, token=result,
                                  signature=sig, **extra), b""
         meta, data = tensor_to_wire(result)

@@ -76,8 +76,9 @@ class PagedCache:
     ``_table_t`` [layers, blocks] serves the gather of all layers at once.
     """
 
-    def __init__(self, pool: KVBudget, start: int, end: int, max_length: int):
+    def __init__(self, pool: KVBudget, start: int, end: int, max_length: int, salt: bytes = b""):
         self.pool, self.start, self.end, self.max_length = pool, start, end, max_length
+        self.salt = salt  # the prefix chain's scope (peer/prefix_share.py: scope_salt)
         self._tables: list[list[int]] = [[] for _ in range(end - start)]
         self._table_t = torch.empty(end - start, 0, dtype=torch.long)
         self._len = [0] * (end - start)
@@ -173,7 +174,7 @@ class PagedCache:
             self._digests = None
             return
         if self._root is None:
-            self._root = chain_root(self.start, self.end, inputs.dtype)
+            self._root = chain_root(self.start, self.end, inputs.dtype, self.salt)
         self._digests += row_digests(inputs)
         B = self.pool.block_size
         full = min(self._len[0], len(self._digests)) // B

@@ -12,6 +12,17 @@ writes into its own copy (`PagedCache` copies a block before writing into it whe
 session holds it too).
 
 Only full blocks are shared. An entry lives as long as some session holds its blocks.
+
+**Scope.** Whether a block is shared shows: the peer's free KV figure (``PeerStats``, which anyone
+may ask for, and ``PeerInfo.kv_free_tokens``) drops by a block less, and the prefill is faster.
+Shared across owners, a guessed 16-token block that matches another user's cached prompt is told
+apart that way, one guess at a time. So by default the chain's root is salted with the owner
+(``AdmissionConfig.prefix_sharing = "owner"``: the authenticated peer id behind the session's
+stream), and only one owner's own sessions share (a chat's turns, a client's parallel requests).
+A swarm whose users trust one another can opt into ``"global"`` sharing (one system prompt shared
+by everyone); the free figures are then reported in steps of 1/64 of the capacity
+(:func:`coarse_free`), which hides a single block but not from someone who can fill the pool to
+a step's edge first: global sharing is for swarms that accept that.
 """
 
 from __future__ import annotations
@@ -27,9 +38,24 @@ def row_digests(inputs: torch.Tensor) -> list[bytes]:
     return [hashlib.sha256(r.tobytes()).digest() for r in rows]
 
 
-def chain_root(start: int, end: int, dtype: torch.dtype) -> bytes:
-    """The chain's seed: the span and the dtype of its inputs (tokens vs hidden states)."""
-    return hashlib.sha256(f"p2pserve-kv-prefix|{start}|{end}|{dtype}".encode()).digest()
+def chain_root(start: int, end: int, dtype: torch.dtype, salt: bytes = b"") -> bytes:
+    """The chain's seed: the span, the dtype of its inputs (tokens vs hidden states), and the
+    sharing scope's salt (the owner's peer id; empty for global sharing)."""
+    return hashlib.sha256(f"p2pserve-kv-prefix|{start}|{end}|{dtype}|".encode() + salt).digest()
+
+
+def scope_salt(scope: str, owner: str) -> bytes:
+    """The salt of a session's chain: its owner's id, unless the peer shares globally."""
+    if scope not in ("owner", "global"):
+        raise ValueError(f"prefix sharing scope must be 'owner' or 'global', got {scope!r}")
+    return b"" if scope == "global" else b"owner|" + owner.encode()
+
+
+def coarse_free(free: int, capacity: int, scope: str) -> int:
+    """A free KV figure as the peer tells others: exact when only owners share with themselves,
+    rounded down to 1/64 of the capacity under global sharing."""
+    step = max(1, capacity // 64) if scope == "global" else 1
+    return free - free % step
 
 
 def chain_next(previous: bytes, digests: list[bytes]) -> bytes:

@@ -12,16 +12,17 @@ from typing import Optional
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from p2pserve.dht.evidence import InputChain, ReplyClaim, output_digest, reply_key_text, row_digests, sign_claim
+from p2pserve.dht.evidence import InputChain, make_claim, output_digest, reply_key_text, row_digests, sign_claim
 from p2pserve.types import PeerId
 
 
 class ReplySigner:
     """Signs this peer's replies; ``public_text`` is what ``PeerInfo.reply_key`` announces."""
 
-    def __init__(self, peer_id: PeerId, model_id: str, key: Optional[Ed25519PrivateKey] = None):
+    def __init__(self, peer_id: PeerId, model_id: str, key: Optional[Ed25519PrivateKey] = None, dtype: str = "float32"):
         self.peer_id = peer_id
         self.model_id = model_id
+        self.dtype = dtype  # the compute dtype: hidden inputs and outputs travel in it
         self.key = key if key is not None else Ed25519PrivateKey.generate()
         self.public_text = reply_key_text(self.key)
 
@@ -37,9 +38,12 @@ class ReplySigner:
         return chain.extend(row_digests(payload, n))
 
     def sign(self, session, position: int, count: int, commitment: bytes, payload=b"",
-             token: Optional[int] = None) -> bytes:
-        """The signature over the claim of one reply of ``session`` (a peer ``Session``)."""
-        claim = ReplyClaim(model=self.model_id, peer_id=self.peer_id, session_id=session.id, start=session.start,
+             token: Optional[int] = None, kind: str = "hidden") -> bytes:
+        """The signature over the claim of one reply of ``session`` (a peer ``Session``): ``kind``
+        is "hidden" (``payload`` the hidden-state bytes), "token" (``token``) or "tokens"
+        (``payload`` their ``tokens_bytes``); the session's sampling parameters are bound too."""
+        claim = make_claim(model=self.model_id, peer_id=self.peer_id, session_id=session.id, start=session.start,
                            end=session.end, position=position, count=count, commitment=commitment,
-                           output=output_digest(payload, token))
+                           output=output_digest(payload, token), kind=kind, dtype=self.dtype,
+                           sampling=session.sampling)
         return sign_claim(self.key, claim)

@@ -22,6 +22,7 @@ from p2pserve.errors import BadRequestError, OverloadedError, RangeMovedError, S
 from p2pserve.model.spec import ModelSpec
 from p2pserve.peer.admission import check_kv_share, check_session_quota
 from p2pserve.peer.kv_cache import KVBudget, PagedCache
+from p2pserve.peer.prefix_share import scope_salt
 from p2pserve.protocol import OpenSession, SamplingParams
 from p2pserve.types import SessionId
 
@@ -123,7 +124,8 @@ class SessionTable:
         held = [s for s in self._sessions.values() if s.principal == principal]
         check_session_quota(self.admission, self.budget.capacity, len(held), sum(s.reserved for s in held), need)
         self.budget.bind(self.spec.num_kv_heads, self.spec.head_dim, self.torch_dtype, self.device)
-        cache = PagedCache(self.budget, msg.start, msg.end, msg.max_length)
+        cache = PagedCache(self.budget, msg.start, msg.end, msg.max_length,
+                           scope_salt(self.admission.prefix_sharing, principal))
         cache.reserve(headroom)  # OverloadedError ("KV cache full") when the pool lacks it
         session = Session(
             id=msg.session_id,

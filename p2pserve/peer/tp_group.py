@@ -14,11 +14,14 @@ on a silent group.
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import logging
-import socket
+import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import weakref
@@ -37,10 +40,9 @@ class GroupFailedError(P2PServeError):
     """A member of this peer's tensor-parallel group died or stopped answering."""
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _rendezvous_file() -> str:
+    """A fresh path in a private directory (mode 0700) for the group's ``FileStore``."""
+    return os.path.join(tempfile.mkdtemp(prefix="p2pserve-tp-"), "rendezvous")
 
 
 class TPGroup:
@@ -61,22 +63,25 @@ class TPGroup:
         check_splittable(spec, config.world)
         if config.world < 2:
             raise ConfigError("a tensor-parallel group needs at least two devices")
-        port = _free_port()
+        rendezvous = _rendezvous_file()
         children = []
         for rank in range(1, config.world):
             cmd = [sys.executable, "-m", "p2pserve.peer.tp_rank", "--rank", str(rank), "--world", str(config.world),
-                   "--port", str(port), "--model", model_path, "--dtype", spec.dtype,
+                   "--rendezvous", rendezvous, "--model", model_path, "--dtype", spec.dtype,
                    "--device", config.devices[rank], "--timeout", str(config.timeout_s)]
             if config.num_threads:
                 cmd += ["--num-threads", str(config.num_threads)]
             children.append(subprocess.Popen(cmd, stdin=subprocess.DEVNULL))
         try:
-            comm = TPComm.connect(0, config.world, port, config.devices[0], spec.hidden_size, spec.dtype,
+            comm = TPComm.connect(0, config.world, rendezvous, config.devices[0], spec.hidden_size, spec.dtype,
                                   config.timeout_s, on_failure)
         except Exception:
             for c in children:
                 c.kill()
+            shutil.rmtree(os.path.dirname(rendezvous), ignore_errors=True)
             raise
+        # the ranks may still read the store while they finish joining: the file goes at exit
+        atexit.register(shutil.rmtree, os.path.dirname(rendezvous), True)
         log.info("tensor-parallel group of %d on %s (children %s)", config.world, ",".join(config.devices),
                  [c.pid for c in children])
         return cls(config, comm, children)

@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
     p = argparse.ArgumentParser(prog="python -m p2pserve.peer.tp_rank")
     p.add_argument("--rank", type=int, required=True)
     p.add_argument("--world", type=int, required=True)
-    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--rendezvous", required=True, help="the group's FileStore path (rank 0's private directory)")
     p.add_argument("--model", required=True)
     p.add_argument("--dtype", required=True)
     p.add_argument("--device", default="cpu")
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
     if args.num_threads:
         torch.set_num_threads(args.num_threads)
     spec = load_spec(args.model, dtype=args.dtype)
-    comm = TPComm.connect(args.rank, args.world, args.port, args.device, spec.hidden_size, args.dtype, args.timeout)
+    comm = TPComm.connect(args.rank, args.world, args.rendezvous, args.device, spec.hidden_size, args.dtype, args.timeout)
     try:
         status = RankServer(comm, args.model, args.dtype, args.device).serve()
     except Exception:

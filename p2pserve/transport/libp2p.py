@@ -12,6 +12,7 @@ from typing import Sequence
 from hivemind.p2p import P2P, PeerID
 from hivemind.utils.multiaddr import Multiaddr
 
+from p2pserve.parent_watch import children_die_with_us
 from p2pserve.transport import Stream, StreamHandler
 from p2pserve.types import PeerId
 
@@ -32,7 +33,8 @@ class Libp2pTransport:
     @classmethod
     async def create(cls, initial_peers: Sequence[str] = (), host_maddrs: Sequence[str] = (LOOPBACK,)) -> "Libp2pTransport":
         """Start a standalone libp2p node (a client on an explicit chain needs no DHT)."""
-        p2p = await P2P.create(initial_peers=list(initial_peers), host_maddrs=list(host_maddrs))
+        with children_die_with_us():  # its p2pd ends with this process (parent_watch.py)
+            p2p = await P2P.create(initial_peers=list(initial_peers), host_maddrs=list(host_maddrs))
         return cls(p2p, owned=True)
 
     @property

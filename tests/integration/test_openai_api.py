@@ -256,3 +256,50 @@ def test_429_while_every_route_is_overloaded_then_503_once_no_route_exists(small
         with pytest.raises(openai.InternalServerError) as e:
             oai(url).chat.completions.create(**kw, stream=streamed)
         assert e.value.status_code == 503 and e.value.code in ("no_route", "generation_failed"), e.value.message
+
+
+def test_a_keyless_api_refuses_foreign_hosts_and_cross_site_requests(model_dir):
+    """Without an API key, a web page is the way in: a cross-origin ``text/plain`` POST needs no
+    preflight, and a DNS name rebound to 127.0.0.1 reads the answers. Both are refused with a 403;
+    the same request from a local program is answered."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    path = model_dir("llama")
+    (peer,) = start_peers(path, [(0, 8)])
+    server = None
+    try:
+        spec = f"{peer.maddrs[0]}@0:8"
+        server = Child.spawn("api", ["api", "--port", "0", "--model", path, "--peers", spec])
+        deadline = time.monotonic() + 120
+        url = None
+        while url is None and time.monotonic() < deadline and server.alive:
+            ready = [line for line in list(server.lines) if line.startswith("P2PSERVE_API_READY")]
+            url = dict(p.split("=", 1) for p in ready[0].split()[1:])["url"] if ready else None
+            time.sleep(0.05)
+        assert url is not None, server.output()
+        model = LocalModelInfo.load(path).spec.model_id
+        body = json.dumps({"model": model, "prompt": "Hello", "max_tokens": 2, "temperature": 0}).encode()
+
+        def post(headers):
+            req = urllib.request.Request(url + "/v1/completions", data=body, method="POST", headers=headers)
+            try:
+                with urllib.request.urlopen(req, timeout=120) as r:
+                    return r.status, json.loads(r.read())
+            except urllib.error.HTTPError as e:
+                return e.code, json.loads(e.read())
+
+        host = url.split("://", 1)[1]
+        cross_site = post({"Content-Type": "text/plain", "Origin": "http://evil.example", "Sec-Fetch-Site": "cross-site"})
+        assert cross_site[0] == 403 and cross_site[1]["error"]["code"] == "cross_site_request"
+        rebound = post({"Content-Type": "application/json", "Host": "evil.example:" + host.rsplit(":", 1)[1]})
+        assert rebound[0] == 403 and rebound[1]["error"]["code"] == "host_not_allowed"
+        origin_only = post({"Content-Type": "text/plain", "Origin": "http://evil.example"})  # an older browser
+        assert origin_only[0] == 403
+        ok = post({"Content-Type": "application/json"})
+        assert ok[0] == 200 and ok[1]["choices"], ok
+    finally:
+        if server is not None:
+            server.stop()
+        peer.stop()

@@ -61,3 +61,61 @@ def test_sessions_sharing_a_system_prompt_share_blocks_on_every_hop_and_stay_exa
     finally:
         for p in peers:
             p.stop()
+
+
+async def _used(transport, hop) -> int:
+    conn = HopConnection(transport, hop, ClientConfig().frame_limits, 10)
+    st = await conn.stats()
+    await conn.close()
+    return st.kv_capacity_token_layers - st.kv_free_token_layers
+
+
+async def _guess_deltas(peer, model, secret: list[int], candidates: list[list[int]]) -> list[int]:
+    """A victim caches ``secret`` + one token on ``peer``; another node sends each candidate block
+    + one token in a session of its own, and reads the peer's free KV figure (which anyone may ask
+    for) before and after: how much each guess made the peer hold."""
+    import torch
+
+    from p2pserve.protocol import SamplingParams
+
+    hop = peer.hop()
+    async with client_node() as victim, client_node() as attacker:
+        mine = HopConnection(victim, hop, ClientConfig().frame_limits, 30)
+        await mine.open(model.spec.model_id, None, 64, SamplingParams())
+        await mine.forward(0, 0, torch.tensor(secret + [7]))
+        deltas = []
+        for guess in candidates:
+            before = await _used(attacker, hop)
+            conn = HopConnection(attacker, hop, ClientConfig().frame_limits, 30)
+            await conn.open(model.spec.model_id, None, 64, SamplingParams())
+            await conn.forward(0, 0, torch.tensor(guess + [7]))
+            deltas.append(await _used(attacker, hop) - before)
+            await conn.close()
+        await mine.close()
+    return deltas
+
+
+def test_another_users_cached_prompt_cannot_be_picked_out_by_the_free_kv_figure(model_dir):
+    """A block of another user's prompt, guessed among twelve candidates: with the default scope
+    (sharing within one owner's sessions) every guess costs the peer the same KV, so the free
+    figure says nothing; a peer sharing globally (``--prefix-sharing global``) would give the
+    secret away, shown here as the control."""
+    import random
+
+    path = model_dir("llama")
+    model = LocalModelInfo.load(path)
+    rng = random.Random(3)
+    candidates = [[rng.randrange(3, 250) for _ in range(BLOCK_SIZE)] for _ in range(12)]
+    secret = candidates[5]
+    (owner_scoped,) = start_peers(path, [(0, 8)])
+    try:
+        deltas = asyncio.run(_guess_deltas(owner_scoped, model, secret, candidates))
+    finally:
+        owner_scoped.stop()
+    assert len(set(deltas)) == 1, deltas  # the secret's guess looks like every other
+    (global_scope,) = start_peers(path, [(0, 8)], "--prefix-sharing", "global", "--kv-token-layers", str(8 * 64 * 16))
+    try:
+        control = asyncio.run(_guess_deltas(global_scope, model, secret, candidates))
+    finally:
+        global_scope.stop()
+    assert len(set(control)) == 2 and control.count(min(control)) == 1 and control.index(min(control)) == 5, control

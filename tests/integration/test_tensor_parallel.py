@@ -186,3 +186,41 @@ def _status(pid: int) -> bytes:
         return Path(f"/proc/{pid}/status").read_bytes().lower()
     except FileNotFoundError:
         return b"zombie"
+
+
+def _listening(pids: set[int]) -> list[str]:
+    """The local addresses on which the processes ``pids`` hold listening TCP sockets."""
+    inodes = set()
+    for pid in pids:
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            try:
+                target = os.readlink(fd)
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    out = []
+    for table in ("tcp", "tcp6"):
+        for line in Path(f"/proc/net/{table}").read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in inodes:  # state LISTEN
+                out.append(fields[1])
+    return out
+
+
+def test_the_group_listens_on_no_wildcard_address(model_dir):
+    """The ranks meet through a file in a private directory, not through torch's TCP store
+    (which listened on every interface and took writes from anyone), and their collectives stay on
+    loopback: no process of the group listens on 0.0.0.0 or ::."""
+    path = model_dir("llama")
+    tp2, = start_peers(path, [(0, 8)], "--tp", "2", "--no-direct")
+    try:
+        group = {tp2.proc.pid, *rank_children(tp2.proc.pid)}
+        addrs = _listening(group)
+        wildcard = [a for a in addrs if a.split(":")[0] in ("00000000", "00000000000000000000000000000000")]
+        assert not wildcard, addrs
+        model = LocalModelInfo.load(path)
+        ids = prompt(path, "Stay on loopback.")
+        assert asyncio.run(run_chain(model, [tp2.hop()], ids, GREEDY)) == reference_generate(path, ids, GREEDY.max_new_tokens)
+    finally:
+        tp2.kill()

@@ -20,7 +20,7 @@ import pytest
 from p2pserve.client.hop import Hop
 from p2pserve.client.model_info import LocalModelInfo
 from p2pserve.client.params import GenerationParams
-from p2pserve.dht.records import Plan
+from p2pserve.dht.records import CoordinatorCandidate, Plan
 from p2pserve.launch import Children
 from tests.harness import reference_generate, run_chain
 from tests.support import wait_for
@@ -75,6 +75,9 @@ def test_plan_driven_tp_peer_serves_and_moves(model_dir, tmp_path):
         new = {tp2: old[tp1], tp1: old[tp2]}
         swap = Plan(model=name, epoch=plan.epoch + 1, leader_id=obs.peer_id, num_layers=L, targets=new, spans=old,
                     created_at=time.time(), reason="test: swap the halves")
+        # an open swarm follows only the elected candidate's plans: the observer stands, first in line
+        asyncio.run(obs.announce_candidate(CoordinatorCandidate(model=name, coordinator_id=obs.peer_id, priority=10,
+                                                                start_time=time.time(), public_key=obs.public_key)))
         asyncio.run(obs.publish_plan(swap))
         recs = wait_for(lambda: _serving(obs, new), "both peers serving the swapped halves", SWARM_DEADLINE, interval=0.5, children=children)
         hops = sorted((Hop(pid, *new[pid], tuple(recs[pid].addrs)) for pid in new), key=lambda h: h.start)

@@ -236,3 +236,32 @@ def test_status_shows_claimed_against_effective_and_why():
     assert "capped" in liar["claim"] and "2 reporters" in liar["claim"]
     text = format_status(d)
     assert "CLAIMS" in text and "1 capped" in text
+
+
+def flat(pid, tps, k=8, ip="10.0.0.1"):
+    """A peer claiming its one-layer rate for every layer count (a flat table)."""
+    p = peer(pid, tps, k, ip=ip)
+    return PeerInfo(**{**{f: getattr(p, f) for f in p.__struct_fields__}, "throughput_decode": [tps] * k})
+
+
+def test_newcomers_caps_bind_the_whole_table_so_flat_tables_gain_nothing():
+    honest = [peer(f"h{i}", ip=f"10.0.0.{i}") for i in range(1, 5)]
+    reps = two_reports(*[seen(p.peer_id, honest_rate(50.0)) for p in honest])
+    shares = {}
+    for name, make in (("shaped", peer), ("flat", flat)):
+        sybils = [make(f"s{i}", MAX_TOKENS_PER_S, ip=f"10.1.{i}.1") for i in range(10)]
+        snap = Snapshot({p.peer_id: p for p in honest + sybils})
+        capped, found = claims.police(snap, reps, CFG)
+        shares[name] = share(plan_of(capped), [p.peer_id for p in sybils])
+        for p in sybils:  # every entry of the table is within the newcomers' reference, not only the first
+            ref = found[p.peer_id].ceiling
+            assert all(t <= r * (1 + 1e-9) for t, r in zip(capped.peers[p.peer_id].throughput_decode, ref))
+    assert shares["flat"] <= shares["shaped"] + 1e-6, shares
+
+
+def test_a_cold_swarms_cap_binds_the_whole_table_too():
+    honest = [peer(f"h{i}", ip=f"10.0.0.{i}") for i in range(1, 5)]
+    liar = flat("liar", MAX_TOKENS_PER_S, ip="10.0.0.66")
+    capped, found = claims.police(Snapshot({p.peer_id: p for p in honest + [liar]}), [], CFG)
+    table = capped.peers["liar"].throughput_decode
+    assert table[-1] <= CFG.cold_claim_slack * 50.0 / 8 * (1 + 1e-9)  # not the one-layer cap at 8 layers

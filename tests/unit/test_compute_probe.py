@@ -59,8 +59,19 @@ def test_clients_cannot_vouch_a_liar_above_what_the_probe_saw():
                             rates=[ObservedRate(peer_id="liar", layers=8, samples=32, rate=1e6, wall_rate=1e6)])
              for i in (1, 2)]
     found = claims.verdicts(peers, vouch + [probe("coord", "liar", 50 / 8 / 32)], CFG, trusted=frozenset({"coord"}))
-    assert found["liar"].reason == "observed" and found["liar"].effective == pytest.approx(100.0)
+    assert found["liar"].reason == "probed" and found["liar"].effective == pytest.approx(100.0)
     assert "compute probe" in found["liar"].describe()
+
+
+def test_fake_reports_cannot_defame_a_peer_below_what_the_probe_saw():
+    """Two report records from fresh keys at made-up addresses say an honest peer serves nothing:
+    the coordinator's own probe measured it, and the probe wins."""
+    peers = {"h": peer("h"), "victim": peer("victim")}
+    defame = [ServiceReports(model="m", reporter_id=f"c{i}", addrs=[f"/ip4/198.51.100.{i}/tcp/1"], timestamp=1.0,
+                             rates=[ObservedRate(peer_id="victim", layers=8, samples=64, rate=0.0, wall_rate=0.0)])
+              for i in (1, 2)]
+    found = claims.verdicts(peers, defame + [probe("coord", "victim", 50 / 8 / 32)], CFG, trusted=frozenset({"coord"}))
+    assert found["victim"].reason == "probed" and not found["victim"].capped
 
 
 def test_the_report_holds_fresh_results_only():

@@ -190,3 +190,34 @@ def test_swarm_and_the_shared_fake_implement_the_swarm_view(keys):
                 assert inspect.iscoroutinefunction(method) and params(method) == params(spec), (type(impl).__name__, name)
     prober = LinkProber(None)
     assert all(hasattr(type(prober), name) or hasattr(prober, name) for name in members(LinkProbes))
+
+
+def test_an_open_swarm_follows_only_the_elected_candidates_plans_within_what_time_allows(keys):
+    """A key that never stood for election publishes epoch 2**62 with leader id "0": not followed;
+    nor is a live candidate that is not the leader; the leader's plan is, unless its epoch jumps
+    beyond what time allows (``election.epoch_ceiling``)."""
+    from p2pserve.dht.election import epoch_ceiling
+    from p2pserve.dht.records import MAX_EPOCH
+
+    dht, clock = FakeDHT(), FakeClock()
+    keys = [*keys, load_or_create_key(None)]
+    leader, runner_up, rogue = (make(keys, i, dht, clock) for i in range(3))
+    reader = make(keys, 3, dht, clock)
+
+    def plan(epoch, leader_id):
+        return Plan(model="m", epoch=epoch, leader_id=leader_id, num_layers=2, targets={"p": (0, 2)})
+
+    async def go():
+        for swarm, (cid, priority) in ((leader, ("lead", 5)), (runner_up, ("second", 1))):
+            await swarm.announce_candidate(CoordinatorCandidate(model="m", coordinator_id=cid, priority=priority,
+                                                                start_time=1.0, public_key=swarm.public_key))
+        await rogue.publish_plan(plan(MAX_EPOCH, "0"))
+        await runner_up.publish_plan(plan(50, "second"))
+        assert await reader.get_plan() is None
+        await leader.publish_plan(plan(3, "lead"))
+        assert (await reader.get_plan()).plan.leader_id == "lead"
+        too_far = epoch_ceiling(clock() + reader.config.max_clock_skew) + 1
+        await leader.publish_plan(plan(too_far, "lead"))
+        assert (await reader.get_plan()).plan.epoch == 3  # the jump is dropped, the last plan stays
+
+    asyncio.run(go())

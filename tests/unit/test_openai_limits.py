@@ -53,7 +53,7 @@ async def exchange(port: int, raw: bytes, read_timeout: float = 30.0) -> bytes:
 
 
 def post(path: str, body: bytes, *headers: str) -> bytes:
-    head = [f"POST {path} HTTP/1.1", "Host: x", f"Content-Length: {len(body)}", "Connection: close", *headers]
+    head = [f"POST {path} HTTP/1.1", "Host: localhost", f"Content-Length: {len(body)}", "Connection: close", *headers]
     return ("\r\n".join(head) + "\r\n\r\n").encode() + body
 
 
@@ -83,8 +83,8 @@ def test_a_key_is_required_when_configured():
             wrong = await exchange(port, post("/v1/chat/completions", body, "Authorization: Bearer sk-wrong"))
             scheme = await exchange(port, post("/v1/chat/completions", body, f"Authorization: Basic {KEY}"))
             right = await exchange(port, post("/v1/chat/completions", body, f"Authorization: Bearer {KEY}"))
-            models = await exchange(port, b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-            health = await exchange(port, b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            models = await exchange(port, b"GET /v1/models HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+            health = await exchange(port, b"GET /health HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
         for raw in (missing, wrong, scheme, models):
             assert status_of(raw) == 401, raw
             err = json_of(raw)["error"]
@@ -111,7 +111,7 @@ def test_a_request_head_not_complete_in_time_is_closed():
     async def main():
         async with serving(header_timeout_s=1.0) as port:
             half = await asyncio.open_connection("127.0.0.1", port)
-            half[1].write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
+            half[1].write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\n")
             silent = await asyncio.open_connection("127.0.0.1", port)
             drip = await asyncio.open_connection("127.0.0.1", port)
 
@@ -136,7 +136,7 @@ def test_keep_alive_connections_get_a_fresh_head_timeout_per_request():
     async def main():
         async with serving(header_timeout_s=1.5) as port:
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
-            get = b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n"
+            get = b"GET /v1/models HTTP/1.1\r\nHost: localhost\r\n\r\n"
             statuses = []
             for _ in range(3):  # 3 requests over 3 s on one connection, each well within its timeout
                 writer.write(get)
@@ -158,7 +158,7 @@ def test_a_stalled_body_gets_408_and_is_closed():
     async def main():
         async with serving(body_timeout_s=1.0) as port:
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
-            writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{\"mod")
+            writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Length: 1000\r\n\r\n{\"mod")
             elapsed, raw = await closed_after(reader, 1.0 + SLACK_S)
             writer.close()
             return elapsed, raw
@@ -176,7 +176,7 @@ def test_an_oversized_body_by_content_length_gets_413_before_it_is_read():
         async with serving(max_body_bytes=1024) as port:
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
             # claims 8 MiB and sends none of it: the answer cannot wait for the body
-            writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 8388608\r\n\r\n")
+            writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Length: 8388608\r\n\r\n")
             _, raw = await closed_after(reader, 10)
             writer.close()
             return raw
@@ -189,7 +189,7 @@ def test_an_oversized_chunked_body_gets_413_while_streaming():
     async def main():
         async with serving(max_body_bytes=1024) as port:
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
-            writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+            writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\n\r\n")
             for _ in range(8):  # 8 chunks of 200 bytes, and no last chunk: it must not wait for one
                 writer.write(b"c8\r\n" + b" " * 200 + b"\r\n")
             _, raw = await closed_after(reader, 10)
@@ -207,9 +207,9 @@ MALFORMED = {
     "not json": post("/v1/chat/completions", b"{not json"),
     "NaN": post("/v1/chat/completions", json.dumps(dict(CHAT, temperature=float("nan"))).encode()),
     "not utf-8": post("/v1/chat/completions", b'{"model": "\xff\xfe"}'),
-    "underscore length": b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1_0\r\n\r\n0123456789",
-    "negative length": b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n",
-    "two lengths": b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{}",
+    "underscore length": b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Length: 1_0\r\n\r\n0123456789",
+    "negative length": b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Length: -1\r\n\r\n",
+    "two lengths": b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{}",
     "bad request line": b"HELLO\r\n\r\n",
 }
 
@@ -230,10 +230,10 @@ def test_bodies_being_read_share_one_byte_budget():
     async def main():
         async with serving(max_body_bytes=1500, max_inflight_body_bytes=2048) as port:
             first = await asyncio.open_connection("127.0.0.1", port)
-            first[1].write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1500\r\n\r\n"
+            first[1].write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Length: 1500\r\n\r\n"
                            + b" " * 1400)  # and stalls
             await asyncio.sleep(0.3)
-            second = await exchange(port, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1500\r\n\r\n"
+            second = await exchange(port, b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Length: 1500\r\n\r\n"
                                     + b" " * 1400, 10)
             first[1].close()
             await asyncio.sleep(0.3)  # the first body's bytes are given back when its request ends
@@ -272,7 +272,7 @@ def test_tokenising_does_not_stall_the_event_loop():
             chat = asyncio.create_task(exchange(port, post("/v1/chat/completions", json.dumps(CHAT).encode())))
             try:
                 assert await wait_until(client.tokenizing.is_set)
-                models = await exchange(port, b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", 10)
+                models = await exchange(port, b"GET /v1/models HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n", 10)
                 still_tokenizing = not chat.done()
             finally:
                 gate.set()  # the tokenising thread must not outlive the test
@@ -291,11 +291,11 @@ def test_connections_over_the_cap_get_503():
         async with serving(max_connections=2) as port:
             held = [await asyncio.open_connection("127.0.0.1", port) for _ in range(2)]
             await asyncio.sleep(0.2)  # both accepted before the third arrives
-            raw = await exchange(port, b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", 10)
+            raw = await exchange(port, b"GET /v1/models HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n", 10)
             for _, w in held:
                 w.close()
             await asyncio.sleep(0.2)
-            after = await exchange(port, b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", 10)
+            after = await exchange(port, b"GET /v1/models HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n", 10)
             return raw, after
 
     raw, after = run(main())

@@ -27,7 +27,7 @@ async def request(server_client, method, path, body=None):
     try:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         data = json.dumps(body).encode() if body is not None else b""
-        writer.write(f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(data)}\r\nConnection: close\r\n\r\n"
+        writer.write(f"{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Length: {len(data)}\r\nConnection: close\r\n\r\n"
                      .encode() + data)
         await writer.drain()
         raw = await reader.read()

