@@ -1,4 +1,4 @@
-"""The push tests' in-memory swarm, shared by ``tests/unit/test_push.py`` and ``test_ring.py``.
+"""The push tests' in-memory swarm, shared by ``tests/unit/client/test_push.py`` and ``test_ring.py``.
 
 Real peer handlers, each holding a span of a real tiny Llama (real shards and compute workers),
 on an in-memory transport; each finds the next hop's addresses in its own view of an in-memory

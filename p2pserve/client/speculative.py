@@ -14,7 +14,7 @@ without d. Accepting exactly when the target's own sample t ~ p equals d does bo
 p(d), and a rejected step returns t, distributed as p given t != d. So every accepted token is the
 token a one-token step would have sampled at that position with the same seed: the output follows
 the target distribution and is token-identical to non-speculative decoding, greedy or seeded,
-whatever the draft (``tests/unit/test_speculative.py`` checks the distribution with a chi-square).
+whatever the draft (``tests/unit/client/test_speculative.py`` checks the distribution with a chi-square).
 
 :func:`choose_k` picks the draft length that maximises expected tokens per second of a step,
 ``(1 - a^(k+1)) / (1 - a) / (t0 + k * t_tok)`` for a per-token acceptance rate ``a``, a one-token

@@ -13,7 +13,7 @@ batch, nH / nKV = query / key-value heads, D = head dim, S = pool rows.
 Exactness: padding changes the length of SDPA's reductions (softmax sum, probabilities × V),
 so a padded batch agrees with per-sequence attention only to rounding (about 1e-7 in fp32).
 `PagedBatch`'s exact mode (fp32) instead groups sequences by shape and runs one call per group
-with the lone-sequence shapes: bit-identical (tests/unit/test_paged_kv.py).
+with the lone-sequence shapes: bit-identical (tests/unit/peer/test_paged_kv.py).
 
 Half precision on CPU: every SDPA call (`sdpa`) runs in fp32 on up-cast q, k, v and casts its
 output back. CPU SDPA's reduced-precision kernel is 3-7x slower than its fp32 kernel on decode

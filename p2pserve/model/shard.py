@@ -16,7 +16,7 @@ projections as the ``mm``/``addmm`` that ``F.linear`` dispatches to on 2-D input
 ``F.silu``. Rotary tables are computed by the model's own rotary module once for a range of
 positions and then sliced, and ``rotate_half(x) * sin`` is computed as ``roll(x) * sin'`` with
 the sign of sin's first half flipped, which is exact because IEEE negation commutes with
-rounding. Results are bit-identical to the module path (see tests/unit/test_shard_fastpath.py).
+rounding. Results are bit-identical to the module path (see tests/unit/model/test_shard_fastpath.py).
 Anything the fast path does not recognise falls back to calling the modules.
 """
 

@@ -212,7 +212,7 @@ class ComputeWorker:
                 # Idle before the results go out: the session's next frame can arrive as soon as
                 # its reply does, and a worker still "busy" then refuses ``run_inline``, so a lone
                 # session's next decode would take the thread handoff again
-                # (tests/unit/test_peer_inline.py).
+                # (tests/unit/peer/test_peer_inline.py).
                 with self._cv:
                     self._busy, self._step_since = False, None
                 _deliver_all(done)

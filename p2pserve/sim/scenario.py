@@ -207,7 +207,7 @@ def topology_scenario(topo: Topology, placement: Placement, max_input_len: int =
     ``prompt_max_requests[k]`` (absent: one prompt of ``max_input_len`` tokens). Edge flows are
     the placement's max-flow on ``topo``'s own links and bandwidth convention. ``root``: where
     the workload traces are read (the Helix data root by default). On a Helix cluster it builds
-    the same scenario as :func:`build_scenario` (``tests/unit/test_sim_topology_scenario.py``).
+    the same scenario as :func:`build_scenario` (``tests/unit/sim/test_sim_topology_scenario.py``).
     """
     ranges = {i: (int(s), int(e)) for i, (s, e) in placement.items() if e > s}
     assignments: dict[int, Assignment] = {}

@@ -64,7 +64,7 @@ def test_chains_of_1_2_and_4_peers_match_generate(llama_peers):
                 await conn.close()
 
     # Whether a decode ran inline depends on the machine's speed (a session must first send
-    # alone for 50 ms), so tests/unit/test_peer_inline.py checks that path directly.
+    # alone for 50 ms), so tests/unit/peer/test_peer_inline.py checks that path directly.
     st, transport = asyncio.run(stats())
     assert transport == "direct"
     assert st.service_ms > 0 and st.compute_ms > 0  # recent Forwards' time in the peer
@@ -125,7 +125,7 @@ def test_eight_concurrent_sessions_are_batched_and_exact(llama_peers):
         assert_same(ours, ref)
     # Whether two sessions' Forwards meet in one compute step here depends on timing (a fast peer
     # keeps up with staggered arrivals one by one), so batching itself is checked without timing
-    # in tests/unit/test_worker_isolation.py; this test asserts exactness under concurrency and
+    # in tests/unit/peer/test_worker_isolation.py; this test asserts exactness under concurrency and
     # that every session's Forwards were served by the peer.
     decode_forwards = sum(len(tokens) - 1 for tokens in outs)
     assert after.tokens - before.tokens >= decode_forwards

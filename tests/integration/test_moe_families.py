@@ -10,7 +10,7 @@ experts, top-2) and saved as the hub saves it, one matrix per expert. Peers are 
 * for Qwen3-MoE also speculative decoding (prompt lookup: multi-row verification on the last
   peer) and three sessions sharing a long system prompt, generated concurrently (the peers batch
   them into one step and share their prefix KV blocks). Both paths are the family's layer math
-  in another arrangement, which tests/unit/test_moe_families.py checks for every family (batched
+  in another arrangement, which tests/unit/model/test_moe_families.py checks for every family (batched
   sessions, speculative rows); here they run once to keep the suite's time;
 * int8 and int4 routes (experts quantized too) against the same quantization in one process.
 """

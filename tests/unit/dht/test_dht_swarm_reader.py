@@ -157,7 +157,7 @@ def test_swarm_file_is_validated(tmp_path):
     (tmp_path / "type.json").write_text(json.dumps({"initial_peers": "not-a-list"}))
     with pytest.raises(ConfigError, match="initial_peers"):
         SwarmFile.load(str(tmp_path / "type.json"))
-    shipped = Path(__file__).resolve().parents[2] / "bootstrap" / "swarm.toml"
+    shipped = Path(__file__).resolve().parents[3] / "bootstrap" / "swarm.toml"
     assert SwarmFile.load(str(shipped)).model_settings("Qwen/Qwen2.5-0.5B-Instruct").num_layers == 24
 
 

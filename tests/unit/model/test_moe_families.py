@@ -2,8 +2,8 @@
 compute facts, batching and speculative rows, and quantization of the experts.
 
 Greedy tokens of a whole-model shard against `generate` (fast path, and module path with a
-chunked prefill) are in tests/unit/test_family_checkpoints.py, which runs every family of
-`tiny_families`; tensor parallelism in tests/unit/test_tensor_parallel.py; the peers in
+chunked prefill) are in tests/unit/model/test_family_checkpoints.py, which runs every family of
+`tiny_families`; tensor parallelism in tests/unit/model/test_tensor_parallel.py; the peers in
 tests/integration/test_moe_families.py.
 """
 
