@@ -1,4 +1,4 @@
-"""Fuzzing run: every decoder property of ``tests/fuzz`` with N examples each (issue 14).
+"""Fuzzing run: every decoder property of ``tests/fuzz`` with N examples each.
 
     python benchmarks/fuzz.py --examples 2000                  # what CI runs, as a report
     python benchmarks/fuzz.py --examples 100000 --json out.json # the long run

@@ -1,4 +1,4 @@
-"""Prefill/decode split against one shared placement (issue 17's phase awareness), simulated.
+"""Prefill/decode split against one shared placement (phase awareness), simulated.
 
 Run from the repository root::
 

@@ -1,6 +1,6 @@
 """What limits a placement in the simulator: the ``bottleneck`` section of ``benchmarks/planner.py``.
 
-Issue 17 asks for >= 1.3x the authors' Helix placement on cluster24 (70B, offline, IWRR). Before
+The target is >= 1.3x the authors' Helix placement on cluster24 (70B, offline, IWRR). Before
 pulling a lever, this section measures which resource our placement (and Helix's, in the same
 run) is short of, by changing one thing at a time in the simulated system and reading the
 decode throughput (sim seeds ``--bottleneck-seeds``, 60 s warm-up + the window):

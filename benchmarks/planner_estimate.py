@@ -1,7 +1,7 @@
 """The ``estimate_check`` section of ``benchmarks/planner.py``: the decode estimate against the
 simulator on held-back placements.
 
-Issue 17: "the planner's decode estimate is checked against the simulator on held-back
+The requirement: "the planner's decode estimate is checked against the simulator on held-back
 placements, and its error is reported". The estimate's constants were fitted on cluster24
 placements; here every cluster of ``planner_repro.VERSUS_CLUSTERS`` gets placements the fit never
 saw (``placement.calibration.held_back_placements``: heuristics, chains, tiered starts, our plans

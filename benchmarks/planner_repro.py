@@ -1,6 +1,6 @@
 """Planner reproducibility: the ``reproducibility`` section of ``benchmarks/planner.py``.
 
-Issue 17 asks that a planner given a seed and a budget counted in work (evaluations, not wall
+A planner given a seed and a budget counted in work (evaluations, not wall
 time) returns the same placement on a loaded machine, and that over seeds its worst simulated
 throughput stays within 0.9x of the median. This section:
 
@@ -39,7 +39,7 @@ REPRO_CLUSTERS = {
     "cluster24_geo": ("clusters/distributed/cluster24_geo.ini", "llama2-70b", None),
     "cluster42": ("clusters/heterogeneity/cluster42.ini", "llama2-70b", None),
 }
-#: The clusters of the "ours vs Helix" section (issue 17's >= 1.3x target).
+#: The clusters of the "ours vs Helix" section (>= 1.3x target).
 VERSUS_CLUSTERS = ("cluster24", "cluster24_geo", "cluster42")
 
 

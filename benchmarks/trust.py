@@ -1,4 +1,4 @@
-"""Trust benchmark (issue 15): what bound identities, the encrypted direct path, checked claims
+"""Trust benchmark: what bound identities, the encrypted direct path, checked claims
 and verified outputs cost, and what they buy. One JSON with every figure the issue names.
 
 It runs the three measurements that live in their own benchmarks, each against a baseline

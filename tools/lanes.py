@@ -11,7 +11,7 @@ Use: an analysis tool (``benchmarks/planner.py --lane-check``) that says whether
 scenario can reach a target within a move budget by lane re-cuts; it is not part of
 ``churn.resolve``, because on cluster24 it never found fewer moves than ``resolve``
 (which can move one node across a lane, a move this neighbourhood lacks; docs/planner.md,
-session 5).
+"The strict budget").
 
 * :func:`lanes_of` -- the lanes of a placement: one per group of interchangeable nodes, in layer
   order; nodes that hold nothing (newcomers) are listed apart.

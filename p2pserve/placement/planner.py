@@ -1,6 +1,6 @@
 """The placement planner: topology in, :class:`~p2pserve.placement.solution.Solution` out.
 
-Pure: no network, no simulator. Pipeline (DESIGN.md §3):
+Pure: no network, no simulator. Pipeline (ARCHITECTURE.md, "The planner"):
 
 1. check memory (:class:`InsufficientMemoryError` says how much is missing);
 2. candidate placements: Petals-greedy, Swarm-even, separate pipelines, the balanced chain and

@@ -1,4 +1,4 @@
-"""Property-based fuzzing of every decoder of network bytes (issue 14).
+"""Property-based fuzzing of every decoder of network bytes.
 
 Every byte from the network is hostile until validated: each property here feeds a decoder both
 arbitrary bytes and valid messages mutated at the structure and byte level, and asserts that it

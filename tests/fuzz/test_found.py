@@ -1,4 +1,4 @@
-"""The minimal failing examples the fuzzers found, kept as plain tests (issue 14).
+"""The minimal failing examples the fuzzers found, kept as plain tests.
 
 Each was an untyped exception (or an unchecked value) escaping a decoder of network bytes.
 """

@@ -1,5 +1,5 @@
 """One real peer process driven by random sequences of valid and invalid requests from several
-owners (issue 14): a Hypothesis state machine over real connections (the direct TCP path and
+owners: a Hypothesis state machine over real connections (the direct TCP path and
 libp2p), against ``p2pserve peer`` serving a tiny Llama in fp32.
 
 Invariants after every step: each reply is the one the peer's documented checks call for (a

@@ -260,7 +260,7 @@ def test_direct_path_refuses_bad_attach_and_keeps_serving(peer):
 
 
 def test_another_client_cannot_drive_or_close_a_session(peer):
-    """Issue 14, finding 2: knowing a session id is not enough to use it; only its own stream can."""
+    """Knowing a session id is not enough to use it; only its own stream can."""
     from p2pserve.protocol import CloseSession
 
     path, p = peer

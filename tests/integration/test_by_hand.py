@@ -1,6 +1,6 @@
 """A newcomer's swarm, started by hand from the public CLI, serves token-identical greedy output.
 
-Issue 18's scenario on a tiny Qwen2 checkpoint: ``p2pserve bootstrap``, ``p2pserve coordinator
+The scenario on a tiny Qwen2 checkpoint: ``p2pserve bootstrap``, ``p2pserve coordinator
 --model PATH --initial-peers ...``, three ``p2pserve peer --model PATH --initial-peers ...
 --device cpu`` and ``p2pserve.Client(initial_peers=[...], model=PATH)``. No swarm file, no
 ``--swarm-model``, no ``--num-layers``: ``--model PATH`` alone names the model on every role

@@ -1,4 +1,4 @@
-"""Issue 15: an impostor at an address the client dials first gets no byte of session data.
+"""An impostor at an address the client dials first gets no byte of session data.
 
 A real peer process serves the tiny Llama on 127.0.0.1. Two impostors listen at its direct port
 on other loopback addresses, and the client's multiaddr list names them first (as a forged

@@ -1,7 +1,7 @@
 """Bound identities with real hivemind nodes on loopback.
 
 A bootstrap node, a victim, an attacker and two readers (one open, one with an allow-list),
-each a real DHT node with its own key. The attacker replays the identity takeover of issue 15:
+each a real DHT node with its own key. The attacker replays an identity takeover:
 validly signed records (its own key, its own subkey, so honest replicas store them) claiming
 the victim's peer id with the state ``draining``, no KV, its own address first, the victim's
 links zeroed, a far-future timestamp and a far-future DHT expiration. Readers must keep the

@@ -1,6 +1,6 @@
 """No single remote node can exhaust a real peer process: payloads, streams, sessions and KV.
 
-Issue 14, finding 4, each attack reproduced against a peer process on 127.0.0.1:
+Each attack reproduced against a peer process on 127.0.0.1:
 - a Forward claiming a huge payload for a session that does not exist (or more than its session
   may legally send) was read in full before the session was looked up;
 - a stalled frame and a silent stream were held forever;

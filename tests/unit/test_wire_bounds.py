@@ -1,4 +1,4 @@
-"""Counters and sizes on the wire are bounded by the decoder itself (issue 14, finding 5).
+"""Counters and sizes on the wire are bounded by the decoder itself.
 
 ``Forward(position=-5)`` used to be accepted: the peer's cache length became -2 and attention ran
 over uninitialised slots. A negative position, step, layer bound or max_length is now malformed.

@@ -188,7 +188,7 @@ def test_masks_are_what_the_state_banned():
 
 
 def test_a_failed_parallel_open_cancels_and_closes_its_siblings():
-    """Issue 14, finding 7: when one hop refuses, the opens still under way are cancelled and
+    """When one hop refuses, the opens still under way are cancelled and
     their streams closed at once (the peer frees what it reserved), not left to their timeouts."""
     net, hops = network({"a1": (0, 4), "b1": (4, 8)})
     net.refuse["a1"] = "bad_request"

@@ -1,6 +1,6 @@
 """Sessions are bound to the stream that opened them, and every hop of a route has its own id.
 
-Issue 14, finding 2: a second client that knew only a session id could drive and close the
+A second client that knew only a session id could drive and close the
 victim's session, because the peer looked sessions up by id alone and the client used one id on
 every hop of a route.
 """

@@ -1,4 +1,4 @@
-"""Signed replies, the input commitment, the verdict rule and the exclusion policy (issue 15).
+"""Signed replies, the input commitment, the verdict rule and the exclusion policy.
 
 Pure parts only; ``tests/integration/test_verification.py`` runs a corrupting peer process.
 """

@@ -1,6 +1,6 @@
 """Claims checked against observed service rates, and per-address caps (coordinator/claims.py).
 
-Reproduces issue 15's finding first: one peer claiming 1e8 tokens/s among honest peers takes
+Reproduces the attack first: one peer claiming 1e8 tokens/s among honest peers takes
 almost all of the plan's flow; with reports from clients that used it, it plans at what they
 saw. The pure policy runs on records built here; the coordinator hook runs on ``FakeSwarm``.
 """
@@ -75,7 +75,7 @@ def swarm_with_liar():
 
 def test_an_inflated_claim_takes_the_flow_without_the_policy():
     plan = plan_of(swarm_with_liar(), OFF)
-    assert share(plan, ["liar"]) > 0.95  # issue 15: one liar, almost all of the flow
+    assert share(plan, ["liar"]) > 0.95  # one liar, almost all of the flow
 
 
 def test_an_inflated_claim_is_capped_at_what_clients_observed():

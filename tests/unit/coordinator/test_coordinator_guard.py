@@ -1,4 +1,4 @@
-"""The publish guard in the coordinator (issue 17): a check built from the round's own topology
+"""The publish guard in the coordinator: a check built from the round's own topology
 (no cluster file) screens the full solve; a topology that cannot be simulated plans without it."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""No record and no failing tick ends a coordinator (issue 14, finding 3).
+"""No record and no failing tick ends a coordinator.
 
 A plan record with ``epoch = 2**62`` (allowed by validation, and the default swarm is open) made
 every honest coordinator's next epoch fail ``Plan.validate``: ``step()`` raised on every tick,

@@ -62,7 +62,7 @@ def test_a_record_claiming_another_peer_is_rejected_and_the_victims_own_kept(key
                                             state="joining", kv_free_tokens=1000, timestamp=clock()))
         await victim.announce_links(LinkInfo(model="m", peer_id=victim.peer_id, timestamp=clock(),
                                              links={pid(keys[2]): LinkStat(bandwidth=1e8, rtt=0.001)}))
-        # the attack of issue 15: state draining, no KV, the attacker's address first, links
+        # the identity takeover: state draining, no KV, the attacker's address first, links
         # zeroed; the newest timestamp and an expiration far beyond the victim's
         forge(dht, RecordKind.PEERS, attacker, PeerInfo(model="m", peer_id=victim.peer_id, state="draining",
                                                          addrs=["/ip4/6.6.6.6/tcp/1", "/ip4/10.0.0.1/tcp/1"],

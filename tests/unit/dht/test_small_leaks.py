@@ -1,4 +1,4 @@
-"""Issue 14, finding 7: state that grew without bound, a loop that died on one refused record,
+"""State that grew without bound, a loop that died on one refused record,
 and one prober able to spend a peer's whole probe budget."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The OpenAI server under attack (issue 14, finding 6), over raw sockets on 127.0.0.1.
+"""The OpenAI server under attack, over raw sockets on 127.0.0.1.
 
 Each test runs the real uvicorn server with the fake client and short limits: slow request heads
 and stalled bodies are cut off within their timeout, oversized bodies get 413 (by Content-Length

@@ -1,6 +1,6 @@
 """A Forward that times out keeps its session busy until the worker is done with the job.
 
-Issue 14, finding 5: after a request timeout the handler cleared ``busy`` while the job was still
+After a request timeout the handler cleared ``busy`` while the job was still
 queued, so a retry could put two jobs on one cache, and a Close could release a KV reservation
 the worker was still writing into. Here a real peer handler and a real tiny shard run over an
 in-memory transport; the compute thread starts only after the timeout, so the job is still

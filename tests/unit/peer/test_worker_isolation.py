@@ -1,6 +1,6 @@
 """One bad job never kills the compute thread nor fails an honest job batched with it.
 
-Reproduces issue 14's first finding against a real tiny Llama shard: a session whose sampling
+Reproduces a hostile-input finding against a real tiny Llama shard: a session whose sampling
 temperature passes validation but overflows the logits (1e-45), and hidden states holding NaN sent
 to a last-layer span, each used to kill ``ComputeWorker``'s thread for good.
 """

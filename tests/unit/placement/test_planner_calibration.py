@@ -1,4 +1,4 @@
-"""The decode estimate checked against the simulator on held-back placements (issue 17), in a
+"""The decode estimate checked against the simulator on held-back placements, in a
 small window: the report exists, covers placements the fit never saw, and ranks them."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The publish guard (issue 17): never publish a placement the validated check (a short
+"""The publish guard: never publish a placement the validated check (a short
 simulation) ranks below the best heuristic baseline, even where the estimate misleads."""
 
 from __future__ import annotations

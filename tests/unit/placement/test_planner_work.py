@@ -1,4 +1,4 @@
-"""Issue 17's regression figures and reproducibility, each in seconds:
+"""The regression figures and reproducibility, each in seconds:
 
 * our planner reaches the authors' max-flow on cluster24 (1,289.56) and the proven 286.587 optimum
   on cluster10;
