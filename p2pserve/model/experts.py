@@ -156,3 +156,11 @@ def unfuse_experts(layers: torch.nn.Module) -> int:
                 setattr(parent, name, LinearExperts(child))
                 count += 1
     return count
+
+
+def mlp_of(mlp: torch.nn.Module, h: torch.Tensor) -> torch.Tensor:
+    """A layer's MLP on h [T, H]: dense MLPs take it as it is; transformers' routed-experts blocks
+    read a [B, S, H] input, so they get one batch of T tokens (routing is per token either way)."""
+    if hasattr(mlp, "experts"):
+        return mlp(h[None])[0]
+    return mlp(h)

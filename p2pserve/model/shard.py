@@ -37,6 +37,7 @@ from p2pserve.model.experts import MOE_FAMILIES, fuse_layer_tensors
 from p2pserve.model.fast_ops import LayerPlan, Norm, build_layer_plans, gated_mlp, linear, qkv_of, rms_norm, rope
 from p2pserve.model.quant import quantize_layers
 from p2pserve.model.spec import SUPPORTED_FAMILIES, ModelSpec
+from p2pserve.model.experts import mlp_of
 
 log = logging.getLogger(__name__)
 
@@ -388,14 +389,6 @@ class Shard(torch.nn.Module):
         if self._paged is not None:
             return self._paged.attend(layer_idx, q, k, v, scaling, window)
         return attend_each(layer_idx, q, k, v, segments, scaling, window)
-
-
-def mlp_of(mlp: torch.nn.Module, h: torch.Tensor) -> torch.Tensor:
-    """A layer's MLP on h [T, H]: dense MLPs take it as it is; transformers' routed-experts blocks
-    read a [B, S, H] input, so they get one batch of T tokens (routing is per token either way)."""
-    if hasattr(mlp, "experts"):
-        return mlp(h[None])[0]
-    return mlp(h)
 
 
 def _is_dynamic_rope(rotary) -> bool:

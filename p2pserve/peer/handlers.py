@@ -40,6 +40,7 @@ from p2pserve.peer.sampling import Choice
 from p2pserve.peer.sessions import SessionTable
 from p2pserve.peer.timing import RecentTimes
 from p2pserve.peer.worker import ComputeWorker, Job
+from p2pserve.peer.inbound import InboundStream
 from p2pserve.protocol import (
     FRAME_PREFIX,
     CloseSession,
@@ -73,17 +74,6 @@ _FIRST_FRAME_LIMITS = FrameLimits(max_header_bytes=64 * 1024, max_payload_bytes=
 
 #: A refused payload up to this size is read and dropped, keeping its stream in sync.
 DISCARD_BYTES = 64 * 1024
-
-
-class _StreamState:
-    """One inbound stream: the object sessions are bound to, and who is behind it."""
-
-    __slots__ = ("remote", "opened", "writer")
-
-    def __init__(self, remote: str, writer=None):
-        self.remote = remote  # the authenticated peer id (``StreamHandler``'s ``remote``)
-        self.writer = writer  # a ring's later failure is told up the stream its steps came on (peer/forwarding.py)
-        self.opened = False  # whether a session was ever opened on it (it may then idle longer)
 
 
 class SessionHandler:
@@ -131,7 +121,7 @@ class SessionHandler:
         except OverloadedError as e:
             await self._refuse_stream(reader, writer, e)
             return
-        stream = _StreamState(remote, writer)
+        stream = InboundStream(remote, writer)
         self.streams_open += 1
         try:
             while await self._serve_frame(reader, writer, stream):
@@ -174,7 +164,7 @@ class SessionHandler:
         """Seconds the rest of a frame of ``nbytes`` may take once its first byte arrived."""
         return self.admission.frame_read_timeout_s + nbytes / self.admission.min_read_rate_bytes_s
 
-    async def _serve_frame(self, reader, writer, stream: _StreamState) -> bool:
+    async def _serve_frame(self, reader, writer, stream: InboundStream) -> bool:
         """Read one frame, answer it; False when the stream must end (it is out of sync)."""
         idle = self.admission.stream_idle_timeout_s
         if stream.opened:  # its sessions expire first; then the stream may go too
@@ -213,7 +203,7 @@ class SessionHandler:
             self._service.add(time.perf_counter() - t0)
         return True
 
-    def _admit(self, header: bytes, payload_len: int, stream: _StreamState):
+    def _admit(self, header: bytes, payload_len: int, stream: InboundStream):
         """Decode a header and bound its payload before any of it is read: ``(msg, None)`` when
         the frame may be read on, ``(msg or None, error)`` when it is refused."""
         msg = None
@@ -250,7 +240,7 @@ class SessionHandler:
         except (ConnectionError, RuntimeError, TimeoutError):
             pass
 
-    async def _dispatch(self, msg, payload: bytes, stream: _StreamState) -> tuple[object, bytes]:
+    async def _dispatch(self, msg, payload: bytes, stream: InboundStream) -> tuple[object, bytes]:
         try:
             if isinstance(msg, OpenSession):
                 return self._open(msg, stream), b""
@@ -303,7 +293,7 @@ class SessionHandler:
             stuck_s=self.worker.stuck_for(),
         )
 
-    def _open(self, msg: OpenSession, stream: _StreamState) -> SessionOpened:
+    def _open(self, msg: OpenSession, stream: InboundStream) -> SessionOpened:
         if msg.model_id != self.spec.model_id:
             raise ModelMismatchError(f"this peer serves model {self.spec.model_id!r}, not {msg.model_id!r}")
         session = self.table.open(msg, stream, stream.remote)
@@ -319,7 +309,7 @@ class SessionHandler:
             peer_version=__version__,
         )
 
-    async def _forward(self, msg: Forward, payload: bytes, stream: _StreamState) -> tuple[ForwardResult, bytes]:
+    async def _forward(self, msg: Forward, payload: bytes, stream: InboundStream) -> tuple[ForwardResult, bytes]:
         session = self.table.get(msg.session_id, stream)
         if session.busy:
             raise BadRequestError(f"session {msg.session_id!r} already has a request in flight")

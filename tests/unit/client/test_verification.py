@@ -16,7 +16,8 @@ from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption,
 
 from p2pserve.client.hop import Hop
 from p2pserve.client.trust.tape import HopTape
-from p2pserve.client.trust.verifier import TOLERANCE, culprit, distance, token_windows
+from p2pserve.client.trust.verdict import culprit, distance
+from p2pserve.client.trust.verifier import TOLERANCE, token_windows
 from p2pserve.config import CoordinatorConfig, DHTConfig
 from p2pserve.coordinator.exclusion import ExclusionBook, case_holds, judge
 from p2pserve.coordinator.service import CoordinatorService

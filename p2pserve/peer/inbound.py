@@ -1,0 +1,14 @@
+"""``InboundStream``: one stream a peer serves, as the session table sees it."""
+
+from __future__ import annotations
+
+
+class InboundStream:
+    """One inbound stream: the object sessions are bound to, and who is behind it."""
+
+    __slots__ = ("remote", "opened", "writer")
+
+    def __init__(self, remote: str, writer=None):
+        self.remote = remote  # the authenticated peer id (``StreamHandler``'s ``remote``)
+        self.writer = writer  # a ring's later failure is told up the stream its steps came on (peer/forwarding.py)
+        self.opened = False  # whether a session was ever opened on it (it may then idle longer)
