@@ -31,6 +31,8 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
+from p2pserve.model.attention_sinks import sink_attention
+
 
 class LayerCache(Protocol):
     """The KV storage of one sequence, as the shard sees it."""
@@ -72,13 +74,15 @@ def paged_batch(segments) -> "PagedBatch | None":
 
 
 def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
-         scale: float) -> torch.Tensor:
+         scale: float, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """``F.scaled_dot_product_attention`` with grouped-query heads: q [b, nH, n, D], k and v
-    [b, nKV, c, D] -> [b, nH, n, D]; half precision on CPU runs in fp32 (module docstring)."""
+    [b, nKV, c, D] -> [b, nH, n, D]; half precision on CPU runs in fp32 (module docstring).
+    With attention sinks (``sinks`` [nH], GPT-OSS) the softmax runs over the scores and one extra
+    logit per head that no value follows (`attention_sinks.sink_attention`)."""
     if q.dtype != torch.float32 and q.device.type == "cpu":
-        o = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask, scale=scale,
-                                           enable_gqa=True)
-        return o.to(q.dtype)
+        return sdpa(q.float(), k.float(), v.float(), mask, scale, sinks).to(q.dtype)
+    if sinks is not None:
+        return sink_attention(q, k, v, mask, scale, sinks)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
 
 
@@ -98,13 +102,15 @@ def attention_mask(n: int, total: int, window: int | None, device) -> torch.Tens
     return mask
 
 
-def attend_each(layer_idx: int, q, k, v, segments, scaling: float, window: int | None) -> torch.Tensor:
-    """Append k, v to each segment's cache and attend; q, k, v [T, heads, D] -> [T, nH * D]."""
+def attend_each(layer_idx: int, q, k, v, segments, scaling: float, window: int | None,
+                sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """Append k, v to each segment's cache and attend; q, k, v [T, heads, D] -> [T, nH * D]
+    (``sinks`` [nH]: attention sinks, see `sdpa`)."""
     if len(segments) == 1:  # the common case, without slicing
         n = q.shape[0]
         ks, vs = segments[0].cache.append(layer_idx, k.transpose(0, 1), v.transpose(0, 1))
         mask = attention_mask(n, ks.shape[1], window, q.device)
-        o = sdpa(q.transpose(0, 1)[None], ks[None], vs[None], mask, scaling)  # [1, nH, n, D]
+        o = sdpa(q.transpose(0, 1)[None], ks[None], vs[None], mask, scaling, sinks)  # [1, nH, n, D]
         # With one token, [1, nH, 1, D] flattens to [1, nH * D] without the transpose.
         return o.reshape(1, -1) if n == 1 else o[0].transpose(0, 1).reshape(n, -1)
     outs = []
@@ -114,7 +120,7 @@ def attend_each(layer_idx: int, q, k, v, segments, scaling: float, window: int |
         qs = q[at : at + n].transpose(0, 1)  # [nH, n, D]
         ks, vs = seg.cache.append(layer_idx, k[at : at + n].transpose(0, 1), v[at : at + n].transpose(0, 1))
         mask = attention_mask(n, ks.shape[1], window, q.device)
-        o = sdpa(qs[None], ks[None], vs[None], mask, scaling)
+        o = sdpa(qs[None], ks[None], vs[None], mask, scaling, sinks)
         outs.append(o[0].transpose(0, 1).reshape(n, -1))
         at += n
     return torch.cat(outs)
@@ -191,14 +197,15 @@ class PagedBatch:
             self._masks[window] = m[:, None]
         return self._masks[window]
 
-    def attend(self, layer_idx: int, q, k, v, scaling: float, window: int | None) -> torch.Tensor:
+    def attend(self, layer_idx: int, q, k, v, scaling: float, window: int | None,
+               sinks: torch.Tensor | None = None) -> torch.Tensor:
         """Write this layer's k, v [T, nKV, D] and attend q [T, nH, D]: -> [T, nH * D]."""
         pool, i = self.pool, layer_idx - self.lo
         write = self.write[i]
         pool.k.index_copy_(0, write, k)
         pool.v.index_copy_(0, write, v)
         if self.groups is not None:
-            return self._attend_groups(i, q, scaling, window)
+            return self._attend_groups(i, q, scaling, window, sinks)
         read = self.read[i]  # [b, mk]
         b, nH, D = read.shape[0], q.shape[1], q.shape[2]
         # index_select on [S, nKV * D] rows: several times faster than advanced indexing on CPU.
@@ -210,12 +217,12 @@ class PagedBatch:
         else:
             qp = q.new_zeros(b * self.mq, nH, D).index_copy_(0, self.q_rows, q)
             qp = qp.view(b, self.mq, nH, D).transpose(1, 2)  # [b, nH, mq, D]
-        o = sdpa(qp, keys, values, self.mask(window), scaling)  # [b, nH, mq, D]
+        o = sdpa(qp, keys, values, self.mask(window), scaling, sinks)  # [b, nH, mq, D]
         if self.dense:
             return o.reshape(b, nH * D)
         return o.transpose(1, 2).reshape(b * self.mq, nH * D).index_select(0, self.q_rows)
 
-    def _attend_groups(self, i: int, q, scaling: float, window: int | None) -> torch.Tensor:
+    def _attend_groups(self, i: int, q, scaling: float, window: int | None, sinks=None) -> torch.Tensor:
         """The exact mode: one SDPA call per group of equal shapes; q [T, nH, D] -> [T, nH * D]."""
         pool = self.pool
         T, nH, D = q.shape
@@ -234,10 +241,10 @@ class PagedBatch:
             qg = qg.view(size, n, nH, D).transpose(1, 2)  # [g, nH, n, D]
             mask = g.mask(window, q.device)
             if split and n == 1 and size > 1:
-                o = torch.cat([sdpa(qg[j : j + 1], keys[j : j + 1], values[j : j + 1], mask, scaling)
+                o = torch.cat([sdpa(qg[j : j + 1], keys[j : j + 1], values[j : j + 1], mask, scaling, sinks)
                                for j in range(size)])
             else:
-                o = sdpa(qg, keys, values, mask, scaling)  # [g, nH, n, D]
+                o = sdpa(qg, keys, values, mask, scaling, sinks)  # [g, nH, n, D]
             o = o.reshape(size, nH * D) if n == 1 else o.transpose(1, 2).reshape(size * n, nH * D)
             if self.in_order:
                 return o

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from p2pserve.errors import BadRequestError
+from p2pserve.model.gpt_oss_experts import BiasedLinearExperts, is_biased_experts
 
 # family -> (checkpoint prefix of the MoE block inside a layer, expert projection names
 # (gate, up, down) in the checkpoint)
@@ -35,7 +36,9 @@ _CHECKPOINT_LAYOUT: dict[str, tuple[str, tuple[str, str, str]]] = {
     "mixtral": ("block_sparse_moe.", ("w1", "w3", "w2")),
     "glm4_moe": ("mlp.", ("gate_proj", "up_proj", "down_proj")),
 }
-MOE_FAMILIES = frozenset(_CHECKPOINT_LAYOUT)
+# GPT-OSS checkpoints store the experts already fused (or as MXFP4 blocks of the fused form,
+# model/mxfp4.py), so they need no layout entry.
+MOE_FAMILIES = frozenset(_CHECKPOINT_LAYOUT) | {"gpt_oss"}
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,9 @@ def expert_shape(cfg: dict, num_layers: int) -> ExpertShape | None:
         moe = sum(1 for i in range(num_layers) if i not in dense and (i + 1) % step == 0)
         return ExpertShape(int(cfg["num_experts"]), int(cfg["num_experts_per_tok"]),
                            int(cfg["moe_intermediate_size"]), moe)
+    if family == "gpt_oss":  # every layer routed; experts have biases and a router bias
+        return ExpertShape(int(cfg.get("num_local_experts", 32)), int(cfg.get("num_experts_per_tok", 4)),
+                           int(cfg["intermediate_size"]), num_layers)
     if family == "glm4_moe":  # the first first_k_dense_replace layers are dense
         width = int(cfg.get("moe_intermediate_size", 1408))
         return ExpertShape(int(cfg.get("n_routed_experts", 128)), int(cfg.get("num_experts_per_tok", 8)), width,
@@ -147,13 +153,13 @@ class LinearExperts(torch.nn.Module):
 
 
 def unfuse_experts(layers: torch.nn.Module) -> int:
-    """Replace, in place, every fused experts module inside ``layers`` by `LinearExperts`; returns
-    how many were replaced."""
+    """Replace, in place, every fused experts module inside ``layers`` by `LinearExperts` (GPT-OSS's
+    biased ones by `BiasedLinearExperts`); returns how many were replaced."""
     count = 0
     for parent in list(layers.modules()):
         for name, child in list(parent.named_children()):
-            if is_fused_experts(child):
-                setattr(parent, name, LinearExperts(child))
+            if is_fused_experts(child) or is_biased_experts(child):
+                setattr(parent, name, (LinearExperts if is_fused_experts(child) else BiasedLinearExperts)(child))
                 count += 1
     return count
 
@@ -162,5 +168,12 @@ def mlp_of(mlp: torch.nn.Module, h: torch.Tensor) -> torch.Tensor:
     """A layer's MLP on h [T, H]: dense MLPs take it as it is; transformers' routed-experts blocks
     read a [B, S, H] input, so they get one batch of T tokens (routing is per token either way)."""
     if hasattr(mlp, "experts"):
-        return mlp(h[None])[0]
+        return run_moe(mlp, h)
     return mlp(h)
+
+
+def run_moe(block: torch.nn.Module, h: torch.Tensor) -> torch.Tensor:
+    """A routed-experts block on h [T, H] as one batch of T tokens -> [T, H]; GPT-OSS's block also
+    returns its router scores, which serving drops."""
+    out = block(h[None])
+    return (out[0] if isinstance(out, tuple) else out)[0]

@@ -305,6 +305,56 @@ GLM_4_5 = {
     "vocab_size": 151552,
 }
 
+# gpt-oss-20b (model_type gpt_oss): 24 layers alternating a 128-token sliding window and full
+# attention, each head with a learned attention sink; q/k/v/o biases, GQA 64:8 with head_dim 64;
+# YaRN rope (factor 32 over 4096 original positions, theta 150000); 32 routed experts of width
+# 2880, 4 per token, with biases, a router with a bias (softmax over the top-k logits) and a
+# clamped SwiGLU (swiglu_limit 7). The hub stores the experts in MXFP4 (quantization_config).
+GPT_OSS_20B = {
+    "architectures": ["GptOssForCausalLM"],
+    "attention_bias": True,
+    "attention_dropout": 0.0,
+    "eos_token_id": 200002,
+    "experts_per_token": 4,
+    "head_dim": 64,
+    "hidden_act": "silu",
+    "hidden_size": 2880,
+    "initial_context_length": 4096,
+    "initializer_range": 0.02,
+    "intermediate_size": 2880,
+    "layer_types": ["sliding_attention", "full_attention"] * 12,
+    "max_position_embeddings": 131072,
+    "model_type": "gpt_oss",
+    "num_attention_heads": 64,
+    "num_experts_per_tok": 4,
+    "num_hidden_layers": 24,
+    "num_key_value_heads": 8,
+    "num_local_experts": 32,
+    "output_router_logits": False,
+    "pad_token_id": 199999,
+    "quantization_config": {
+        "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens",
+                                   "lm_head"],
+        "quant_method": "mxfp4",
+    },
+    "rms_norm_eps": 1e-05,
+    "rope_scaling": {
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "factor": 32.0,
+        "original_max_position_embeddings": 4096,
+        "rope_type": "yarn",
+        "truncate": False,
+    },
+    "rope_theta": 150000,
+    "router_aux_loss_coef": 0.9,
+    "sliding_window": 128,
+    "swiglu_limit": 7.0,
+    "tie_word_embeddings": False,
+    "use_cache": True,
+    "vocab_size": 201088,
+}
+
 # Gemma 2 2B it: a family this version does not run (tests check the refusal names it).
 GEMMA_2_2B_IT = {
     "architectures": ["Gemma2ForCausalLM"],
@@ -396,4 +446,15 @@ FAMILIES["glm4.5"] = dict(
     bos=None, eos="<|user|>", pad="<|endoftext|>",
     template=("[gMASK]<sop>{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}{% endfor %}"
               "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"),
+)
+FAMILIES["gpt-oss"] = dict(
+    hub="openai/gpt-oss-20b", config=GPT_OSS_20B,
+    generation={"bos_token_id": 199998, "do_sample": True, "eos_token_id": [200002, 199999, 200012],
+                "pad_token_id": 199999},
+    tokens={199998: "<|startoftext|>", 199999: "<|endoftext|>", 200002: "<|return|>", 200005: "<|channel|>",
+            200006: "<|start|>", 200007: "<|end|>", 200008: "<|message|>", 200012: "<|call|>"},
+    bos="<|startoftext|>", eos="<|return|>", pad="<|endoftext|>",
+    # The harmony format, without its system preamble and channels.
+    template=("{% for m in messages %}<|start|>{{ m['role'] }}<|message|>{{ m['content'] }}<|end|>{% endfor %}"
+              "{% if add_generation_prompt %}<|start|>assistant{% endif %}"),
 )

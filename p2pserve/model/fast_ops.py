@@ -15,9 +15,12 @@ from typing import Callable, NamedTuple
 import torch
 import torch.nn.functional as F
 
+from p2pserve.model.experts import run_moe
+
 log = logging.getLogger(__name__)
 
-FAST_FAMILIES = frozenset({"llama", "mistral", "qwen2", "qwen3", "phi3", "qwen3_moe", "mixtral", "glm4_moe"})
+FAST_FAMILIES = frozenset({"llama", "mistral", "qwen2", "qwen3", "phi3", "qwen3_moe", "mixtral", "glm4_moe",
+                           "gpt_oss"})
 
 
 def linear(x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -157,7 +160,8 @@ def build_layer_plans(shard) -> tuple[tuple | None, list[LayerPlan] | None]:
             head = (norm_of(shard.norm), *linear_of(shard.lm_head))
         for layer in shard.layers:
             attn, mlp = layer.self_attn, layer.mlp
-            moe = moe_cls is not None and type(mlp) is moe_cls
+            # GPT-OSS names its routed block ``{Prefix}MLP``: a block with experts is routed.
+            moe = type(mlp) in (moe_cls, mlp_cls) and hasattr(mlp, "experts")
             if type(attn) is not attn_cls or not (moe or type(mlp) is mlp_cls):
                 raise NoFastPath
             has_qk_norm, fused = hasattr(attn, "q_norm"), hasattr(attn, "qkv_proj")  # Qwen3; Phi-3
@@ -206,7 +210,7 @@ def gated_mlp(h: torch.Tensor, p: LayerPlan) -> torch.Tensor:
     and ``up * act(gate)`` is formed out of place as its MLP does (a * b == b * a bit for bit).
     A routed-experts block runs as its module, on one batch of T tokens."""
     if p.moe is not None:
-        return p.moe(h[None])[0]
+        return run_moe(p.moe, h)
     if p.gate_up is not None:
         gate, up = linear(h, *p.gate_up).chunk(2, dim=-1)
         a = up * (F.silu(gate) if p.act is None else p.act(gate))

@@ -33,11 +33,11 @@ from p2pserve.dtypes import MODEL_DTYPES
 from p2pserve.errors import BadRequestError
 from p2pserve.model.attention import LayerCache, PagedBatch, attend_each, paged_batch
 from p2pserve.model.checkpoint import CheckpointIndex
-from p2pserve.model.experts import MOE_FAMILIES, fuse_layer_tensors
+from p2pserve.model.experts import MOE_FAMILIES, fuse_layer_tensors, mlp_of
 from p2pserve.model.fast_ops import LayerPlan, Norm, build_layer_plans, gated_mlp, linear, qkv_of, rms_norm, rope
 from p2pserve.model.quant import quantize_layers
-from p2pserve.model.spec import SUPPORTED_FAMILIES, ModelSpec
-from p2pserve.model.experts import mlp_of
+from p2pserve.model.mxfp4 import dequantize_state
+from p2pserve.model.spec import HALF_TABLE_ROPE_FAMILIES, SUPPORTED_FAMILIES, ModelSpec
 
 log = logging.getLogger(__name__)
 
@@ -172,7 +172,7 @@ class Shard(torch.nn.Module):
             elif not spec.tie_word_embeddings:
                 raise BadRequestError("checkpoint has no lm_head.weight and embeddings are not tied")
         tensors = index.read(list(wanted), dtype)
-        state = {wanted[k]: v for k, v in tensors.items()}
+        state = dequantize_state({wanted[k]: v for k, v in tensors.items()}, dtype)  # MXFP4 experts
         if spec.family in MOE_FAMILIES:  # per-expert checkpoint matrices -> the module's fused 3-D form
             for i in range(end - start):
                 prefix = f"layers.{i}."
@@ -265,7 +265,9 @@ class Shard(torch.nn.Module):
     def _rotary_rows(self, positions: torch.Tensor, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The rotary module's cos, sin for ``positions`` [T], as [T, 1, D] cos and sin_signed."""
         cos, sin = self.rotary(like[None], positions[None])
-        cos, sin = cos[0, :, None, :], sin[0, :, None, :]  # [T, 1, D]
+        cos, sin = cos[0, :, None, :], sin[0, :, None, :]  # [T, 1, D] ([T, 1, D/2]: one per frequency)
+        if self.spec.family in HALF_TABLE_ROPE_FAMILIES:  # both halves of a head turn by the same angles
+            cos, sin = torch.cat((cos, cos), -1), torch.cat((sin, sin), -1)
         half = sin.shape[-1] // 2
         return cos, torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
 
@@ -386,9 +388,10 @@ class Shard(torch.nn.Module):
     def _attention(self, layer_idx: int, q, k, v, segments: list[Segment], scaling: float) -> torch.Tensor:
         """Append k, v to each segment's cache and attend; q, k, v [T, heads, D] -> [T, nH * D]."""
         window = self.windows[layer_idx - self.start]
+        sinks = getattr(self.layers[layer_idx - self.start].self_attn, "sinks", None)  # [nH] (GPT-OSS)
         if self._paged is not None:
-            return self._paged.attend(layer_idx, q, k, v, scaling, window)
-        return attend_each(layer_idx, q, k, v, segments, scaling, window)
+            return self._paged.attend(layer_idx, q, k, v, scaling, window, sinks)
+        return attend_each(layer_idx, q, k, v, segments, scaling, window, sinks)
 
 
 def _is_dynamic_rope(rotary) -> bool:

@@ -22,7 +22,9 @@ from p2pserve.model.quant import BYTES_PER_WEIGHT, check_quant, with_quant
 # RMSNorm, Mistral a sliding window, and Phi-3 fuses q/k/v and gate/up into one matrix each.
 # Qwen3-MoE (Qwen3's attention) and Mixtral (Mistral's) replace the MLP by routed experts
 # (model/experts.py); GLM-4.5 adds a shared expert to its routed ones, q/k/v biases and partial
-# rotary. docs/models.md says what each family's checkpoints look like and what the tests prove.
+# rotary. GPT-OSS adds attention sinks, q/k/v/o biases, alternating sliding-window and full
+# layers, YaRN rope and biased experts (MXFP4 in its official checkpoints, model/mxfp4.py).
+# docs/models.md says what each family's checkpoints look like and what the tests prove.
 SUPPORTED_FAMILIES: dict[str, tuple[str, str]] = {
     "llama": ("transformers.models.llama.modeling_llama", "Llama"),
     "mistral": ("transformers.models.mistral.modeling_mistral", "Mistral"),
@@ -32,10 +34,14 @@ SUPPORTED_FAMILIES: dict[str, tuple[str, str]] = {
     "qwen3_moe": ("transformers.models.qwen3_moe.modeling_qwen3_moe", "Qwen3Moe"),
     "mixtral": ("transformers.models.mixtral.modeling_mixtral", "Mixtral"),
     "glm4_moe": ("transformers.models.glm4_moe.modeling_glm4_moe", "Glm4Moe"),
+    "gpt_oss": ("transformers.models.gpt_oss.modeling_gpt_oss", "GptOss"),
 }
 # Families whose attention rotates only part of each head (``partial_rotary_factor`` < 1), as the
 # shard's `rope` reproduces: GLM-4.5 rotates the first half of each 128-wide head.
 PARTIAL_ROTARY_FAMILIES = frozenset({"glm4_moe"})
+# Families whose rotary module returns one cos/sin per frequency ([.., D/2]) and turns both halves
+# of each head by them (GPT-OSS), where the others return the table already doubled ([.., D]).
+HALF_TABLE_ROPE_FAMILIES = frozenset({"gpt_oss"})
 
 
 

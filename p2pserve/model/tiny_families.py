@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from p2pserve.model.family_configs import FAMILIES, MISTRAL_V0_1_SLIDING_WINDOW
+from p2pserve.model.mxfp4 import quantize_mxfp4
 from p2pserve.model.shard import TORCH_DTYPES
 from p2pserve.model.tiny import build_tokenizer, randomize_weights
 
@@ -53,6 +54,10 @@ _SHAPES: dict[str, dict] = {
     # GLM-4.5: GQA 12:1 (96:8 rounded), one dense layer before the routed ones (3 of 92 in the real one).
     "glm4.5": dict(hidden_size=256, intermediate_size=384, moe_intermediate_size=64, n_routed_experts=8,
                    num_experts_per_tok=2, num_attention_heads=12, num_key_value_heads=1, first_k_dense_replace=1),
+    # GPT-OSS: GQA 8:1 (64:8), head_dim 64, sinks, YaRN unchanged; the window/full alternation kept
+    # and the window scaled by 1/8 (128 -> 16: a 1/64 window of 2 would hide nearly every key).
+    "gpt-oss": dict(hidden_size=256, intermediate_size=64, num_local_experts=8, num_experts_per_tok=2,
+                    experts_per_token=2, num_attention_heads=8, num_key_value_heads=1, sliding_window=16),
 }
 
 
@@ -73,6 +78,9 @@ def family_config(family: str, tokenizer, num_layers: int = 6) -> dict:
     f = FAMILIES[family]
     cfg = json.loads(json.dumps(f["config"]))  # a deep copy
     cfg.update(_SHAPES[family], num_hidden_layers=num_layers, torch_dtype="float32")
+    cfg.pop("quantization_config", None)  # stored unquantized (`build_family_model(mxfp4=True)` for MXFP4)
+    if "layer_types" in cfg:  # the real alternation, cut to the tiny depth
+        cfg["layer_types"] = [cfg["layer_types"][i % len(cfg["layer_types"])] for i in range(num_layers)]
     cfg["vocab_size"] = -(-len(tokenizer) // 64) * 64
     ids = _id_map(family, tokenizer)
     for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
@@ -82,12 +90,14 @@ def family_config(family: str, tokenizer, num_layers: int = 6) -> dict:
 
 
 def build_family_model(family: str, out_dir: str | Path, seed: int = 0, num_layers: int = 6,
-                       dtype: str = "float32", shards: int = 4) -> Path:
+                       dtype: str = "float32", shards: int = 4, mxfp4: bool = False) -> Path:
     """Write a seeded tiny ``family`` model to ``out_dir`` as a sharded hub-style folder.
 
     ``dtype`` is the stored dtype (float32, bfloat16 or float16): weights are drawn in fp32 and
     cast, as a hub checkpoint stores its training weights rounded. ``shards`` is about how
-    many safetensors files the weights are split into. Returns ``out_dir``; an existing folder
+    many safetensors files the weights are split into. ``mxfp4`` stores the fused experts as MXFP4
+    blocks and scales with the real config's ``quantization_config``, as GPT-OSS's official
+    checkpoints do (`model/mxfp4.py`). Returns ``out_dir``; an existing folder
     is returned as it is.
     """
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
@@ -116,9 +126,33 @@ def build_family_model(family: str, out_dir: str | Path, seed: int = 0, num_laye
     tokenizer.save_pretrained(tmp)
     # The hub's config.json, not transformers' re-serialisation of it: loaders must read the
     # format real checkpoints ship (rope_scaling, rope_theta, torch_dtype).
+    if mxfp4:
+        _store_experts_mxfp4(tmp)
+        raw["quantization_config"] = FAMILIES[family]["config"]["quantization_config"]
     (tmp / "config.json").write_text(json.dumps(raw, indent=2) + "\n")
     tmp.rename(out)
     return out
+
+
+def _store_experts_mxfp4(folder: Path) -> None:
+    """Rewrite a saved folder's fused expert weights (``experts.gate_up_proj``, ``experts.down_proj``)
+    as MXFP4 ``_blocks`` and ``_scales`` tensors, in their files, and the index with them."""
+    from safetensors.torch import load_file, save_file
+
+    index_file = folder / "model.safetensors.index.json"
+    index = json.loads(index_file.read_text())
+    weight_map = index["weight_map"]
+    for fname in sorted(set(weight_map.values())):
+        tensors, out = load_file(str(folder / fname)), {}
+        for name, t in tensors.items():
+            if not name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+                out[name] = t
+                continue
+            out[name + "_blocks"], out[name + "_scales"] = quantize_mxfp4(t)
+            del weight_map[name]
+            weight_map[name + "_blocks"] = weight_map[name + "_scales"] = fname
+        save_file(out, str(folder / fname), metadata={"format": "pt"})
+    index_file.write_text(json.dumps(index, indent=2) + "\n")
 
 
 def _id_map(family: str, tokenizer) -> dict[int, int]:

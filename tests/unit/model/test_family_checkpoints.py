@@ -106,7 +106,8 @@ def test_shard_greedy_matches_generate(family_dir, family):
     assert shard_greedy(path, ids, NEW_TOKENS, module_path=True, chunk=16) == ref, "module path, chunked prefill"
 
 
-@pytest.mark.parametrize("family", ["llama3", "qwen2.5", "qwen3", "phi3.5", "qwen3-moe", "mixtral", "glm4.5"])
+@pytest.mark.parametrize("family", ["llama3", "qwen2.5", "qwen3", "phi3.5", "qwen3-moe", "mixtral", "glm4.5",
+                                    "gpt-oss"])
 def test_fast_path_is_bit_identical_to_the_module_path(family_dir, family):
     path = family_dir(family)
     spec = load_spec(path)
