@@ -47,6 +47,8 @@ def check_splittable(spec: ModelSpec, world: int) -> None:
         raise ConfigError("tensor parallelism does not combine with --quant")
     mlp = (("moe_intermediate_size", spec.expert_intermediate_size) if spec.num_experts
            else ("intermediate_size", spec.intermediate_size))
+    if spec.family == "gpt_oss":  # its sinks, o_proj bias and biased experts have no split here yet
+        raise ConfigError("tensor parallelism does not split gpt_oss (attention sinks, biased experts) yet")
     if spec.num_experts and spec.moe_layers != spec.num_layers:
         raise ConfigError("tensor parallelism needs every layer routed (no mlp_only_layers) in a mixture-of-experts model")
     for what, n in (("attention heads", spec.num_heads), ("num_key_value_heads", spec.num_kv_heads), mlp):
