@@ -15,6 +15,7 @@ from p2pserve.errors import BadRequestError, OverloadedError
 from p2pserve.model.attention import paged_batch
 from p2pserve.model.shard import Segment, Shard
 from p2pserve.model.spec import ModelSpec, load_spec
+from p2pserve.model.tiny_families import build_family_model
 from p2pserve.peer.kv_cache import KVBudget, PagedCache, SequenceCache
 from p2pserve.peer.sessions import HEADROOM_TOKENS, SessionTable
 from p2pserve.protocol import PROTOCOL_VERSION, OpenSession, SamplingParams
@@ -118,11 +119,13 @@ def _segments(spec, caches, lengths, gen, want_logits):
 
 
 @pytest.mark.parametrize("exact", [True, False], ids=["exact", "padded"])
-@pytest.mark.parametrize("family", ["llama", "qwen3", "mistral"])
-def test_batched_paged_attention_agrees_with_per_sequence_attention(model_dir, family, exact):
+@pytest.mark.parametrize("family", ["llama", "qwen3", "mistral", "gpt-oss"])
+def test_batched_paged_attention_agrees_with_per_sequence_attention(model_dir, tmp_path_factory, family, exact):
     """Exact mode (fp32's default): bit-identical to per-sequence attention. Padded mode (one
-    call per layer, half precision's default): equal to rounding, same greedy tokens."""
-    path = model_dir(family)
+    call per layer, half precision's default): equal to rounding, same greedy tokens. GPT-OSS
+    checks attention sinks and its alternating 16-token window on both."""
+    path = (str(build_family_model(family, tmp_path_factory.mktemp(family) / family, seed=0))
+            if family == "gpt-oss" else model_dir(family))
     spec = load_spec(path)
     shard = Shard.load(path, spec, 0, spec.num_layers)
     pool = KVBudget(64 * 1024)
@@ -143,7 +146,10 @@ def test_batched_paged_attention_agrees_with_per_sequence_attention(model_dir, f
         for g, w in zip(got, want):
             if exact:
                 assert torch.equal(g, w), f"step {step}: exact mode differs from per-sequence attention"
-            torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+            # GPT-OSS: its routed experts carry rounding through six layers (and may route a token
+            # differently near a tie), hence the MoE tests' 1e-4.
+            tol = 1e-4 if family == "gpt-oss" else 1e-5
+            torch.testing.assert_close(g, w, rtol=tol, atol=tol)
             assert int(g.argmax()) == int(w.argmax()), f"step {step}: greedy token differs"
     assert [c.length for c in paged] == [c.length for c in flat]
     for c in paged:
