@@ -3,14 +3,16 @@
 Each folder is built by `p2pserve.model.tiny_families` from the family's real config.json
 (Qwen3-30B-A3B, Mixtral-8x7B-Instruct, GLM-4.5 with its shared expert and partial rotary,
 gpt-oss-20b with attention sinks, alternating window/full layers and YaRN; 8 experts, top-2)
-and saved as the hub saves it (one matrix per expert; GPT-OSS's fused, as its own checkpoints). Peers are `p2pserve peer --model PATH --layers A:B` processes. Against transformers
-`generate` on the same folder in fp32, token for token:
+and saved as the hub saves it (one matrix per expert; GPT-OSS's fused, as its own checkpoints).
+Peers are `p2pserve peer --model PATH --layers A:B` processes. Against transformers `generate` on
+the same folder in fp32, token for token:
 
 * the public `p2pserve.Client` over three peers [0, 2), [2, 4), [4, 6);
 * a route whose last peer is SIGKILLed mid-stream: the client fails over to its replica and replays;
-* for Qwen3-MoE and GPT-OSS also speculative decoding (prompt lookup: multi-row verification on the last
-  peer) and three sessions sharing a long system prompt, generated concurrently (the peers batch
-  them into one step and share their prefix KV blocks). Both paths are the family's layer math
+* for Qwen3-MoE also speculative decoding (prompt lookup: multi-row verification on the last
+  peer), and for Qwen3-MoE and GPT-OSS (attention sinks) three sessions sharing a long system
+  prompt, generated concurrently (the peers batch them into one step and share their prefix KV
+  blocks). Both paths are the family's layer math
   in another arrangement, which tests/unit/model/test_moe_families.py checks for every family (batched
   sessions, speculative rows); here they run once to keep the suite's time;
 * int8 and int4 routes of Qwen3-MoE and GPT-OSS (experts quantized too) against the same
@@ -53,9 +55,10 @@ def test_moe_family_through_peers_on_every_path(tmp_path_factory, family):
         with p2pserve.Client(peers=chain, model=path) as client:
             reply = client.chat(chat, max_new_tokens=NEW_TOKENS, ignore_eos=True)
         assert reply.tokens == ref and [h.start for h in reply.route] == [0, 2, 4]
-        if family in ("qwen3-moe", "gpt-oss"):
+        if family == "qwen3-moe":
             with p2pserve.Client(peers=chain, model=path, speculative="prompt-lookup") as client:
                 assert client.chat(chat, max_new_tokens=NEW_TOKENS, ignore_eos=True).tokens == ref
+        if family in ("qwen3-moe", "gpt-oss"):  # GPT-OSS: attention sinks in the peers' paged batch
             prompts = [info.chat_ids([{"role": "system", "content": SYSTEM},
                                       {"role": "user", "content": f"What is {i} plus {i}?"}]) for i in range(3)]
             refs = [reference(path, p, 12) for p in prompts]
