@@ -255,6 +255,10 @@ class PushHop(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 #: The most stop token ids a ring grant may name.
 MAX_RING_STOP_TOKENS = 64
 
+#: How many steps past the one its owner waits for a ring may run (a last hop caps the owner's
+#: credit there), and so how many results the last hop holds for the owner at most.
+MAX_RING_AHEAD = 32
+
 
 class RingGrant(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """The owner's bounds on a ring (``AllowPush.ring``; docs/wan.md, "Ring"): the ring's first

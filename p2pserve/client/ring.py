@@ -68,8 +68,9 @@ class RingRoute:
     """One route's ring: started by ``start``, continued by ``next`` while the caller's step is
     the ring's next token, and ``drain``ed before the route carries anything else."""
 
-    def __init__(self, links: Sequence[HopConnection]):
+    def __init__(self, links: Sequence[HopConnection], window: int = 1):
         self.links = list(links)
+        self.window = window  # how many steps the ring may run past the one asked for
         self.active = False
         self._asked: collections.deque[int] = collections.deque()  # steps asked of the last hop, in order
         self._credit = -1  # the highest ring_until sent
@@ -92,11 +93,16 @@ class RingRoute:
         self._asked.clear()
         self._credit = self._last_asked = -1  # step numbers are the pipeline's: a new ring may reuse old ones
         self.active = True
-        await self._ask(forward.step, forward.position + n)
         msg = PushForward(forward=forward, route=[PushHop(peer_id=c.hop.peer_id, session_id=c.session_id)
                                                   for c in self.links[1:]], ring=True)
-        await write_to(first, msg, payload)
-        self._start_ack = asyncio.create_task(self._read_start_ack(forward.step))
+        if first is last:  # one hop, one stream: its answers come in the order they were asked
+            await write_to(first, msg, payload)
+            await self._ask(forward.step, forward.position + n)
+            await self._read_start_ack(forward.step)
+        else:
+            await self._ask(forward.step, forward.position + n)
+            await write_to(first, msg, payload)
+            self._start_ack = asyncio.create_task(self._read_start_ack(forward.step))
         return await self._result(forward.step, forward.position, n, vocab_size)
 
     async def next(self, vocab_size: Optional[int]) -> ForwardResult:
@@ -106,10 +112,10 @@ class RingRoute:
 
     async def _ask(self, step: int, next_position: int) -> None:
         """Ask the last hop for ``step``'s result, and (when the position allows) for the one
-        after it, which lets the ring run one step ahead."""
+        after it, and let the ring run ``window`` steps past each (within ``max_position``)."""
         for s, position in ((step, next_position - 1), (step + 1, next_position)):
             if s > self._last_asked and position <= self._max_position:
-                self._credit = max(self._credit, s + 1 if position + 1 <= self._max_position else s)
+                self._credit = max(self._credit, s + min(self.window, self._max_position - position))
                 self._asked.append(s)
                 self._last_asked = s
                 await write_to(self.links[-1], AwaitResult(session_id=self.links[-1].session_id, step=s,

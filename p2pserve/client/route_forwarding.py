@@ -69,7 +69,7 @@ class RouteForwarding:
             if self.pushed is not None:  # the first hop's last ack, read before the ring uses its stream
                 await self.pushed.settle()
                 self.pushed = None
-            self.ring = RingRoute(links)
+            self.ring = RingRoute(links, self.config.window)
         if self.ring.continues(sent, held, msg.step):
             self.ring_steps += 1
             return await self.ring.next(vocab_size)

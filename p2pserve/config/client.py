@@ -9,7 +9,7 @@ from typing import Any, Optional, Sequence
 
 from p2pserve.config.dht import DHTConfig
 from p2pserve.errors import ConfigError
-from p2pserve.protocol import MAX_PUSH_HOPS, MAX_VERIFY_OUTPUTS, FrameLimits
+from p2pserve.protocol import MAX_PUSH_HOPS, MAX_RING_AHEAD, MAX_VERIFY_OUTPUTS, FrameLimits
 
 
 #: ``--push`` of ``p2pserve chat`` / ``api``: off (client-driven), auto (the rule), on (always),
@@ -30,13 +30,22 @@ class PushConfig:
 
     ``ring``: a pushed route runs as a ring (``client/ring.py``: the last hop pushes each next
     token to the first itself) for its one-token steps; speculative verification steps, and
-    generations with a drafter, stay plain pushes.
+    generations with a drafter, stay plain pushes. A ring needs no round trip of the client per
+    token, so the hop and round-trip rule does not apply to it: every route may run one, a
+    route of one hop too (that peer then loops on itself). ``window``: how many steps a ring
+    may run past the token the client asked for (its tokens then wait at the last hop, and a
+    stop string the client finds costs up to that many steps of compute).
     """
 
     enabled: bool = False
     min_hops: int = 2
     min_rtt_ms: float = 10.0  # the rule and the measurements behind it: docs/wan.md, "Push mode"
     ring: bool = False
+    window: int = 8
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.window <= MAX_RING_AHEAD:
+            raise ConfigError(f"a ring's window must be between 1 and {MAX_RING_AHEAD}, not {self.window}")
 
     @classmethod
     def from_mode(cls, mode: str) -> "PushConfig":
@@ -50,6 +59,8 @@ class PushConfig:
         not measured, counted as 0), is pushed."""
         # at least 2 hops whatever min_hops says: a lone hop would get its AwaitResult and its
         # PushForward on one stream, and its handler serves them in order
+        if self.enabled and self.ring and not verified:
+            return 1 <= hops <= MAX_PUSH_HOPS + 1
         if not self.enabled or verified or not max(2, self.min_hops) <= hops <= MAX_PUSH_HOPS + 1:
             return False
         if self.min_rtt_ms <= 0:

@@ -39,6 +39,7 @@ from p2pserve.peer.push_link import PushLink, tell
 from p2pserve.peer.ring import RingState, check_grant
 from p2pserve.protocol import (
     AllowPush,
+    MAX_RING_AHEAD,
     AwaitResult,
     ErrorReply,
     Forward,
@@ -106,7 +107,7 @@ class Forwarder:
             check_grant(msg.ring, msg.from_peer, self.self_id)
             if msg.ring.route:
                 check_route(msg.ring.route, self.self_id)
-            self._rings[session.id] = (session, RingState.of(msg.ring, msg.from_peer))
+            self._rings[session.id] = (session, RingState.of(msg.ring, msg.from_peer, self.self_id))
             self._results.pop(session.id, None)  # a new ring: nothing held from an old one
         self._grants[msg.session_id] = (session, msg.from_peer)
         return PushAllowed(session_id=msg.session_id)
@@ -154,6 +155,8 @@ class Forwarder:
         if ring is not None and not ring.last and stream is not session.owner:
             ring.upstream = getattr(stream, "writer", None)  # where a later failure of its steps is told
         if not route:  # the last hop: the result is the owner's, through its AwaitResult
+            if ring is not None and ring.loop:
+                ring.runner = run_local  # it runs the ring's next steps itself
             await self._run_last(session, fwd, payload, run_local, ring)
             return PushAck(session_id=session.id, step=fwd.step), b""
         result, out = await run_local(msgspec.structs.replace(fwd, outputs=1), payload, session.owner)
@@ -181,7 +184,11 @@ class Forwarder:
         """The last hop runs a pushed step, hands its outcome to the owner's AwaitResult, and
         (in a ring) pushes the next step to the first hop."""
         try:
-            result, out = await run_local(fwd, payload, session.owner)
+            # a loop's step is followed at once by its next one: the worker may hold its next
+            # batch for it (``ComputeWorker``: looping sessions step together)
+            looping = ring is not None and ring.loop
+            result, out = await (run_local(fwd, payload, session.owner, loops=True) if looping
+                                 else run_local(fwd, payload, session.owner))
         except Exception as e:
             code = e.code if isinstance(e, WIRE_ERRORS) else ErrorCode.INTERNAL
             self._deliver(session, fwd.step, error_reply(code, f"{type(e).__name__}: {e}", session.id, fwd.step), b"")
@@ -197,9 +204,14 @@ class Forwarder:
             self._answer_waiter(session)
 
     async def _ring_push(self, session, ring: RingState, step: int, position: int, token: int) -> None:
-        """The last hop closes the ring: step ``step`` (``token`` at ``position``) to the first hop."""
+        """The last hop closes the ring: step ``step`` (``token`` at ``position``) to the first hop,
+        or, when this peer is the whole ring, to itself."""
         meta, data = tensor_to_wire(torch.tensor([token], dtype=torch.int64))
         succ = ring.grant.successor
+        if ring.loop:
+            fwd = Forward(session_id=session.id, step=step, position=position, tensor=meta)
+            asyncio.ensure_future(self._loop_step(session, ring, fwd, bytes(data)))
+            return
         msg = PushForward(forward=Forward(session_id=succ.session_id, step=step, position=position, tensor=meta),
                           ring=True)
         try:
@@ -238,6 +250,16 @@ class Forwarder:
 
         future.add_done_callback(acked)
 
+    async def _loop_step(self, session, ring: RingState, fwd: Forward, payload: bytes) -> None:
+        """Run a loop's next step here (it runs the one after it in turn); a failure ends the
+        ring, answered to the owner's wait."""
+        try:
+            if self._open(session) and ring.failure is None:
+                await self._run_last(session, fwd, payload, ring.runner, ring)
+        except Exception as e:  # the step's error reply is held for the owner already
+            code = e.code.value if isinstance(e, WIRE_ERRORS) else type(e).__name__
+            self._ring_failed(session, ring, fwd.step, self.self_id, f"step {fwd.step} failed here: {code}")
+
     def _ring_failed(self, session, ring: RingState, step: int, failed_peer: str, message: str) -> None:
         """The ring broke at ``failed_peer`` (first report only): the last hop answers the owner's
         wait with it; any other hop tells whoever pushed its ring steps to it."""
@@ -258,7 +280,7 @@ class Forwarder:
         session = self.table.get(msg.session_id, stream)  # only the owner may wait
         self._prune()
         ring = self._rings.get(session.id, (None, None))[1]
-        if ring is not None and ring.last and (go := ring.resume(msg.ring_until)) is not None:
+        if ring is not None and ring.last and (go := ring.resume(msg.ring_until, msg.step)) is not None:
             await self._ring_push(session, ring, *go)
         early = self._answer_for(session, msg.step)
         if early is not None:
@@ -301,10 +323,10 @@ class Forwarder:
 
     def _deliver(self, session, step: int, reply, payload: bytes) -> None:
         """Hand a pushed step's outcome to the owner's waiting AwaitResult, or hold it for it
-        (a few at most: a ring runs at most a step past the owner's credit)."""
+        (a bounded few: a ring runs at most ``MAX_RING_AHEAD`` steps past the owner's wait)."""
         held = self._results.setdefault(session.id, (session, {}))[1]
         held[step] = (reply, payload)
-        while len(held) > 4:
+        while len(held) > MAX_RING_AHEAD + 4:
             del held[min(held)]
         self._answer_waiter(session)
 

@@ -309,7 +309,10 @@ class SessionHandler:
             peer_version=__version__,
         )
 
-    async def _forward(self, msg: Forward, payload: bytes, stream: InboundStream) -> tuple[ForwardResult, bytes]:
+    async def _forward(self, msg: Forward, payload: bytes, stream: InboundStream,
+                       loops: bool = False) -> tuple[ForwardResult, bytes]:
+        """Run ``msg`` on the session ``stream`` owns; its signed reply. ``loops``: the session's
+        next step follows this one at once (a ring this peer closes on itself)."""
         session = self.table.get(msg.session_id, stream)
         if session.busy:
             raise BadRequestError(f"session {msg.session_id!r} already has a request in flight")
@@ -336,6 +339,7 @@ class SessionHandler:
             # not merely until this handler stops waiting: a retry after a timeout must not put a
             # second job on the same cache, nor a Close release KV the worker still writes into.
             on_settled=self.table.settle,
+            loops=loops,
         )
         session.job = job
         # A lone decode token, or a lone speculative step (only the tokens it verifies), runs inline.

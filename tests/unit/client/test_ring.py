@@ -100,12 +100,12 @@ def test_the_first_hop_refuses_a_ring_step_after_a_stop_token():
 def test_the_last_hop_goes_on_within_credit_and_stops_at_the_bounds():
     ring = RingState.of(_grant(stop_tokens=[2], successor=PushHop("QmA", "sa")), "QmPrev")
     assert ring.after(3, 14, 9) == "pause" and ring.paused == (4, 14, 9)  # no credit yet
-    assert ring.resume(4) == (4, 14, 9) and ring.paused is None
-    assert ring.after(4, 15, 9) == "pause" and ring.resume(4) is None  # credit not raised
-    assert ring.resume(9) == (5, 15, 9)
+    assert ring.resume(4, 3) == (4, 14, 9) and ring.paused is None
+    assert ring.after(4, 15, 9) == "pause" and ring.resume(4, 3) is None  # credit not raised
+    assert ring.resume(9, 4) == (5, 15, 9)
     assert ring.after(5, 16, 2) == "stop" and ring.ended_after == 5  # a stop token
     budget = RingState.of(_grant(successor=PushHop("QmA", "sa")), "QmPrev")
-    budget.resume(100)
+    budget.resume(100, 90)
     assert budget.after(10, 20, 9) == "push" and budget.after(11, 21, 9) == "stop"  # max_position 20
 
 
