@@ -147,7 +147,7 @@ class Pipeline:
                     await self._open_route()
                 sent = self.history[self._held:] + list(token_ids)
                 meta, data = tensor_to_wire(torch.tensor(sent, dtype=torch.int64))
-                if not self.extras and self.forwarding.use(self._links, self._taping()):
+                if not self.extras and self.forwarding.use(self._links, self._taping(), outputs):
                     reply = await self._push(sent, meta, data, outputs)
                 else:
                     last = dict(context=sent, allowed=allowed, prompt_logprobs=prompt_logprobs) if self.extras else {}
@@ -212,7 +212,10 @@ class Pipeline:
                       outputs=outputs)
         timed = None if self.metrics is None else (
             self.metrics.hop_decode if len(sent) == 1 else self.metrics.hop_prefill)
-        return await self.forwarding.step(self._links, msg, sent, data, self._held, self.vocab_size, timed)
+        reply = await self.forwarding.step(self._links, msg, sent, data, self._held, self.vocab_size, timed)
+        if len(self._links) == 1 and self._taping():  # a loop: the hop's input and signed output, as driven
+            self.trust.record(0, self._held, len(sent), meta.dtype, data, reply, b"")
+        return reply
 
     async def verify(self, token_ids: Sequence[int], outputs: int) -> list[int]:
         """Feed ``token_ids`` (the pending token and k draft tokens, ``outputs`` = k + 1) and

@@ -37,8 +37,12 @@ class RouteForwarding:
         """Bound the next steps' ring: (last input position, stop token ids), or None for none."""
         self.ring_limit = limit
 
-    def use(self, links: Sequence[HopConnection], verified: bool) -> bool:
-        """Whether a step over ``links`` is pushed (see ``PushConfig.use_push``)."""
+    def use(self, links: Sequence[HopConnection], verified: bool, outputs: int = 1) -> bool:
+        """Whether a step over ``links`` is pushed (see ``PushConfig.use_push``). A lone hop
+        takes only ring steps (its PushForward and AwaitResult share one stream): one output,
+        and a ring allowed (``limit_ring``)."""
+        if len(links) == 1 and (outputs != 1 or self.ring_limit is None):
+            return False
         return self.config.use_push(len(links), verified, [c.open_rtt_s for c in links])
 
     async def step(self, links: Sequence[HopConnection], msg: Forward, sent: list[int], data, held: int,
@@ -48,7 +52,7 @@ class RouteForwarding:
         As a ring (:mod:`p2pserve.client.ring`) when the config and the step allow it.
         ``timed`` (a histogram) observes the step's time."""
         t0 = time.perf_counter()
-        if self.config.ring and msg.outputs == 1 and self.ring_limit is not None:
+        if (self.config.ring or len(links) == 1) and msg.outputs == 1 and self.ring_limit is not None:
             reply = await self._ring_step(links, msg, sent, data, held, vocab_size)
         else:
             if self.ring is not None:  # the hops' grants admit only ring steps: grant afresh

@@ -12,8 +12,9 @@ from p2pserve.errors import ConfigError
 from p2pserve.protocol import MAX_PUSH_HOPS, MAX_RING_AHEAD, MAX_VERIFY_OUTPUTS, FrameLimits
 
 
-#: ``--push`` of ``p2pserve chat`` / ``api``: off (client-driven), auto (the rule), on (always),
-#: ring (the rule, and a pushed route runs as a ring: ``client/ring.py``).
+#: ``--push`` of ``p2pserve chat`` / ``api``: off (routes of two or more hops are client-driven),
+#: auto (the rule), on (always), ring (every route of two or more hops runs as a ring:
+#: ``client/ring.py``). A route of one hop loops on its peer whatever the mode (``--no-loop``).
 PUSH_MODES = ("off", "auto", "on", "ring")
 
 
@@ -31,9 +32,15 @@ class PushConfig:
     ``ring``: a pushed route runs as a ring (``client/ring.py``: the last hop pushes each next
     token to the first itself) for its one-token steps; speculative verification steps, and
     generations with a drafter, stay plain pushes. A ring needs no round trip of the client per
-    token, so the hop and round-trip rule does not apply to it: every route may run one, a
-    route of one hop too (that peer then loops on itself). ``window``: how many steps a ring
-    may run past the token the client asked for (its tokens then wait at the last hop, and a
+    token, so the round-trip rule does not apply to it: every route of at least two hops runs one.
+
+    ``loop`` (on by default, whatever ``enabled`` says): a route of one hop, a peer holding
+    every layer, runs its one-token steps as a ring on that peer alone, which samples each token
+    and runs the next step itself (``peer/forwarding.py``); its sessions then step together in
+    the peer's batches instead of one client round trip apart. Verified routes loop too: the
+    client still gets every input and signed output of the hop, so its checks are drawn as
+    ever, and the peer sees the same messages from a checked session as from any other. ``window``: how many steps a
+    ring may run past the token the client asked for (its tokens wait at the last hop, and a
     stop string the client finds costs up to that many steps of compute).
     """
 
@@ -41,6 +48,7 @@ class PushConfig:
     min_hops: int = 2
     min_rtt_ms: float = 10.0  # the rule and the measurements behind it: docs/wan.md, "Push mode"
     ring: bool = False
+    loop: bool = True
     window: int = 8
 
     def __post_init__(self) -> None:
@@ -59,8 +67,10 @@ class PushConfig:
         not measured, counted as 0), is pushed."""
         # at least 2 hops whatever min_hops says: a lone hop would get its AwaitResult and its
         # PushForward on one stream, and its handler serves them in order
+        if hops == 1:  # the loop shows the client all its one hop consumed and returned: verified or not
+            return self.loop
         if self.enabled and self.ring and not verified:
-            return 1 <= hops <= MAX_PUSH_HOPS + 1
+            return hops <= MAX_PUSH_HOPS + 1
         if not self.enabled or verified or not max(2, self.min_hops) <= hops <= MAX_PUSH_HOPS + 1:
             return False
         if self.min_rtt_ms <= 0:

@@ -112,9 +112,11 @@ def test_the_rule_pushes_enabled_slow_unverified_routes_only():
     on = PushConfig(enabled=True)
     assert on.use_push(3, False, slow) and not on.use_push(3, False, fast)
     assert not on.use_push(3, True, slow)  # verified outputs stay client-driven
-    assert not on.use_push(1, False, slow[:1]) and not on.use_push(MAX_PUSH_HOPS + 2, False, slow)
+    assert not on.use_push(MAX_PUSH_HOPS + 2, False, slow)
+    # one hop: a loop on that peer (verified or not), unless the loop is off
+    assert on.use_push(1, True, fast[:1]) and not PushConfig(loop=False).use_push(1, False, slow[:1])
     assert not on.use_push(3, False, [None, None, None]) and PUSH.use_push(3, False, fast)
-    assert not PushConfig(enabled=True, min_hops=1, min_rtt_ms=0).use_push(1, False, slow[:1])  # never one hop
+    assert not PushConfig(enabled=True, min_hops=1, min_rtt_ms=0, loop=False).use_push(1, False, slow[:1])  # one hop: only as a loop
 
 
 def test_the_push_flag_maps_to_the_rule():
