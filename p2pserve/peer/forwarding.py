@@ -83,8 +83,12 @@ class Forwarder:
     """
 
     def __init__(self, table, transport: Transport, self_id: str, limits: FrameLimits,
-                 config: ForwardingConfig = ForwardingConfig(), resolve: Optional[Resolver] = None):
+                 config: ForwardingConfig = ForwardingConfig(), resolve: Optional[Resolver] = None,
+                 loop_ended: Optional[Callable[[str], None]] = None):
         self.table = table
+        # told when a session looping here does not run its next step at once (the compute
+        # worker holds its next batch for looping sessions until they are back)
+        self.loop_ended = loop_ended
         self.transport = transport
         self.self_id = self_id
         self.limits = limits
@@ -195,12 +199,17 @@ class Forwarder:
             raise
         self._deliver(session, fwd.step, result, out)
         if ring is None or ring.failure is not None or result.token is None:
+            if ring is not None and ring.loop and self.loop_ended is not None:
+                self.loop_ended(session.id)
             return
         n = fwd.tensor.shape[0]
         move = ring.after(fwd.step, fwd.position + n, result.token)
         if move == "push":
             await self._ring_push(session, ring, fwd.step + 1, fwd.position + n, result.token)
-        elif move == "stop":
+            return
+        if ring.loop and self.loop_ended is not None:
+            self.loop_ended(session.id)
+        if move == "stop":
             self._answer_waiter(session)
 
     async def _ring_push(self, session, ring: RingState, step: int, position: int, token: int) -> None:
@@ -263,6 +272,8 @@ class Forwarder:
     def _ring_failed(self, session, ring: RingState, step: int, failed_peer: str, message: str) -> None:
         """The ring broke at ``failed_peer`` (first report only): the last hop answers the owner's
         wait with it; any other hop tells whoever pushed its ring steps to it."""
+        if ring.loop and self.loop_ended is not None:
+            self.loop_ended(session.id)
         if ring.failure is not None or not self._open(session):
             return
         log.info("ring of session %s broke at %s: %s", session.id, failed_peer, message)

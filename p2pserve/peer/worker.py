@@ -233,12 +233,20 @@ class ComputeWorker:
         background work (a witness replay, run only in spare steps)."""
         return Pending(job, job.inputs.shape[0], next(self._tickets), background=job.session.background)
 
+    def loop_ended(self, session_id: str) -> None:
+        """A looping session will not come back with a next step now (its ring paused, stopped or
+        failed): the next batch does not wait for it."""
+        with self._cv:
+            if self._returning.pop(session_id, None) is not None:
+                self._cv.notify()
+
     def _expect_returns(self, done: list[Delivery]) -> None:
         """Looping sessions that just got their token come straight back with the next step:
-        the next batch waits for them, at most a quarter of a step's compute (at least 2 ms, at
-        most 20), so sessions that loop on this peer keep stepping together in one batch rather
-        than drifting into many small ones as each is handed back through the event loop."""
-        wait = min(0.02, max(0.002, self.stats.compute.median_ms / 4000))
+        the next batch waits for them until they are all in (or told not to come,
+        :meth:`loop_ended`), at most about a step's compute (at least 20 ms, at most 200), so
+        sessions that loop on this peer keep stepping together in one batch rather than drifting
+        into many small ones as each is handed back through the event loop."""
+        wait = min(0.2, max(0.02, self.stats.compute.median_ms / 1000))
         until = time.monotonic() + wait
         for job, _, exc in done:
             if job.loops and exc is None:
