@@ -213,8 +213,12 @@ class Pipeline:
         timed = None if self.metrics is None else (
             self.metrics.hop_decode if len(sent) == 1 else self.metrics.hop_prefill)
         reply = await self.forwarding.step(self._links, msg, sent, data, self._held, self.vocab_size, timed)
-        if len(self._links) == 1 and self._taping():  # a loop: the hop's input and signed output, as driven
-            self.trust.record(0, self._held, len(sent), meta.dtype, data, reply, b"")
+        if self._taping():  # a ring: each hop's input and signed output, taped as a driven step's
+            inputs, dtype = data, meta.dtype
+            for i, (hop_reply, payload) in enumerate(self.forwarding.hop_replies()):
+                self.trust.record(i, self._held, len(sent), dtype, inputs, hop_reply, payload)
+                if hop_reply.tensor is not None:
+                    inputs, dtype = payload, hop_reply.tensor.dtype
         return reply
 
     async def verify(self, token_ids: Sequence[int], outputs: int) -> list[int]:

@@ -78,6 +78,9 @@ class RingRoute:
         self._next: tuple[int, int, int] = (-1, -1, -1)  # (step, position, token) a continuation sends
         self._max_position = 0
         self._start_ack: Optional[asyncio.Task] = None  # the first hop's reply to the ring's start
+        # the latest step's (reply, payload) of every hop, in route order: what each hop returned
+        # (and, for the one after it, consumed), read from each hop as in a driven step
+        self.hop_replies: list[tuple[ForwardResult, bytes]] = []
 
     def continues(self, sent: Sequence[int], position: int, step: int) -> bool:
         """Whether step ``step`` of ``sent`` at ``position`` is the ring's next step."""
@@ -131,9 +134,34 @@ class RingRoute:
             last.check_forward(reply, body, n, step, position, True, vocab_size, 1)
         except Exception as e:  # a bad answer, from the last hop itself
             raise HopFailure(last.hop, e) from e
+        self.hop_replies = [*await self._earlier_hops(step, position, n), (reply, body)]
         self._next = (step + 1, position + n, int(reply.token))
         await self._ask(step + 1, position + n + 1)
         return reply
+
+    async def _earlier_hops(self, step: int, position: int, n: int) -> list[tuple[ForwardResult, bytes]]:
+        """Every hop before the last one's signed reply of ``step``, which has run through the
+        whole ring (so each holds it): asked of all at once, read in route order. Any answer
+        but that hop's checked reply is that hop's failure."""
+        earlier = self.links[:-1]
+        if earlier and self._start_ack is not None:  # the first hop answers the ring's start first
+            ack = self._start_ack
+            async with asyncio.timeout(earlier[0].timeout_s * len(self.links)):
+                await ack
+        for link in earlier:
+            await write_to(link, AwaitResult(session_id=link.session_id, step=step))
+        out = []
+        for link in earlier:
+            try:
+                async with asyncio.timeout(link.timeout_s):
+                    reply, body = await read_reply(link)
+                if isinstance(reply, ErrorReply):
+                    raise error_from_reply(reply.code, reply.message, peer=link.hop.peer_id)
+                link.check_forward(reply, body, n, step, position, False, None, 1)
+            except Exception as e:
+                raise HopFailure(link.hop, e) from e
+            out.append((reply, body))
+        return out
 
     async def _unless_start_failed(self, read):
         """Await ``read``, unless the first hop reports first that the ring's start failed (a

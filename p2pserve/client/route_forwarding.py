@@ -40,8 +40,10 @@ class RouteForwarding:
     def use(self, links: Sequence[HopConnection], verified: bool, outputs: int = 1) -> bool:
         """Whether a step over ``links`` is pushed (see ``PushConfig.use_push``). A lone hop
         takes only ring steps (its PushForward and AwaitResult share one stream): one output,
-        and a ring allowed (``limit_ring``)."""
-        if len(links) == 1 and (outputs != 1 or self.ring_limit is None):
+        and a ring allowed (``limit_ring``); so does a verified route (a ring shows the client
+        every hop's input and output, a plain push only the last hop's)."""
+        ringed = outputs == 1 and self.ring_limit is not None and (self.config.ring or len(links) == 1)
+        if (len(links) == 1 or verified) and not ringed:  # only a ring shows a verified step's every hop
             return False
         return self.config.use_push(len(links), verified, [c.open_rtt_s for c in links])
 
@@ -79,6 +81,11 @@ class RouteForwarding:
             return await self.ring.next(vocab_size)
         last_position, stop = self.ring_limit
         return await self.ring.start(msg, data, len(sent), vocab_size, min(last_position, self.max_length - 1), stop)
+
+    def hop_replies(self) -> list:
+        """The latest ring step's (reply, payload) of every hop in route order; [] when the
+        latest step was not a ring's (a plain push shows the client the last hop only)."""
+        return self.ring.hop_replies if self.ring is not None and self.ring.active else []
 
     def route_opened(self) -> None:
         """A new route: nothing pushed on it yet."""

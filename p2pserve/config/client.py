@@ -69,7 +69,7 @@ class PushConfig:
         # PushForward on one stream, and its handler serves them in order
         if hops == 1:  # the loop shows the client all its one hop consumed and returned: verified or not
             return self.loop
-        if self.enabled and self.ring and not verified:
+        if self.enabled and self.ring:  # a ring shows the client every hop's exchange: verified or not
             return hops <= MAX_PUSH_HOPS + 1
         if not self.enabled or verified or not max(2, self.min_hops) <= hops <= MAX_PUSH_HOPS + 1:
             return False
@@ -178,10 +178,11 @@ class ClientConfig:
         if self.verify_every_request and self.verify_share <= 0:
             raise ConfigError("verify_every_request (--verify-every-request) needs verify_share (--verify-share) above 0 "
                               "(0 turns verification off)")
-        if self.push.enabled and self.verify_share > 0:
-            # a verified route is never pushed (PushConfig.use_push): refuse rather than never push
-            raise ConfigError("push (--push) needs verify_share 0 (--verify-share 0): verified routes are never "
-                              "pushed (docs/wan.md)")
+        if self.push.enabled and not self.push.ring and self.verify_share > 0:
+            # a verified route is never pushed as a chain (PushConfig.use_push): refuse rather than never push
+            raise ConfigError("push (--push auto|on) needs verify_share 0 (--verify-share 0): verified routes are "
+                              "never pushed as a chain; --push ring shows the client every hop and is verified "
+                              "(docs/wan.md)")
 
 
 def with_settings(config: ClientConfig, initial_peers: Sequence[str], model: Optional[str],

@@ -14,7 +14,9 @@ without dialling anything, so a client cannot make a peer open connections of it
 
 The last hop's ForwardResult goes straight to the client: with the step's PushForward to the
 first hop, the client posts an ``AwaitResult`` on its own stream to the last hop, which answers
-it as soon as the step has run there (a 3-hop step costs 4 one-way delays, not 6). Every hop
+it as soon as the step has run there (a 3-hop step costs 4 one-way delays, not 6). In a ring
+every hop holds its signed ForwardResult of each step for the owner's AwaitResult too, so the
+client sees what each hop consumed and returned, as when it drives the hops (verification). Every hop
 answers whoever pushed to it with a ``PushAck`` once the rest of the chain acked, so a failure
 still travels back to the client: an ``ErrorReply`` whose ``failed_peer`` names the hop that
 failed (the next hop, or whatever later hop the next one named), and the client bans, re-routes
@@ -166,6 +168,8 @@ class Forwarder:
         result, out = await run_local(msgspec.structs.replace(fwd, outputs=1), payload, session.owner)
         if result.tensor is None:  # this span ends at the last layer: nothing to forward
             raise BadRequestError("a push route cannot follow the hop holding the last layer")
+        if ring is not None:  # every hop of a ring holds its signed output for the owner to read
+            self._deliver(session, fwd.step, result, out)
         nxt = route[0]
         onward = PushForward(forward=msgspec.structs.replace(fwd, session_id=nxt.session_id, tensor=result.tensor),
                              route=route[1:], ring=msg.ring)
