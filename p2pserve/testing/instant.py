@@ -12,7 +12,7 @@ has always read of a pipeline, so the benchmark can drive earlier versions of th
 from __future__ import annotations
 
 import asyncio
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
 
 class _NoForwarding:
@@ -23,19 +23,23 @@ class _NoForwarding:
 
 
 class InstantPipeline:
-    """A pipeline whose steps cost nothing: step ``i`` answers ``script[i % len(script)]``."""
+    """A pipeline whose steps cost nothing: step ``i`` answers ``script[i % len(script)]``; with
+    ``batch``, each step answers the next ``per_tick`` script tokens as one list instead, as a
+    route that ran ahead of the client does (``Generation`` takes either)."""
 
     sampling = None
     trust = None
     last_reply = None
 
-    def __init__(self, script: Sequence[int], max_length: int, vocab_size: int, per_tick: int = 1):
+    def __init__(self, script: Sequence[int], max_length: int, vocab_size: int, per_tick: int = 1,
+                 batch: bool = False):
         from p2pserve.client.hop import Hop
 
         self.script = list(script)
         self.max_length = max_length
         self.vocab_size = vocab_size
         self.per_tick = per_tick
+        self.batch = batch
         self.history: list[int] = []
         self.forwarding = _NoForwarding()
         self.route = [Hop("instant", 0, 1)]
@@ -59,9 +63,14 @@ class InstantPipeline:
         """Nothing to close."""
 
     async def step(self, token_ids: Sequence[int], outputs: int = 1, allowed: Optional[bytes] = None,
-                   prompt_logprobs: bool = False) -> int:
-        """The next script token after ``token_ids``; every ``per_tick``-th step waits one loop tick."""
+                   prompt_logprobs: bool = False) -> Union[int, list[int]]:
+        """The next script token after ``token_ids``; every ``per_tick``-th step waits one loop
+        tick. With ``batch``: the next ``per_tick`` tokens, after one tick."""
         self.history.extend(token_ids)
+        if self.batch:
+            await asyncio.sleep(0)
+            first, self.steps = self.steps, self.steps + self.per_tick
+            return [self.script[i % len(self.script)] for i in range(first, self.steps)]
         self.steps += 1
         if self.steps % self.per_tick == 0:
             await asyncio.sleep(0)
