@@ -61,9 +61,9 @@ SCRIPT_TEXT = (
 # ----------------------------------------------------------------------------- the server (child process)
 
 
-def serve(per_tick: int) -> None:
-    """Run the OpenAI server over the stand-in (with whichever ``p2pserve`` is on the path) until
-    stdin closes; prints ``READY <port> <model id>`` once listening."""
+def serve(per_ticks: list[int]) -> None:
+    """Run one OpenAI server per ``per_tick`` over the stand-in (with whichever ``p2pserve`` is on
+    the path) until stdin closes; prints ``READY <model id> <port>...`` once listening."""
     spec = importlib.util.spec_from_file_location("instant_standin", STANDIN)
     standin = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(standin)
@@ -73,14 +73,15 @@ def serve(per_tick: int) -> None:
     from p2pserve.http.openai.server import OpenAIServer
 
     info = LocalModelInfo.load(None)
-    client = standin.InstantClient(info, script_tokens(info), per_tick)
+    limits = ApiConfig(port=0, max_generations=1024, max_connections=1024)
+    servers = [OpenAIServer(standin.InstantClient(info, script_tokens(info), k), limits) for k in per_ticks]
 
     async def main() -> None:
-        server = OpenAIServer(client, ApiConfig(port=0, max_generations=1024, max_connections=1024))
-        port = await server.start()
-        print(f"READY {port} {client.model_id}", flush=True)
+        ports = [await server.start() for server in servers]
+        print("READY", info.spec.model_id, *ports, flush=True)
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)  # until the parent closes it
-        await server.close()
+        for server in servers:
+            await server.close()
 
     asyncio.run(main())
 
@@ -92,19 +93,23 @@ def script_tokens(info) -> list[int]:
 
 
 class Server:
-    """A child process serving the stand-in with the ``p2pserve`` package found under ``root``."""
+    """A child process serving the stand-in with the ``p2pserve`` package found under ``root``:
+    one port per ``per_tick`` (only one is loaded at a time, so the process's CPU is that port's)."""
 
-    def __init__(self, name: str, root: Path, per_tick: int, logdir: Path):
+    def __init__(self, name: str, root: Path, per_ticks: list[int], logdir: Path):
         self.name = name
         env = dict(os.environ, PYTHONPATH=str(root), TOKENIZERS_PARALLELISM="false")
-        self._log = open(logdir / f"{name}-{per_tick}.log", "w")
-        self.proc = subprocess.Popen([sys.executable, __file__, "--serve", str(per_tick)], env=env, cwd=str(root),
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, text=True)
-        line = self.proc.stdout.readline()
-        if not line.startswith("READY"):
+        log = logdir / f"{name}.log"
+        self._log = open(log, "w")
+        self.proc = subprocess.Popen([sys.executable, __file__, "--serve", ",".join(map(str, per_ticks))], env=env,
+                                     cwd=str(root), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
+                                     text=True)
+        line = self.proc.stdout.readline().split()
+        if not line or line[0] != "READY":
             self.close()
-            raise RuntimeError(f"the {name} server did not start: {(logdir / f'{name}-{per_tick}.log').read_text()}")
-        self.port, self.model = int(line.split()[1]), line.split()[2]
+            raise RuntimeError(f"the {name} server did not start: {log.read_text()}")
+        self.model = line[1]
+        self.ports = dict(zip(per_ticks, map(int, line[2:])))
 
     def cpu_s(self) -> float:
         """User + system CPU seconds of the process so far (every thread)."""
@@ -191,10 +196,10 @@ async def _load(port: int, model: str, streams: int, tokens: int) -> list[tuple[
     return await asyncio.gather(*[_one_stream(port, model, tokens) for _ in range(streams)])
 
 
-def measure_round(server: Server, streams: int, tokens: int, expected: str) -> dict:
-    """One load on ``server``: µs of its CPU per token, tokens per second, SSE events per token."""
+def measure_round(server: Server, per_tick: int, streams: int, tokens: int, expected: str) -> dict:
+    """One load on ``server``'s ``per_tick`` port: µs of its CPU per token, tokens per second, SSE events per token."""
     c0, t0 = server.cpu_s(), time.perf_counter()
-    results = asyncio.run(_load(server.port, server.model, streams, tokens))
+    results = asyncio.run(_load(server.ports[per_tick], server.model, streams, tokens))
     wall, cpu = time.perf_counter() - t0, server.cpu_s() - c0
     total = sum(used for _, used, _ in results)
     if total != streams * tokens:
@@ -206,11 +211,8 @@ def measure_round(server: Server, streams: int, tokens: int, expected: str) -> d
             "events_per_token": sum(e for _, _, e in results) / total}
 
 
-def expected_text(tokens: int) -> str:
+def expected_text(info, tokens: int) -> str:
     """What a reply of ``tokens`` tokens must read: the tokenizer's decode of the script's first ``tokens``."""
-    from p2pserve.client.model_info import LocalModelInfo
-
-    info = LocalModelInfo.load(None)
     script = script_tokens(info)
     ids = [script[i % len(script)] for i in range(tokens)]
     return info.tokenizer.decode(ids, skip_special_tokens=True)
@@ -218,35 +220,44 @@ def expected_text(tokens: int) -> str:
 
 def run(streams: int, tokens: int, rounds: int, per_ticks: list[int], before: Optional[str]) -> dict:
     """Every row: per ``per_tick``, the working tree against ``before`` (alternating rounds)."""
-    expected = expected_text(tokens)
+    from p2pserve.client.model_info import LocalModelInfo
+
+    info = LocalModelInfo.load(None)
+    expected, warm = expected_text(info, tokens), expected_text(info, 16)
     out: dict = {"streams": streams, "tokens_per_stream": tokens, "rounds": rounds, "before": before, "rows": []}
     with tempfile.TemporaryDirectory() as tmp:
         trees = {"after": REPO}
         old = checkout(before, Path(tmp)) if before else None
         if old is not None:
             trees["before"] = old
-        for per_tick in per_ticks:
-            servers = {name: Server(name, root, per_tick, Path(tmp)) for name, root in trees.items()}
-            try:
-                for s in servers.values():  # warm-up: imports, first-request paths
-                    measure_round(s, 4, 16, expected_text(16))
+        servers = {name: Server(name, root, per_ticks, Path(tmp)) for name, root in trees.items()}
+        try:
+            for s in servers.values():  # warm-up: imports, first-request paths
+                for per_tick in per_ticks:
+                    measure_round(s, per_tick, 4, 16, warm)
+            for per_tick in per_ticks:
                 samples: dict[str, list[dict]] = {name: [] for name in servers}
                 for r in range(rounds):
                     order = list(servers) if r % 2 == 0 else list(reversed(servers))
                     for name in order:
-                        samples[name].append(measure_round(servers[name], streams, tokens, expected))
+                        samples[name].append(measure_round(servers[name], per_tick, streams, tokens, expected))
                         print(f"per_tick {per_tick} round {r} {name}: {samples[name][-1]}", file=sys.stderr)
-            finally:
-                for s in servers.values():
-                    s.close()
-            row: dict = {"per_tick": per_tick}
-            for name, got in samples.items():
-                for key in ("us_per_token", "tok_s", "events_per_token"):
-                    row[f"{name}_{key}"] = round(statistics.median(g[key] for g in got), 2)
-            if "before" in samples:
-                row["ratio_after_over_before"] = round(row["after_us_per_token"] / row["before_us_per_token"], 3)
-            out["rows"].append(row)
+                out["rows"].append(_row(per_tick, samples))
+        finally:
+            for s in servers.values():
+                s.close()
     return out
+
+
+def _row(per_tick: int, samples: dict[str, list[dict]]) -> dict:
+    """The medians of each tree's rounds, and their ratio."""
+    row: dict = {"per_tick": per_tick}
+    for name, got in samples.items():
+        for key in ("us_per_token", "tok_s", "events_per_token"):
+            row[f"{name}_{key}"] = round(statistics.median(g[key] for g in got), 2)
+    if "before" in samples:
+        row["ratio_after_over_before"] = round(row["after_us_per_token"] / row["before_us_per_token"], 3)
+    return row
 
 
 def main() -> None:
@@ -257,10 +268,10 @@ def main() -> None:
     ap.add_argument("--per-tick", default="1,4", help="tokens ready per loop tick per stream, one row each")
     ap.add_argument("--before", default=DEFAULT_BEFORE, help="the baseline's commit ('none': no baseline)")
     ap.add_argument("--json", help="write the results here too")
-    ap.add_argument("--serve", type=int, help=argparse.SUPPRESS)  # the child process's mode
+    ap.add_argument("--serve", help=argparse.SUPPRESS)  # the child process's mode
     args = ap.parse_args()
     if args.serve is not None:  # p2pserve comes from the PYTHONPATH the parent chose
-        serve(args.serve)
+        serve([int(x) for x in args.serve.split(",")])
         return
     sys.path.insert(0, str(REPO))
     before = None if args.before.lower() == "none" else args.before
