@@ -38,6 +38,24 @@ class StreamQuota:
         self.by_owner[owner] += 1
         self.total += 1
 
+    def charge(self, stream, owner: str) -> None:
+        """Count ``stream`` (an ``InboundStream`` counted so far against ``stream.charged``)
+        against ``owner`` instead: a forwarded stream, pushing into a session ``owner`` opened,
+        is that client's, not the forwarding peer's (else one client could use up a peer's
+        allowance at its next hops, and honest clients' pushes through it would then fail).
+        OverloadedError (nothing moved) when ``owner`` is at its bound."""
+        if stream.charged == owner:
+            return
+        if self.by_owner[owner] >= self.bounds.max_streams_per_owner:
+            raise OverloadedError(
+                f"the client that opened this session already has {self.bounds.max_streams_per_owner} "
+                f"streams open to this peer, its forwarded ones included"
+            )
+        self.by_owner[owner] += 1
+        self.total += 1
+        self.leave(stream.charged)
+        stream.charged = owner
+
     def leave(self, owner: str) -> None:
         """Uncount a stream that ended."""
         self.total -= 1

@@ -130,7 +130,7 @@ class SessionHandler:
             return
         finally:
             self.streams_open -= 1
-            self.quota.leave(remote)
+            self.quota.leave(stream.charged)
             closed = self.table.close_owned_by(stream)
             if closed:
                 log.debug("stream closed; freed %d session(s)", closed)
@@ -187,7 +187,7 @@ class SessionHandler:
                 if payload_len:
                     await reader.readexactly(payload_len)
                 await write_frame(writer, self._error(refusal, msg))
-                return True
+                return not stream.over_quota  # a forwarded stream its client has no room for ends here
             await self.payloads.acquire(payload_len)
         try:
             async with asyncio.timeout(self._read_deadline(payload_len)):
@@ -214,6 +214,8 @@ class SessionHandler:
                 fwd = msg if isinstance(msg, Forward) else msg.forward
                 session = (self.forwarder.session_for(fwd.session_id, stream, stream.remote)
                            if fwd is not msg and self.forwarder is not None else self.table.get(fwd.session_id, stream))
+                if session.owner is not stream:  # pushed by the peer its owner allowed: the owner's stream
+                    self._charge(stream, session.owner.remote)
                 tokens_left = session.max_length - min(fwd.position, session.position)
                 allowed = payload_allowance(tokens_left, session.start == 0, self.spec.hidden_size, self.spec.dtype)
             if payload_len > allowed:
@@ -224,6 +226,16 @@ class SessionHandler:
             log.info("refused a frame (%s): %s", e.code.value, e.message)
             return msg, e
         return msg, None
+
+    def _charge(self, stream: InboundStream, owner: str) -> None:
+        """Count a forwarded ``stream`` against the client ``owner`` whose session it pushes into
+        (``StreamQuota.charge``); over that client's bound it is refused and ends, so the
+        forwarding peer's own allowance here is not held by it either."""
+        try:
+            self.quota.charge(stream, owner)
+        except OverloadedError:
+            stream.over_quota = True
+            raise
 
     def _error(self, exc: P2PServeError, msg) -> ErrorReply:
         """The ErrorReply answering ``msg`` with ``exc``, counted in the metrics."""
@@ -307,6 +319,7 @@ class SessionHandler:
             hidden_size=self.spec.hidden_size,
             dtype=self.spec.dtype,
             peer_version=__version__,
+            receipt=self.signer.receipt(stream.remote) if stream.remote else b"",
         )
 
     async def _forward(self, msg: Forward, payload: bytes, stream: InboundStream) -> tuple[ForwardResult, bytes]:
