@@ -166,8 +166,7 @@ class SessionOpened(msgspec.Struct, frozen=True, tag_field="t", tag="opened"):
     hidden_size: NonNegative
     dtype: str
     peer_version: str
-    # the peer's signed acknowledgement that it serves the stream's client (dht/receipts.py): what
-    # makes that client's service reports on this peer count; b"" from a peer that gives none
+    # the peer's signed receipt for the stream's client (dht/receipts.py): its reports count with it
     receipt: Annotated[bytes, msgspec.Meta(max_length=64)] = b""
 
 

@@ -214,8 +214,7 @@ class SessionHandler:
                 fwd = msg if isinstance(msg, Forward) else msg.forward
                 session = (self.forwarder.session_for(fwd.session_id, stream, stream.remote)
                            if fwd is not msg and self.forwarder is not None else self.table.get(fwd.session_id, stream))
-                if session.owner is not stream:  # pushed by the peer its owner allowed: the owner's stream
-                    self._charge(stream, session.owner.remote)
+                self.quota.charge(stream, session.owner)  # a pushed stream counts as its session owner's
                 tokens_left = session.max_length - min(fwd.position, session.position)
                 allowed = payload_allowance(tokens_left, session.start == 0, self.spec.hidden_size, self.spec.dtype)
             if payload_len > allowed:
@@ -226,16 +225,6 @@ class SessionHandler:
             log.info("refused a frame (%s): %s", e.code.value, e.message)
             return msg, e
         return msg, None
-
-    def _charge(self, stream: InboundStream, owner: str) -> None:
-        """Count a forwarded ``stream`` against the client ``owner`` whose session it pushes into
-        (``StreamQuota.charge``); over that client's bound it is refused and ends, so the
-        forwarding peer's own allowance here is not held by it either."""
-        try:
-            self.quota.charge(stream, owner)
-        except OverloadedError:
-            stream.over_quota = True
-            raise
 
     def _error(self, exc: P2PServeError, msg) -> ErrorReply:
         """The ErrorReply answering ``msg`` with ``exc``, counted in the metrics."""
