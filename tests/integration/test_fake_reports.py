@@ -60,7 +60,8 @@ def test_fake_reports_do_not_zero_a_peer(model_dir, tmp_path, probe_interval):
         cfg = tmp_path / "swarm.json"
         write_local_swarm_file(cfg, spec, boot, "fake-reports", "/ip4/127.0.0.1/tcp/0", TIMING, 0.5)
         children.start("coord", "coordinator", "--config", str(cfg), "--swarm-model", SWARM,
-                       "--compute-probe-interval", probe_interval, "--log-level", "INFO")
+                       "--compute-probe-interval", probe_interval, "--replan-period", "2",
+                       "--log-level", "INFO")  # re-planned with the reports readable
         peers = [PeerProcess.launch(path, (0, 8), "--config", str(cfg), "--swarm-model", SWARM) for _ in range(2)]
         for p in peers:
             p.wait_ready(DEADLINE)
