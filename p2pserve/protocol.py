@@ -166,6 +166,8 @@ class SessionOpened(msgspec.Struct, frozen=True, tag_field="t", tag="opened"):
     hidden_size: NonNegative
     dtype: str
     peer_version: str
+    # the peer's signed receipt for the stream's client (dht/receipts.py): its reports count with it
+    receipt: Annotated[bytes, msgspec.Meta(max_length=64)] = b""
 
 
 class ForwardResult(msgspec.Struct, frozen=True, tag_field="t", tag="result"):

@@ -284,6 +284,8 @@ class Pipeline:
             for c in links:
                 if c.open_rtt_s is not None:
                     self.observer.rtt(c.hop.peer_id, c.hop.end - c.hop.start, c.open_rtt_s)
+                if c.opened is not None and c.opened.receipt:
+                    self.observer.receipt(c.hop.peer_id, c.opened.receipt)
 
     async def _recover(self, failure: HopFailure, attempts: int) -> None:
         """Record a failed hop and drop the route; raises when re-routing cannot help."""
