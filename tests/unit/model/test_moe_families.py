@@ -1,4 +1,4 @@
-"""Routed-experts families (Qwen3-MoE, Mixtral, GLM-4.5) in one process: the checkpoint layout, memory and
+"""Routed-experts families (Qwen3-MoE, Mixtral, GLM-4.5, DeepSeek-V3) in one process: the checkpoint layout, memory and
 compute facts, batching and speculative rows, and quantization of the experts.
 
 Greedy tokens of a whole-model shard against `generate` (fast path, and module path with a
@@ -22,7 +22,7 @@ from p2pserve.model.spec import load_spec
 from p2pserve.model.tiny_families import build_family_model
 from p2pserve.peer.kv_cache import SequenceCache
 
-MOE = ["qwen3-moe", "mixtral", "glm4.5"]
+MOE = ["qwen3-moe", "mixtral", "glm4.5", "deepseek-v3"]
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +39,8 @@ def moe_dir(tmp_path_factory):
 
 
 def _cache(spec, start=0, end=None):
-    return SequenceCache(start, end or spec.num_layers, spec.num_kv_heads, spec.head_dim, 128, torch.float32)
+    heads, k_dim, v_dim = spec.kv_layout  # latent attention caches a latent and a rotary key
+    return SequenceCache(start, end or spec.num_layers, heads, k_dim, 128, torch.float32, v_dim=v_dim)
 
 
 @pytest.mark.parametrize("family", MOE)
@@ -50,7 +51,7 @@ def test_the_checkpoint_stores_each_expert_and_the_shard_holds_them_fused(moe_di
     assert f"model.layers.2.{block}.experts.7.{gate}.weight" in names  # the hub's per-expert layout
     assert not any("gate_up_proj" in n for n in names)
     spec = load_spec(path)
-    dense = 1 if family == "glm4.5" else 0  # GLM-4.5's first layers are dense
+    dense = 1 if family in ("glm4.5", "deepseek-v3") else 0  # their first layers are dense
     assert (spec.num_experts, spec.experts_per_token, spec.moe_layers) == (8, 2, spec.num_layers - dense)
     shard = Shard.load(path, spec, 2, 4)
     from transformers import AutoModelForCausalLM
@@ -153,10 +154,10 @@ def test_weight_only_quantization_covers_the_experts(moe_dir, quant):
     assert abs(measured - 2 * spec.layer_bytes) / measured < 0.05  # what the peer's budget counts
 
 
-@pytest.mark.parametrize("family", ["gpt_oss", "deepseek_v3", "kimi_k2"])
+@pytest.mark.parametrize("family", ["gpt_oss", "kimi_k2"])
 def test_moe_families_not_served_yet_are_refused_by_name(tmp_path, family):
-    """Attention sinks with MXFP4 experts (GPT-OSS) and multi-head latent attention (DeepSeek-V3,
-    Kimi K2) are not in the shard: a peer and a client refuse them at start, naming the family."""
+    """Attention sinks with MXFP4 experts (GPT-OSS) and Kimi K2's model_type are not in the shard:
+    a peer and a client refuse them at start, naming the family."""
     from p2pserve.errors import UnsupportedModelError
 
     (tmp_path / "config.json").write_text(json.dumps({"model_type": family, "num_hidden_layers": 2}))
