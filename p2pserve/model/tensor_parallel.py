@@ -45,6 +45,8 @@ def check_splittable(spec: ModelSpec, world: int) -> None:
         raise ConfigError(f"tensor-parallel size must be >= 1, got {world}")
     if spec.quant:
         raise ConfigError("tensor parallelism does not combine with --quant")
+    if spec.latent is not None:  # its heads share one cached latent: splitting needs its own slicing
+        raise ConfigError("tensor parallelism does not split multi-head latent attention (DeepSeek-V3) yet")
     mlp = (("moe_intermediate_size", spec.expert_intermediate_size) if spec.num_experts
            else ("intermediate_size", spec.intermediate_size))
     if spec.num_experts and spec.moe_layers != spec.num_layers:

@@ -107,3 +107,11 @@ def test_a_chunked_prefill_over_the_pool_gives_the_whole_prompts_tokens(ds):
         return out
 
     assert greedy(8) == greedy(len(x))
+
+
+def test_tensor_parallelism_refuses_latent_attention(ds):
+    from p2pserve.errors import ConfigError
+    from p2pserve.model.tensor_parallel import check_splittable
+
+    with pytest.raises(ConfigError, match="latent attention"):
+        check_splittable(ds[1], 2)
