@@ -50,9 +50,10 @@ _SHAPES: dict[str, dict] = {
                       num_experts_per_tok=2, num_attention_heads=16, num_key_value_heads=2, max_window_layers=6),
     "mixtral": dict(hidden_size=512, intermediate_size=128, num_attention_heads=4, num_key_value_heads=1,
                     num_local_experts=8, num_experts_per_tok=2),
-    # GLM-4.5: GQA 12:1 (96:8 rounded), one dense layer before the routed ones (3 of 92 in the real one).
+    # GLM-4.5: GQA 12:1 (96:8) with two KV heads, so tensor parallelism over 2 ranks can split it; one
+    # dense layer before the routed ones (3 of 92 in the real one).
     "glm4.5": dict(hidden_size=256, intermediate_size=384, moe_intermediate_size=64, n_routed_experts=8,
-                   num_experts_per_tok=2, num_attention_heads=12, num_key_value_heads=1, first_k_dense_replace=1),
+                   num_experts_per_tok=2, num_attention_heads=24, num_key_value_heads=2, first_k_dense_replace=1),
     # DeepSeek-V3: head widths kept (qk 128 + 64, v 128), the latent and q bottleneck scaled with the
     # hidden size (512 -> 128, 1536 -> 192); 8 experts in 4 groups, the best 2 groups, 2 per token;
     # YaRN's original 4096 positions and the context scaled by 1/64 (factor 40 kept).

@@ -35,6 +35,7 @@ import torch
 from p2pserve.blame import blamed_hop
 from p2pserve.config import ForwardingConfig
 from p2pserve.errors import WIRE_ERRORS, BadRequestError, ErrorCode, MalformedFrameError, P2PServeError
+from p2pserve.peer.next_hop import UNREACHABLE, unreachable
 from p2pserve.peer.push_link import PushLink, tell
 from p2pserve.peer.ring import RingState, check_grant
 from p2pserve.protocol import (
@@ -169,10 +170,8 @@ class Forwarder:
             reply = await self._call_next(session, nxt, onward, out)
         except (*WIRE_ERRORS, ConnectionError, TimeoutError, asyncio.IncompleteReadError) as e:
             self._drop_link(fwd.session_id)  # out of sync, or gone
-            code = getattr(e, "code", ErrorCode.INTERNAL)  # unreachable: the client bans that hop
-            log.info("push to %s failed: %r", nxt.peer_id, e)
-            return error_reply(code, f"cannot reach next hop {nxt.peer_id}: {type(e).__name__} {e}",
-                               fwd.session_id, fwd.step, nxt.peer_id), b""
+            log.info("push to %s failed: %r", nxt.peer_id, e)  # the detail stays here (next_hop.unreachable)
+            return unreachable(nxt.peer_id, fwd.session_id, fwd.step), b""
         if isinstance(reply, ErrorReply):
             return msgspec.structs.replace(reply, session_id=session.id, step=fwd.step), b""
         return PushAck(session_id=session.id, step=fwd.step), b""
@@ -206,7 +205,8 @@ class Forwarder:
             await self._ring_on(session, ring, succ, msg, bytes(data))
         except (*WIRE_ERRORS, ConnectionError, TimeoutError) as e:
             self._drop_link(session.id)
-            self._ring_failed(session, ring, step, succ.peer_id, f"cannot reach the ring's first hop: {e!r}")
+            log.info("ring push to %s failed: %r", succ.peer_id, e)
+            self._ring_failed(session, ring, step, succ.peer_id, UNREACHABLE)
 
     async def _ring_on(self, session, ring: RingState, nxt: PushHop, onward: PushForward, payload: bytes) -> None:
         """Send a ring step on without waiting for its ack; a failure of it reported later (an
@@ -221,7 +221,7 @@ class Forwarder:
             self._ring_failed(session, ring, reply.step or step, blamed, reply.message)
 
         link.on_unsolicited = later_failure
-        link.on_broken = lambda e: self._ring_failed(session, ring, step, nxt.peer_id, f"link broken: {e!r}")
+        link.on_broken = lambda e: self._ring_failed(session, ring, step, nxt.peer_id, UNREACHABLE)
         future = await link.send(onward, payload, step)
         timer = asyncio.get_running_loop().call_later(
             self.config.call_timeout_s, lambda: future.done() or future.set_exception(TimeoutError()))
@@ -234,7 +234,7 @@ class Forwarder:
             if isinstance(reply, ErrorReply):
                 later_failure(reply)
             elif not isinstance(reply, PushAck) or reply.step != step:
-                self._ring_failed(session, ring, step, nxt.peer_id, f"no ack of ring step {step}: {f.exception()!r}")
+                self._ring_failed(session, ring, step, nxt.peer_id, f"no ack of ring step {step}")  # no detail
 
         future.add_done_callback(acked)
 

@@ -9,6 +9,7 @@ tests/integration/test_moe_families.py.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -165,13 +166,18 @@ def test_moe_families_not_served_yet_are_refused_by_name(tmp_path, family):
         load_spec(tmp_path)
 
 
-def test_tensor_parallelism_needs_every_layer_routed(moe_dir):
-    """GLM-4.5's first layers are dense: splitting by expert width would not split them."""
+def test_tensor_parallelism_splits_dense_layers_and_shared_experts_by_their_widths(moe_dir):
+    """GLM-4.5's first layers are dense and its routed ones run a shared expert: each splits by its
+    own width, so a width that does not divide is named."""
     from p2pserve.errors import ConfigError
     from p2pserve.model.tensor_parallel import check_splittable
 
-    with pytest.raises(ConfigError, match="every layer routed"):
-        check_splittable(load_spec(moe_dir("glm4.5")), 2)
+    spec = load_spec(moe_dir("glm4.5"))
+    check_splittable(spec, 2)  # 24:2 heads, 64-wide experts, 384-wide dense layer
+    with pytest.raises(ConfigError, match="intermediate_size"):
+        check_splittable(dataclasses.replace(spec, intermediate_size=383), 2)
+    with pytest.raises(ConfigError, match="shared experts"):
+        check_splittable(dataclasses.replace(spec, shared_expert_intermediate_size=63, expert_intermediate_size=64), 2)
     check_splittable(load_spec(moe_dir("qwen3-moe")), 2)  # 16:2 heads and 64-wide experts split
 
 
