@@ -34,6 +34,7 @@ _CHECKPOINT_LAYOUT: dict[str, tuple[str, tuple[str, str, str]]] = {
     "qwen3_moe": ("mlp.", ("gate_proj", "up_proj", "down_proj")),
     "mixtral": ("block_sparse_moe.", ("w1", "w3", "w2")),
     "glm4_moe": ("mlp.", ("gate_proj", "up_proj", "down_proj")),
+    "deepseek_v3": ("mlp.", ("gate_proj", "up_proj", "down_proj")),
 }
 MOE_FAMILIES = frozenset(_CHECKPOINT_LAYOUT)
 
@@ -64,7 +65,7 @@ def expert_shape(cfg: dict, num_layers: int) -> ExpertShape | None:
         moe = sum(1 for i in range(num_layers) if i not in dense and (i + 1) % step == 0)
         return ExpertShape(int(cfg["num_experts"]), int(cfg["num_experts_per_tok"]),
                            int(cfg["moe_intermediate_size"]), moe)
-    if family == "glm4_moe":  # the first first_k_dense_replace layers are dense
+    if family in ("glm4_moe", "deepseek_v3"):  # the first first_k_dense_replace layers are dense
         width = int(cfg.get("moe_intermediate_size", 1408))
         return ExpertShape(int(cfg.get("n_routed_experts", 128)), int(cfg.get("num_experts_per_tok", 8)), width,
                            max(0, num_layers - int(cfg.get("first_k_dense_replace", 1))),

@@ -17,6 +17,9 @@ import torch.nn.functional as F
 
 log = logging.getLogger(__name__)
 
+# Families whose decoder layer, attention, MLP and RMSNorm math `Shard._layer_fast` reproduces (checked
+# against transformers 5.x): pre-norm, optional q/k/v biases (Qwen2), optional per-head q/k
+# RMSNorm (Qwen3), gated MLP ``down(act(gate(x)) * up(x))``. Latent attention (DeepSeek-V3) runs the module path.
 FAST_FAMILIES = frozenset({"llama", "mistral", "qwen2", "qwen3", "phi3", "qwen3_moe", "mixtral", "glm4_moe"})
 
 

@@ -33,11 +33,11 @@ from p2pserve.dtypes import MODEL_DTYPES
 from p2pserve.errors import BadRequestError
 from p2pserve.model.attention import LayerCache, PagedBatch, attend_each, paged_batch
 from p2pserve.model.checkpoint import CheckpointIndex
-from p2pserve.model.experts import MOE_FAMILIES, fuse_layer_tensors
+from p2pserve.model.experts import MOE_FAMILIES, fuse_layer_tensors, mlp_of
 from p2pserve.model.fast_ops import LayerPlan, Norm, build_layer_plans, gated_mlp, linear, qkv_of, rms_norm, rope
+from p2pserve.model.latent_attention import expander, is_latent_attention, latent_qkv
 from p2pserve.model.quant import quantize_layers
 from p2pserve.model.spec import SUPPORTED_FAMILIES, ModelSpec
-from p2pserve.model.experts import mlp_of
 
 log = logging.getLogger(__name__)
 
@@ -73,9 +73,6 @@ class Segment:
         return int(self.inputs.shape[0])
 
 
-# Families whose decoder layer, attention, MLP and RMSNorm math `_layer_fast` reproduces (checked
-# against transformers 5.x): pre-norm, optional q/k/v biases (Qwen2), optional per-head q/k
-# RMSNorm (Qwen3), gated MLP ``down(act(gate(x)) * up(x))``.
 # Rotary types that rescale their frequencies with the sequence length (transformers'
 # ``dynamic_rope_update``): their cos/sin are computed every step. Every other type's cos/sin of
 # a position never change, so they are computed once into a table and sliced.
@@ -352,7 +349,11 @@ class Shard(torch.nn.Module):
         T = x.shape[0]
         D = self.spec.head_dim
         h = layer.input_layernorm(x)
-        if hasattr(attn, "qkv_proj"):  # Phi-3: one fused [H, (nH + 2 nKV) D] projection
+        expand = None
+        if is_latent_attention(attn):  # DeepSeek-V3: its cache holds a latent (model/latent_attention.py)
+            q, k, v = latent_qkv(attn, h, cos, sin)  # [T, nH, qk] (rotated), latent [T, 1, r], rotary key [T, 1, R]
+            expand = expander(attn)
+        elif hasattr(attn, "qkv_proj"):  # Phi-3: one fused [H, (nH + 2 nKV) D] projection
             q_size, kv_size = self.spec.num_heads * D, self.spec.num_kv_heads * D
             q, k, v = attn.qkv_proj(h).split((q_size, kv_size, kv_size), dim=-1)
             q, k, v = q.reshape(T, -1, D), k.reshape(T, -1, D), v.reshape(T, -1, D)
@@ -362,8 +363,9 @@ class Shard(torch.nn.Module):
             v = attn.v_proj(h).view(T, -1, D)
         if hasattr(attn, "q_norm"):  # Qwen3: per-head RMSNorm before RoPE
             q, k = attn.q_norm(q), attn.k_norm(k)
-        q, k = rope(q, k, cos, sin)
-        o = self._attention(layer_idx, q, k, v, segments, attn.scaling)
+        if expand is None:
+            q, k = rope(q, k, cos, sin)
+        o = self._attention(layer_idx, q, k, v, segments, attn.scaling, expand)
         x = x + attn.o_proj(o)
         return x + mlp_of(layer.mlp, layer.post_attention_layernorm(x))
 
@@ -383,12 +385,13 @@ class Shard(torch.nn.Module):
         x = linear(o, *p.o).add_(x)  # x + o_proj(o)
         return x.add_(gated_mlp(rms_norm(x, p.post_norm), p))  # x + down(act(gate(h)) * up(h))
 
-    def _attention(self, layer_idx: int, q, k, v, segments: list[Segment], scaling: float) -> torch.Tensor:
-        """Append k, v to each segment's cache and attend; q, k, v [T, heads, D] -> [T, nH * D]."""
+    def _attention(self, layer_idx: int, q, k, v, segments: list[Segment], scaling: float, expand=None):
+        """Append k, v to each segment's cache and attend; q, k, v [T, heads, D] -> [T, nH * Dv]
+        (``expand``: latent attention's cached rows -> per-head keys and values)."""
         window = self.windows[layer_idx - self.start]
         if self._paged is not None:
-            return self._paged.attend(layer_idx, q, k, v, scaling, window)
-        return attend_each(layer_idx, q, k, v, segments, scaling, window)
+            return self._paged.attend(layer_idx, q, k, v, scaling, window, expand)
+        return attend_each(layer_idx, q, k, v, segments, scaling, window, expand)
 
 
 def _is_dynamic_rope(rotary) -> bool:

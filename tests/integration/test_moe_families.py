@@ -1,8 +1,9 @@
-"""Routed-experts families (Qwen3-MoE, Mixtral, GLM-4.5) through real peer processes, on every path.
+"""Routed-experts families (Qwen3-MoE, Mixtral, GLM-4.5, DeepSeek-V3) through real peer processes, on every path.
 
 Each folder is built by `p2pserve.model.tiny_families` from the family's real config.json
-(Qwen3-30B-A3B, Mixtral-8x7B-Instruct, GLM-4.5 with its shared expert and partial rotary; 8
-experts, top-2) and saved as the hub saves it, one matrix per expert. Peers are `p2pserve peer --model PATH --layers A:B` processes. Against transformers
+(Qwen3-30B-A3B, Mixtral-8x7B-Instruct, GLM-4.5 with its shared expert and partial rotary,
+DeepSeek-V3 with multi-head latent attention (its peers' pools hold the latent), YaRN and grouped
+routing; 8 experts, top-2) and saved as the hub saves it, one matrix per expert. Peers are `p2pserve peer --model PATH --layers A:B` processes. Against transformers
 `generate` on the same folder in fp32, token for token:
 
 * the public `p2pserve.Client` over three peers [0, 2), [2, 4), [4, 6);
@@ -12,7 +13,8 @@ experts, top-2) and saved as the hub saves it, one matrix per expert. Peers are 
   them into one step and share their prefix KV blocks). Both paths are the family's layer math
   in another arrangement, which tests/unit/model/test_moe_families.py checks for every family (batched
   sessions, speculative rows); here they run once to keep the suite's time;
-* int8 and int4 routes (experts quantized too) against the same quantization in one process.
+* int8 and int4 routes (experts quantized too) against the same quantization in one process, for
+  Qwen3-MoE and DeepSeek-V3 (whose latent projections are quantized too).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ SYSTEM = ("You are a careful assistant of a peer-to-peer swarm. Answer briefly, 
           "and say so when you do not know. Never invent numbers; show the steps of any sum.")
 
 
-@pytest.mark.parametrize("family", ["qwen3-moe", "mixtral", "glm4.5"])
+@pytest.mark.parametrize("family", ["qwen3-moe", "mixtral", "glm4.5", "deepseek-v3"])
 def test_moe_family_through_peers_on_every_path(tmp_path_factory, family):
     path = str(build_family_model(family, tmp_path_factory.mktemp(family) / family, seed=0))
     info = LocalModelInfo.load(path)
@@ -85,14 +87,15 @@ def _concurrent(info, peers, prompts, params) -> list[list[int]]:
     return asyncio.run(main())
 
 
+@pytest.mark.parametrize("family", ["qwen3-moe", "deepseek-v3"])
 @pytest.mark.parametrize("quant", ["int8", "int4"])
-def test_quantized_moe_route_matches_in_process_quantization(tmp_path_factory, quant):
+def test_quantized_moe_route_matches_in_process_quantization(tmp_path_factory, quant, family):
     """int8 over two peers; int4 over one peer holding every layer (one process fewer: the
     split itself is the same code as int8's and the unquantized routes')."""
     pytest.importorskip("torchao", reason="the 'quant' extra is not installed")
     from tests.integration.test_quant import quantized_reference
 
-    path = str(build_family_model("qwen3-moe", tmp_path_factory.mktemp("qmoe") / "qwen3-moe", seed=0))
+    path = str(build_family_model(family, tmp_path_factory.mktemp("qmoe") / family, seed=0))
     peers = start_peers(path, [(0, 3), (3, 6)] if quant == "int8" else [(0, 6)], "--quant", quant)
     try:
         model = LocalModelInfo.load(path, quant=quant)
