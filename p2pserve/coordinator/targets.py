@@ -9,7 +9,7 @@ back to :func:`greedy_targets` when the planner refuses (swarm too small).
 from __future__ import annotations
 
 import logging
-from typing import Mapping, Optional, Sequence
+from typing import Mapping, NamedTuple, Optional, Sequence
 
 from p2pserve.config import CoordinatorConfig
 from p2pserve.coordinator.trigger import Trigger
@@ -22,7 +22,7 @@ from p2pserve.placement.guard import Check
 from p2pserve.placement.heuristics import coverage, fill_weakest_windows, petals_greedy
 from p2pserve.placement.moves import by_index
 from p2pserve.placement.planner import PlannerConfig
-from p2pserve.placement.scale import plan_at_scale
+from p2pserve.placement.scale import cells_by_name, plan_at_scale
 from p2pserve.placement.profile import LatencyProfile
 from p2pserve.placement.topology import LinkSpec, NodeSpec, Topology
 from p2pserve.types import SINK_INDEX, SOURCE_INDEX, LayerRange
@@ -128,6 +128,15 @@ def replicate_idle(topo: Topology, ids: Sequence[str], targets: Mapping[str, Lay
     return {**dict(targets), **{ids[i]: span for i, span in out.items() if ids[i] not in targets}}
 
 
+class Targets(NamedTuple):
+    """What :func:`plan_targets` decided: targets by peer id, the method's text, and the cells
+    (peer ids) a decomposed plan was made of (empty for a swarm planned whole)."""
+
+    targets: dict[str, LayerRange]
+    method: str
+    cells: list[list[str]] = []
+
+
 def plan_targets(
     topo: Topology,
     ids: Sequence[str],
@@ -135,8 +144,10 @@ def plan_targets(
     cfg: CoordinatorConfig,
     trigger: Optional[Trigger] = None,
     check: Optional[Check] = None,
-) -> tuple[dict[str, LayerRange], str]:
-    """Target ranges for peers ``ids`` with the planner's churn handling; returns (targets, method).
+    cells: Sequence[Sequence[str]] = (),
+) -> Targets:
+    """Target ranges for peers ``ids`` with the planner's churn handling (``cells``: those of the
+    current plan, for a large swarm's re-plan after a leave).
 
     * no current placement: a full solve (``scale.plan_at_scale``: the planner on the whole swarm
       up to a few dozen peers, regions and cells beyond);
@@ -154,12 +165,13 @@ def plan_targets(
     the swarm is too small for the model) the greedy fallback covers what it can.
     """
     cur: dict[str, LayerRange] = {pid: (span[0], span[1]) for pid, span in current.items() if pid in set(ids)}
+    out_cells: list[list[str]] = []
     try:
         pc = PlannerConfig(objective=cfg.objective, time_limit_s=cfg.solve_time_limit, seed=cfg.seed)
         if cur and is_large(topo):
-            assignments, method = large_swarm_targets(topo, ids, cur, pc)
-            targets = {ids[i]: (int(s), int(e)) for i, (s, e) in assignments.items() if e > s}
-            return replicate_idle(topo, ids, targets), method
+            big = large_swarm_targets(topo, ids, cur, pc, cells)
+            targets = {ids[i]: (int(s), int(e)) for i, (s, e) in big.assignments.items() if e > s}
+            return Targets(replicate_idle(topo, ids, targets), big.method, big.cells)
         reload_cost = cfg.reload_cost_per_layer
         if reload_cost is None:
             reload_cost = inc.default_reload_cost(topo, cur, pc, cfg.reload_share)
@@ -169,6 +181,7 @@ def plan_targets(
             if "guard" in result.stats:
                 method += f", guard kept {result.stats['guard']['chosen']}"
             assignments = result.assignments
+            out_cells = cells_by_name(result)
         else:
             if any(pid not in cur for pid in ids):
                 r = inc.on_join(topo, cur, pc, reload_cost, cfg.solve_time_limit, tolerance=cfg.churn_tolerance)
@@ -186,5 +199,5 @@ def plan_targets(
         targets = {ids[i]: (int(s), int(e)) for i, (s, e) in assignments.items() if e > s}
     except (PlanningError, ConfigError) as e:
         logger.warning(f"planner failed ({e}); using the greedy fallback")
-        targets, method = greedy_targets(topo, ids, cur), "greedy-fallback"
-    return replicate_idle(topo, ids, targets), method
+        targets, method, out_cells = greedy_targets(topo, ids, cur), "greedy-fallback", []
+    return Targets(replicate_idle(topo, ids, targets), method, out_cells)
