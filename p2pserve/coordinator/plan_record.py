@@ -70,13 +70,7 @@ def make_plan(
     text = str(reason)
     if ids:
         topo, defaulted_t = build_topology(snap, ids, cfg)
-        # a peer without a target (new leader, rejoin) keeps what it already loads or serves
-        current = {}
-        for pid in ids:
-            p = snap.peers[pid]
-            span = current_targets.get(pid) or p.loading or p.serving
-            if span is not None:
-                current[pid] = span
+        current = _current(snap, ids, current_targets)
         check = plan_check(topo) if plan_check is not None else None
         targets, method, new_cells = plan_targets(topo, ids, current, cfg, reason.trigger, check=check,
                                                   cells=cell_lists(cells))
@@ -103,6 +97,17 @@ def make_plan(
         reason=text,
         cells=cell_of,
     )
+
+
+def _current(snap: Snapshot, ids, current_targets: Mapping[str, LayerRange]) -> dict[str, LayerRange]:
+    """Each peer's current range: its target, else (new leader, rejoin) what it already loads or serves."""
+    current = {}
+    for pid in ids:
+        p = snap.peers[pid]
+        span = current_targets.get(pid) or p.loading or p.serving
+        if span is not None:
+            current[pid] = span
+    return current
 
 
 def cell_lists(cells: Mapping[str, str]) -> list[list[str]]:

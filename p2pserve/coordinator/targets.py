@@ -146,23 +146,19 @@ def plan_targets(
     check: Optional[Check] = None,
     cells: Sequence[Sequence[str]] = (),
 ) -> Targets:
-    """Target ranges for peers ``ids`` with the planner's churn handling (``cells``: those of the
-    current plan, for a large swarm's re-plan after a leave).
+    """Target ranges for peers ``ids`` with the planner's churn handling (``cells``: the current plan's).
 
     * no current placement: a full solve (``scale.plan_at_scale``: the planner on the whole swarm
       up to a few dozen peers, regions and cells beyond);
     * newcomers: ``churn.on_join`` (warm start, reload cost per moved layer);
-    * a trigger that re-measured the swarm (periodic, link change: :attr:`Trigger.remeasures`):
-      ``churn.periodic`` (adopted only if the gain beats the reloads);
-    * anything else (leave, served ranges or links changed): ``churn.on_leave``, which
-      keeps the placement and only recomputes flows while every layer stays covered.
+    * a re-measure (:attr:`Trigger.remeasures`): ``churn.periodic`` (if the gain beats the reloads);
+    * anything else (leave, served ranges or links changed): ``churn.on_leave`` (keeps the
+      placement, recomputes flows, while every layer stays covered).
 
-    With a ``check`` (a simulation of ``topo``, see :data:`placement.guard.CheckFactory`) the full
-    solve goes through the planner's publish guard, and the method names what the guard kept.
-    Above a few dozen peers (:func:`scale_targets.is_large`) churn goes to
-    :func:`scale_targets.large_swarm_targets` instead of the whole-swarm searches.
-    Peers the planner leaves idle get a replica (:func:`replicate_idle`). If the planner fails (e.g.
-    the swarm is too small for the model) the greedy fallback covers what it can.
+    With a ``check`` (a simulation of ``topo``, :data:`placement.guard.CheckFactory`) the full solve
+    goes through the publish guard. Above a few dozen peers (:func:`scale_targets.is_large`) churn
+    goes to :func:`scale_targets.large_swarm_targets`. Idle peers get a replica
+    (:func:`replicate_idle`); if the planner fails, the greedy fallback covers what it can.
     """
     cur: dict[str, LayerRange] = {pid: (span[0], span[1]) for pid, span in current.items() if pid in set(ids)}
     out_cells: list[list[str]] = []

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Awaitable, Callable, Mapping, Optional, Sequence
+from typing import Awaitable, Callable, Mapping, Optional, Protocol, Sequence
 
+from p2pserve.config import DHTConfig
 from p2pserve.dht import keys
 from p2pserve.dht.acceptance import expiration_reason, identity_reason, membership_reason, timestamp_reason
 from p2pserve.dht.election import SignedPlan, epoch_ceiling, is_elected
@@ -33,21 +34,40 @@ from p2pserve.dht.records import CoordinatorCandidate, Plan
 from p2pserve.dht.signing import is_trusted, normalize_public_key
 from p2pserve.errors import ConfigError, MalformedFrameError, RecordRejected
 
-if TYPE_CHECKING:
-    from p2pserve.dht.swarm import Swarm
+class Rejects(Protocol):
+    """Where a reader logs what it refused."""
+
+    def reject(self, kind: str, signer: Optional[str], reason: str) -> None:
+        """Record one rejection."""
+        ...
 
 
-def index_key(swarm: "Swarm") -> str:
+class Swarm(Protocol):
+    """What this module needs of :class:`p2pserve.dht.swarm.Swarm` (which calls it)."""
+
+    config: DHTConfig
+    rejects: Rejects
+
+    async def store_owned(self, key: str, value: bytes, ttl: float) -> bool:
+        """Store ``value`` under this node's subkey of ``key``."""
+        ...
+
+    async def fetch_owned(self, key: str) -> list[tuple[str, bytes, float]]:
+        """Live ``(signer, value, expiration)`` entries under ``key``."""
+        ...
+
+
+def index_key(swarm: Swarm) -> str:
     """Where the plan indexes of this swarm and model live."""
     return f"{keys.check_name(swarm.config.swarm_id, 'swarm id')}/{keys.model_slug(swarm.config.model)}/plan-index"
 
 
-def chunk_key(swarm: "Swarm", name: str, epoch: int) -> str:
+def chunk_key(swarm: Swarm, name: str, epoch: int) -> str:
     """Where chunk ``name`` made in ``epoch`` lives."""
     return f"{index_key(swarm)[:-len('plan-index')]}plan-chunk/{keys.check_name(name, 'chunk name')}@{epoch}"
 
 
-async def publish_chunked(swarm: "Swarm", index: PlanIndex, chunks: Sequence[PlanChunk]) -> bool:
+async def publish_chunked(swarm: Swarm, index: PlanIndex, chunks: Sequence[PlanChunk]) -> bool:
     """Store ``chunks`` (the ones a delta says are new), then the index naming them."""
     ttl = swarm.config.plan_ttl
     stores = []
@@ -74,7 +94,7 @@ class PlanPublisher:
     last: Optional[PlanIndex] = None
     stored: dict[tuple[str, int], tuple[PlanChunk, float]] = field(default_factory=dict)
 
-    async def publish(self, swarm: "Swarm", plan: Plan, now: float,
+    async def publish(self, swarm: Swarm, plan: Plan, now: float,
                       group_of: Optional[Mapping[str, str]] = None) -> bool:
         """Store ``plan`` as an index and chunks, one group per cell (``Plan.cells``), else per
         ``group_of``, else per connected part of the flows."""
@@ -106,7 +126,7 @@ class PlanReadRules:
     num_layers: Optional[int]
 
 
-async def read_plans(swarm: "Swarm", rules: PlanReadRules, now: float,
+async def read_plans(swarm: Swarm, rules: PlanReadRules, now: float,
                      candidates: Callable[[], Awaitable[Sequence[CoordinatorCandidate]]],
                      group: Optional[str] = None) -> list[tuple[SignedPlan, float]]:
     """Every index a reader may follow, assembled with its chunks into a plan: ``(plan, the
@@ -141,7 +161,7 @@ async def read_plans(swarm: "Swarm", rules: PlanReadRules, now: float,
     return out
 
 
-def _accept_index(swarm: "Swarm", rules: PlanReadRules, signer: str, value: bytes, expiration: float,
+def _accept_index(swarm: Swarm, rules: PlanReadRules, signer: str, value: bytes, expiration: float,
                   now: float) -> Optional[PlanIndex]:
     """The index if this reader may follow it; None for another model; raises with the reason."""
     cfg = swarm.config
@@ -166,7 +186,7 @@ def _accept_index(swarm: "Swarm", rules: PlanReadRules, signer: str, value: byte
     return index
 
 
-async def _assemble(swarm: "Swarm", signer: str, index: PlanIndex, group: Optional[str]) -> Plan:
+async def _assemble(swarm: Swarm, signer: str, index: PlanIndex, group: Optional[str]) -> Plan:
     """The index's chunks (all, or one group's), fetched at once, from ``signer`` only."""
     refs = {r.name: r for r in index.chunks}
     names = list(refs) if group is None else route_chunks(index, group)
