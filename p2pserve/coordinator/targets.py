@@ -8,6 +8,7 @@ back to :func:`greedy_targets` when the planner refuses (swarm too small).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from typing import Mapping, NamedTuple, Optional, Sequence
 
@@ -30,27 +31,41 @@ from p2pserve.types import SINK_INDEX, SOURCE_INDEX, LayerRange
 logger = logging.getLogger(__name__)
 
 
+#: Up to this many peers every pair gets a link (a measured one, else the default): the planner
+#: plans such a swarm whole, and a few thousand links cost nothing.
+DENSE_PEERS = 48
+#: Above it, a peer with fewer measured links than this (a newcomer not yet probed, or one no
+#: one could reach) gets default links to this many others, chosen by a hash of the two ids.
+NEEDED_LINKS = 8
+
+
 def build_topology(
     snap: Snapshot, ids: Sequence[str], cfg: CoordinatorConfig
 ) -> tuple[Topology, list[tuple[str, str]]]:
     """The planner's Topology over peers ``ids`` (node index = position in ``ids``).
 
-    A link measured in only one direction is assumed symmetric; a pair measured in neither gets
-    ``default_bandwidth``/``default_rtt`` and is returned in the defaulted list (flagged in the
-    plan). Every peer is assumed reachable from clients at ``client_bandwidth``.
+    A link measured in only one direction is assumed symmetric. Up to :data:`DENSE_PEERS` peers,
+    a pair measured in neither direction gets ``default_bandwidth``/``default_rtt`` and is
+    returned in the defaulted list (flagged in the plan). Above, links exist only where they
+    were measured (peers probe a bounded set, ``dht/probe_set.py``) or are needed: a peer with
+    fewer than :data:`NEEDED_LINKS` measured links gets defaulted ones to that many others, so the
+    topology, and the planner's work, grow with the peers rather than their square. Every peer is
+    assumed reachable from clients at ``client_bandwidth``.
     """
     nodes = [peer_node(pid, snap.peers[pid]) for pid in ids]
     links: list[LinkSpec] = []
-    defaulted: list[tuple[str, str]] = []
+    sparse = _sparse_pairs(snap, ids) if len(ids) > DENSE_PEERS else None
+    defaulted: list[tuple[str, str]] = sparse[1] if sparse else []
     for i, a in enumerate(ids):
         links.append(LinkSpec(SOURCE_INDEX, i, cfg.client_bandwidth, cfg.default_rtt / 2))
         links.append(LinkSpec(i, SINK_INDEX, cfg.client_bandwidth, cfg.default_rtt / 2))
-        for j, b in enumerate(ids):
+        for j in (sparse[0].get(i, ()) if sparse else range(len(ids))):
             if i == j:
                 continue
+            b = ids[j]
             stat = snap.links.get((a, b)) or snap.links.get((b, a))
             if stat is None:
-                if a < b:
+                if a < b and not sparse:
                     defaulted.append((a, b))
                 links.append(LinkSpec(i, j, cfg.default_bandwidth, cfg.default_rtt / 2))
             else:
@@ -63,6 +78,43 @@ def build_topology(
         token_bytes=cfg.token_bytes,
     )
     return topo, defaulted
+
+
+def _sparse_pairs(snap: Snapshot, ids: Sequence[str]) -> tuple[dict[int, list[int]], list[tuple[str, str]]]:
+    """Each peer's linked peers (measured in either direction, plus defaults for peers with too
+    few measured links), and the defaulted pairs."""
+    index = {pid: i for i, pid in enumerate(ids)}
+    linked: set[tuple[int, int]] = set()
+    for a, b in snap.links:
+        i, j = index.get(a), index.get(b)
+        if i is not None and j is not None and i != j:
+            linked.add((min(i, j), max(i, j)))
+    degree = [0] * len(ids)
+    for i, j in linked:
+        degree[i] += 1
+        degree[j] += 1
+    defaulted: list[tuple[str, str]] = []
+    for i, pid in enumerate(ids):
+        if degree[i] >= NEEDED_LINKS:
+            continue
+        for x in _others(pid, i, len(ids)):
+            pair = (min(i, x), max(i, x))
+            if pair not in linked:
+                linked.add(pair)
+                defaulted.append(tuple(sorted((pid, ids[x]))))
+    out: dict[int, list[int]] = {}
+    for i, j in sorted(linked):
+        out.setdefault(i, []).append(j)
+        out.setdefault(j, []).append(i)
+    return {i: sorted(js) for i, js in out.items()}, defaulted
+
+
+def _others(pid: str, i: int, n: int) -> set[int]:
+    """Up to :data:`NEEDED_LINKS` peers other than ``i`` among ``n``, spread over the list from a
+    hash of ``pid`` (the same for every coordinator; O(1) per peer, not a sort of all of them)."""
+    h = int.from_bytes(hashlib.blake2b(pid.encode(), digest_size=8).digest(), "big")
+    stride = max(1, (n - 1) // NEEDED_LINKS)
+    return {(i + 1 + (h + k * stride) % (n - 1)) % n for k in range(min(NEEDED_LINKS, n - 1))}
 
 
 def peer_node(pid: str, p: PeerInfo) -> NodeSpec:
