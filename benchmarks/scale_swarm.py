@@ -70,7 +70,7 @@ async def bench_swarm(topo: Topology, model: str) -> dict[str, Any]:
     keys = [load_or_create_key(None) for _ in range(topo.num_nodes)]
     out: dict[str, Any] = {"peers": topo.num_nodes, "keygen_s": time.perf_counter() - t}
     dcfg = DHTConfig(model=model, num_layers=topo.num_layers, host_maddrs=("/ip4/127.0.0.1/tcp/0",),
-                     peer_refresh=120.0, link_refresh=600.0, plan_refresh=120.0)
+                     peer_refresh=120.0, link_refresh=600.0, plan_refresh=120.0, candidate_refresh=120.0)
     swarms = identity_swarms(dcfg, keys)
     joined = replace(dcfg, initial_peers=tuple(swarms[0].visible_maddrs()))
     coord = Swarm.create(joined)
