@@ -87,8 +87,8 @@ class PlanPublisher:
     """A coordinator's side: each plan as a delta against the last one it published.
 
     A new epoch stores the chunks whose content changed; the chunks it still references from
-    earlier epochs are stored again once ``refresh`` seconds passed since their last store, so
-    none expires while an index names it. Refreshing the same epoch stores them all.
+    earlier epochs are stored again once half of ``plan_refresh`` passed since their last store,
+    so none expires while an index names it. Refreshing the same epoch stores them all.
     """
 
     last: Optional[PlanIndex] = None
@@ -106,8 +106,10 @@ class PlanPublisher:
         index, fresh = delta(older, index, chunks)
         fresh_keys = {(c.name, c.epoch) for c in fresh}
         refs = {(r.name, r.epoch) for r in index.chunks}
+        # half a refresh period: the next publish may come a whole period later, and a chunk
+        # must still be alive then (its TTL is about two periods)
         due = [entry[0] for k, entry in self.stored.items()
-               if k in refs and k not in fresh_keys and now - entry[1] >= swarm.config.plan_refresh]
+               if k in refs and k not in fresh_keys and now - entry[1] >= swarm.config.plan_refresh / 2]
         ok = await publish_chunked(swarm, index, [*fresh, *due])
         self.stored = {k: v for k, v in self.stored.items() if k in refs}
         for c in [*fresh, *due]:
