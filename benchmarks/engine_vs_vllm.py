@@ -158,7 +158,10 @@ def start_vllm(py: Path, model: str, dtype: str, threads: int, logdir: Path, tim
 
 def start_p2pserve(model: str, dtype: str, setup: str, threads: int, layers: int, timeout: float) -> Server:
     """``one``: one peer holding every layer (``threads`` torch threads); ``three``: three peers
-    of a third each (1 thread each); behind ``p2pserve api --peers``."""
+    of a third each (1 thread each); behind ``p2pserve api --peers``. ``one-driven``: one peer
+    that the client drives token by token (``--no-loop``: the data path before peers drove
+    decode), the baseline of the loop measured in the same run."""
+    setup, _, mode = setup.partition("-")
     if setup == "one":
         ranges, peer_threads = [(0, layers)], threads
     else:
@@ -171,7 +174,8 @@ def start_p2pserve(model: str, dtype: str, setup: str, threads: int, layers: int
             p.wait_ready(timeout)
         spec = [f"{p.maddrs[0]}@{a}:{b}" for p, (a, b) in zip(peers, ranges)]
         api = Child.spawn("api", ["api", "--port", "0", "--model", model, "--served-model-name", "bench",
-                                  "--log-level", "WARNING", "--peers", *spec])
+                                  "--log-level", "WARNING", "--peers", *spec,
+                                  *(["--no-loop"] if mode == "driven" else [])])
         server.procs.append(api)
         deadline = time.monotonic() + timeout
         while not server.url:
@@ -290,7 +294,8 @@ def run(args) -> dict:
             print(f"== {engine} {dtype}: starting", flush=True)
             server = (start_vllm(py, model, dtype, args.threads, logdir, args.start_timeout, args.vllm_eager)
                       if engine == "vllm"
-                      else start_p2pserve(model, dtype, engine.split("-")[1], args.threads, layers, args.start_timeout))
+                      else start_p2pserve(model, dtype, engine.removeprefix("p2pserve-"), args.threads, layers,
+                                          args.start_timeout))
             try:
                 for streams in levels:
                     row = {"engine": engine, "dtype": dtype,
@@ -311,7 +316,9 @@ def main() -> int:
     ap.add_argument("--levels", default="1,8,32", help="concurrent streams, comma-separated")
     ap.add_argument("--duration", type=float, default=30.0, help="seconds of load per level")
     ap.add_argument("--dtypes", default="bfloat16,float32")
-    ap.add_argument("--setups", default="one,three", help="p2pserve setups: one peer, three peers")
+    ap.add_argument("--setups", default="one,one-driven,three",
+                    help="p2pserve setups: one peer, one peer driven token by token by the client (--no-loop), "
+                         "three peers")
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--threads", type=int, default=2, help="torch threads of vLLM and of the one peer")
     ap.add_argument("--skip-vllm", action="store_true")

@@ -6,14 +6,15 @@ by one DHT node holding every key (:mod:`p2pserve.dht.multi_identity`); a coordi
 client node join it (three DHT nodes, each its own hivemind process and libp2p daemon). Measured:
 
 * round 1 -- the coordinator reads every PeerInfo and LinkInfo, plans (``make_plan``: the planner
-  at scale) and publishes the plan as an index and one chunk per region (``dht/plan_store.py``;
-  regions from the links it read) -- the single ``Plan`` record is only measured: with its
-  defaulted links it grows with the square of the peers, and a value near 64 KiB can kill the
-  hivemind DHT process that stores it;
+  at scale over the links that were measured) and publishes the plan the way the coordinator
+  does (``Swarm.publish_plan``: an index and one chunk per cell, ``dht/plan_store.py``) -- the
+  single ``Plan`` record is only measured: a value over about 16 KiB can kill the hivemind DHT
+  process that stores it;
 * the peers announce that they serve their targets;
-* round 2 -- read, plan (flows over the served ranges) and publish again;
-* the client's first route: read the index and one region's chunks, build the route graph,
-  draw a route.
+* round 2 -- read, plan (flows over the served ranges) and publish again (a delta);
+* the client's first route: read the followed index and one group's chunks, build the route
+  graph, draw a route; and a full read (``Swarm.get_plan``: every chunk, what peers and clients
+  do today).
 
 Each phase is wall time on this machine, including the DHT round trips over loopback.
 """
@@ -30,21 +31,18 @@ from p2pserve.clock import wall
 from p2pserve.config import CoordinatorConfig, DHTConfig
 from p2pserve.coordinator.plan_record import make_plan
 from p2pserve.coordinator.snapshot import Snapshot
-from p2pserve.coordinator.targets import build_topology
 from p2pserve.coordinator.trigger import Reason, Trigger
 from p2pserve.dht.multi_identity import identity_swarms
-from p2pserve.dht.plan_chunks import delta, encode, split_plan
-from p2pserve.dht.plan_store import publish_chunked, read_route_plan
-from p2pserve.dht.records import encode_record
+from p2pserve.dht.plan_chunks import encode, split_plan
+from p2pserve.dht.records import CoordinatorCandidate, encode_record
 from p2pserve.dht.signing import load_or_create_key
 from p2pserve.dht.swarm import Swarm
-from p2pserve.placement.regions import find_regions
 from p2pserve.placement.topology import Topology
 from p2pserve.testing.synthetic_swarm import announce_all
 
 
 async def _round(coord: Swarm, cfg: CoordinatorConfig, model: str, current: dict, epoch: int,
-                 trigger: Trigger, previous: Any = None) -> tuple[Any, Any, dict[str, Any]]:
+                 trigger: Trigger, cells: Any = None) -> tuple[Any, dict[str, Any]]:
     """One coordinator round: read, solve, publish; (plan, seconds per phase)."""
     t0 = time.perf_counter()
     peers = await coord.get_peers()
@@ -52,25 +50,18 @@ async def _round(coord: Swarm, cfg: CoordinatorConfig, model: str, current: dict
     snap = Snapshot.from_records({pid: s.record for pid, s in peers.items()}, [s.record for s in links.values()])
     t1 = time.perf_counter()
     plan = make_plan(snap, current, epoch=epoch, leader_id=coord.peer_id, model=model, cfg=cfg,
-                     reason=Reason(trigger), now=wall())
+                     reason=Reason(trigger), now=wall(), cells=cells or {})
     t2 = time.perf_counter()
-    index, chunks = split_plan(plan, _groups(snap, cfg))
-    index, fresh = delta(previous, index, chunks)
-    ok = await publish_chunked(coord, index, fresh)
+    ok = await coord.publish_plan(plan)
     t3 = time.perf_counter()
-    return plan, index, {
+    index, chunks = split_plan(plan, {})
+    return plan, {
         "peers_read": len(peers), "links_read": sum(len(s.record.links) for s in links.values()),
         "read_s": t1 - t0, "solve_s": t2 - t1, "publish_s": t3 - t2, "total_s": t3 - t0, "published": bool(ok),
         "single_plan_bytes": len(encode_record(plan)), "defaulted_links": len(plan.defaulted_links),
-        "chunks": len(chunks), "chunks_stored": len(fresh), "largest_chunk_bytes": max(len(encode(c)) for c in chunks),
-        "index_bytes": len(encode(index)), "targets": len(plan.targets), "flows": len(plan.flows)}
-
-
-def _groups(snap: Snapshot, cfg: CoordinatorConfig) -> dict[str, str]:
-    """Peer id -> region name, regions found from the links the coordinator read."""
-    ids = snap.plannable()
-    topo, _ = build_topology(snap, ids, cfg)
-    return {ids[i]: f"r{r}" for r, members in enumerate(find_regions(topo)) for i in members}
+        "chunks": len(chunks), "largest_chunk_bytes": max(len(encode(c)) for c in chunks),
+        "index_bytes": len(encode(index)), "targets": len(plan.targets), "flows": len(plan.flows),
+        "method": plan.reason}
 
 
 async def bench_swarm(topo: Topology, model: str) -> dict[str, Any]:
@@ -79,7 +70,7 @@ async def bench_swarm(topo: Topology, model: str) -> dict[str, Any]:
     keys = [load_or_create_key(None) for _ in range(topo.num_nodes)]
     out: dict[str, Any] = {"peers": topo.num_nodes, "keygen_s": time.perf_counter() - t}
     dcfg = DHTConfig(model=model, num_layers=topo.num_layers, host_maddrs=("/ip4/127.0.0.1/tcp/0",),
-                     peer_refresh=120.0, link_refresh=600.0, plan_refresh=120.0)
+                     peer_refresh=120.0, link_refresh=600.0, plan_refresh=120.0, candidate_refresh=120.0)
     swarms = identity_swarms(dcfg, keys)
     joined = replace(dcfg, initial_peers=tuple(swarms[0].visible_maddrs()))
     coord = Swarm.create(joined)
@@ -90,16 +81,26 @@ async def bench_swarm(topo: Topology, model: str) -> dict[str, Any]:
         out["announce_s"] = time.perf_counter() - t
         ccfg = CoordinatorConfig(num_layers=topo.num_layers, activation_bytes=topo.activation_bytes,
                                  token_bytes=topo.token_bytes)
-        plan, index, out["round1"] = await _round(coord, ccfg, model, {}, 1, Trigger.INITIAL)
+        # an open swarm: clients follow the elected candidate's plan only
+        await coord.announce_candidate(CoordinatorCandidate(model=model, coordinator_id=coord.peer_id,
+                                                            start_time=wall(), public_key=coord.public_key))
+        plan, out["round1"] = await _round(coord, ccfg, model, {}, 1, Trigger.INITIAL)
         t = time.perf_counter()
         await announce_all(swarms, topo, model, serving=dict(plan.targets), links=False)
         out["serve_announce_s"] = time.perf_counter() - t
-        _, _, out["round2"] = await _round(coord, ccfg, model, dict(plan.targets), 2, Trigger.SERVED_RANGES, index)
+        _, out["round2"] = await _round(coord, ccfg, model, dict(plan.targets), 2, Trigger.SERVED_RANGES,
+                                        plan.cells)
         t = time.perf_counter()
-        got = await read_route_plan(client)
+        found = await client.read_plans("")
+        got = found[0][0].plan if found else None
         route = Router(RouteGraph.from_plan(got), seed=1).route_ids() if got is not None else []
         out["client"] = {"route_s": time.perf_counter() - t, "epoch": got.epoch if got else None,
                          "peers_read": len(got.spans) if got else 0, "route_hops": len(route)}
+        t = time.perf_counter()
+        full = await client.get_plan()
+        route = Router(RouteGraph.from_plan(full.plan), seed=1).route_ids() if full is not None else []
+        out["client_full"] = {"route_s": time.perf_counter() - t, "epoch": full.plan.epoch if full else None,
+                              "peers_read": len(full.plan.spans) if full else 0, "route_hops": len(route)}
     finally:
         for node in (client, coord, swarms[0]):
             node.shutdown()

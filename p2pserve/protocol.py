@@ -166,6 +166,8 @@ class SessionOpened(msgspec.Struct, frozen=True, tag_field="t", tag="opened"):
     hidden_size: NonNegative
     dtype: str
     peer_version: str
+    # the peer's signed receipt for the stream's client (dht/receipts.py): its reports count with it
+    receipt: Annotated[bytes, msgspec.Meta(max_length=64)] = b""
 
 
 class ForwardResult(msgspec.Struct, frozen=True, tag_field="t", tag="result"):
@@ -254,6 +256,10 @@ class PushHop(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 #: The most stop token ids a ring grant may name.
 MAX_RING_STOP_TOKENS = 64
+
+#: How many steps past the one its owner waits for a ring may run (a last hop caps the owner's
+#: credit there), and so how many results the last hop holds for the owner at most.
+MAX_RING_AHEAD = 32
 
 
 class RingGrant(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

@@ -17,15 +17,24 @@ import sys
 import torch
 
 
-def corrupt_handler(share: float, seed: int = 0) -> None:
-    """Patch ``SessionHandler._reply`` so that a ``share`` of steps returns corrupted outputs."""
+def corrupt_handler(share: float, seed: int = 0, looped_only: bool = False) -> None:
+    """Patch ``SessionHandler._reply`` so that a ``share`` of steps returns corrupted outputs;
+    ``looped_only``: only in sessions that loop on this peer (the peer-driven path, which such a
+    peer may believe nobody checks), never in sessions driven step by step."""
     from p2pserve.peer.handlers import SessionHandler
 
     rng = random.Random(seed)
     honest = SessionHandler._reply
+    honest_forward = SessionHandler._forward
+    looped: set = set()  # ids of the sessions seen looping
+
+    async def forward(self, msg, payload, stream, loops=False):
+        if loops:
+            looped.add(msg.session_id)
+        return await honest_forward(self, msg, payload, stream, loops=loops)
 
     def reply(self, session, msg, n, commitment, result):
-        if rng.random() < share:
+        if (not looped_only or session.id in looped) and rng.random() < share:
             if isinstance(result, int):
                 result = (result + 1) % self.spec.vocab_size
             elif isinstance(result, list):  # a speculative step's tokens: one of them changed
@@ -38,6 +47,7 @@ def corrupt_handler(share: float, seed: int = 0) -> None:
         return honest(self, session, msg, n, commitment, result)
 
     SessionHandler._reply = reply
+    SessionHandler._forward = forward
 
 
 def inflate_claims(factor: float) -> None:
@@ -57,7 +67,7 @@ def inflate_claims(factor: float) -> None:
 
 
 def launch(model: str, layers: tuple[int, int] | None, share: float, *extra: str, seed: int = 0,
-           log_path=None, claim_factor: float = 1.0):
+           log_path=None, claim_factor: float = 1.0, looped_only: bool = False):
     """Start a dishonest peer process on loopback, as ``PeerProcess.launch`` starts an honest one
     (do not wait for it; ``wait_ready()`` works on it). With ``log_path`` its output goes there."""
     import os
@@ -73,7 +83,7 @@ def launch(model: str, layers: tuple[int, int] | None, share: float, *extra: str
     if layers is not None:
         args += ["--layers", f"{layers[0]}:{layers[1]}"]
     cmd = [sys.executable, "-m", "tests.dishonest", "--corrupt-share", str(share), "--seed", str(seed),
-           "--claim-factor", str(claim_factor), *args, *extra]
+           "--claim-factor", str(claim_factor), "--looped-only", "1" if looped_only else "0", *args, *extra]
     env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
                PYTHONPATH=repo + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.Popen(cmd, cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
@@ -85,7 +95,7 @@ def launch(model: str, layers: tuple[int, int] | None, share: float, *extra: str
 
 def main(argv: list[str]) -> int:
     """Parse ``--corrupt-share X [--seed N] [--claim-factor F]``, patch, then run ``p2pserve`` with the rest."""
-    share, seed, factor = 0.1, 0, 1.0
+    share, seed, factor, looped_only = 0.1, 0, 1.0, False
     while argv and argv[0].startswith("--"):
         flag, value, argv = argv[0], argv[1], argv[2:]
         if flag == "--corrupt-share":
@@ -94,10 +104,12 @@ def main(argv: list[str]) -> int:
             seed = int(value)
         elif flag == "--claim-factor":
             factor = float(value)
+        elif flag == "--looped-only":
+            looped_only = value == "1"
         else:
             raise SystemExit(f"unknown flag {flag}")
     if share > 0:
-        corrupt_handler(share, seed)
+        corrupt_handler(share, seed, looped_only)
     if factor != 1.0:
         inflate_claims(factor)
     from p2pserve.cli import main as cli_main

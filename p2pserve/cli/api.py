@@ -12,6 +12,7 @@ client flags shared with ``p2pserve chat``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import asyncio
 import logging
 import os
@@ -57,6 +58,10 @@ def add_client_arguments(parser: argparse.ArgumentParser) -> None:
                         "itself (a token crosses one link per hop; with --speculative, steps push as on). Needs peers that find "
                         "each other in the swarm's records (not --peers), and --verify-share 0 (a pushed step "
                         "does not show the client each hop's output to re-execute)")
+    r.add_argument("--no-loop", action="store_true",
+                   help="drive a peer that holds every layer token by token from the client, instead of letting "
+                        "it sample and run each next step itself (docs/engine.md, 'Peer-driven decode'); "
+                        "for comparisons")
     r.add_argument("--verify-hold", action="store_true",
                    help="a non-streamed reply waits for the checks drawn on it, and is regenerated without a "
                         "peer they convict (docs/trust.md, 'Rolling back')")
@@ -102,7 +107,8 @@ def client_from_args(args: argparse.Namespace):
     if not args.peers and not args.initial_peers:
         raise ConfigError("give --initial-peers or --config (a swarm), or --peers (fixed peers)")
     config = ClientConfig(hop_timeout_s=args.hop_timeout, max_retries=args.max_retries, verify_share=args.verify_share,
-                          push=PushConfig.from_mode(args.push), verify_hold=args.verify_hold,
+                          push=dataclasses.replace(PushConfig.from_mode(args.push), loop=not args.no_loop),
+                          verify_hold=args.verify_hold,
                           verify_every_request=args.verify_every_request,
                           initial_peers=tuple(args.initial_peers or ()), model=args.model, peers=tuple(args.peers or ()),
                           swarm_model=args.swarm_model, swarm_id=args.swarm_id,

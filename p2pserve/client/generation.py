@@ -124,6 +124,8 @@ class Generation:
             raise StopAsyncIteration
         if self._pending is not None and rollback_from(self.pipeline) is not None:
             await self._roll_back()
+        if self._ready and len(self.result.tokens) >= self.params.max_new_tokens:
+            self._ready = []  # a batch that ran past the reply's end: the length check below ends it
         if self._ready:
             token = self._ready.pop(0)
         else:
@@ -142,7 +144,7 @@ class Generation:
             if self._extras:
                 token = await self._step_with_extras()
             elif self._drafter is None:
-                token = await self.pipeline.step(self._pending)
+                token = self._first_of(await self.pipeline.step(self._pending))
             else:
                 self._ready = await self._speculate()
                 token = self._ready.pop(0)
@@ -167,6 +169,16 @@ class Generation:
             self._done = True
             self.elapsed_s = self._clock() - self._t0
         return GenerationEvent(token, text)
+
+    def _first_of(self, answer) -> int:
+        """The first token of a step's answer. A step may answer several tokens that arrived
+        together (a route that ran ahead of the client): the others wait in ``_ready`` and are
+        yielded without awaiting, so a stream's reader finds them all in one loop tick and
+        writes them at once; the last one is the next step's input, as after a speculative step."""
+        if isinstance(answer, int):
+            return answer
+        self._ready = list(answer)
+        return self._ready.pop(0)
 
     async def _step_with_extras(self) -> int:
         """A step whose last hop gets the grammar's mask or returns log-probabilities (and, on the

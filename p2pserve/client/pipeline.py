@@ -147,7 +147,7 @@ class Pipeline:
                     await self._open_route()
                 sent = self.history[self._held:] + list(token_ids)
                 meta, data = tensor_to_wire(torch.tensor(sent, dtype=torch.int64))
-                if not self.extras and self.forwarding.use(self._links, self._taping()):
+                if not self.extras and self.forwarding.use(self._links, self._taping(), outputs):
                     reply = await self._push(sent, meta, data, outputs)
                 else:
                     last = dict(context=sent, allowed=allowed, prompt_logprobs=prompt_logprobs) if self.extras else {}
@@ -212,7 +212,14 @@ class Pipeline:
                       outputs=outputs)
         timed = None if self.metrics is None else (
             self.metrics.hop_decode if len(sent) == 1 else self.metrics.hop_prefill)
-        return await self.forwarding.step(self._links, msg, sent, data, self._held, self.vocab_size, timed)
+        reply = await self.forwarding.step(self._links, msg, sent, data, self._held, self.vocab_size, timed)
+        if self._taping():  # a ring: each hop's input and signed output, taped as a driven step's
+            inputs, dtype = data, meta.dtype
+            for i, (hop_reply, payload) in enumerate(self.forwarding.hop_replies()):
+                self.trust.record(i, self._held, len(sent), dtype, inputs, hop_reply, payload)
+                if hop_reply.tensor is not None:
+                    inputs, dtype = payload, hop_reply.tensor.dtype
+        return reply
 
     async def verify(self, token_ids: Sequence[int], outputs: int) -> list[int]:
         """Feed ``token_ids`` (the pending token and k draft tokens, ``outputs`` = k + 1) and
@@ -277,6 +284,8 @@ class Pipeline:
             for c in links:
                 if c.open_rtt_s is not None:
                     self.observer.rtt(c.hop.peer_id, c.hop.end - c.hop.start, c.open_rtt_s)
+                if c.opened is not None and c.opened.receipt:
+                    self.observer.receipt(c.hop.peer_id, c.opened.receipt)
 
     async def _recover(self, failure: HopFailure, attempts: int) -> None:
         """Record a failed hop and drop the route; raises when re-routing cannot help."""

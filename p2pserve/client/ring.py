@@ -68,8 +68,9 @@ class RingRoute:
     """One route's ring: started by ``start``, continued by ``next`` while the caller's step is
     the ring's next token, and ``drain``ed before the route carries anything else."""
 
-    def __init__(self, links: Sequence[HopConnection]):
+    def __init__(self, links: Sequence[HopConnection], window: int = 1):
         self.links = list(links)
+        self.window = window  # how many steps the ring may run past the one asked for
         self.active = False
         self._asked: collections.deque[int] = collections.deque()  # steps asked of the last hop, in order
         self._credit = -1  # the highest ring_until sent
@@ -77,6 +78,9 @@ class RingRoute:
         self._next: tuple[int, int, int] = (-1, -1, -1)  # (step, position, token) a continuation sends
         self._max_position = 0
         self._start_ack: Optional[asyncio.Task] = None  # the first hop's reply to the ring's start
+        # the latest step's (reply, payload) of every hop, in route order: what each hop returned
+        # (and, for the one after it, consumed), read from each hop as in a driven step
+        self.hop_replies: list[tuple[ForwardResult, bytes]] = []
 
     def continues(self, sent: Sequence[int], position: int, step: int) -> bool:
         """Whether step ``step`` of ``sent`` at ``position`` is the ring's next step."""
@@ -92,11 +96,16 @@ class RingRoute:
         self._asked.clear()
         self._credit = self._last_asked = -1  # step numbers are the pipeline's: a new ring may reuse old ones
         self.active = True
-        await self._ask(forward.step, forward.position + n)
         msg = PushForward(forward=forward, route=[PushHop(peer_id=c.hop.peer_id, session_id=c.session_id)
                                                   for c in self.links[1:]], ring=True)
-        await write_to(first, msg, payload)
-        self._start_ack = asyncio.create_task(self._read_start_ack(forward.step))
+        if first is last:  # one hop, one stream: its answers come in the order they were asked
+            await write_to(first, msg, payload)
+            await self._ask(forward.step, forward.position + n)
+            await self._read_start_ack(forward.step)
+        else:
+            await self._ask(forward.step, forward.position + n)
+            await write_to(first, msg, payload)
+            self._start_ack = asyncio.create_task(self._read_start_ack(forward.step))
         return await self._result(forward.step, forward.position, n, vocab_size)
 
     async def next(self, vocab_size: Optional[int]) -> ForwardResult:
@@ -106,10 +115,10 @@ class RingRoute:
 
     async def _ask(self, step: int, next_position: int) -> None:
         """Ask the last hop for ``step``'s result, and (when the position allows) for the one
-        after it, which lets the ring run one step ahead."""
+        after it, and let the ring run ``window`` steps past each (within ``max_position``)."""
         for s, position in ((step, next_position - 1), (step + 1, next_position)):
             if s > self._last_asked and position <= self._max_position:
-                self._credit = max(self._credit, s + 1 if position + 1 <= self._max_position else s)
+                self._credit = max(self._credit, s + min(self.window, self._max_position - position))
                 self._asked.append(s)
                 self._last_asked = s
                 await write_to(self.links[-1], AwaitResult(session_id=self.links[-1].session_id, step=s,
@@ -125,9 +134,34 @@ class RingRoute:
             last.check_forward(reply, body, n, step, position, True, vocab_size, 1)
         except Exception as e:  # a bad answer, from the last hop itself
             raise HopFailure(last.hop, e) from e
+        self.hop_replies = [*await self._earlier_hops(step, position, n), (reply, body)]
         self._next = (step + 1, position + n, int(reply.token))
         await self._ask(step + 1, position + n + 1)
         return reply
+
+    async def _earlier_hops(self, step: int, position: int, n: int) -> list[tuple[ForwardResult, bytes]]:
+        """Every hop before the last one's signed reply of ``step``, which has run through the
+        whole ring (so each holds it): asked of all at once, read in route order. Any answer
+        but that hop's checked reply is that hop's failure."""
+        earlier = self.links[:-1]
+        if earlier and self._start_ack is not None:  # the first hop answers the ring's start first
+            ack = self._start_ack
+            async with asyncio.timeout(earlier[0].timeout_s * len(self.links)):
+                await ack
+        for link in earlier:
+            await write_to(link, AwaitResult(session_id=link.session_id, step=step))
+        out = []
+        for link in earlier:
+            try:
+                async with asyncio.timeout(link.timeout_s):
+                    reply, body = await read_reply(link)
+                if isinstance(reply, ErrorReply):
+                    raise error_from_reply(reply.code, reply.message, peer=link.hop.peer_id)
+                link.check_forward(reply, body, n, step, position, False, None, 1)
+            except Exception as e:
+                raise HopFailure(link.hop, e) from e
+            out.append((reply, body))
+        return out
 
     async def _unless_start_failed(self, read):
         """Await ``read``, unless the first hop reports first that the ring's start failed (a

@@ -37,8 +37,14 @@ class RouteForwarding:
         """Bound the next steps' ring: (last input position, stop token ids), or None for none."""
         self.ring_limit = limit
 
-    def use(self, links: Sequence[HopConnection], verified: bool) -> bool:
-        """Whether a step over ``links`` is pushed (see ``PushConfig.use_push``)."""
+    def use(self, links: Sequence[HopConnection], verified: bool, outputs: int = 1) -> bool:
+        """Whether a step over ``links`` is pushed (see ``PushConfig.use_push``). A lone hop
+        takes only ring steps (its PushForward and AwaitResult share one stream): one output,
+        and a ring allowed (``limit_ring``); so does a verified route (a ring shows the client
+        every hop's input and output, a plain push only the last hop's)."""
+        ringed = outputs == 1 and self.ring_limit is not None and (self.config.ring or len(links) == 1)
+        if (len(links) == 1 or verified) and not ringed:  # only a ring shows a verified step's every hop
+            return False
         return self.config.use_push(len(links), verified, [c.open_rtt_s for c in links])
 
     async def step(self, links: Sequence[HopConnection], msg: Forward, sent: list[int], data, held: int,
@@ -48,7 +54,7 @@ class RouteForwarding:
         As a ring (:mod:`p2pserve.client.ring`) when the config and the step allow it.
         ``timed`` (a histogram) observes the step's time."""
         t0 = time.perf_counter()
-        if self.config.ring and msg.outputs == 1 and self.ring_limit is not None:
+        if (self.config.ring or len(links) == 1) and msg.outputs == 1 and self.ring_limit is not None:
             reply = await self._ring_step(links, msg, sent, data, held, vocab_size)
         else:
             if self.ring is not None:  # the hops' grants admit only ring steps: grant afresh
@@ -69,12 +75,17 @@ class RouteForwarding:
             if self.pushed is not None:  # the first hop's last ack, read before the ring uses its stream
                 await self.pushed.settle()
                 self.pushed = None
-            self.ring = RingRoute(links)
+            self.ring = RingRoute(links, self.config.window)
         if self.ring.continues(sent, held, msg.step):
             self.ring_steps += 1
             return await self.ring.next(vocab_size)
         last_position, stop = self.ring_limit
         return await self.ring.start(msg, data, len(sent), vocab_size, min(last_position, self.max_length - 1), stop)
+
+    def hop_replies(self) -> list:
+        """The latest ring step's (reply, payload) of every hop in route order; [] when the
+        latest step was not a ring's (a plain push shows the client the last hop only)."""
+        return self.ring.hop_replies if self.ring is not None and self.ring.active else []
 
     def route_opened(self) -> None:
         """A new route: nothing pushed on it yet."""

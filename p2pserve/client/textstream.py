@@ -7,40 +7,103 @@ held back too, so a stop string never leaks into the output.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Callable, Optional
 
 
-@dataclass
 class IncrementalDetokenizer:
-    """Decodes a growing list of token ids into newly completed text."""
+    """Decodes a stream of token ids into newly completed text, at a bounded cost per token.
 
-    tokenizer: object
-    skip_special_tokens: bool = True
-    _ids: list[int] = field(default_factory=list)
-    _emitted: str = ""
+    Decoding the whole reply again for every token costs O(length) per token. Instead only a
+    short window is decoded: the tokens not shown yet, after the group of tokens shown last,
+    whose text is known. A decoder that changes a token's text by its neighbours (a leading
+    space dropped at the start of a decode) does it to both decodes alike, so the difference is
+    the new text, as in a decode of the whole reply.
+
+    A fast tokenizer whose text ``transformers`` leaves as its Rust backend decodes it (no
+    clean-up of spaces) runs this in the backend itself (``tokenizers``' ``DecodeStream``, the
+    same algorithm); the window here is then only kept for :meth:`flush`, and takes over if the
+    stream ever refuses a token (a decoder that rewrote text already shown).
+    """
+
+    def __init__(self, tokenizer, skip_special_tokens: bool = True):
+        self.tokenizer = tokenizer
+        self._decode = _decoder(tokenizer, skip_special_tokens)
+        self._backend, self._stream = _decode_stream(tokenizer, skip_special_tokens)
+        self._ids: list[int] = []  # the window: the group shown last, then the tokens not shown yet
+        self._shown = 0  # ids[:_shown] is that group
+        self._shown_text: Optional[str] = ""  # its text decoded alone (None: not decoded yet)
 
     def push(self, token: int) -> str:
         """Add one token; return the text that became final with it (maybe empty)."""
         self._ids.append(token)
-        text = self.tokenizer.decode(self._ids, skip_special_tokens=self.skip_special_tokens)
-        if text.endswith("\ufffd"):
-            return ""  # an incomplete UTF-8 sequence: wait for the next token
-        if not text.startswith(self._emitted):
-            # Rare: the tokenizer's clean-up rewrote earlier text. Never re-emit what was shown;
-            # continue from the new text's end.
-            piece = text[len(self._emitted):] if len(text) > len(self._emitted) else ""
-            self._emitted = text
-            return piece
-        piece = text[len(self._emitted):]
-        self._emitted = text
-        return piece
+        if self._stream is not None:
+            try:
+                piece = self._stream.step(self._backend, token)
+            except Exception:  # the decoder rewrote text already shown: go on in the window
+                self._stream = None
+            else:
+                if piece is not None:
+                    self._slide(None)
+                return piece or ""
+        return self._window_piece(final=False)
 
     def flush(self) -> str:
         """Text still held back at the end (an unfinished character is emitted as U+FFFD)."""
-        text = self.tokenizer.decode(self._ids, skip_special_tokens=self.skip_special_tokens)
-        piece = text[len(self._emitted):] if text.startswith(self._emitted) else ""
-        self._emitted = text
-        return piece
+        return self._window_piece(final=True) if len(self._ids) > self._shown else ""
+
+    def _window_piece(self, final: bool) -> str:
+        """The window's new text; "" while there is none, or (unless ``final``) while it ends
+        in an incomplete UTF-8 sequence."""
+        shown = self._shown_text
+        if shown is None:
+            shown = self._decode(self._ids[:self._shown]) if self._shown else ""
+        text = self._decode(self._ids)
+        if len(text) <= len(shown) or (text.endswith("\ufffd") and not final):
+            self._shown_text = shown
+            return ""
+        # If a decoder's clean-up rewrote the shown part, what was shown stays shown: continue
+        # from the new text's end.
+        self._slide(self._decode(self._ids[self._shown:]))
+        return text[len(shown):]
+
+    def _slide(self, text: Optional[str]) -> None:
+        """The tokens not shown until now become the shown group (``text``: theirs, if known)."""
+        del self._ids[:self._shown]
+        self._shown = len(self._ids)
+        self._shown_text = text
+
+
+def _decoder(tokenizer, skip_special_tokens: bool) -> Callable[[list[int]], str]:
+    """``ids -> text`` as ``tokenizer.decode`` gives it: a fast tokenizer's Rust backend when
+    ``transformers`` adds nothing to it, else the tokenizer itself."""
+    backend = _plain_backend(tokenizer)
+    if backend is not None:
+        decode = backend.decode
+        return lambda ids: decode(ids, skip_special_tokens)
+    return lambda ids: tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+
+
+def _plain_backend(tokenizer):
+    """The Rust tokenizer behind ``tokenizer`` when its decode is ``tokenizer.decode``'s (no
+    clean-up of spaces on top), else None."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or getattr(tokenizer, "clean_up_tokenization_spaces", False):
+        return None
+    return backend
+
+
+def _decode_stream(tokenizer, skip_special_tokens: bool) -> tuple:
+    """(backend, ``DecodeStream``) for a plain fast tokenizer, else (None, None) (also with a
+    ``tokenizers`` too old to have it)."""
+    backend = _plain_backend(tokenizer)
+    try:
+        from tokenizers.decoders import DecodeStream
+    except ImportError:
+        return None, None
+    if backend is None:
+        return None, None
+    return backend, DecodeStream(skip_special_tokens=skip_special_tokens)
 
 
 @dataclass

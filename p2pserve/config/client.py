@@ -9,11 +9,12 @@ from typing import Any, Optional, Sequence
 
 from p2pserve.config.dht import DHTConfig
 from p2pserve.errors import ConfigError
-from p2pserve.protocol import MAX_PUSH_HOPS, MAX_VERIFY_OUTPUTS, FrameLimits
+from p2pserve.protocol import MAX_PUSH_HOPS, MAX_RING_AHEAD, MAX_VERIFY_OUTPUTS, FrameLimits
 
 
-#: ``--push`` of ``p2pserve chat`` / ``api``: off (client-driven), auto (the rule), on (always),
-#: ring (the rule, and a pushed route runs as a ring: ``client/ring.py``).
+#: ``--push`` of ``p2pserve chat`` / ``api``: off (routes of two or more hops are client-driven),
+#: auto (the rule), on (always), ring (every route of two or more hops runs as a ring:
+#: ``client/ring.py``). A route of one hop loops on its peer whatever the mode (``--no-loop``).
 PUSH_MODES = ("off", "auto", "on", "ring")
 
 
@@ -30,13 +31,29 @@ class PushConfig:
 
     ``ring``: a pushed route runs as a ring (``client/ring.py``: the last hop pushes each next
     token to the first itself) for its one-token steps; speculative verification steps, and
-    generations with a drafter, stay plain pushes.
+    generations with a drafter, stay plain pushes. A ring needs no round trip of the client per
+    token, so the round-trip rule does not apply to it: every route of at least two hops runs one.
+
+    ``loop`` (on by default, whatever ``enabled`` says): a route of one hop, a peer holding
+    every layer, runs its one-token steps as a ring on that peer alone, which samples each token
+    and runs the next step itself (``peer/forwarding.py``); its sessions then step together in
+    the peer's batches instead of one client round trip apart. Verified routes loop too: the
+    client still gets every input and signed output of the hop, so its checks are drawn as
+    ever, and the peer sees the same messages from a checked session as from any other. ``window``: how many steps a
+    ring may run past the token the client asked for (its tokens wait at the last hop, and a
+    stop string the client finds costs up to that many steps of compute).
     """
 
     enabled: bool = False
     min_hops: int = 2
     min_rtt_ms: float = 10.0  # the rule and the measurements behind it: docs/wan.md, "Push mode"
     ring: bool = False
+    loop: bool = True
+    window: int = 8
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.window <= MAX_RING_AHEAD:
+            raise ConfigError(f"a ring's window must be between 1 and {MAX_RING_AHEAD}, not {self.window}")
 
     @classmethod
     def from_mode(cls, mode: str) -> "PushConfig":
@@ -50,6 +67,10 @@ class PushConfig:
         not measured, counted as 0), is pushed."""
         # at least 2 hops whatever min_hops says: a lone hop would get its AwaitResult and its
         # PushForward on one stream, and its handler serves them in order
+        if hops == 1:  # the loop shows the client all its one hop consumed and returned: verified or not
+            return self.loop
+        if self.enabled and self.ring:  # a ring shows the client every hop's exchange: verified or not
+            return hops <= MAX_PUSH_HOPS + 1
         if not self.enabled or verified or not max(2, self.min_hops) <= hops <= MAX_PUSH_HOPS + 1:
             return False
         if self.min_rtt_ms <= 0:
@@ -157,10 +178,11 @@ class ClientConfig:
         if self.verify_every_request and self.verify_share <= 0:
             raise ConfigError("verify_every_request (--verify-every-request) needs verify_share (--verify-share) above 0 "
                               "(0 turns verification off)")
-        if self.push.enabled and self.verify_share > 0:
-            # a verified route is never pushed (PushConfig.use_push): refuse rather than never push
-            raise ConfigError("push (--push) needs verify_share 0 (--verify-share 0): verified routes are never "
-                              "pushed (docs/wan.md)")
+        if self.push.enabled and not self.push.ring and self.verify_share > 0:
+            # a verified route is never pushed as a chain (PushConfig.use_push): refuse rather than never push
+            raise ConfigError("push (--push auto|on) needs verify_share 0 (--verify-share 0): verified routes are "
+                              "never pushed as a chain; --push ring shows the client every hop and is verified "
+                              "(docs/wan.md)")
 
 
 def with_settings(config: ClientConfig, initial_peers: Sequence[str], model: Optional[str],

@@ -44,6 +44,7 @@ import msgspec
 from p2pserve.config import CoordinatorConfig
 from p2pserve.coordinator.snapshot import Snapshot
 from p2pserve.dht.records import MAX_LAYER_MS, LatencyPoints, PeerInfo
+from p2pserve.dht.receipts import verify_receipt
 from p2pserve.dht.reports import ServiceReports
 from p2pserve.transport.tcp import maddr_hosts
 from p2pserve.types import PeerId
@@ -156,7 +157,9 @@ def verdicts(peers: Mapping[str, PeerInfo], reports: Sequence[ServiceReports], c
     reports count on their own, the coordinator's compute probes)."""
     # a peer counts as observed only by min_reporter_addresses independent addresses: one address
     # (however many client identities it runs) can neither vouch for a peer nor defame one
-    clients = [r for r in reports if r.reporter_id not in trusted]
+    # a client's entry on a peer counts only with that peer's receipt for the client: a key that
+    # was never served by the peer (a throwaway reporter) cannot report on it
+    clients = [receipted(r, peers) for r in reports if r.reporter_id not in trusted]
     ratios = {pid: rs for pid, rs in observed_ratios(peers, clients, cfg).items() if len(rs) >= cfg.min_reporter_addresses}
     probed = {pid: min(rs) for pid, rs in observed_ratios(
         peers, [r for r in reports if r.reporter_id in trusted], cfg).items()}
@@ -186,6 +189,14 @@ def verdicts(peers: Mapping[str, PeerInfo], reports: Sequence[ServiceReports], c
         out[pid] = Verdict(pid, one_layer(peers[pid]), rate * squeeze, "unobserved",
                            ceiling=tuple(r * squeeze for r in ref))
     return out
+
+
+def receipted(report: ServiceReports, peers: Mapping[str, PeerInfo]) -> ServiceReports:
+    """``report`` keeping only its entries that carry the reported peer's valid receipt for the
+    reporter (``dht/receipts.py``), under the reply key the peer announces now."""
+    rates = [r for r in report.rates if r.peer_id in peers
+             and verify_receipt(peers[r.peer_id].reply_key, r.peer_id, report.reporter_id, r.receipt)]
+    return report if len(rates) == len(report.rates) else msgspec.structs.replace(report, rates=rates)
 
 
 def median_table(tables: Sequence[Sequence[float]]) -> list[float]:

@@ -52,30 +52,30 @@ def make_plan(
     now: float,
     clock: Clock = clocks.monotonic,
     plan_check: Optional[CheckFactory] = None,
+    cells: Mapping[str, str] = {},
 ) -> Plan:
     """A complete Plan: targets over plannable peers, flows over served ranges.
 
     ``Plan.reason`` is the reason's text and, when the planner ran, the method it used;
     ``clock`` times the solve. ``plan_check`` builds the publish guard's check from the round's
     topology (None, or a factory returning None for it: the planner runs without the guard).
+    ``cells``: the current plan's (``Plan.cells``), which a large swarm's re-plan after a leave
+    repairs cell by cell; the new plan carries the cells of its own placement.
     """
     t0 = clock()
     ids = snap.plannable()
     targets: dict[str, LayerRange] = {}
+    cell_of: dict[str, str] = {}
     defaulted_t: list = []
     text = str(reason)
     if ids:
         topo, defaulted_t = build_topology(snap, ids, cfg)
-        # a peer without a target (new leader, rejoin) keeps what it already loads or serves
-        current = {}
-        for pid in ids:
-            p = snap.peers[pid]
-            span = current_targets.get(pid) or p.loading or p.serving
-            if span is not None:
-                current[pid] = span
+        current = _current(snap, ids, current_targets)
         check = plan_check(topo) if plan_check is not None else None
-        targets, method = plan_targets(topo, ids, current, cfg, reason.trigger, check=check)
+        targets, method, new_cells = plan_targets(topo, ids, current, cfg, reason.trigger, check=check,
+                                                  cells=cell_lists(cells))
         text = f"{text}; {method}"
+        cell_of = {pid: f"c{k}" for k, members in enumerate(new_cells) for pid in members}
     flows, value, bound, spans, defaulted_f = compute_flows(snap, cfg)
     # the bound of the *target* placement is the meaningful one: what the swarm could reach
     if ids:
@@ -95,7 +95,27 @@ def make_plan(
         defaulted_links=defaulted,
         created_at=now,
         reason=text,
+        cells=cell_of,
     )
+
+
+def _current(snap: Snapshot, ids, current_targets: Mapping[str, LayerRange]) -> dict[str, LayerRange]:
+    """Each peer's current range: its target, else (new leader, rejoin) what it already loads or serves."""
+    current = {}
+    for pid in ids:
+        p = snap.peers[pid]
+        span = current_targets.get(pid) or p.loading or p.serving
+        if span is not None:
+            current[pid] = span
+    return current
+
+
+def cell_lists(cells: Mapping[str, str]) -> list[list[str]]:
+    """``Plan.cells`` (peer id -> cell name) as lists of peer ids, one per cell, in name order."""
+    out: dict[str, list[str]] = {}
+    for pid in sorted(cells):
+        out.setdefault(cells[pid], []).append(pid)
+    return [out[c] for c in sorted(out)]
 
 
 def plan_changed(old: Optional[Plan], new: Plan, rel_tol: float = 0.01) -> bool:

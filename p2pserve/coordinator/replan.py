@@ -116,7 +116,7 @@ def replan(
     if latest_seen is not None and (basis is None or latest_seen.epoch > basis.epoch):
         basis = latest_seen
     plan = make_plan(snap, basis.targets if basis else {}, epoch=0, leader_id=leader_id, model=model, cfg=cfg,
-                     reason=reason, now=now, plan_check=plan_check)
+                     reason=reason, now=now, plan_check=plan_check, cells=basis.cells if basis else {})
     state = replace(state, summary=summary, planned_at=now)
     if not (reason.trigger.bumps_epoch or plan_changed(state.plan, plan)):
         return Decision(state, reason, solve_s=plan.solve_time)

@@ -53,10 +53,17 @@ def elected_plans(plans: Sequence["SignedPlan"], candidates: Iterable[Coordinato
     candidacy declares, under its coordinator id (``normalize`` makes keys comparable). A key that
     never stood for election, or a candidate that is not the leader, is not followed."""
     leader = elect_leader(candidates)
-    if leader is None:
-        return []
-    key = normalize(leader.public_key)
-    return [p for p in plans if p.plan.leader_id == leader.coordinator_id and normalize(p.signer) == key]
+    return [p for p in plans if _led_by(leader, p.plan.leader_id, p.signer, normalize)]
+
+
+def is_elected(leader_id: str, signer: str, candidates: Iterable[CoordinatorCandidate], normalize) -> bool:
+    """Whether a plan naming ``leader_id`` and signed by ``signer`` comes from the elected leader
+    (the rule of :func:`elected_plans`, for a plan not yet assembled)."""
+    return _led_by(elect_leader(candidates), leader_id, signer, normalize)
+
+
+def _led_by(leader: Optional[CoordinatorCandidate], leader_id: str, signer: str, normalize) -> bool:
+    return leader is not None and leader_id == leader.coordinator_id and normalize(signer) == normalize(leader.public_key)
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,9 @@ from p2pserve.types import SINK, SOURCE, LayerRange
 CHUNK_LIMIT_BYTES = 12 << 10
 MAX_CHUNKS = 4096
 DIGEST_BYTES = 16
+#: Defaulted links the index names (the plan's list can grow with the square of the peers; the
+#: index carries the first ones, which is what ``p2pserve status`` shows).
+MAX_DEFAULTED_IN_INDEX = 32
 
 
 class ChunkRef(msgspec.Struct, frozen=True, array_like=True):
@@ -68,6 +71,11 @@ class PlanIndex(msgspec.Struct, kw_only=True, frozen=True):
     solve_time: float = 0.0
     created_at: float = 0.0
     reason: str = ""
+    # machine agents' groupings (``Plan.groupings``) and the first defaulted links
+    groupings: dict[str, list[int]] = {}
+    defaulted_links: list[tuple[str, str]] = []
+    # the chunks' groups are the plan's cells (``Plan.cells``): readers get them back from the names
+    cells: bool = False
 
     def validate(self) -> None:
         """Raise :class:`RecordRejected` on malformed figures, names, digests or sizes."""
@@ -75,6 +83,8 @@ class PlanIndex(msgspec.Struct, kw_only=True, frozen=True):
         _bounded_str("leader_id", self.leader_id)
         if len(self.reason) > 4 * MAX_STR:
             raise RecordRejected("reason too long")
+        if len(self.groupings) > MAX_PEERS_IN_PLAN or len(self.defaulted_links) > MAX_DEFAULTED_IN_INDEX:
+            raise RecordRejected("too many groupings or defaulted links in plan index")
         if len(self.chunks) > MAX_CHUNKS:
             raise RecordRejected(f"{len(self.chunks)} chunks, at most {MAX_CHUNKS}")
         names = set()
@@ -191,7 +201,10 @@ def split_plan(plan: Plan, group_of: Mapping[str, str],
                limit: int = CHUNK_LIMIT_BYTES) -> tuple[PlanIndex, list[PlanChunk]]:
     """``plan`` as an index and chunks of at most ``limit`` bytes; ``group_of`` names each peer's
     group (peers it does not name go to group ``"rest"``). A group too large for one chunk is cut
-    into parts ``group.0``, ``group.1``, ... by peer id."""
+    into parts ``group.0``, ``group.1``, ... by peer id. A plan with cells is grouped by them
+    (``group_of`` is then not used)."""
+    if plan.cells:
+        group_of = plan.cells
     groups: dict[str, list[str]] = {}
     for peer in sorted(set(plan.targets) | set(plan.spans)):
         groups.setdefault(group_of.get(peer, "rest"), []).append(peer)
@@ -201,8 +214,37 @@ def split_plan(plan: Plan, group_of: Mapping[str, str],
     refs = [_ref(c, plan.epoch) for c in chunks]
     index = PlanIndex(model=plan.model, epoch=plan.epoch, leader_id=plan.leader_id, num_layers=plan.num_layers,
                       chunks=refs, max_flow=plan.max_flow, upper_bound=plan.upper_bound, solve_time=plan.solve_time,
-                      created_at=plan.created_at, reason=plan.reason[:4 * MAX_STR])
+                      created_at=plan.created_at, reason=plan.reason[:4 * MAX_STR], groupings=dict(plan.groupings),
+                      defaulted_links=list(plan.defaulted_links[:MAX_DEFAULTED_IN_INDEX]), cells=bool(plan.cells))
     return index, chunks
+
+
+def flow_groups(plan: Plan) -> dict[str, str]:
+    """Peer id -> group name: the connected parts of the plan's flow graph between peers (the
+    source and sink left out), so that a group's chunks hold whole routes. Named ``g0``, ``g1``,
+    ... in the order of their lowest peer id; peers without flows go to ``idle``."""
+    parent: dict[str, str] = {}
+
+    def root(x: str) -> str:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for f in plan.flows:
+        for end in (f.src, f.dst):
+            if end not in (SOURCE, SINK):
+                parent.setdefault(end, end)
+        if f.src not in (SOURCE, SINK) and f.dst not in (SOURCE, SINK):
+            a, b = root(f.src), root(f.dst)
+            if a != b:
+                parent[max(a, b)] = min(a, b)
+    members: dict[str, list[str]] = {}
+    for peer in parent:
+        members.setdefault(root(peer), []).append(peer)
+    names = {r: f"g{x}" for x, r in enumerate(sorted(members, key=lambda r: min(members[r])))}
+    out = {peer: names[root(peer)] for peer in parent}
+    return {peer: out.get(peer, "idle") for peer in sorted(set(plan.targets) | set(plan.spans) | set(out))}
 
 
 def _fit(plan: Plan, group: str, peers: Sequence[str], limit: int) -> list[PlanChunk]:
@@ -251,12 +293,17 @@ def delta(previous: Optional[PlanIndex], index: PlanIndex,
     return msgspec.structs.replace(index, chunks=refs), fresh
 
 
+def group_name(chunk: str) -> str:
+    """The group a chunk belongs to (``r0.1`` is part 1 of group ``r0``)."""
+    return chunk.rsplit(".", 1)[0] if "." in chunk else chunk
+
+
 def route_chunks(index: PlanIndex, group: Optional[str] = None) -> list[str]:
     """The chunks a client reads for a route: those of ``group`` (all its parts) when the index
     has it, else those of the group that takes the most flow from clients."""
     by_group: dict[str, list[ChunkRef]] = {}
     for ref in index.chunks:
-        by_group.setdefault(ref.name.rsplit(".", 1)[0] if "." in ref.name else ref.name, []).append(ref)
+        by_group.setdefault(group_name(ref.name), []).append(ref)
     if not by_group:
         return []
     if group not in by_group:
@@ -270,6 +317,7 @@ def assemble(index: PlanIndex, chunks: Mapping[str, PlanChunk]) -> Plan:
     targets: dict[str, LayerRange] = {}
     spans: dict[str, LayerRange] = {}
     flows: list[Flow] = []
+    cells: dict[str, str] = {}
     for ref in index.chunks:
         chunk = chunks.get(ref.name)
         if chunk is None:
@@ -280,10 +328,13 @@ def assemble(index: PlanIndex, chunks: Mapping[str, PlanChunk]) -> Plan:
             raise RecordRejected(f"chunk {ref.name!r} is for another model")
         targets.update(chunk.targets)
         spans.update(chunk.spans)
+        if index.cells:
+            cells.update((peer, group_name(ref.name)) for peer in (*chunk.targets, *chunk.spans))
         flows.extend(chunk.flows)
     plan = Plan(model=index.model, epoch=index.epoch, leader_id=index.leader_id, num_layers=index.num_layers,
                 targets=targets, spans=spans, flows=[f for f in flows if f.dst in spans or f.dst == SINK],
                 max_flow=index.max_flow, upper_bound=index.upper_bound, solve_time=index.solve_time,
-                created_at=index.created_at, reason=index.reason[:MAX_STR])
+                created_at=index.created_at, reason=index.reason, groupings=dict(index.groupings),
+                defaulted_links=list(index.defaulted_links), cells=cells)
     plan.validate()
     return plan

@@ -267,6 +267,10 @@ class Plan(msgspec.Struct, kw_only=True, frozen=True):
     # machine agents' groupings: machine id -> TP degrees of its groups, in slot order
     # ([2, 1, 1]: slots 0-1 as one TP-2 peer, slots 2 and 3 alone; coordinator/groupings.py)
     groupings: dict[str, list[int]] = {}
+    # peer id -> the cell it was planned in (placement/scale.py), so that a re-plan after peers
+    # leave repairs only the cells that lost them; on the DHT these are the chunks' names
+    # (dht/plan_chunks.py), so they cost no bytes of their own. Empty for small swarms.
+    cells: dict[str, str] = {}
 
     def validate(self) -> None:
         """Raise :class:`RecordRejected` on malformed ranges, negative flows, absurd sizes."""
@@ -293,6 +297,10 @@ class Plan(msgspec.Struct, kw_only=True, frozen=True):
         _finite("created_at", self.created_at, 0.0, 1e11)
         if len(self.groupings) > MAX_PEERS_IN_PLAN:
             raise RecordRejected("too many machines in plan")
+        if len(self.cells) > MAX_PEERS_IN_PLAN:
+            raise RecordRejected("too many cells in plan")
+        for peer, cell in self.cells.items():
+            _str("cell", cell)
         for machine, degrees in self.groupings.items():
             _str("machine id", machine)
             if not 1 <= len(degrees) <= MAX_MACHINE_SLOTS or sum(degrees) > MAX_MACHINE_SLOTS:

@@ -28,6 +28,7 @@ from p2pserve.dht.records import (
     _int,
     _str,
 )
+from p2pserve.dht.receipts import RECEIPT_BYTES
 from p2pserve.errors import RecordRejected
 from p2pserve.types import PeerId
 
@@ -44,6 +45,9 @@ class ObservedRate(msgspec.Struct, kw_only=True, frozen=True, array_like=True):
     rate: float  # tokens/s of one session, the measured link RTT taken out
     wall_rate: float  # tokens/s of one session, round trip as measured
     observed_at: float = 0.0  # DHT time of the newest sample
+    # the peer's signed receipt for the reporter (dht/receipts.py): without a valid one the
+    # coordinator ignores this entry (its own compute probes need none)
+    receipt: bytes = b""
 
 
 class ServiceReports(msgspec.Struct, kw_only=True, frozen=True):
@@ -88,4 +92,6 @@ class ServiceReports(msgspec.Struct, kw_only=True, frozen=True):
             if r.wall_rate > r.rate * (1 + 1e-9):
                 raise RecordRejected(f"wall_rate of {r.peer_id} above its RTT-corrected rate")
             _finite(f"observed_at of {r.peer_id}", r.observed_at, 0.0, 1e11)
+            if len(r.receipt) > RECEIPT_BYTES:
+                raise RecordRejected(f"receipt of {r.peer_id}: {len(r.receipt)} bytes, at most {RECEIPT_BYTES}")
         _finite("timestamp", self.timestamp, 0.0, 1e11)

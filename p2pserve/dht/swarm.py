@@ -34,10 +34,11 @@ from p2pserve.dht.acceptance import (
     membership_reason,
     timestamp_reason,
 )
-from p2pserve.dht.election import SignedPlan, choose_plan, elected_plans, epoch_ceiling
+from p2pserve.dht.election import SignedPlan, choose_plan
 from p2pserve.dht.evidence import derive_reply_key
 from p2pserve.dht.identity import node_key, peer_id_of
 from p2pserve.dht.node import start_dht
+from p2pserve.dht.plan_store import PlanPublisher, PlanReadRules, read_plans
 from p2pserve.dht.records import (
     CoordinatorCandidate,
     LinkInfo,
@@ -114,6 +115,8 @@ class Swarm:
         self.rejects = RejectLog(config.reject_log_interval)
         self._last_plan: Optional[tuple[SignedPlan, float]] = None  # (plan, its record's expiration)
         self._plan_expiration: dict[str, float] = {}
+        self._owned_expiration: dict[str, float] = {}
+        self._plans_out = PlanPublisher()  # what this node published as chunks, for deltas
         # signers whose entry of a kind was a tombstone at the last read (they left on purpose)
         self.withdrawn: dict[keys.RecordKind, set[str]] = {kind: set() for kind in keys.RecordKind}
         self._keys = {kind: keys.record_key(config.swarm_id, config.model, kind) for kind in keys.RecordKind}
@@ -174,7 +177,12 @@ class Swarm:
 
     async def store_owned(self, key: str, value: bytes, ttl: float) -> bool:
         """Store ``value`` under our subkey of an arbitrary ``key`` (:mod:`p2pserve.dht.plan_store`)."""
-        fut = self.dht.store(key, value, expiration_time=self._clock() + ttl, subkey=self._subkey, return_future=True)
+        # later than this key's previous store, as in _put (hivemind keeps the later expiration)
+        expiration = max(self._clock() + ttl, self._owned_expiration.get(key, 0.0) + 1e-3)
+        if len(self._owned_expiration) > 4096:
+            self._owned_expiration.clear()
+        self._owned_expiration[key] = expiration
+        fut = self.dht.store(key, value, expiration_time=expiration, subkey=self._subkey, return_future=True)
         return bool(await asyncio.wait_for(asyncio.wrap_future(fut), self.config.rpc_timeout))
 
     async def fetch_owned(self, key: str) -> list[tuple[str, bytes, float]]:
@@ -214,9 +222,11 @@ class Swarm:
         return await self._put(keys.RecordKind.COORDINATORS, encode_record(cand), self.config.candidate_ttl)
 
     async def publish_plan(self, plan: Plan) -> bool:
-        """Store (or refresh) the plan this coordinator leads with."""
+        """Store (or refresh) the plan this coordinator leads with: as an index and chunks that
+        each fit a DHT value, only the chunks that changed since the last epoch
+        (:mod:`~p2pserve.dht.plan_store`)."""
         self._check_own(plan)
-        return await self._put(keys.RecordKind.PLAN, encode_record(plan), self.config.plan_ttl)
+        return await self._plans_out.publish(self, plan, self._clock())
 
     async def announce(self, kind: keys.RecordKind, record, ttl: Optional[float] = None) -> bool:
         """Store (or refresh) this node's record of another ``kind`` (reports, evidence): it is
@@ -338,23 +348,20 @@ class Swarm:
 
     async def get_plans(self) -> list[SignedPlan]:
         """All live plans signed by trusted coordinators (in an open swarm: by the elected
-        candidate, ``election.elected_plans``), with epochs that time allows."""
-        out = []
-        expiration: dict[str, float] = {}  # only the live plans': signers come and go
-        ceiling = epoch_ceiling(self._clock() + self.config.max_clock_skew)
-        for s in await self._entries(keys.RecordKind.PLAN, Plan):
-            if not is_trusted(s.signer, self._trusted):
-                self.rejects.reject("plan", s.signer, "plan signed by a key not in trusted_coordinators")
-                continue
-            if s.record.epoch > ceiling:
-                self.rejects.reject("plan", s.signer, f"epoch {s.record.epoch} beyond what time allows ({ceiling})")
-                continue
-            expiration[s.signer] = s.expiration
-            out.append(SignedPlan(s.record, s.signer))
-        if not self._trusted and out:  # an open swarm: anyone may sign a plan, only the leader is followed
-            out = elected_plans(out, [c.record for c in await self.get_candidates()], normalize_public_key)
-        self._plan_expiration = {p.signer: expiration[p.signer] for p in out}
-        return out
+        candidate, ``election.elected_plans``), with epochs that time allows, each assembled
+        from its index and chunks (:func:`~p2pserve.dht.plan_store.read_plans`)."""
+        found = await self.read_plans()
+        self._plan_expiration = {p.signer: expiration for p, expiration in found}
+        return [p for p, _ in found]
+
+    async def read_plans(self, group: Optional[str] = None) -> list[tuple[SignedPlan, float]]:
+        """The plans :meth:`get_plans` follows with their expirations; ``group`` reads only one
+        group's chunks (``""``: the group taking the most flow, what one route needs)."""
+        rules = PlanReadRules(self._trusted, self._allowed, self.config.num_layers)
+        return await read_plans(self, rules, self._clock(), self._candidate_records, group)
+
+    async def _candidate_records(self) -> list[CoordinatorCandidate]:
+        return [c.record for c in await self.get_candidates()]
 
     async def get_plan(self) -> Optional[SignedPlan]:
         """The plan to follow: highest epoch among trusted, valid plans (``None`` if none yet).

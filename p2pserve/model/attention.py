@@ -102,15 +102,23 @@ def attention_mask(n: int, total: int, window: int | None, device) -> torch.Tens
     return mask
 
 
+def _expanded(ks: torch.Tensor, vs: torch.Tensor, expand):
+    """Cached rows [b, nKV, c, *] as SDPA's keys and values: as they are, or through ``expand``
+    (latent attention: the latent and rotary key -> per-head keys and values)."""
+    return (ks, vs) if expand is None else expand(ks, vs)
+
+
 def attend_each(layer_idx: int, q, k, v, segments, scaling: float, window: int | None,
-                sinks: torch.Tensor | None = None) -> torch.Tensor:
-    """Append k, v to each segment's cache and attend; q, k, v [T, heads, D] -> [T, nH * D]
-    (``sinks`` [nH]: attention sinks, see `sdpa`)."""
+                sinks: torch.Tensor | None = None, expand=None) -> torch.Tensor:
+    """Append k, v to each segment's cache and attend; q, k, v [T, heads, D] -> [T, nH * Dv]
+    (``sinks`` [nH]: attention sinks, see `sdpa`; Dv: the values' width after ``expand``,
+    see `_expanded`)."""
     if len(segments) == 1:  # the common case, without slicing
         n = q.shape[0]
         ks, vs = segments[0].cache.append(layer_idx, k.transpose(0, 1), v.transpose(0, 1))
         mask = attention_mask(n, ks.shape[1], window, q.device)
-        o = sdpa(q.transpose(0, 1)[None], ks[None], vs[None], mask, scaling, sinks)  # [1, nH, n, D]
+        ks, vs = _expanded(ks[None], vs[None], expand)
+        o = sdpa(q.transpose(0, 1)[None], ks, vs, mask, scaling, sinks)  # [1, nH, n, Dv]
         # With one token, [1, nH, 1, D] flattens to [1, nH * D] without the transpose.
         return o.reshape(1, -1) if n == 1 else o[0].transpose(0, 1).reshape(n, -1)
     outs = []
@@ -120,7 +128,7 @@ def attend_each(layer_idx: int, q, k, v, segments, scaling: float, window: int |
         qs = q[at : at + n].transpose(0, 1)  # [nH, n, D]
         ks, vs = seg.cache.append(layer_idx, k[at : at + n].transpose(0, 1), v[at : at + n].transpose(0, 1))
         mask = attention_mask(n, ks.shape[1], window, q.device)
-        o = sdpa(qs[None], ks[None], vs[None], mask, scaling, sinks)
+        o = sdpa(qs[None], *_expanded(ks[None], vs[None], expand), mask, scaling, sinks)
         outs.append(o[0].transpose(0, 1).reshape(n, -1))
         at += n
     return torch.cat(outs)
@@ -198,45 +206,49 @@ class PagedBatch:
         return self._masks[window]
 
     def attend(self, layer_idx: int, q, k, v, scaling: float, window: int | None,
-               sinks: torch.Tensor | None = None) -> torch.Tensor:
-        """Write this layer's k, v [T, nKV, D] and attend q [T, nH, D]: -> [T, nH * D]."""
+               sinks: torch.Tensor | None = None, expand=None) -> torch.Tensor:
+        """Write this layer's k, v [T, nKV, D] and attend q [T, nH, D]: -> [T, nH * Dv] (the
+        cached rows go through ``expand`` first when given, see `_expanded`; ``sinks``: see `sdpa`)."""
         pool, i = self.pool, layer_idx - self.lo
         write = self.write[i]
         pool.k.index_copy_(0, write, k)
         pool.v.index_copy_(0, write, v)
         if self.groups is not None:
-            return self._attend_groups(i, q, scaling, window, sinks)
+            return self._attend_groups(i, q, scaling, window, sinks, expand)
         read = self.read[i]  # [b, mk]
         b, nH, D = read.shape[0], q.shape[1], q.shape[2]
         # index_select on [S, nKV * D] rows: several times faster than advanced indexing on CPU.
-        shape = (b, self.mk, pool.k.shape[1], D)
-        keys = pool.k.view(pool.k.shape[0], -1).index_select(0, read.view(-1)).view(shape).transpose(1, 2)
-        values = pool.v.view(pool.v.shape[0], -1).index_select(0, read.view(-1)).view(shape).transpose(1, 2)
+        keys = pool.k.view(pool.k.shape[0], -1).index_select(0, read.view(-1))
+        values = pool.v.view(pool.v.shape[0], -1).index_select(0, read.view(-1))
+        keys, values = _expanded(keys.view(b, self.mk, *pool.k.shape[1:]).transpose(1, 2),
+                                 values.view(b, self.mk, *pool.v.shape[1:]).transpose(1, 2), expand)
         if self.dense:
             qp = q[:, :, None]  # [b, nH, 1, D]
         else:
             qp = q.new_zeros(b * self.mq, nH, D).index_copy_(0, self.q_rows, q)
             qp = qp.view(b, self.mq, nH, D).transpose(1, 2)  # [b, nH, mq, D]
-        o = sdpa(qp, keys, values, self.mask(window), scaling, sinks)  # [b, nH, mq, D]
+        o = sdpa(qp, keys, values, self.mask(window), scaling, sinks)  # [b, nH, mq, Dv]
+        Dv = o.shape[-1]
         if self.dense:
-            return o.reshape(b, nH * D)
-        return o.transpose(1, 2).reshape(b * self.mq, nH * D).index_select(0, self.q_rows)
+            return o.reshape(b, nH * Dv)
+        return o.transpose(1, 2).reshape(b * self.mq, nH * Dv).index_select(0, self.q_rows)
 
-    def _attend_groups(self, i: int, q, scaling: float, window: int | None, sinks=None) -> torch.Tensor:
-        """The exact mode: one SDPA call per group of equal shapes; q [T, nH, D] -> [T, nH * D]."""
+    def _attend_groups(self, i: int, q, scaling: float, window: int | None, sinks=None,
+                       expand=None) -> torch.Tensor:
+        """The exact mode: one SDPA call per group of equal shapes; q [T, nH, D] -> [T, nH * Dv]."""
         pool = self.pool
         T, nH, D = q.shape
         k_rows, v_rows = pool.k.view(pool.k.shape[0], -1), pool.v.view(pool.v.shape[0], -1)
-        out = None if self.in_order else q.new_empty(T, nH * D)
+        out = None
         # With several intra-op threads, CPU SDPA splits a lone decode query's keys across
         # threads, which a batch of them does not: the reduction order then depends on the
         # batch, so decode groups run member by member there (per-sequence cost, same bits).
         split = torch.get_num_threads() > 1
         for g in self.groups:
             size, n, total = len(g.members), g.n, g.total
-            shape = (size, total, pool.k.shape[1], D)
-            keys = k_rows.index_select(0, g.read[i].view(-1)).view(shape).transpose(1, 2)  # [g, nKV, total, D]
-            values = v_rows.index_select(0, g.read[i].view(-1)).view(shape).transpose(1, 2)
+            keys = k_rows.index_select(0, g.read[i].view(-1)).view(size, total, *pool.k.shape[1:]).transpose(1, 2)
+            values = v_rows.index_select(0, g.read[i].view(-1)).view(size, total, *pool.v.shape[1:]).transpose(1, 2)
+            keys, values = _expanded(keys, values, expand)  # [g, nKV | nH, total, D | Dv]
             qg = q if self.in_order else q.index_select(0, g.tokens)  # [g * n, nH, D], sequence-major
             qg = qg.view(size, n, nH, D).transpose(1, 2)  # [g, nH, n, D]
             mask = g.mask(window, q.device)
@@ -244,10 +256,12 @@ class PagedBatch:
                 o = torch.cat([sdpa(qg[j : j + 1], keys[j : j + 1], values[j : j + 1], mask, scaling, sinks)
                                for j in range(size)])
             else:
-                o = sdpa(qg, keys, values, mask, scaling, sinks)  # [g, nH, n, D]
-            o = o.reshape(size, nH * D) if n == 1 else o.transpose(1, 2).reshape(size * n, nH * D)
+                o = sdpa(qg, keys, values, mask, scaling, sinks)  # [g, nH, n, Dv]
+            Dv = o.shape[-1]
+            o = o.reshape(size, nH * Dv) if n == 1 else o.transpose(1, 2).reshape(size * n, nH * Dv)
             if self.in_order:
                 return o
+            out = q.new_empty(T, nH * Dv) if out is None else out
             out.index_copy_(0, g.tokens, o)
         return out
 

@@ -35,6 +35,7 @@ _CHECKPOINT_LAYOUT: dict[str, tuple[str, tuple[str, str, str]]] = {
     "qwen3_moe": ("mlp.", ("gate_proj", "up_proj", "down_proj")),
     "mixtral": ("block_sparse_moe.", ("w1", "w3", "w2")),
     "glm4_moe": ("mlp.", ("gate_proj", "up_proj", "down_proj")),
+    "deepseek_v3": ("mlp.", ("gate_proj", "up_proj", "down_proj")),
 }
 # GPT-OSS checkpoints store the experts already fused (or as MXFP4 blocks of the fused form,
 # model/mxfp4.py), so they need no layout entry.
@@ -70,7 +71,7 @@ def expert_shape(cfg: dict, num_layers: int) -> ExpertShape | None:
     if family == "gpt_oss":  # every layer routed; experts have biases and a router bias
         return ExpertShape(int(cfg.get("num_local_experts", 32)), int(cfg.get("num_experts_per_tok", 4)),
                            int(cfg["intermediate_size"]), num_layers)
-    if family == "glm4_moe":  # the first first_k_dense_replace layers are dense
+    if family in ("glm4_moe", "deepseek_v3"):  # the first first_k_dense_replace layers are dense
         width = int(cfg.get("moe_intermediate_size", 1408))
         return ExpertShape(int(cfg.get("n_routed_experts", 128)), int(cfg.get("num_experts_per_tok", 8)), width,
                            max(0, num_layers - int(cfg.get("first_k_dense_replace", 1))),

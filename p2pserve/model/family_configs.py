@@ -355,6 +355,65 @@ GPT_OSS_20B = {
     "vocab_size": 201088,
 }
 
+# DeepSeek-V3 (671B-A37B, model_type deepseek_v3): multi-head latent attention (128 heads; q through a
+# rank-1536 bottleneck; keys and values expanded from one cached latent of 512 plus a 64-wide rotary
+# key shared by every head; qk head 128 + 64, value head 128), YaRN rope (factor 40 over 4096
+# positions, mscale folded into the softmax scale), rotary dims interleaved in pairs; 256 routed
+# experts of width 2048, 8 per token chosen in groups (8 groups, the best 4 by the sum of their top-2
+# sigmoid scores plus a correction bias), scaled by 2.5, plus one shared expert; the first 3 layers
+# dense. The hub checkpoint stores block-FP8 weights (``quantization_config``), which p2pserve
+# refuses (a bf16 conversion serves); the tiny copies leave it out. Its multi-token-prediction layer
+# after the last (num_nextn_predict_layers) is not served.
+DEEPSEEK_V3 = {
+    "architectures": ["DeepseekV3ForCausalLM"],
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "bos_token_id": 0,
+    "eos_token_id": 1,
+    "first_k_dense_replace": 3,
+    "hidden_act": "silu",
+    "hidden_size": 7168,
+    "initializer_range": 0.02,
+    "intermediate_size": 18432,
+    "kv_lora_rank": 512,
+    "max_position_embeddings": 163840,
+    "model_type": "deepseek_v3",
+    "moe_intermediate_size": 2048,
+    "moe_layer_freq": 1,
+    "n_group": 8,
+    "n_routed_experts": 256,
+    "n_shared_experts": 1,
+    "norm_topk_prob": True,
+    "num_attention_heads": 128,
+    "num_experts_per_tok": 8,
+    "num_hidden_layers": 61,
+    "num_key_value_heads": 128,
+    "num_nextn_predict_layers": 1,
+    "q_lora_rank": 1536,
+    "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64,
+    "rms_norm_eps": 1e-06,
+    "rope_scaling": {
+        "beta_fast": 32,
+        "beta_slow": 1,
+        "factor": 40,
+        "mscale": 1.0,
+        "mscale_all_dim": 1.0,
+        "original_max_position_embeddings": 4096,
+        "type": "yarn",
+    },
+    "rope_theta": 10000,
+    "routed_scaling_factor": 2.5,
+    "scoring_func": "sigmoid",
+    "tie_word_embeddings": False,
+    "topk_group": 4,
+    "topk_method": "noaux_tc",
+    "torch_dtype": "bfloat16",
+    "use_cache": True,
+    "v_head_dim": 128,
+    "vocab_size": 129280,
+}
+
 # Gemma 2 2B it: a family this version does not run (tests check the refusal names it).
 GEMMA_2_2B_IT = {
     "architectures": ["Gemma2ForCausalLM"],
@@ -457,4 +516,15 @@ FAMILIES["gpt-oss"] = dict(
     # The harmony format, without its system preamble and channels.
     template=("{% for m in messages %}<|start|>{{ m['role'] }}<|message|>{{ m['content'] }}<|end|>{% endfor %}"
               "{% if add_generation_prompt %}<|start|>assistant{% endif %}"),
+)
+FAMILIES["deepseek-v3"] = dict(
+    hub="deepseek-ai/DeepSeek-V3", config=DEEPSEEK_V3,
+    generation={"bos_token_id": 0, "eos_token_id": 1, "do_sample": True, "temperature": 0.6, "top_p": 0.95},
+    tokens={0: "<｜begin▁of▁sentence｜>", 1: "<｜end▁of▁sentence｜>", 2: "<｜▁pad▁｜>", 128803: "<｜User｜>",
+            128804: "<｜Assistant｜>"},
+    bos="<｜begin▁of▁sentence｜>", eos="<｜end▁of▁sentence｜>", pad="<｜▁pad▁｜>",
+    template=("{{ bos_token }}{% for m in messages %}{% if m['role'] == 'user' %}<｜User｜>{{ m['content'] }}"
+              "{% elif m['role'] == 'assistant' %}<｜Assistant｜>{{ m['content'] }}<｜end▁of▁sentence｜>"
+              "{% else %}{{ m['content'] }}{% endif %}{% endfor %}"
+              "{% if add_generation_prompt %}<｜Assistant｜>{% endif %}"),
 )

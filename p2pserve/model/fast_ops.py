@@ -19,6 +19,10 @@ from p2pserve.model.experts import run_moe
 
 log = logging.getLogger(__name__)
 
+# Families whose decoder layer, attention, MLP and RMSNorm math `Shard._layer_fast` reproduces (checked
+# against transformers 5.x): pre-norm, optional q/k/v biases (Qwen2), optional per-head q/k
+# RMSNorm (Qwen3), gated MLP ``down(act(gate(x)) * up(x))``, attention sinks and biased experts
+# (GPT-OSS). Latent attention (DeepSeek-V3) runs the module path.
 FAST_FAMILIES = frozenset({"llama", "mistral", "qwen2", "qwen3", "phi3", "qwen3_moe", "mixtral", "glm4_moe",
                            "gpt_oss"})
 

@@ -35,7 +35,9 @@ from p2pserve.model.attention import LayerCache, PagedBatch, attend_each, paged_
 from p2pserve.model.checkpoint import CheckpointIndex
 from p2pserve.model.experts import MOE_FAMILIES, fuse_layer_tensors, mlp_of
 from p2pserve.model.fast_ops import LayerPlan, Norm, build_layer_plans, gated_mlp, linear, qkv_of, rms_norm, rope
+from p2pserve.model.latent_attention import expander, is_latent_attention, latent_qkv
 from p2pserve.model.quant import quantize_layers
+from p2pserve.model.rotary import is_dynamic_rope, rotary_rows
 from p2pserve.model.mxfp4 import dequantize_state
 from p2pserve.model.spec import HALF_TABLE_ROPE_FAMILIES, SUPPORTED_FAMILIES, ModelSpec
 
@@ -73,13 +75,9 @@ class Segment:
         return int(self.inputs.shape[0])
 
 
-# Families whose decoder layer, attention, MLP and RMSNorm math `_layer_fast` reproduces (checked
-# against transformers 5.x): pre-norm, optional q/k/v biases (Qwen2), optional per-head q/k
-# RMSNorm (Qwen3), gated MLP ``down(act(gate(x)) * up(x))``.
 # Rotary types that rescale their frequencies with the sequence length (transformers'
 # ``dynamic_rope_update``): their cos/sin are computed every step. Every other type's cos/sin of
 # a position never change, so they are computed once into a table and sliced.
-_DYNAMIC_ROPE = ("dynamic", "longrope")
 _ROPE_TABLE_MIN = 256  # positions computed at once when the rotary table first grows
 
 
@@ -129,7 +127,8 @@ class Shard(torch.nn.Module):
         self._plan_built = False
         self._head: tuple[Norm, torch.Tensor, torch.Tensor | None] | None = None
         self._rope_table: tuple[torch.Tensor, torch.Tensor] | None = None
-        self._dynamic_rope = _is_dynamic_rope(self.rotary)
+        self._dynamic_rope = is_dynamic_rope(self.rotary)
+        self._half_table = spec.family in HALF_TABLE_ROPE_FAMILIES  # one cos/sin per frequency
         self._paged: PagedBatch | None = None  # this step's batched attention, while one runs
         self._compiled = None  # CompiledLayers once ``enable_compile`` ran (model/compiled_step.py)
 
@@ -251,25 +250,17 @@ class Shard(torch.nn.Module):
                 positions = torch.arange(s.position, s.position + s.n)
                 if end > s.position + s.n:
                     positions = torch.cat((positions, torch.tensor([end - 1])))
-                cos, sin = self._rotary_rows(positions.to(self.device), like)
+                cos, sin = rotary_rows(self.rotary, positions.to(self.device), like, self._half_table)
                 rows.append((cos[: s.n], sin[: s.n]))
             return rows
         need = max(s.position + s.n for s in segments)
         table = self._rope_table
         if table is None or table[0].shape[0] < need or table[0].dtype != like.dtype:
             size = max(need, _ROPE_TABLE_MIN, 2 * table[0].shape[0] if table is not None else 0)
-            table = self._rope_table = self._rotary_rows(torch.arange(size, device=self.device), like)
+            table = self._rope_table = rotary_rows(self.rotary, torch.arange(size, device=self.device), like,
+                                                   self._half_table)
         cos, sin = table
         return [(cos[s.position : s.position + s.n], sin[s.position : s.position + s.n]) for s in segments]
-
-    def _rotary_rows(self, positions: torch.Tensor, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The rotary module's cos, sin for ``positions`` [T], as [T, 1, D] cos and sin_signed."""
-        cos, sin = self.rotary(like[None], positions[None])
-        cos, sin = cos[0, :, None, :], sin[0, :, None, :]  # [T, 1, D] ([T, 1, D/2]: one per frequency)
-        if self.spec.family in HALF_TABLE_ROPE_FAMILIES:  # both halves of a head turn by the same angles
-            cos, sin = torch.cat((cos, cos), -1), torch.cat((sin, sin), -1)
-        half = sin.shape[-1] // 2
-        return cos, torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
 
     # ------------------------------------------------------------------ compute
     @torch.inference_mode()
@@ -354,7 +345,11 @@ class Shard(torch.nn.Module):
         T = x.shape[0]
         D = self.spec.head_dim
         h = layer.input_layernorm(x)
-        if hasattr(attn, "qkv_proj"):  # Phi-3: one fused [H, (nH + 2 nKV) D] projection
+        expand = None
+        if is_latent_attention(attn):  # DeepSeek-V3: its cache holds a latent (model/latent_attention.py)
+            q, k, v = latent_qkv(attn, h, cos, sin)  # [T, nH, qk] (rotated), latent [T, 1, r], rotary key [T, 1, R]
+            expand = expander(attn)
+        elif hasattr(attn, "qkv_proj"):  # Phi-3: one fused [H, (nH + 2 nKV) D] projection
             q_size, kv_size = self.spec.num_heads * D, self.spec.num_kv_heads * D
             q, k, v = attn.qkv_proj(h).split((q_size, kv_size, kv_size), dim=-1)
             q, k, v = q.reshape(T, -1, D), k.reshape(T, -1, D), v.reshape(T, -1, D)
@@ -364,8 +359,9 @@ class Shard(torch.nn.Module):
             v = attn.v_proj(h).view(T, -1, D)
         if hasattr(attn, "q_norm"):  # Qwen3: per-head RMSNorm before RoPE
             q, k = attn.q_norm(q), attn.k_norm(k)
-        q, k = rope(q, k, cos, sin)
-        o = self._attention(layer_idx, q, k, v, segments, attn.scaling)
+        if expand is None:
+            q, k = rope(q, k, cos, sin)
+        o = self._attention(layer_idx, q, k, v, segments, attn.scaling, expand)
         x = x + attn.o_proj(o)
         return x + mlp_of(layer.mlp, layer.post_attention_layernorm(x))
 
@@ -385,15 +381,12 @@ class Shard(torch.nn.Module):
         x = linear(o, *p.o).add_(x)  # x + o_proj(o)
         return x.add_(gated_mlp(rms_norm(x, p.post_norm), p))  # x + down(act(gate(h)) * up(h))
 
-    def _attention(self, layer_idx: int, q, k, v, segments: list[Segment], scaling: float) -> torch.Tensor:
-        """Append k, v to each segment's cache and attend; q, k, v [T, heads, D] -> [T, nH * D]."""
+    def _attention(self, layer_idx: int, q, k, v, segments: list[Segment], scaling: float, expand=None):
+        """Append k, v to each segment's cache and attend; q, k, v [T, heads, D] -> [T, nH * Dv]
+        (``expand``: latent attention's cached rows -> per-head keys and values)."""
         window = self.windows[layer_idx - self.start]
         sinks = getattr(self.layers[layer_idx - self.start].self_attn, "sinks", None)  # [nH] (GPT-OSS)
         if self._paged is not None:
-            return self._paged.attend(layer_idx, q, k, v, scaling, window, sinks)
-        return attend_each(layer_idx, q, k, v, segments, scaling, window, sinks)
+            return self._paged.attend(layer_idx, q, k, v, scaling, window, sinks, expand)
+        return attend_each(layer_idx, q, k, v, segments, scaling, window, sinks, expand)
 
-
-def _is_dynamic_rope(rotary) -> bool:
-    rope_type = getattr(rotary, "rope_type", "default")
-    return not isinstance(rope_type, str) or any(t in rope_type for t in _DYNAMIC_ROPE)

@@ -15,6 +15,7 @@ from p2pserve.dtypes import DTYPE_SIZES, MODEL_DTYPES
 from p2pserve.errors import UnknownModelError, UnsupportedModelError
 from p2pserve.model.checkpoint_id import checkpoint_id
 from p2pserve.model.experts import expert_shape
+from p2pserve.model.latent_attention import LatentShape, latent_shape
 from p2pserve.model.quant import BYTES_PER_WEIGHT, check_quant, with_quant
 
 # model_type -> (transformers module, class-name prefix). These families share the Llama
@@ -24,6 +25,8 @@ from p2pserve.model.quant import BYTES_PER_WEIGHT, check_quant, with_quant
 # (model/experts.py); GLM-4.5 adds a shared expert to its routed ones, q/k/v biases and partial
 # rotary. GPT-OSS adds attention sinks, q/k/v/o biases, alternating sliding-window and full
 # layers, YaRN rope and biased experts (MXFP4 in its official checkpoints, model/mxfp4.py).
+# DeepSeek-V3 has multi-head latent attention (model/latent_attention.py: its cache is one
+# compressed latent per token) and GLM-4.5's kind of routing, in groups.
 # docs/models.md says what each family's checkpoints look like and what the tests prove.
 SUPPORTED_FAMILIES: dict[str, tuple[str, str]] = {
     "llama": ("transformers.models.llama.modeling_llama", "Llama"),
@@ -35,6 +38,7 @@ SUPPORTED_FAMILIES: dict[str, tuple[str, str]] = {
     "mixtral": ("transformers.models.mixtral.modeling_mixtral", "Mixtral"),
     "glm4_moe": ("transformers.models.glm4_moe.modeling_glm4_moe", "Glm4Moe"),
     "gpt_oss": ("transformers.models.gpt_oss.modeling_gpt_oss", "GptOss"),
+    "deepseek_v3": ("transformers.models.deepseek_v3.modeling_deepseek_v3", "DeepseekV3"),
 }
 # Families whose attention rotates only part of each head (``partial_rotary_factor`` < 1), as the
 # shard's `rope` reproduces: GLM-4.5 rotates the first half of each 128-wide head.
@@ -79,6 +83,7 @@ class ModelSpec:
     expert_intermediate_size: int = 0
     moe_layers: int = 0
     shared_expert_intermediate_size: int = 0  # shared experts every token runs in routed layers (GLM-4.5)
+    latent: LatentShape | None = None  # multi-head latent attention's widths (DeepSeek-V3), else None
 
     @property
     def dtype_bytes(self) -> int:
@@ -91,14 +96,26 @@ class ModelSpec:
         return self.hidden_size * self.dtype_bytes
 
     @property
+    def kv_layout(self) -> tuple[int, int, int]:
+        """(heads, K width, V width) of one token's row in one layer's cache: nKV, D, D; with
+        latent attention one "head" of the compressed latent (kv_lora_rank) as K and the shared
+        rotary key (qk_rope_head_dim) as V."""
+        if self.latent is not None:
+            return 1, self.latent.kv_lora_rank, self.latent.qk_rope_head_dim
+        return self.num_kv_heads, self.head_dim, self.head_dim
+
+    @property
     def kv_bytes_per_token_layer(self) -> int:
-        """Bytes of K and V one token occupies in one layer's cache."""
-        return 2 * self.num_kv_heads * self.head_dim * self.dtype_bytes
+        """Bytes one token occupies in one layer's cache: K and V, or the latent and rotary key."""
+        heads, k, v = self.kv_layout
+        return heads * (k + v) * self.dtype_bytes
 
     def _layer_params(self, experts: int) -> int:
         """Weights of an average layer when ``experts`` experts of each routed layer count."""
         h, kv = self.hidden_size, self.num_kv_heads * self.head_dim
         attn = h * self.num_heads * self.head_dim * 2 + h * kv * 2
+        if self.latent is not None:
+            attn = self.latent.attention_params(h, self.num_heads)
         dense = 3 * h * self.intermediate_size
         if not self.num_experts:
             return attn + dense
@@ -170,6 +187,7 @@ def load_spec(model_path: str | os.PathLike, dtype: str | None = None, quant: st
         expert_intermediate_size=experts.expert_intermediate_size if experts else 0,
         moe_layers=experts.moe_layers if experts else 0,
         shared_expert_intermediate_size=experts.shared_intermediate_size if experts else 0,
+        latent=latent_shape(cfg),
     )
 
 
@@ -189,7 +207,7 @@ def check_supported(cfg: dict, model_path: str | os.PathLike = "") -> str:
 
     Beyond the family, a feature the shard's attention does not reproduce is refused here too,
     so a peer and a client fail at start with the reason instead of serving wrong tokens:
-    partial rotary embeddings (Phi-4-mini's ``partial_rotary_factor`` 0.75).
+    partial rotary embeddings (Phi-4-mini's ``partial_rotary_factor`` 0.75), block-FP8 weights.
     """
     family = cfg.get("model_type")
     where = f" at {model_path}" if str(model_path) else ""
@@ -198,6 +216,12 @@ def check_supported(cfg: dict, model_path: str | os.PathLike = "") -> str:
             f"model family {family!r}{where} is not supported (config.json model_type); "
             f"supported families: {', '.join(sorted(SUPPORTED_FAMILIES))}",
             family=family if isinstance(family, str) else None,
+        )
+    quant = cfg.get("quantization_config") or {}
+    if isinstance(quant, dict) and quant.get("quant_method") == "fp8":  # DeepSeek-V3's hub checkpoint
+        raise UnsupportedModelError(
+            f"model family {family!r}{where}: block-FP8 checkpoints (quantization_config fp8) are not "
+            "dequantized; serve a bf16 conversion of it", family=family,
         )
     rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
     partial = cfg.get("partial_rotary_factor", rope.get("partial_rotary_factor", 1.0) if isinstance(rope, dict) else 1.0)

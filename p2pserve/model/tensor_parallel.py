@@ -8,10 +8,11 @@ Megatron-style split of each decoder layer over ``world`` ranks (rank r of w):
 * o_proj by its input columns (the same heads), MLP gate/up by output rows, down by input
   columns; each rank's o_proj and down_proj give a partial sum [T, H], and one all-reduce (sum)
   after each makes the full residual update on every rank;
-* routed experts (Qwen3-MoE, Mixtral) by each expert's MLP width, as a dense MLP is split: every
-  rank holds every expert's gate/up rows and down columns of its share, the router is replicated
-  (every rank routes the same all-reduced x alike), and the experts' weighted sum is the partial
-  sum all-reduced after the MLP;
+* routed experts (Qwen3-MoE, Mixtral, GLM-4.5) by each expert's MLP width, as a dense MLP is split:
+  every rank holds every expert's gate/up rows and down columns of its share, the router is
+  replicated (every rank routes the same all-reduced x alike), and the experts' weighted sum is
+  the partial sum all-reduced after the MLP; GLM-4.5's shared expert splits by its width too (its
+  partial sum joins the experts'), and its dense first layers by theirs;
 * norms (and Qwen3's per-head q/k norms) replicated; biases of o_proj/down only on rank 0, so the
   sum adds them once. Embeddings, the final norm and the LM head stay on rank 0 only: the other
   ranks receive hidden states [T, H] that rank 0 embedded.
@@ -45,13 +46,16 @@ def check_splittable(spec: ModelSpec, world: int) -> None:
         raise ConfigError(f"tensor-parallel size must be >= 1, got {world}")
     if spec.quant:
         raise ConfigError("tensor parallelism does not combine with --quant")
-    mlp = (("moe_intermediate_size", spec.expert_intermediate_size) if spec.num_experts
-           else ("intermediate_size", spec.intermediate_size))
     if spec.family == "gpt_oss":  # its sinks, o_proj bias and biased experts have no split here yet
         raise ConfigError("tensor parallelism does not split gpt_oss (attention sinks, biased experts) yet")
-    if spec.num_experts and spec.moe_layers != spec.num_layers:
-        raise ConfigError("tensor parallelism needs every layer routed (no mlp_only_layers) in a mixture-of-experts model")
-    for what, n in (("attention heads", spec.num_heads), ("num_key_value_heads", spec.num_kv_heads), mlp):
+    if spec.latent is not None:  # its heads share one cached latent: splitting needs its own slicing
+        raise ConfigError("tensor parallelism does not split multi-head latent attention (DeepSeek-V3) yet")
+    widths = [("moe_intermediate_size", spec.expert_intermediate_size)] if spec.num_experts else []
+    if spec.moe_layers < spec.num_layers:  # dense layers (all of a dense model; GLM-4.5's first ones)
+        widths.append(("intermediate_size", spec.intermediate_size))
+    if spec.shared_expert_intermediate_size:
+        widths.append(("the shared experts' width", spec.shared_expert_intermediate_size))
+    for what, n in (("attention heads", spec.num_heads), ("num_key_value_heads", spec.num_kv_heads), *widths):
         if n % world:
             raise ConfigError(f"tensor parallelism over {world} devices needs {what} ({n}) divisible by {world}")
 
@@ -82,12 +86,13 @@ def _columns(linear_mod: torch.nn.Linear, a: int, b: int, keep_bias: bool) -> No
 def slice_layer(layer: torch.nn.Module, spec: ModelSpec, rank: int, world: int) -> None:
     """Cut one decoder layer (in place) down to rank ``rank``'s share of heads and MLP columns."""
     D = spec.head_dim
-    width = spec.expert_intermediate_size if spec.num_experts else spec.intermediate_size
+    attn, m = layer.self_attn, layer.mlp
+    # A routed layer's experts split by their width; a dense layer (GLM-4.5's first) by its own.
+    width = spec.expert_intermediate_size if hasattr(m, "experts") else spec.intermediate_size
     nh, nkv, inter = spec.num_heads // world, spec.num_kv_heads // world, width // world
     q = (rank * nh * D, (rank + 1) * nh * D)  # rows of q_proj / columns of o_proj
     kv = (rank * nkv * D, (rank + 1) * nkv * D)
     mlp = (rank * inter, (rank + 1) * inter)
-    attn, m = layer.self_attn, layer.mlp
     if hasattr(attn, "qkv_proj"):  # Phi-3: rows [q | k | v] of one fused projection
         qs, kvs = spec.num_heads * D, spec.num_kv_heads * D
         _rows(attn.qkv_proj, [q, (qs + kv[0], qs + kv[1]), (qs + kvs + kv[0], qs + kvs + kv[1])])
@@ -102,6 +107,12 @@ def slice_layer(layer: torch.nn.Module, spec: ModelSpec, rank: int, world: int) 
                                            e.gate_up_proj[:, width + mlp[0]:width + mlp[1]]), dim=1))
         e.down_proj = _param(e.down_proj[:, :, mlp[0]:mlp[1]])
         e.intermediate_dim = inter
+        shared = getattr(m, "shared_experts", None)  # GLM-4.5: a dense MLP every token runs, split alike
+        if shared is not None:
+            part = shared.gate_proj.weight.shape[0] // world
+            for lin in (shared.gate_proj, shared.up_proj):
+                _rows(lin, [(rank * part, (rank + 1) * part)])
+            _columns(shared.down_proj, rank * part, (rank + 1) * part, keep_bias=rank == 0)
     elif hasattr(m, "gate_up_proj"):  # Phi-3: rows [gate | up]
         _rows(m.gate_up_proj, [mlp, (spec.intermediate_size + mlp[0], spec.intermediate_size + mlp[1])])
     else:

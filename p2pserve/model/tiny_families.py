@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from p2pserve.model.family_configs import FAMILIES, MISTRAL_V0_1_SLIDING_WINDOW
+from p2pserve.model.family_configs import DEEPSEEK_V3, FAMILIES, MISTRAL_V0_1_SLIDING_WINDOW
 from p2pserve.model.mxfp4 import quantize_mxfp4
 from p2pserve.model.shard import TORCH_DTYPES
 from p2pserve.model.tiny import build_tokenizer, randomize_weights
@@ -51,14 +51,26 @@ _SHAPES: dict[str, dict] = {
                       num_experts_per_tok=2, num_attention_heads=16, num_key_value_heads=2, max_window_layers=6),
     "mixtral": dict(hidden_size=512, intermediate_size=128, num_attention_heads=4, num_key_value_heads=1,
                     num_local_experts=8, num_experts_per_tok=2),
-    # GLM-4.5: GQA 12:1 (96:8 rounded), one dense layer before the routed ones (3 of 92 in the real one).
+    # GLM-4.5: GQA 12:1 (96:8) with two KV heads, so tensor parallelism over 2 ranks can split it; one
+    # dense layer before the routed ones (3 of 92 in the real one).
     "glm4.5": dict(hidden_size=256, intermediate_size=384, moe_intermediate_size=64, n_routed_experts=8,
-                   num_experts_per_tok=2, num_attention_heads=12, num_key_value_heads=1, first_k_dense_replace=1),
+                   num_experts_per_tok=2, num_attention_heads=24, num_key_value_heads=2, first_k_dense_replace=1),
     # GPT-OSS: GQA 8:1 (64:8), head_dim 64, sinks, YaRN unchanged; the window/full alternation kept
     # and the window scaled by 1/8 (128 -> 16: a 1/64 window of 2 would hide nearly every key).
     "gpt-oss": dict(hidden_size=256, intermediate_size=64, num_local_experts=8, num_experts_per_tok=2,
                     experts_per_token=2, num_attention_heads=8, num_key_value_heads=1, sliding_window=16),
+    # DeepSeek-V3: head widths kept (qk 128 + 64, v 128), the latent and q bottleneck scaled with the
+    # hidden size (512 -> 128, 1536 -> 192); 8 experts in 4 groups, the best 2 groups, 2 per token;
+    # YaRN's original 4096 positions and the context scaled by 1/64 (factor 40 kept).
+    "deepseek-v3": dict(hidden_size=256, intermediate_size=384, moe_intermediate_size=64, n_routed_experts=8,
+                        num_experts_per_tok=2, n_group=4, topk_group=2, num_attention_heads=4, num_key_value_heads=4,
+                        kv_lora_rank=128, q_lora_rank=192, first_k_dense_replace=1,
+                        max_position_embeddings=163840 // _CONTEXT_SCALE,
+                        rope_scaling=dict(DEEPSEEK_V3["rope_scaling"], original_max_position_embeddings=4096 // _CONTEXT_SCALE)),
 }
+# Families whose router adds a learned correction bias to its scores before choosing (a buffer the
+# seeded parameter draw does not reach): drawn too, so the tests route as a trained model would.
+_ROUTER_BIAS = frozenset({"deepseek-v3"})
 
 
 def family_tokenizer(family: str):
@@ -114,6 +126,8 @@ def build_family_model(family: str, out_dir: str | Path, seed: int = 0, num_laye
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     randomize_weights(model, seed)
+    if family in _ROUTER_BIAS:
+        _randomize_router_bias(model, seed)
     model.to(TORCH_DTYPES[dtype])
     ids = _id_map(family, tokenizer)
     model.generation_config = GenerationConfig(**{
@@ -164,3 +178,12 @@ def _mapped(value, ids: dict[int, int]):
     if isinstance(value, list):
         return [ids[v] for v in value]
     return None if value is None else ids[value]
+
+
+def _randomize_router_bias(model, seed: int) -> None:
+    """Seeded std-0.1 values for every router's ``e_score_correction_bias`` [E]."""
+    gen = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                b.copy_(0.1 * torch.randn(b.shape, generator=gen))

@@ -38,6 +38,29 @@ class StreamQuota:
         self.by_owner[owner] += 1
         self.total += 1
 
+    def charge(self, stream, owner_stream) -> None:
+        """Count ``stream`` (an ``InboundStream`` counted so far against ``stream.charged``)
+        against the client behind ``owner_stream`` (the stream that opened the session ``stream``
+        drives; nothing to do when it is ``stream`` itself): a forwarded stream, pushing into a
+        session that client opened, is that client's, not the forwarding peer's (else one client
+        could use up a peer's allowance at its next hops, and honest clients' pushes through it
+        would then fail). OverloadedError (nothing moved, and ``stream.over_quota`` set: the
+        handler ends it after the refusal, so the forwarding peer's allowance is not held by it)
+        when that client is at its bound."""
+        owner = owner_stream.remote
+        if owner_stream is stream or stream.charged == owner:
+            return
+        if self.by_owner[owner] >= self.bounds.max_streams_per_owner:
+            stream.over_quota = True
+            raise OverloadedError(
+                f"the client that opened this session already has {self.bounds.max_streams_per_owner} "
+                f"streams open to this peer, its forwarded ones included"
+            )
+        self.by_owner[owner] += 1
+        self.total += 1
+        self.leave(stream.charged)
+        stream.charged = owner
+
     def leave(self, owner: str) -> None:
         """Uncount a stream that ended."""
         self.total -= 1

@@ -64,15 +64,19 @@ class KVBudget:
     def free_fraction(self) -> float:
         return self.free / self.capacity if self.capacity else 0.0
 
-    def bind(self, num_kv_heads: int, head_dim: int, dtype, device="cpu") -> None:
-        """Make the storage (once); a pool serves one model, so later calls must agree."""
+    def bind(self, num_kv_heads: int, head_dim: int, dtype, device="cpu", v_dim: int | None = None) -> None:
+        """Make the storage (once); a pool serves one model, so later calls must agree.
+
+        V rows are ``v_dim`` wide when given (latent attention: K rows hold the compressed
+        latent, V rows the shared rotary key; `ModelSpec.kv_layout`), else ``head_dim``."""
         shape = (self.pad_slot + 1, num_kv_heads, head_dim)
+        v_shape = shape if v_dim is None else (self.pad_slot + 1, num_kv_heads, v_dim)
         if self.k is not None:
-            if tuple(self.k.shape) != shape or self.k.dtype != dtype:
+            if tuple(self.k.shape) != shape or tuple(self.v.shape) != v_shape or self.k.dtype != dtype:
                 raise ValueError(f"KV pool already bound to {tuple(self.k.shape)} {self.k.dtype}")
             return
         self.k = torch.empty(shape, dtype=dtype, device=device)
-        self.v = torch.empty(shape, dtype=dtype, device=device)
+        self.v = torch.empty(v_shape, dtype=dtype, device=device)
         self.k[self.pad_slot].zero_()
         self.v[self.pad_slot].zero_()
 

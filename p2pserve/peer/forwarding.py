@@ -14,7 +14,9 @@ without dialling anything, so a client cannot make a peer open connections of it
 
 The last hop's ForwardResult goes straight to the client: with the step's PushForward to the
 first hop, the client posts an ``AwaitResult`` on its own stream to the last hop, which answers
-it as soon as the step has run there (a 3-hop step costs 4 one-way delays, not 6). Every hop
+it as soon as the step has run there (a 3-hop step costs 4 one-way delays, not 6). In a ring
+every hop holds its signed ForwardResult of each step for the owner's AwaitResult too, so the
+client sees what each hop consumed and returned, as when it drives the hops (verification). Every hop
 answers whoever pushed to it with a ``PushAck`` once the rest of the chain acked, so a failure
 still travels back to the client: an ``ErrorReply`` whose ``failed_peer`` names the hop that
 failed (the next hop, or whatever later hop the next one named), and the client bans, re-routes
@@ -35,10 +37,12 @@ import torch
 from p2pserve.blame import blamed_hop
 from p2pserve.config import ForwardingConfig
 from p2pserve.errors import WIRE_ERRORS, BadRequestError, ErrorCode, MalformedFrameError, P2PServeError
+from p2pserve.peer.next_hop import UNREACHABLE, unreachable
 from p2pserve.peer.push_link import PushLink, tell
 from p2pserve.peer.ring import RingState, check_grant
 from p2pserve.protocol import (
     AllowPush,
+    MAX_RING_AHEAD,
     AwaitResult,
     ErrorReply,
     Forward,
@@ -82,8 +86,12 @@ class Forwarder:
     """
 
     def __init__(self, table, transport: Transport, self_id: str, limits: FrameLimits,
-                 config: ForwardingConfig = ForwardingConfig(), resolve: Optional[Resolver] = None):
+                 config: ForwardingConfig = ForwardingConfig(), resolve: Optional[Resolver] = None,
+                 loop_ended: Optional[Callable[[str], None]] = None):
         self.table = table
+        # told when a session looping here does not run its next step at once (the compute
+        # worker holds its next batch for looping sessions until they are back)
+        self.loop_ended = loop_ended
         self.transport = transport
         self.self_id = self_id
         self.limits = limits
@@ -106,7 +114,7 @@ class Forwarder:
             check_grant(msg.ring, msg.from_peer, self.self_id)
             if msg.ring.route:
                 check_route(msg.ring.route, self.self_id)
-            self._rings[session.id] = (session, RingState.of(msg.ring, msg.from_peer))
+            self._rings[session.id] = (session, RingState.of(msg.ring, msg.from_peer, self.self_id))
             self._results.pop(session.id, None)  # a new ring: nothing held from an old one
         self._grants[msg.session_id] = (session, msg.from_peer)
         return PushAllowed(session_id=msg.session_id)
@@ -154,11 +162,15 @@ class Forwarder:
         if ring is not None and not ring.last and stream is not session.owner:
             ring.upstream = getattr(stream, "writer", None)  # where a later failure of its steps is told
         if not route:  # the last hop: the result is the owner's, through its AwaitResult
+            if ring is not None and ring.loop:
+                ring.runner = run_local  # it runs the ring's next steps itself
             await self._run_last(session, fwd, payload, run_local, ring)
             return PushAck(session_id=session.id, step=fwd.step), b""
         result, out = await run_local(msgspec.structs.replace(fwd, outputs=1), payload, session.owner)
         if result.tensor is None:  # this span ends at the last layer: nothing to forward
             raise BadRequestError("a push route cannot follow the hop holding the last layer")
+        if ring is not None:  # every hop of a ring holds its signed output for the owner to read
+            self._deliver(session, fwd.step, result, out)
         nxt = route[0]
         onward = PushForward(forward=msgspec.structs.replace(fwd, session_id=nxt.session_id, tensor=result.tensor),
                              route=route[1:], ring=msg.ring)
@@ -169,10 +181,8 @@ class Forwarder:
             reply = await self._call_next(session, nxt, onward, out)
         except (*WIRE_ERRORS, ConnectionError, TimeoutError, asyncio.IncompleteReadError) as e:
             self._drop_link(fwd.session_id)  # out of sync, or gone
-            code = getattr(e, "code", ErrorCode.INTERNAL)  # unreachable: the client bans that hop
-            log.info("push to %s failed: %r", nxt.peer_id, e)
-            return error_reply(code, f"cannot reach next hop {nxt.peer_id}: {type(e).__name__} {e}",
-                               fwd.session_id, fwd.step, nxt.peer_id), b""
+            log.info("push to %s failed: %r", nxt.peer_id, e)  # the detail stays here (next_hop.unreachable)
+            return unreachable(nxt.peer_id, fwd.session_id, fwd.step), b""
         if isinstance(reply, ErrorReply):
             return msgspec.structs.replace(reply, session_id=session.id, step=fwd.step), b""
         return PushAck(session_id=session.id, step=fwd.step), b""
@@ -181,32 +191,47 @@ class Forwarder:
         """The last hop runs a pushed step, hands its outcome to the owner's AwaitResult, and
         (in a ring) pushes the next step to the first hop."""
         try:
-            result, out = await run_local(fwd, payload, session.owner)
+            # a loop's step is followed at once by its next one: the worker may hold its next
+            # batch for it (``ComputeWorker``: looping sessions step together)
+            looping = ring is not None and ring.loop
+            result, out = await (run_local(fwd, payload, session.owner, loops=True) if looping
+                                 else run_local(fwd, payload, session.owner))
         except Exception as e:
             code = e.code if isinstance(e, WIRE_ERRORS) else ErrorCode.INTERNAL
             self._deliver(session, fwd.step, error_reply(code, f"{type(e).__name__}: {e}", session.id, fwd.step), b"")
             raise
         self._deliver(session, fwd.step, result, out)
         if ring is None or ring.failure is not None or result.token is None:
+            if ring is not None and ring.loop and self.loop_ended is not None:
+                self.loop_ended(session.id)
             return
         n = fwd.tensor.shape[0]
         move = ring.after(fwd.step, fwd.position + n, result.token)
         if move == "push":
             await self._ring_push(session, ring, fwd.step + 1, fwd.position + n, result.token)
-        elif move == "stop":
+            return
+        if ring.loop and self.loop_ended is not None:
+            self.loop_ended(session.id)
+        if move == "stop":
             self._answer_waiter(session)
 
     async def _ring_push(self, session, ring: RingState, step: int, position: int, token: int) -> None:
-        """The last hop closes the ring: step ``step`` (``token`` at ``position``) to the first hop."""
+        """The last hop closes the ring: step ``step`` (``token`` at ``position``) to the first hop,
+        or, when this peer is the whole ring, to itself."""
         meta, data = tensor_to_wire(torch.tensor([token], dtype=torch.int64))
         succ = ring.grant.successor
+        if ring.loop:
+            fwd = Forward(session_id=session.id, step=step, position=position, tensor=meta)
+            asyncio.ensure_future(self._loop_step(session, ring, fwd, bytes(data)))
+            return
         msg = PushForward(forward=Forward(session_id=succ.session_id, step=step, position=position, tensor=meta),
                           ring=True)
         try:
             await self._ring_on(session, ring, succ, msg, bytes(data))
         except (*WIRE_ERRORS, ConnectionError, TimeoutError) as e:
             self._drop_link(session.id)
-            self._ring_failed(session, ring, step, succ.peer_id, f"cannot reach the ring's first hop: {e!r}")
+            log.info("ring push to %s failed: %r", succ.peer_id, e)
+            self._ring_failed(session, ring, step, succ.peer_id, UNREACHABLE)
 
     async def _ring_on(self, session, ring: RingState, nxt: PushHop, onward: PushForward, payload: bytes) -> None:
         """Send a ring step on without waiting for its ack; a failure of it reported later (an
@@ -221,7 +246,7 @@ class Forwarder:
             self._ring_failed(session, ring, reply.step or step, blamed, reply.message)
 
         link.on_unsolicited = later_failure
-        link.on_broken = lambda e: self._ring_failed(session, ring, step, nxt.peer_id, f"link broken: {e!r}")
+        link.on_broken = lambda e: self._ring_failed(session, ring, step, nxt.peer_id, UNREACHABLE)
         future = await link.send(onward, payload, step)
         timer = asyncio.get_running_loop().call_later(
             self.config.call_timeout_s, lambda: future.done() or future.set_exception(TimeoutError()))
@@ -234,13 +259,25 @@ class Forwarder:
             if isinstance(reply, ErrorReply):
                 later_failure(reply)
             elif not isinstance(reply, PushAck) or reply.step != step:
-                self._ring_failed(session, ring, step, nxt.peer_id, f"no ack of ring step {step}: {f.exception()!r}")
+                self._ring_failed(session, ring, step, nxt.peer_id, f"no ack of ring step {step}")  # no detail
 
         future.add_done_callback(acked)
+
+    async def _loop_step(self, session, ring: RingState, fwd: Forward, payload: bytes) -> None:
+        """Run a loop's next step here (it runs the one after it in turn); a failure ends the
+        ring, answered to the owner's wait."""
+        try:
+            if self._open(session) and ring.failure is None:
+                await self._run_last(session, fwd, payload, ring.runner, ring)
+        except Exception as e:  # the step's error reply is held for the owner already
+            code = e.code.value if isinstance(e, WIRE_ERRORS) else type(e).__name__
+            self._ring_failed(session, ring, fwd.step, self.self_id, f"step {fwd.step} failed here: {code}")
 
     def _ring_failed(self, session, ring: RingState, step: int, failed_peer: str, message: str) -> None:
         """The ring broke at ``failed_peer`` (first report only): the last hop answers the owner's
         wait with it; any other hop tells whoever pushed its ring steps to it."""
+        if ring.loop and self.loop_ended is not None:
+            self.loop_ended(session.id)
         if ring.failure is not None or not self._open(session):
             return
         log.info("ring of session %s broke at %s: %s", session.id, failed_peer, message)
@@ -258,7 +295,7 @@ class Forwarder:
         session = self.table.get(msg.session_id, stream)  # only the owner may wait
         self._prune()
         ring = self._rings.get(session.id, (None, None))[1]
-        if ring is not None and ring.last and (go := ring.resume(msg.ring_until)) is not None:
+        if ring is not None and ring.last and (go := ring.resume(msg.ring_until, msg.step)) is not None:
             await self._ring_push(session, ring, *go)
         early = self._answer_for(session, msg.step)
         if early is not None:
@@ -301,10 +338,10 @@ class Forwarder:
 
     def _deliver(self, session, step: int, reply, payload: bytes) -> None:
         """Hand a pushed step's outcome to the owner's waiting AwaitResult, or hold it for it
-        (a few at most: a ring runs at most a step past the owner's credit)."""
+        (a bounded few: a ring runs at most ``MAX_RING_AHEAD`` steps past the owner's wait)."""
         held = self._results.setdefault(session.id, (session, {}))[1]
         held[step] = (reply, payload)
-        while len(held) > 4:
+        while len(held) > MAX_RING_AHEAD + 4:
             del held[min(held)]
         self._answer_waiter(session)
 

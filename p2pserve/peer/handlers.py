@@ -130,7 +130,7 @@ class SessionHandler:
             return
         finally:
             self.streams_open -= 1
-            self.quota.leave(remote)
+            self.quota.leave(stream.charged)
             closed = self.table.close_owned_by(stream)
             if closed:
                 log.debug("stream closed; freed %d session(s)", closed)
@@ -187,7 +187,7 @@ class SessionHandler:
                 if payload_len:
                     await reader.readexactly(payload_len)
                 await write_frame(writer, self._error(refusal, msg))
-                return True
+                return not stream.over_quota  # a forwarded stream its client has no room for ends here
             await self.payloads.acquire(payload_len)
         try:
             async with asyncio.timeout(self._read_deadline(payload_len)):
@@ -214,6 +214,7 @@ class SessionHandler:
                 fwd = msg if isinstance(msg, Forward) else msg.forward
                 session = (self.forwarder.session_for(fwd.session_id, stream, stream.remote)
                            if fwd is not msg and self.forwarder is not None else self.table.get(fwd.session_id, stream))
+                self.quota.charge(stream, session.owner)  # a pushed stream counts as its session owner's
                 tokens_left = session.max_length - min(fwd.position, session.position)
                 allowed = payload_allowance(tokens_left, session.start == 0, self.spec.hidden_size, self.spec.dtype)
             if payload_len > allowed:
@@ -307,9 +308,13 @@ class SessionHandler:
             hidden_size=self.spec.hidden_size,
             dtype=self.spec.dtype,
             peer_version=__version__,
+            receipt=self.signer.receipt(stream.remote) if stream.remote else b"",
         )
 
-    async def _forward(self, msg: Forward, payload: bytes, stream: InboundStream) -> tuple[ForwardResult, bytes]:
+    async def _forward(self, msg: Forward, payload: bytes, stream: InboundStream,
+                       loops: bool = False) -> tuple[ForwardResult, bytes]:
+        """Run ``msg`` on the session ``stream`` owns; its signed reply. ``loops``: the session's
+        next step follows this one at once (a ring this peer closes on itself)."""
         session = self.table.get(msg.session_id, stream)
         if session.busy:
             raise BadRequestError(f"session {msg.session_id!r} already has a request in flight")
@@ -336,6 +341,7 @@ class SessionHandler:
             # not merely until this handler stops waiting: a retry after a timeout must not put a
             # second job on the same cache, nor a Close release KV the worker still writes into.
             on_settled=self.table.settle,
+            loops=loops,
         )
         session.job = job
         # A lone decode token, or a lone speculative step (only the tokens it verifies), runs inline.

@@ -6,9 +6,11 @@ from __future__ import annotations
 class InboundStream:
     """One inbound stream: the object sessions are bound to, and who is behind it."""
 
-    __slots__ = ("remote", "opened", "writer")
+    __slots__ = ("remote", "opened", "writer", "charged", "over_quota")
 
     def __init__(self, remote: str, writer=None):
         self.remote = remote  # the authenticated peer id (``StreamHandler``'s ``remote``)
         self.writer = writer  # a ring's later failure is told up the stream its steps came on (peer/forwarding.py)
         self.opened = False  # whether a session was ever opened on it (it may then idle longer)
+        self.charged = remote  # whose stream quota it counts against: a forwarded stream, its session owner's
+        self.over_quota = False  # a forwarded stream refused for its owner's quota: it ends after the refusal

@@ -21,12 +21,14 @@ __all__ = ["BLOCK_SIZE", "KVBudget", "PagedCache", "SequenceCache"]
 
 
 class SequenceCache:
-    """K/V of one session for layers [start, end): per layer [nKV, capacity, D] buffers."""
+    """K/V of one session for layers [start, end): per layer [nKV, capacity, D] buffers (V's
+    width is ``v_dim`` when given: latent attention caches a latent and a rotary key there)."""
 
-    def __init__(self, start: int, end: int, num_kv_heads: int, head_dim: int, max_length: int, dtype, device="cpu"):
+    def __init__(self, start: int, end: int, num_kv_heads: int, head_dim: int, max_length: int, dtype, device="cpu",
+                 v_dim: int | None = None):
         self.start, self.end = start, end
         self.max_length = max_length
-        self._shape = (num_kv_heads, head_dim)
+        self._shape = (num_kv_heads, head_dim, head_dim if v_dim is None else v_dim)
         self._dtype = dtype
         self._device = device
         self._k: list[torch.Tensor | None] = [None] * (end - start)
@@ -54,9 +56,9 @@ class SequenceCache:
         buf_k = self._k[i]
         if buf_k is None or buf_k.shape[1] < new:
             cap = min(self.max_length, max(new, 2 * (buf_k.shape[1] if buf_k is not None else 16)))
-            nkv, d = self._shape
+            nkv, d, dv = self._shape
             grown_k = torch.empty(nkv, cap, d, dtype=self._dtype, device=self._device)
-            grown_v = torch.empty(nkv, cap, d, dtype=self._dtype, device=self._device)
+            grown_v = torch.empty(nkv, cap, dv, dtype=self._dtype, device=self._device)
             if buf_k is not None and old:
                 grown_k[:, :old] = buf_k[:, :old]
                 grown_v[:, :old] = self._v[i][:, :old]
@@ -222,6 +224,6 @@ class PagedCache:
         self.pool.v.index_copy_(0, rows[old:], v.transpose(0, 1))
         self._len[i] = new
         k_rows, v_rows = self.pool.k.view(self.pool.k.shape[0], -1), self.pool.v.view(self.pool.v.shape[0], -1)
-        shape = (new, k.shape[0], k.shape[2])  # index_select on 2-D rows: the fast gather on CPU
-        keys = k_rows.index_select(0, rows).view(shape).transpose(0, 1)
-        return keys, v_rows.index_select(0, rows).view(shape).transpose(0, 1)
+        # index_select on 2-D rows: the fast gather on CPU (V may be narrower than K: latent attention)
+        keys = k_rows.index_select(0, rows).view(new, k.shape[0], k.shape[2]).transpose(0, 1)
+        return keys, v_rows.index_select(0, rows).view(new, v.shape[0], v.shape[2]).transpose(0, 1)

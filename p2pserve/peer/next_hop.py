@@ -6,6 +6,11 @@ accepts only when it is signed by the key of the peer id it names (``dht/swarm.p
 ``dht/acceptance.py``). So the addresses a peer dials are ones their owner published, the same
 ones clients dial and the link prober probes; and the transport then authenticates the peer id
 (libp2p's handshake, the direct path's pinned certificate, ``transport/tls.py``).
+
+Whatever goes wrong on the way there (no record, a DHT read that failed, a refused or reset
+connection, an EOF, a timeout, a malformed reply) is reported upstream as one error with one
+message (:func:`unreachable`): a peer that dials what a record announced must not tell a client
+what it found there, or a hostile record would make it a port scanner. The detail is logged here.
 """
 
 from __future__ import annotations
@@ -15,7 +20,18 @@ import time
 from typing import Callable
 
 from p2pserve.dht.view import SwarmReader
-from p2pserve.types import PeerId
+from p2pserve.errors import ErrorCode
+from p2pserve.protocol import ErrorReply, error_reply
+from p2pserve.types import PeerId, SessionId
+
+#: The one account of any failure to reach a next hop (no detail of what the dial found).
+UNREACHABLE = "next hop unreachable from this peer"
+
+
+def unreachable(peer_id: PeerId, session_id: SessionId, step: int) -> ErrorReply:
+    """The reply to whoever pushed ``step`` when ``peer_id`` (the next hop) could not be reached
+    or answered nonsense: the same code and message whatever happened, naming ``peer_id``."""
+    return error_reply(ErrorCode.INTERNAL, UNREACHABLE, session_id, step, peer_id)
 
 
 class AnnouncedAddresses:

@@ -48,7 +48,8 @@ def _step_time(shard: Shard, spec: ModelSpec, n_layers: int, batch: int, tokens:
     dtype = TORCH_DTYPES[spec.dtype]
     longest = context + 8 + tokens * (reps + 2)
     pool = KVBudget(batch * n_layers * (longest + BLOCK_SIZE))
-    pool.bind(kv_heads, spec.head_dim, dtype, shard.device)
+    _, k_dim, v_dim = spec.kv_layout
+    pool.bind(kv_heads, k_dim, dtype, shard.device, v_dim=v_dim)
     caches = [PagedCache(pool, 0, n_layers, longest) for _ in range(batch)]
     warm = [Segment(torch.randint(0, spec.vocab_size, (context + i % 8,)), 0, 0, n_layers, c)
             for i, c in enumerate(caches)]
@@ -76,7 +77,7 @@ def measure(model_path: str, spec: ModelSpec, device: str, max_layers: int, deco
     """
     k = max(1, min(max_layers, 4, spec.num_layers))
     shard = load(model_path, spec, 0, k, device=device)
-    kv_heads = kv_heads or spec.num_kv_heads
+    kv_heads = kv_heads or spec.kv_layout[0]
     # Decode: a batch of single tokens. Prefill: one chunk. Segments ending at layer 1 run only
     # the first layer of the k-layer shard. The embedding lookup is included; it is negligible.
     d1 = _step_time(shard, spec, 1, decode_batch, 1, context, reps, kv_heads)

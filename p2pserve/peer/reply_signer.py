@@ -13,6 +13,7 @@ from typing import Optional
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from p2pserve.dht.evidence import InputChain, make_claim, output_digest, reply_key_text, row_digests, sign_claim
+from p2pserve.dht.receipts import sign_receipt
 from p2pserve.types import PeerId
 
 
@@ -29,6 +30,10 @@ class ReplySigner:
     def use_key(self, key: Ed25519PrivateKey) -> None:
         """Sign with ``key`` from now on (the agent's key derived from the peer's identity)."""
         self.key, self.public_text = key, reply_key_text(key)
+
+    def receipt(self, client_id: PeerId) -> bytes:
+        """This peer's service receipt for ``client_id`` (``dht/receipts.py``)."""
+        return sign_receipt(self.key, self.peer_id, client_id)
 
     @staticmethod
     def consume(chain: InputChain, position: int, payload, n: int) -> bytes:

@@ -18,22 +18,33 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from p2pserve.errors import BadRequestError
-from p2pserve.protocol import ErrorReply, Forward, RingGrant
+from p2pserve.protocol import MAX_RING_AHEAD, ErrorReply, Forward, RingGrant
 
 
 def check_grant(grant: RingGrant, from_peer: str, self_id: str) -> None:
     """Raise BadRequestError unless ``grant`` is one ring's grant for one role: the first hop
-    (``route``: the rest of the ring, ending at ``from_peer``), the last (``successor``), or a
-    hop between them (neither); bounds that hold at least the first step."""
+    (``route``: the rest of the ring, ending at ``from_peer``), the last (``successor``), a hop
+    between them (neither), or a peer holding the whole route, which loops on itself (no route,
+    itself as successor and as the granted peer); bounds that hold at least the first step."""
     g = grant
     if g.max_position < g.start_position + g.start_tokens - 1:
         raise BadRequestError("a ring's max_position is before the end of its first step")
+    if is_loop(g, self_id):
+        if from_peer != self_id:
+            raise BadRequestError("a ring of one hop is granted to that hop itself")
+        return
     if g.route:
         peers = [h.peer_id for h in g.route]
         if g.route[-1].peer_id != from_peer or self_id in peers or len(set(peers)) != len(peers):
             raise BadRequestError("a ring's route must end at the peer that closes it, and name no peer twice")
     if g.successor is not None and g.successor.peer_id == self_id:
         raise BadRequestError("a ring's last hop cannot be its own successor")
+
+
+def is_loop(grant: RingGrant, self_id: str) -> bool:
+    """Whether ``grant`` makes this peer the whole ring: it samples each token and runs the next
+    step itself, with no network between steps."""
+    return not grant.route and grant.successor is not None and grant.successor.peer_id == self_id
 
 
 def ring_position(grant: RingGrant, step: int) -> int:
@@ -59,13 +70,16 @@ class RingState:
     failure: Optional[ErrorReply] = None  # the ring broke here or after: the first report of it
     upstream: object = None  # non-last hops: the writer of the stream the latest ring step came on
     stop: frozenset = field(default_factory=frozenset)
+    loop: bool = False  # this peer is the whole ring: it runs each next step itself
+    runner: object = None  # a loop: the peer's own Forward path, which runs its next steps
 
     @classmethod
-    def of(cls, grant: RingGrant, from_peer: str) -> "RingState":
+    def of(cls, grant: RingGrant, from_peer: str, self_id: str = "") -> "RingState":
         """A fresh ring: the first hop expects the last hop's first step (the owner pushes the
         ring's start itself); every other hop expects the start."""
         first = bool(grant.route)
-        return cls(grant, from_peer, grant.start_step + (1 if first else 0), stop=frozenset(grant.stop_tokens))
+        return cls(grant, from_peer, grant.start_step + (1 if first else 0), stop=frozenset(grant.stop_tokens),
+                   loop=is_loop(grant, self_id))
 
     @property
     def first(self) -> bool:
@@ -104,9 +118,10 @@ class RingState:
             return "pause"
         return "push"
 
-    def resume(self, credit: int) -> Optional[tuple[int, int, int]]:
-        """Raise the owner's credit; the paused step (step, position, token) it now lets go on."""
-        self.credit = max(self.credit, credit)
+    def resume(self, credit: int, waited: int) -> Optional[tuple[int, int, int]]:
+        """Raise the owner's credit (at most ``MAX_RING_AHEAD`` steps past ``waited``, the step
+        it waits for); the paused step (step, position, token) it now lets go on."""
+        self.credit = max(self.credit, min(credit, waited + MAX_RING_AHEAD))
         if self.paused is not None and self.paused[0] <= self.credit and self.failure is None:
             paused, self.paused = self.paused, None
             return paused

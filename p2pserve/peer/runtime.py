@@ -68,7 +68,8 @@ def build_runtime(config: PeerConfig, spec: ModelSpec, peer_id: str, transport: 
         admission=config.admission,
     )
     worker = ComputeWorker(shard, TokenThrottle(config.batching), budget, metrics=metrics)
-    forwarder = Forwarder(table, transport, peer_id, config.frame_limits, config.forwarding, resolve)
+    forwarder = Forwarder(table, transport, peer_id, config.frame_limits, config.forwarding, resolve,
+                          loop_ended=worker.loop_ended)
     handler = SessionHandler(spec, table, worker, config.frame_limits, config.request_timeout_s, config.admission,
                              signer=ReplySigner(peer_id, spec.model_id, reply_key, dtype=spec.dtype), forwarder=forwarder,
                              direct=direct, metrics=metrics)

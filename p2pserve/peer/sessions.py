@@ -123,7 +123,8 @@ class SessionTable:
         need = -(-headroom // B) * B * (msg.end - msg.start)
         held = [s for s in self._sessions.values() if s.principal == principal]
         check_session_quota(self.admission, self.budget.capacity, len(held), sum(s.reserved for s in held), need)
-        self.budget.bind(self.spec.num_kv_heads, self.spec.head_dim, self.torch_dtype, self.device)
+        heads, k_dim, v_dim = self.spec.kv_layout
+        self.budget.bind(heads, k_dim, self.torch_dtype, self.device, v_dim=v_dim)
         cache = PagedCache(self.budget, msg.start, msg.end, msg.max_length,
                            scope_salt(self.admission.prefix_sharing, principal))
         cache.reserve(headroom)  # OverloadedError ("KV cache full") when the pool lacks it

@@ -10,6 +10,9 @@ stand in only around the decision logic:
 * :class:`MemoryTransport` on a :class:`MemoryNetwork` — the transport protocol in memory;
   :class:`FakePeerNetwork` — fake peers on it, for the real client pipeline;
 * :class:`FakeClient` — a finished-reply client for the OpenAI server;
+* :class:`InstantPipeline` — a pipeline whose steps cost nothing, under the real generation
+  loop; :class:`InstantClient` — the OpenAI server's client over such pipelines (what the API
+  spends per token is measured with them);
 * :class:`~p2pserve.testing.verdicts.ScriptedVerifier` — convicts a peer at a chosen step;
 * ``python -m p2pserve.testing.synthetic_peer`` — a peer process that announces without a model.
 * :func:`~p2pserve.testing.direct.answer_direct_session` — a session handler that only offers the
@@ -17,6 +20,7 @@ stand in only around the decision logic:
 """
 
 from p2pserve.testing.clock import FakeClock
+from p2pserve.testing.instant import InstantClient, InstantPipeline
 from p2pserve.testing.openai import FakeClient, FakeReplyStream, fake_reply
 from p2pserve.testing.peers import (
     FAKE_MODEL_ID,
@@ -32,6 +36,6 @@ from p2pserve.testing.verdicts import ScriptedVerifier
 
 __all__ = [
     "FAKE_MODEL_ID", "ByteTokenizer", "FakeClient", "FakeClock", "FakeDHT", "FakePeerNetwork", "FakeReplyStream",
-    "FakeSwarm", "FakeSwarmStore", "FixedRoutes", "MemoryNetwork", "MemoryTransport", "ScriptedVerifier", "StoredRecord",
-    "fake_next_token", "fake_reply",
+    "FakeSwarm", "FakeSwarmStore", "FixedRoutes", "InstantClient", "InstantPipeline", "MemoryNetwork", "MemoryTransport",
+    "ScriptedVerifier", "StoredRecord", "fake_next_token", "fake_reply",
 ]

@@ -28,6 +28,7 @@ from hivemind.dht.validation import RecordValidatorBase
 from p2pserve.clock import wall
 from p2pserve.config import DHTConfig, ProberConfig
 from p2pserve.dht.keys import RecordKind, record_key
+from p2pserve.dht.plan_store import index_key
 from p2pserve.dht.prober import LinkProber
 from p2pserve.dht.records import PeerInfo, Plan, encode_record
 from p2pserve.dht.signing import load_or_create_key, owner_subkey, public_key_text
@@ -227,7 +228,7 @@ def test_plan_from_untrusted_coordinator_is_ignored(swarm, caplog):
     settled_plan(swarm)
 
     def rogue_plan_in_dht():
-        return any(s.signer == rogue_key for s in run(obs._entries(RecordKind.PLAN, Plan)))
+        return any(signer == rogue_key for signer, _, _ in run(obs.fetch_owned(index_key(obs))))
 
     with caplog.at_level(logging.WARNING, logger="p2pserve.dht.swarm"):
         wait_for(rogue_plan_in_dht, "the rogue coordinator to publish")  # it believes it leads

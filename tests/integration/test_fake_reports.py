@@ -3,9 +3,10 @@
 Real processes on loopback: a bootstrap node, a coordinator and two real peers of the tiny Llama,
 every member naming the swarm with ``--swarm-model`` (a name that is not the checkpoint's id: the
 coordinator knows the model only by it, and opens its compute probes with the model id each peer
-announces). Once the coordinator has probed both peers, two ``ServiceReports`` records from two
-fresh keys, each at a made-up address, report one peer at rate 0. The coordinator's own probe
-wins over them: the victim keeps its share of the plan's flow.
+announces). Two ``ServiceReports`` records from two fresh keys, each at a made-up address,
+report one peer at rate 0: once the coordinator has probed both peers, its own probe wins over
+them; in a cold swarm (probes off) they carry no receipt of the victim and count for nothing.
+Either way the victim keeps its share of the plan's flow.
 """
 
 from __future__ import annotations
@@ -41,7 +42,11 @@ def _until(fn, what: str):
     raise TimeoutError(f"timed out waiting for {what}")
 
 
-def test_fake_reports_do_not_zero_a_probed_peer(model_dir, tmp_path):
+@pytest.mark.parametrize("probe_interval", ["3", "0"], ids=["probed", "cold"])
+def test_fake_reports_do_not_zero_a_peer(model_dir, tmp_path, probe_interval):
+    """Probed: the coordinator's own probe wins over the fake reports. Cold (probes off, so no
+    measurement of its own): the fake reporters were never served by the victim, so they hold no
+    receipt of it and their reports are ignored (before: the victim's flow went to 0)."""
     path = model_dir("llama")
     spec = LocalModelInfo.load(path).spec
     children = Children(tmp_path)
@@ -55,7 +60,8 @@ def test_fake_reports_do_not_zero_a_probed_peer(model_dir, tmp_path):
         cfg = tmp_path / "swarm.json"
         write_local_swarm_file(cfg, spec, boot, "fake-reports", "/ip4/127.0.0.1/tcp/0", TIMING, 0.5)
         children.start("coord", "coordinator", "--config", str(cfg), "--swarm-model", SWARM,
-                       "--compute-probe-interval", "3", "--log-level", "INFO")
+                       "--compute-probe-interval", probe_interval, "--replan-period", "2",
+                       "--log-level", "INFO")  # re-planned with the reports readable
         peers = [PeerProcess.launch(path, (0, 8), "--config", str(cfg), "--swarm-model", SWARM) for _ in range(2)]
         for p in peers:
             p.wait_ready(DEADLINE)
@@ -69,7 +75,8 @@ def test_fake_reports_do_not_zero_a_probed_peer(model_dir, tmp_path):
             reports = loop.run_until_complete(reader.read(RecordKind.REPORTS, ServiceReports))
             return any({r.peer_id for r in s.record.rates} >= {p.peer_id for p in peers} for s in reports)
 
-        _until(probed_both, "the coordinator's compute probes of both peers")
+        if probe_interval != "0":
+            _until(probed_both, "the coordinator's compute probes of both peers")
 
         def victim_share():
             sp = loop.run_until_complete(reader.get_plan())

@@ -1,11 +1,12 @@
-"""Routed-experts families (Qwen3-MoE, Mixtral, GLM-4.5, GPT-OSS) through real peer processes, on every path.
+"""Routed-experts families (Qwen3-MoE, Mixtral, GLM-4.5, GPT-OSS, DeepSeek-V3) through real peer processes, on every path.
 
 Each folder is built by `p2pserve.model.tiny_families` from the family's real config.json
 (Qwen3-30B-A3B, Mixtral-8x7B-Instruct, GLM-4.5 with its shared expert and partial rotary,
-gpt-oss-20b with attention sinks, alternating window/full layers and YaRN; 8 experts, top-2)
-and saved as the hub saves it (one matrix per expert; GPT-OSS's fused, as its own checkpoints).
-Peers are `p2pserve peer --model PATH --layers A:B` processes. Against transformers `generate` on
-the same folder in fp32, token for token:
+gpt-oss-20b with attention sinks, alternating window/full layers and YaRN, DeepSeek-V3 with
+multi-head latent attention (its peers' pools hold the latent), YaRN and grouped routing; 8
+experts, top-2) and saved as the hub saves it (one matrix per expert; GPT-OSS's fused, as its own
+checkpoints). Peers are `p2pserve peer --model PATH --layers A:B` processes. Against transformers
+`generate` on the same folder in fp32, token for token:
 
 * the public `p2pserve.Client` over three peers [0, 2), [2, 4), [4, 6);
 * a route whose last peer is SIGKILLed mid-stream: the client fails over to its replica and replays;
@@ -15,8 +16,8 @@ the same folder in fp32, token for token:
   blocks). Both paths are the family's layer math
   in another arrangement, which tests/unit/model/test_moe_families.py checks for every family (batched
   sessions, speculative rows); here they run once to keep the suite's time;
-* int8 and int4 routes of Qwen3-MoE and GPT-OSS (experts quantized too) against the same
-  quantization in one process.
+* int8 and int4 routes (experts quantized too) against the same quantization in one process, for
+  Qwen3-MoE, GPT-OSS and DeepSeek-V3 (whose latent projections are quantized too).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ SYSTEM = ("You are a careful assistant of a peer-to-peer swarm. Answer briefly, 
           "and say so when you do not know. Never invent numbers; show the steps of any sum.")
 
 
-@pytest.mark.parametrize("family", ["qwen3-moe", "mixtral", "glm4.5", "gpt-oss"])
+@pytest.mark.parametrize("family", ["qwen3-moe", "mixtral", "glm4.5", "gpt-oss", "deepseek-v3"])
 def test_moe_family_through_peers_on_every_path(tmp_path_factory, family):
     path = str(build_family_model(family, tmp_path_factory.mktemp(family) / family, seed=0))
     info = LocalModelInfo.load(path)
@@ -90,16 +91,16 @@ def _concurrent(info, peers, prompts, params) -> list[list[int]]:
     return asyncio.run(main())
 
 
+@pytest.mark.parametrize("family", ["qwen3-moe", "gpt-oss", "deepseek-v3"])
 @pytest.mark.parametrize("quant", ["int8", "int4"])
-@pytest.mark.parametrize("family", ["qwen3-moe", "gpt-oss"])
-def test_quantized_moe_route_matches_in_process_quantization(tmp_path_factory, family, quant):
-    """Qwen3-MoE's int8 over two peers; the other routes over one peer holding every layer (one
+def test_quantized_moe_route_matches_in_process_quantization(tmp_path_factory, quant, family):
+    """int8 over two peers (GPT-OSS's over one); int4 over one peer holding every layer (one
     process fewer: the split itself is the same code as int8's and the unquantized routes')."""
     pytest.importorskip("torchao", reason="the 'quant' extra is not installed")
     from tests.integration.test_quant import quantized_reference
 
     path = str(build_family_model(family, tmp_path_factory.mktemp("qmoe") / family, seed=0))
-    two = quant == "int8" and family == "qwen3-moe"
+    two = quant == "int8" and family != "gpt-oss"
     peers = start_peers(path, [(0, 3), (3, 6)] if two else [(0, 6)], "--quant", quant)
     try:
         model = LocalModelInfo.load(path, quant=quant)

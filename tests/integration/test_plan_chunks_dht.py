@@ -12,7 +12,7 @@ import pytest
 from p2pserve.config import DHTConfig
 from p2pserve.dht.multi_identity import identity_swarms
 from p2pserve.dht.plan_chunks import delta, split_plan
-from p2pserve.dht.plan_store import publish_chunked, read_index, read_route_plan
+from p2pserve.dht.plan_store import publish_chunked
 from p2pserve.dht.records import Flow, Plan
 from p2pserve.dht.signing import load_or_create_key, public_key_text
 from p2pserve.dht.swarm import Swarm
@@ -57,11 +57,14 @@ async def _round_trip():
         # an identity that is no trusted coordinator publishes a higher epoch: ignored
         forged, _ = split_plan(Plan(model=MODEL, epoch=9, leader_id="x", num_layers=8), {})
         assert await publish_chunked(swarms[1], forged, [])
-        signer, got = await read_index(client)
-        assert got.epoch == 1 and signer == public_key_text(coordinator_key)
+        [(followed, _)] = await client.read_plans()
+        assert followed.plan.epoch == 1 and followed.signer == public_key_text(coordinator_key)
+        assert followed.plan.targets == plan.targets and followed.plan.flows == plan.flows  # every chunk
         route = await read_route_plan(client, "b")
         assert set(route.spans) == set(ids[2:])  # one region read, the other not
         assert all(f.src in (SOURCE, *route.spans) for f in route.flows)
+        # the coordinator's own path: Swarm.publish_plan chunks by the flow's parts, get_plan assembles
+        assert (await client.get_plan()).plan.targets == plan.targets
         # epoch 2 moves one peer of region b: only b's chunk is stored again
         moved = dict(plan.targets)
         moved[ids[3]] = (5, 8)
@@ -75,6 +78,12 @@ async def _round_trip():
     finally:
         for node in (client, coord, swarms[0]):
             node.shutdown()
+
+
+async def read_route_plan(client: Swarm, group: str) -> Plan:
+    """The followed plan with only ``group``'s chunks read."""
+    [(followed, _)] = await client.read_plans(group)
+    return followed.plan
 
 
 def replace_plan(plan: Plan, epoch: int, targets: dict) -> Plan:

@@ -20,11 +20,14 @@ from __future__ import annotations
 from dataclasses import replace
 
 import asyncio
+import socket
+import time
 
 import msgspec
 import pytest
 import torch
 
+from p2pserve.client.api import AsyncClient
 from p2pserve.client.connection import HopConnection
 from p2pserve.client.failover import FailoverState
 from p2pserve.client.generation import Generation
@@ -34,6 +37,7 @@ from p2pserve.client.pipeline import Pipeline
 from p2pserve.config import PushConfig
 from p2pserve.client.route_providers import ChainListRoutes
 from p2pserve.config import ClientConfig
+from p2pserve.peer.next_hop import UNREACHABLE
 from p2pserve.protocol import FRAME_PREFIX, ErrorReply, Forward, PushForward, PushHop, SamplingParams, decode_reply
 from p2pserve.testing.wan import (
     SWARM_TIMING,
@@ -51,6 +55,7 @@ RANGES = [(0, 3), (3, 6), (6, 8), (6, 8), (6, 8)]  # three replicas of the last 
 CONFIG = ClientConfig(hop_timeout_s=60.0, max_retries=3, ban_base_s=30.0, verify_share=0.0)
 GREEDY = GenerationParams(max_new_tokens=12, ignore_eos=True)
 RING = PushConfig(enabled=True, ring=True)  # pushed by the rule (slow links), as a ring
+_BOOT: list[str] = []  # the cluster's bootstrap multiaddrs
 
 
 @pytest.fixture(scope="module")
@@ -63,6 +68,7 @@ def cluster(model_dir, tmp_path_factory):
         relayed = start_relayed_peers(path, RANGES, "--initial-peers", *boot, *SWARM_TIMING, delay_ms=25.0,
                                       workdir=tmp)
         wait_announced(path, boot, [rp.peer.peer_id for rp in relayed], num_layers=8)
+        _BOOT[:] = boot  # where a test's own DHT node joins (an attacker's record)
         yield path, [rp.peer for rp in relayed]
     finally:
         stop_relayed_peers(relayed)
@@ -125,6 +131,26 @@ def test_ringed_greedy_output_is_token_identical(cluster):
     assert not pipeline.failures and pipeline.forwarding.ring_steps == GREEDY.max_new_tokens - 1
 
 
+def test_a_verified_ring_shows_the_client_every_hop(cluster):
+    """A verifying client runs its routes as rings too: every hop answers the client's wait
+    with its own signed reply of each step, so each hop's exchange is taped and re-executed on
+    a replica as for a driven step; honest peers pass every check."""
+    path, peers = cluster
+    model = LocalModelInfo.load(path)
+    ids = _prompt(path, "Check every hop of the ring.")
+    config = replace(CONFIG, verify_share=0.5, verify_hold=True, push=RING)
+    entries = [(p.maddrs[0], *p.layers) for p in peers[:4]]
+
+    async def main():
+        async with AsyncClient(peers=entries, model=path, config=config, seed=5, model_info=model) as client:
+            reply = await client.generate(ids, max_new_tokens=GREEDY.max_new_tokens, ignore_eos=True)
+            return reply.tokens, client.verifier.stats
+
+    tokens, stats = asyncio.run(main())
+    assert tokens == reference_generate(path, ids, GREEDY.max_new_tokens)
+    assert stats.sampled > 0 and stats.verified > 0 and stats.mismatches == 0, stats
+
+
 def test_a_peer_killed_mid_ring_is_reported_and_routed_around(cluster):
     """The ring's last peer dies: the client's wait on it breaks (or the hop before it reports
     it): the client bans it, re-routes to a replica and replays; the output is unchanged."""
@@ -169,8 +195,73 @@ def test_a_route_cannot_make_a_peer_dial_a_host_of_the_clients_choosing(cluster)
     (with_addresses, unannounced), me = asyncio.run(main())
     assert isinstance(with_addresses, ErrorReply) and with_addresses.code == "malformed"
     assert isinstance(unannounced, ErrorReply) and unannounced.code == "internal"
-    assert unannounced.failed_peer == me and "not announced" in unannounced.message
+    assert unannounced.failed_peer == me and unannounced.message == UNREACHABLE
     assert seen == []
+
+
+def test_a_hostile_record_gets_the_same_answer_whatever_its_addresses_hold(cluster):
+    """A port scan through a forwarding peer: an attacker announces records of its own (signed by
+    fresh keys, as any member may), whose addresses are a closed port and a listener that hangs up,
+    and pushes a step to each through an honest peer. The peer dials what each record announced
+    (the listener sees it), and answers both, and a peer id nobody announced, with one error: the
+    same code and message, so the client learns nothing of what was there (before: "connection
+    refused" against an EOF)."""
+    from p2pserve.config import DHTConfig
+    from hivemind.p2p import PeerID
+
+    from p2pserve.dht.records import PeerInfo
+    from p2pserve.dht.swarm import Swarm
+    from p2pserve.model.identity import derived_name
+
+    path, peers = cluster
+    model = LocalModelInfo.load(path)
+    seen = []
+    dht = DHTConfig(model=derived_name(path), initial_peers=tuple(_BOOT), client_mode=True,
+                    host_maddrs=("/ip4/127.0.0.1/tcp/0",), num_layers=8, peer_refresh=0.5, max_clock_skew=2.0)
+    nodes = [Swarm.create(dht) for _ in range(2)]  # two attacker identities, one record each
+
+    async def main():
+        listener = await asyncio.start_server(lambda r, w: (seen.append(1), w.close()), "127.0.0.1", 0)
+        hangs_up = listener.sockets[0].getsockname()[1]
+        closed = socket.socket()
+        closed.bind(("127.0.0.1", 0))
+        refused = closed.getsockname()[1]
+        closed.close()  # nothing listens there now
+        replies: dict[str, ErrorReply] = {}
+        async with client_node(CONFIG) as transport:
+            conn = HopConnection(transport, peers[0].hop(), CONFIG.frame_limits, 60.0)
+            await conn.open(model.spec.model_id, None, 64, SamplingParams())
+            meta, data = tensor_to_wire(torch.tensor([1, 2, 3], dtype=torch.int64))
+            fwd = Forward(session_id=conn.session_id, step=0, position=0, tensor=meta)
+            targets = {"refused": nodes[0].peer_id, "hangs_up": nodes[1].peer_id, "nobody": transport.peer_id}
+            deadline = time.monotonic() + 60.0
+            while time.monotonic() < deadline:  # until the first peer's view holds the records (it dialled)
+                for node, port in zip(nodes, (refused, hangs_up)):  # short-lived, as the swarm's records (2 s)
+                    info = PeerInfo(model=derived_name(path), peer_id=node.peer_id, num_layers=8,
+                                    timestamp=time.time(), addrs=[f"/ip4/127.0.0.1/tcp/{port}/p2p/{node.peer_id}"])
+                    await node.announce_peer(info)  # best effort: the loop retries
+                    # a daemon already connected to the record's id dials nothing: drop that DHT connection
+                    p2p = await node.dht.replicate_p2p()
+                    await p2p._client.disconnect(PeerID.from_base58(peers[0].peer_id))
+                for name, pid in targets.items():
+                    await write_frame(conn.stream.writer, PushForward(forward=fwd, route=[PushHop(pid, "s")]), data)
+                    replies[name] = decode_reply((await read_frame(conn.stream.reader, CONFIG.frame_limits))[0])
+                if seen:
+                    break
+                await asyncio.sleep(0.5)
+            await conn.close()
+        listener.close()
+        return replies, targets
+
+    try:
+        replies, targets = asyncio.run(main())
+    finally:
+        for node in nodes:
+            node.shutdown()
+    assert seen, ("the first peer never dialled the address the record announced", replies)
+    for name, reply in replies.items():
+        assert isinstance(reply, ErrorReply) and reply.failed_peer == targets[name], (name, reply)
+    assert {(r.code, r.message) for r in replies.values()} == {("internal", UNREACHABLE)}, replies
 
 
 def test_a_peer_killed_mid_generation_is_reported_and_routed_around(cluster):

@@ -47,6 +47,7 @@ class ServiceObserver:
         self.max_age_s = max_age_s
         self._clock = clock
         self._peers: dict[str, _PeerWindow] = {}
+        self._receipts: dict[str, bytes] = {}  # peer id -> its latest receipt for us
 
     def _of(self, peer_id: PeerId, layers: int) -> _PeerWindow:
         w = self._peers.get(peer_id)
@@ -60,6 +61,11 @@ class ServiceObserver:
         w = self._of(peer_id, layers)
         w.rtt = min(w.rtt, seconds)
 
+    def receipt(self, peer_id: PeerId, receipt: bytes) -> None:
+        """The service receipt ``peer_id`` gave us (``dht/receipts.py``): what makes our reports
+        on it count. The coordinator checks it; a peer that gave none is reported without one."""
+        self._receipts[peer_id] = receipt
+
     def decode(self, peer_id: PeerId, layers: int, seconds: float) -> None:
         """A one-token Forward round trip to ``peer_id`` serving ``layers`` layers for us."""
         w = self._of(peer_id, layers)
@@ -71,6 +77,7 @@ class ServiceObserver:
         now = self._clock()
         for pid in [p for p, w in self._peers.items() if w.last_at and now - w.last_at > self.max_age_s]:
             del self._peers[pid]
+            self._receipts.pop(pid, None)
         out = []
         for pid, w in self._peers.items():
             if not w.round_trips:
@@ -80,7 +87,8 @@ class ServiceObserver:
             wall = 1.0 / max(rt, MIN_SERVICE_S)
             rate = 1.0 / max(rt - rtt, MIN_SERVICE_S)
             out.append(ObservedRate(peer_id=pid, layers=w.layers, samples=len(w.round_trips),
-                                    rate=max(rate, wall), wall_rate=wall, observed_at=w.last_at))
+                                    rate=max(rate, wall), wall_rate=wall, observed_at=w.last_at,
+                                    receipt=self._receipts.get(pid, b"")))
         out.sort(key=lambda r: -r.observed_at)
         return out[:MAX_REPORTED_PEERS]
 

@@ -21,8 +21,10 @@ Errors use OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``:
 
 The fields beyond plain text (``n``, log-probabilities, ``echo``, tools, ``response_format``) are
 parsed in ``http/openai/extras.py`` and their choices run and stream through ``http/openai/choices.py``
-(docs/openai-api.md). Each generation runs in a task of its own (:class:`GenerationJob`) that always closes its swarm
-sessions when it ends. A watcher waits for the HTTP client's disconnect and cancels the job, so
+(docs/openai-api.md). Each generation runs in a task of its own (:class:`GenerationJob`,
+``http/openai/jobs.py``) that always closes its swarm sessions when it ends; a stream's jobs
+put their text in one box that its writer empties in batches, one write each
+(``http/openai/sse.py`` encodes them). A watcher waits for the HTTP client's disconnect and cancels the job, so
 a client that goes away stops its generation, streamed or not. Prompts are tokenised on one
 worker thread, off the event loop, where a long one cannot stall other connections and hops.
 """
@@ -44,6 +46,7 @@ from starlette.routing import Route
 
 from p2pserve.http.guard import ApiGuard, BodyBudget, ClientGone, error_response, read_body
 from p2pserve.http.openai.choices import ChoiceEvents, prepare_request, start_choices
+from p2pserve.http.openai.jobs import EventBox, GenerationJob
 from p2pserve.http.openai.extras import Rendering, sampling_defaults
 from p2pserve.http.openai.schema import GenRequest, completion_body, http_error_for, parse_request_body
 from p2pserve.config import ApiConfig
@@ -51,66 +54,6 @@ from p2pserve.errors import HTTPError
 from p2pserve.metrics import ClientMetrics
 
 log = logging.getLogger(__name__)
-
-TERMINAL = ("end", "error", "cancelled")  # the last event of every GenerationJob
-
-
-class GenerationJob:
-    """One ``ReplyStream`` driven in its own task: events ``("open", None)``, ``("text", piece)``,
-    then exactly one of ``("end", reply)``, ``("error", exception)``, ``("cancelled", None)``.
-
-    The stream is closed (its swarm sessions with it) before the last event, however the job
-    ends; ``on_done(job)`` runs then too. Cancelling the job is how a disconnect stops a generation.
-    """
-
-    def __init__(self, stream, on_done, after: Optional[asyncio.Event] = None):
-        self.stream = stream
-        self.events: asyncio.Queue = asyncio.Queue()  # at most one event per generated piece
-        self._on_done = on_done
-        self._after = after  # another choice's ``started``: its prompt is in the peers' caches then
-        self.started = asyncio.Event()  # set once the first text came (the prompt ran) or it ended
-        self.task = asyncio.create_task(self._run())
-
-    def _new_logprobs(self, seen: int) -> list:
-        """The log-probabilities of the tokens since the first ``seen`` (streamed with their text)."""
-        generation = getattr(self.stream, "generation", None)
-        return generation.result.logprobs[seen:] if generation is not None else []
-
-    async def _run(self) -> None:
-        outcome: tuple = ("cancelled", None)
-        try:
-            if self._after is not None:
-                await self._after.wait()
-            await self.stream.open()
-            self.events.put_nowait(("open", None))
-            seen = 0
-            async for piece in self.stream:
-                new = self._new_logprobs(seen)
-                seen += len(new)
-                self.events.put_nowait(("text", (piece, new)))
-                self.started.set()
-            outcome = ("end", self.stream.reply)
-        except Exception as e:  # reported to the HTTP client (a CancelledError is not caught)
-            outcome = ("error", e)
-        finally:
-            try:
-                await self.stream.aclose()  # a no-op after a normal end; closes the sessions otherwise
-            except Exception as e:
-                log.warning(f"closing a generation's route failed: {e!r}")
-            self._on_done(self)
-            self.started.set()
-            self.events.put_nowait(outcome)
-
-    async def outcome(self) -> tuple:
-        """The last event (the text events before it are dropped)."""
-        while True:
-            event = await self.events.get()
-            if event[0] in TERMINAL:
-                return event
-
-    def cancel(self) -> None:
-        """Stop the generation (a no-op once it ended)."""
-        self.task.cancel()
 
 
 async def _cancel_on_disconnect(receive, jobs: list[GenerationJob]) -> None:
@@ -125,7 +68,8 @@ async def _cancel_on_disconnect(receive, jobs: list[GenerationJob]) -> None:
 class EventStream(StreamingResponse):
     """Server-sent events, written without Starlette's disconnect listener: that one cancels the
     writer inside an anyio cancel scope, where closing the swarm sessions would be cancelled too.
-    The job's own watcher handles the disconnect; ``cleanup`` runs however the stream ends."""
+    The job's own watcher handles the disconnect; ``cleanup`` runs however the stream ends. Each
+    bytes object ``events`` yields (a batch of events) is one write."""
 
     def __init__(self, events, cleanup):
         super().__init__(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
@@ -199,7 +143,8 @@ class OpenAIApi:
             return error_response(e, close=True)  # the rest of the body stays unread
         try:
             g = parse_request_body(raw, kind, self.models, self.limits.max_prompt_chars, self.defaults)
-            jobs = await self._start(g)
+            box = EventBox() if g.stream else None  # a non-streamed reply only needs each job's end
+            jobs = await self._start(g, box)
         except Exception as e:  # the HTTP edge: every failure becomes a typed error response
             return self._failure(request, e)
         watchers = [asyncio.create_task(_cancel_on_disconnect(request.receive, jobs))]
@@ -217,9 +162,9 @@ class OpenAIApi:
                 if what != "end":
                     return self._failure(request, value if what == "error" else ClientGone())
             return JSONResponse(completion_body(g, [v for _, v in outcomes], rid, created, self.rendering))
-        return await self._stream(request, g, jobs, watchers[0], rid, created)
+        return await self._stream(request, g, jobs, box, watchers[0], rid, created)
 
-    async def _start(self, g: GenRequest) -> list[GenerationJob]:
+    async def _start(self, g: GenRequest, box: Optional[EventBox]) -> list[GenerationJob]:
         """Take a generation slot per choice (429 when too few are free), tokenise and compile
         any grammar off the loop, start the jobs."""
         n = g.extras.n
@@ -231,20 +176,22 @@ class OpenAIApi:
             loop = asyncio.get_running_loop()
             ids, params = await loop.run_in_executor(self._tokenizer, prepare_request, self.client, g)
             g.prompt_ids = ids
-            jobs = start_choices(self.client, ids, params, n, lambda s, after: GenerationJob(s, self.jobs.discard, after))
+            jobs = start_choices(self.client, ids, params, n,
+                                 lambda s, i, after: GenerationJob(s, self.jobs.discard, box, i, after))
             self.jobs.update(jobs)
             return jobs
         finally:
             self._starting -= n
 
-    async def _stream(self, request, g: GenRequest, jobs: list, watcher, rid: str, created: int) -> Response:
+    async def _stream(self, request, g: GenRequest, jobs: list, box: EventBox, watcher, rid: str,
+                      created: int) -> Response:
         """Open the routes first, so that 400/429/503 are still possible; then stream events."""
         def cleanup() -> None:
             watcher.cancel()
             for job in jobs:
                 job.cancel()
 
-        events = ChoiceEvents(jobs)
+        events = ChoiceEvents(jobs, box)
         try:
             failure = await events.opened()
         except BaseException:  # this request is being cancelled (shutdown): so is its generation

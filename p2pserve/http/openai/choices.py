@@ -10,13 +10,13 @@ instead of new ones. :class:`ChoiceEvents` merges the choices' events into serve
 
 from __future__ import annotations
 
-import asyncio
-import json
 from typing import Callable, Optional
 
 from p2pserve.client.grammar import compiler_for
 from p2pserve.http.openai.extras import Rendering, TokenNames, chat_logprobs, completion_logprobs
+from p2pserve.http.openai.jobs import EventBox
 from p2pserve.http.openai.schema import GenRequest, chunk_body, http_error_for, route_info, usage
+from p2pserve.http.openai.sse import DONE, ChunkEncoder, event
 from p2pserve.client.tools import ToolStream
 
 SEED_SPACE = 1 << 62
@@ -41,96 +41,127 @@ def prepare_request(client, g: GenRequest) -> tuple[list[int], object]:
 
 
 def start_choices(client, ids: list[int], params, n: int, make_job: Callable) -> list:
-    """``n`` jobs (``make_job(stream, after)``) generating after ``ids``; choice i > 0 waits for
-    choice 0's ``started`` and, when sampling, draws with seed ``params.seed + i``."""
+    """``n`` jobs (``make_job(stream, index, after)``) generating after ``ids``; choice i > 0 waits
+    for choice 0's ``started`` and, when sampling, draws with seed ``params.seed + i``."""
     jobs: list = []
     for i in range(n):
         p = params if i == 0 or not params.temperature else params.with_sampling(seed=(params.seed + i) % SEED_SPACE)
-        jobs.append(make_job(client.generate_stream(ids, params=p), jobs[0].started if jobs else None))
+        jobs.append(make_job(client.generate_stream(ids, params=p), i, jobs[0].started if jobs else None))
     return jobs
 
 
-def _event(obj) -> bytes:
-    return b"data: " + json.dumps(obj).encode() + b"\n\n"
-
-
 class ChoiceEvents:
-    """The events of a request's choice jobs: :meth:`opened` waits until every route is open,
-    :meth:`sse` yields the server-sent events of all choices, each chunk naming its ``index``."""
+    """The events of a request's choice jobs, all reporting to ``box``: :meth:`opened` waits until
+    every route is open, :meth:`sse` yields the server-sent events of all choices, each chunk
+    naming its ``index``: one bytes object per batch the jobs put together, one chunk per choice
+    in it (the text of its tokens joined)."""
 
-    def __init__(self, jobs: list):
+    def __init__(self, jobs: list, box: EventBox):
         self.jobs = jobs
-        self._merged: asyncio.Queue = asyncio.Queue()
-        self._pumps: list[asyncio.Task] = []
+        self.box = box
 
     async def opened(self) -> Optional[tuple]:
         """None once every choice's route is open, else the first job's failure event."""
         for job in self.jobs:
-            what, value = await job.events.get()
-            if what != "open":
-                return what, value
+            failure = await job.opened
+            if failure is not None:
+                return failure
         return None
-
-    async def _pump(self, index: int, job) -> None:
-        while True:
-            event = await job.events.get()
-            self._merged.put_nowait((index, event))
-            if event[0] in ("end", "error", "cancelled"):
-                return
 
     async def sse(self, g: GenRequest, rid: str, created: int, rendering: Rendering):
         """The stream's events, ending with ``data: [DONE]`` (none when the client went away)."""
-        self._pumps = [asyncio.create_task(self._pump(i, job)) for i, job in enumerate(self.jobs)]
-        try:
-            async for chunk in self._chunks(g, rid, created, rendering):
-                yield chunk
-        finally:
-            for task in self._pumps:
-                task.cancel()
-
-    async def _chunks(self, g: GenRequest, rid: str, created: int, rendering: Rendering):
         ex, n = g.extras, len(self.jobs)
-        tools = ex.tools if ex.tools is not None and ex.tools.parses else None
-        splitters = [ToolStream(tools, rendering.tool_format) if tools else None for _ in range(n)]
+        writer = _ChoiceWriter(g, ChunkEncoder(g, rid, created), rendering, n)
+        first = []
         for i in range(n):
             if g.kind == "chat":
-                yield _event(chunk_body(g, rid, created, text="", role=True, index=i))
+                first.append(event(chunk_body(g, rid, created, text="", role=True, index=i)))
             elif ex.echo:
-                yield _event(chunk_body(g, rid, created, text=rendering.prompt_text(g), index=i))
-        replies: list = [None] * n
-        while any(r is None for r in replies):
-            i, (what, value) = await self._merged.get()
-            if what == "text":
-                piece, new = value
-                if splitters[i] is not None:
-                    piece = splitters[i].feed(piece)
-                logprobs = _logprobs(g, rendering, new)
-                if piece or logprobs:
-                    yield _event(chunk_body(g, rid, created, text=piece, index=i, logprobs=logprobs))
-            elif what == "end":
-                finish = value.finish_reason
-                if splitters[i] is not None:
-                    content, calls = splitters[i].finish(rendering.full_text(value))
-                    if content:
-                        yield _event(chunk_body(g, rid, created, text=content, index=i))
-                    if calls:
-                        yield _event(chunk_body(g, rid, created, index=i,
-                                                tool_calls=[c.openai(k) for k, c in enumerate(calls)]))
-                        finish = "tool_calls" if tools.choice != "named" else finish
-                final = chunk_body(g, rid, created, text=None if g.kind == "chat" else "", finish_reason=finish,
-                                   index=i)
-                final["p2pserve"] = route_info(value)
-                yield _event(final)
-                replies[i] = value
-            elif what == "error":  # headers are gone: report in-band, as OpenAI does
-                yield _event(http_error_for(value).body())
-                break
-            else:  # cancelled: the client went away
+                first.append(event(chunk_body(g, rid, created, text=rendering.prompt_text(g), index=i)))
+        if first:
+            yield b"".join(first)
+        while not writer.finished:
+            out = writer.batch(await self.box.take())
+            if out:
+                yield out
+            if writer.gone:  # cancelled: the client went away
                 return
+        replies = writer.replies
         if g.include_usage and all(r is not None for r in replies):
-            yield _event({"id": rid, "object": "chat.completion.chunk" if g.kind == "chat" else "text_completion",
-                          "created": created, "model": g.model, "choices": [], "usage": usage(replies)})
-        yield b"data: [DONE]\n\n"
+            yield event({"id": rid, "object": "chat.completion.chunk" if g.kind == "chat" else "text_completion",
+                         "created": created, "model": g.model, "choices": [], "usage": usage(replies)})
+        yield DONE
+
+
+class _ChoiceWriter:
+    """Turns batches of job events into the bytes of their chunks; ``replies[i]`` once choice i ended."""
+
+    def __init__(self, g: GenRequest, encoder: ChunkEncoder, rendering: Rendering, n: int):
+        self.g, self.encoder, self.rendering = g, encoder, rendering
+        ex = g.extras
+        self.tools = ex.tools if ex.tools is not None and ex.tools.parses else None
+        self.splitters = [ToolStream(self.tools, rendering.tool_format) if self.tools else None for _ in range(n)]
+        self.replies: list = [None] * n
+        self.failed = self.gone = False
+
+    @property
+    def finished(self) -> bool:
+        """Every choice ended, or one failed or was cancelled."""
+        return self.failed or self.gone or all(r is not None for r in self.replies)
+
+    def batch(self, events: list[tuple]) -> bytes:
+        """The chunks of ``events``: consecutive text of a choice joined into one chunk."""
+        out: list[bytes] = []
+        texts: dict[int, tuple[list, list]] = {}  # choice -> (pieces, log-probability entries) not written yet
+        for i, what, value in events:
+            if what == "text":
+                pieces, entries = texts.setdefault(i, ([], []))
+                pieces.append(value[0])
+                entries.extend(value[1])
+                continue
+            for k, (pieces, entries) in list(texts.items()):  # everything before this event goes first
+                if k == i or what == "error":
+                    self._text(out, k, "".join(pieces), entries)
+                    del texts[k]
+            if what == "end":
+                self._end(out, i, value)
+            elif what == "error":  # headers are gone: report in-band, as OpenAI does
+                out.append(event(http_error_for(value).body()))
+                self.failed = True
+                return b"".join(out)
+            else:
+                self.gone = True
+                return b""
+        for k, (pieces, entries) in texts.items():
+            self._text(out, k, "".join(pieces), entries)
+        return b"".join(out)
+
+    def _text(self, out: list, i: int, piece: str, entries: list) -> None:
+        g = self.g
+        if self.splitters[i] is not None:
+            piece = self.splitters[i].feed(piece)
+        logprobs = _logprobs(g, self.rendering, entries)
+        if logprobs:
+            out.append(event(self._chunk(text=piece, index=i, logprobs=logprobs)))
+        elif piece:
+            out.append(self.encoder.text(i, piece))
+
+    def _chunk(self, **kw) -> dict:
+        return chunk_body(self.g, self.encoder.rid, self.encoder.created, **kw)
+
+    def _end(self, out: list, i: int, reply) -> None:
+        g, finish = self.g, reply.finish_reason
+        if self.splitters[i] is not None:
+            content, calls = self.splitters[i].finish(self.rendering.full_text(reply))
+            if content:
+                out.append(event(self._chunk(text=content, index=i)))
+            if calls:
+                out.append(event(self._chunk(index=i, tool_calls=[c.openai(k) for k, c in enumerate(calls)])))
+                finish = "tool_calls" if self.tools.choice != "named" else finish
+        final = self._chunk(text=None if g.kind == "chat" else "", finish_reason=finish, index=i)
+        final["p2pserve"] = route_info(reply)
+        out.append(event(final))
+        self.replies[i] = reply
 
 
 def _logprobs(g: GenRequest, rendering: Rendering, entries: list) -> Optional[dict]:

@@ -33,6 +33,7 @@ from p2pserve.errors import BadRequestError, ConfigError, MalformedFrameError
 from p2pserve.peer.forwarding import check_route
 from p2pserve.config import ForwardingConfig
 from p2pserve.peer.next_hop import AnnouncedAddresses
+from p2pserve.peer.next_hop import UNREACHABLE
 from p2pserve.protocol import (
     FRAME_PREFIX,
     MAX_PUSH_HOPS,
@@ -112,9 +113,11 @@ def test_the_rule_pushes_enabled_slow_unverified_routes_only():
     on = PushConfig(enabled=True)
     assert on.use_push(3, False, slow) and not on.use_push(3, False, fast)
     assert not on.use_push(3, True, slow)  # verified outputs stay client-driven
-    assert not on.use_push(1, False, slow[:1]) and not on.use_push(MAX_PUSH_HOPS + 2, False, slow)
+    assert not on.use_push(MAX_PUSH_HOPS + 2, False, slow)
+    # one hop: a loop on that peer (verified or not), unless the loop is off
+    assert on.use_push(1, True, fast[:1]) and not PushConfig(loop=False).use_push(1, False, slow[:1])
     assert not on.use_push(3, False, [None, None, None]) and PUSH.use_push(3, False, fast)
-    assert not PushConfig(enabled=True, min_hops=1, min_rtt_ms=0).use_push(1, False, slow[:1])  # never one hop
+    assert not PushConfig(enabled=True, min_hops=1, min_rtt_ms=0, loop=False).use_push(1, False, slow[:1])  # one hop: only as a loop
 
 
 def test_the_push_flag_maps_to_the_rule():
@@ -296,7 +299,7 @@ def test_a_hung_hop_is_named_by_its_predecessor_not_blamed_on_the_first(model):
 
         ref, got, pipeline = asyncio.run(main())
         assert got == ref and [f.hop.peer_id for f in pipeline.failures] == [C]
-        assert "TimeoutError" in pipeline.failures[0].reason
+        assert UNREACHABLE in pipeline.failures[0].reason  # a timeout, told like any other failure to reach it
     finally:
         swarm.stop()
 
@@ -369,7 +372,7 @@ def test_a_route_cannot_make_a_peer_dial_where_the_client_says(swarm):
     with_addresses, unannounced = asyncio.run(main())
     assert isinstance(with_addresses, ErrorReply) and with_addresses.code == "malformed"
     assert isinstance(unannounced, ErrorReply) and unannounced.code == "internal"
-    assert unannounced.failed_peer == mallory_id and "not announced" in unannounced.message
+    assert unannounced.failed_peer == mallory_id and unannounced.message == UNREACHABLE
     assert dialled == []
 
 
@@ -391,3 +394,47 @@ def test_only_the_allowed_peer_can_push_and_only_the_owner_can_allow(swarm):
     before, stranger, eve, allowed, eve_waits, result = asyncio.run(main())
     assert before.code == stranger.code == eve.code == eve_waits.code == "unknown_session"
     assert isinstance(allowed, PushAck) and result.tensor is not None and result.position == 1
+
+
+def test_one_client_cannot_use_up_a_forwarding_peers_allowance_at_the_next_hop(model):
+    """A client opening many sessions on A and B and pushing each once made A open a stream to B
+    per session, all counted against A at B, until A's allowance there was gone and an honest
+    client's push through A failed (B blamed). A forwarded stream now counts against the client
+    whose session it pushes into: the attacker's own pushes are refused once it is at its bound
+    (a typed error, its own), A holds nothing at B, and the honest client's push goes through."""
+    from p2pserve.config import AdmissionConfig
+
+    cap = 4
+    tight = dataclasses.replace(PEER, admission=AdmissionConfig(max_streams_per_owner=cap))
+    swarm = Swarm(model, {A: (0, 1), B: (1, 2)}, configs={B: tight})
+
+    async def route(client, i):
+        a = await _open(swarm, client, A, f"{client}-a{i}")
+        b = await _open(swarm, client, B, f"{client}-b{i}")
+        await b.call(AllowPush(session_id=b.session_id, from_peer=A))
+        return a, b
+
+    async def push(a, b):
+        meta, data = tensor_to_wire(torch.tensor([1, 2], dtype=torch.int64))
+        fwd = Forward(session_id=a.session_id, step=0, position=0, tensor=meta)
+        await a.send(PushForward(forward=fwd, route=[PushHop(B, b.session_id)]), data)
+        reply, _ = await a.read()  # an ErrorReply as it came (``call`` would raise it)
+        return reply, (a, b)
+
+    async def main():
+        routes = [await route("QmMa11ory", i) for i in range(cap)]  # its own streams at B: its bound
+        mallory = [await push(*r) for r in routes]
+        honest = [await push(*await route("QmHonest", i)) for i in range(2)]
+        held_by_a = swarm.handlers[B].quota.by_owner[A]
+        for _, conns in mallory + honest:
+            for c in conns:
+                await c.close()
+        return [r for r, _ in mallory], [r for r, _ in honest], held_by_a
+
+    try:
+        mallory, honest, held_by_a = asyncio.run(main())
+    finally:
+        swarm.stop()
+    assert all(isinstance(r, ErrorReply) and r.code == "overloaded" and r.failed_peer == B for r in mallory), mallory
+    assert all(isinstance(r, PushAck) for r in honest), honest
+    assert held_by_a == 0

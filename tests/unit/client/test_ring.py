@@ -26,9 +26,10 @@ from p2pserve.client.params import GenerationParams
 from p2pserve.client.pipeline import Pipeline
 from p2pserve.config import PushConfig
 from p2pserve.client.route_providers import ChainListRoutes
-from p2pserve.errors import BadRequestError, MalformedFrameError
+from p2pserve.errors import BadRequestError, ConfigError, MalformedFrameError
 from p2pserve.config import ForwardingConfig
 from p2pserve.peer.ring import RingState, check_grant, ring_position
+from p2pserve.protocol import MAX_RING_AHEAD
 from p2pserve.protocol import (
     MAX_RING_STOP_TOKENS,
     AllowPush,
@@ -100,12 +101,12 @@ def test_the_first_hop_refuses_a_ring_step_after_a_stop_token():
 def test_the_last_hop_goes_on_within_credit_and_stops_at_the_bounds():
     ring = RingState.of(_grant(stop_tokens=[2], successor=PushHop("QmA", "sa")), "QmPrev")
     assert ring.after(3, 14, 9) == "pause" and ring.paused == (4, 14, 9)  # no credit yet
-    assert ring.resume(4) == (4, 14, 9) and ring.paused is None
-    assert ring.after(4, 15, 9) == "pause" and ring.resume(4) is None  # credit not raised
-    assert ring.resume(9) == (5, 15, 9)
+    assert ring.resume(4, 3) == (4, 14, 9) and ring.paused is None
+    assert ring.after(4, 15, 9) == "pause" and ring.resume(4, 3) is None  # credit not raised
+    assert ring.resume(9, 4) == (5, 15, 9)
     assert ring.after(5, 16, 2) == "stop" and ring.ended_after == 5  # a stop token
     budget = RingState.of(_grant(successor=PushHop("QmA", "sa")), "QmPrev")
-    budget.resume(100)
+    budget.resume(100, 90)
     assert budget.after(10, 20, 9) == "push" and budget.after(11, 21, 9) == "stop"  # max_position 20
 
 
@@ -364,3 +365,29 @@ def test_a_first_hop_that_hangs_on_ring_steps_is_named_by_the_last(model):
         assert "no ack" in pipeline.failures[0].reason
     finally:
         s.stop()
+
+
+def test_a_peer_holding_the_whole_route_is_granted_a_loop_on_itself():
+    loop = _grant(successor=PushHop("QmA", "sa"))
+    check_grant(loop, "QmA", "QmA")
+    with pytest.raises(BadRequestError):  # a loop is granted to its own peer only
+        check_grant(loop, "QmB", "QmA")
+    with pytest.raises(BadRequestError):  # a hop of a longer ring is never its own successor
+        check_grant(_grant(successor=PushHop("QmA", "sa")), "QmB", "QmA")
+    ring = RingState.of(loop, "QmA", "QmA")
+    assert ring.loop and ring.last and not ring.first and ring.next_step == 3
+    assert not RingState.of(loop, "QmPrev", "QmB").loop
+
+
+def test_the_owners_credit_is_capped_past_the_step_it_waits_for():
+    ring = RingState.of(_grant(max_position=10**6, successor=PushHop("QmA", "sa")), "QmA", "QmA")
+    ring.resume(10**9, 5)
+    assert ring.credit == 5 + MAX_RING_AHEAD
+
+
+def test_a_ring_window_is_bounded():
+    with pytest.raises(ConfigError):
+        PushConfig(window=0)
+    with pytest.raises(ConfigError):
+        PushConfig(window=MAX_RING_AHEAD + 1)
+    assert PushConfig(enabled=True, ring=True).use_push(1, verified=False)  # a loop, whatever the RTT

@@ -8,8 +8,11 @@ saw. The pure policy runs on records built here; the coordinator hook runs on ``
 from __future__ import annotations
 
 import asyncio
+import hashlib
 
+import msgspec
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from p2pserve.config import CoordinatorConfig, DHTConfig
 from p2pserve.coordinator import claims
@@ -17,7 +20,9 @@ from p2pserve.coordinator.plan_record import make_plan
 from p2pserve.coordinator.service import CoordinatorService
 from p2pserve.coordinator.snapshot import Snapshot
 from p2pserve.coordinator.trigger import Reason, Trigger
+from p2pserve.dht.evidence import reply_key_text
 from p2pserve.dht.keys import RecordKind
+from p2pserve.dht.receipts import sign_receipt
 from p2pserve.dht.records import MAX_TOKENS_PER_S, PeerInfo
 from p2pserve.dht.reports import ObservedRate, ServiceReports
 from p2pserve.errors import RecordRejected
@@ -27,9 +32,14 @@ CFG = CoordinatorConfig(num_layers=8, activation_bytes=1000, solve_time_limit=0.
 OFF = CoordinatorConfig(num_layers=8, activation_bytes=1000, solve_time_limit=0.3, check_claims=False)
 
 
+def key_of(pid):
+    """The peer's reply key (seeded by its id: the same in every test)."""
+    return Ed25519PrivateKey.from_private_bytes(hashlib.sha256(pid.encode()).digest())
+
+
 def peer(pid, tps=50.0, k=8, serving=(0, 8), ip="10.0.0.1"):
     return PeerInfo(model="m", peer_id=pid, max_layers=k, throughput_decode=[tps / j for j in range(1, k + 1)],
-                    serving=serving, state="serving" if serving else "joining",
+                    serving=serving, state="serving" if serving else "joining", reply_key=reply_key_text(key_of(pid)),
                     addrs=[f"/ip4/{ip}/tcp/4000/p2p/{pid}", f"/ip4/127.0.0.1/tcp/4000/p2p/{pid}"])
 
 
@@ -39,8 +49,12 @@ def seen(pid, per_session, layers=8, samples=32, rtt_share=0.0):
                         wall_rate=per_session * (1 - rtt_share), observed_at=1.0)
 
 
-def report(reporter, *rates, ip=None):
+def report(reporter, *rates, ip=None, receipts=True):
+    """``reporter``'s record; with ``receipts``, each entry carries the peer's receipt for it (a
+    client that was served)."""
     addrs = [f"/ip4/{ip}/tcp/1/p2p/{reporter}"] if ip else []
+    if receipts:
+        rates = [msgspec.structs.replace(r, receipt=sign_receipt(key_of(r.peer_id), r.peer_id, reporter)) for r in rates]
     return ServiceReports(model="m", reporter_id=reporter, addrs=addrs, rates=list(rates), timestamp=1.0)
 
 
@@ -265,3 +279,22 @@ def test_a_cold_swarms_cap_binds_the_whole_table_too():
     capped, found = claims.police(Snapshot({p.peer_id: p for p in honest + [liar]}), [], CFG)
     table = capped.peers["liar"].throughput_decode
     assert table[-1] <= CFG.cold_claim_slack * 50.0 / 8 * (1 + 1e-9)  # not the one-layer cap at 8 layers
+
+
+def test_reports_count_only_with_the_reported_peers_receipt_for_the_reporter():
+    """Two throwaway reporters at two addresses report an unprobed peer at rate 0: with no receipt
+    (they were never served), or with a receipt the peer gave someone else, they count for
+    nothing and the peer stays as claimed (cold); with its receipts they count."""
+    peers = {"p": peer("p"), "q": peer("q")}
+    zero = seen("p", 0.0)
+    bare = [report(f"sybil{i}", zero, ip=f"198.51.100.{i}", receipts=False) for i in (1, 2)]
+    stolen_receipt = sign_receipt(key_of("p"), "p", "honest-client")
+    stolen = [report(f"sybil{i}", msgspec.structs.replace(zero, receipt=stolen_receipt), ip=f"198.51.100.{i}",
+                     receipts=False) for i in (1, 2)]
+    other_key = [report(f"sybil{i}", msgspec.structs.replace(zero, receipt=sign_receipt(key_of("q"), "p", f"sybil{i}")),
+                        ip=f"198.51.100.{i}", receipts=False) for i in (1, 2)]
+    served = [report(f"client{i}", zero, ip=f"198.51.100.{i}") for i in (1, 2)]
+    for fake in (bare, stolen, other_key):
+        v = claims.verdicts(peers, fake, CFG)
+        assert v["p"].reason == "cold" and v["p"].effective == v["p"].claimed > 0
+    assert claims.verdicts(peers, served, CFG)["p"].effective == 0.0

@@ -27,7 +27,7 @@ def test_plan_targets_guard_overrules_the_geo_chain():
     cfg = CoordinatorConfig(num_layers=80, objective="max-flow", solve_time_limit=1.0)
     check = live_check(duration=30.0, warmup=15.0)(topo)
     assert check is not None
-    targets, method = plan_targets(topo, ids, {}, cfg, check=check)
+    targets, method, _ = plan_targets(topo, ids, {}, cfg, check=check)
     assert "guard kept" in method and "guard kept final" not in method, method
     assert min(coverage(80, targets.values())) >= 1
 

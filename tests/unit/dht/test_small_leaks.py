@@ -65,17 +65,18 @@ def test_one_prober_gets_only_its_share_of_the_probe_budget():
 
 
 def test_the_plan_expiration_map_holds_only_live_plans():
-    from p2pserve.dht.keys import RecordKind, record_key
-    from p2pserve.dht.records import Plan, encode_record
+    from p2pserve.dht.plan_chunks import encode, split_plan
+    from p2pserve.dht.plan_store import index_key
+    from p2pserve.dht.records import Plan
     from p2pserve.dht.signing import load_or_create_key, owner_subkey
     from p2pserve.dht.swarm import Swarm
     from p2pserve.testing import FakeDHT
 
     dht, clock = FakeDHT(), FakeClock()
     reader = Swarm(DHTConfig(model="m", swarm_id="s"), dht, load_or_create_key(None), clock=clock)
-    key = record_key("s", "m", RecordKind.PLAN)
+    key = index_key(reader)
     for epoch in range(20):  # signers come and go (an open swarm: anyone may publish)
-        dht.data[key] = {owner_subkey(load_or_create_key(None)): FakeDHT.Entry(
-            encode_record(Plan(model="m", epoch=epoch, leader_id=f"c{epoch}", num_layers=4)), clock() + 10)}
+        index, _ = split_plan(Plan(model="m", epoch=epoch, leader_id=f"c{epoch}", num_layers=4), {})
+        dht.data[key] = {owner_subkey(load_or_create_key(None)): FakeDHT.Entry(encode(index), clock() + 10)}
         asyncio.run(reader.get_plan())
     assert len(reader._plan_expiration) <= 1  # (none of these signers stood for election: none is followed)

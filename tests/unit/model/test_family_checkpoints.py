@@ -62,7 +62,8 @@ def shard_greedy(path: str, ids: list[int], n: int, dtype: str = "float32", modu
     shard = Shard.load(path, spec, 0, spec.num_layers)
     if module_path:
         shard._plan, shard._plan_built = None, True
-    cache = SequenceCache(0, spec.num_layers, spec.num_kv_heads, spec.head_dim, 256, TORCH_DTYPES[dtype])
+    heads, k_dim, v_dim = spec.kv_layout  # latent attention caches a latent and a rotary key
+    cache = SequenceCache(0, spec.num_layers, heads, k_dim, 256, TORCH_DTYPES[dtype], v_dim=v_dim)
     history, pending, out = [], list(ids), []
     while len(out) < n:
         if spec.recompute_past is not None and 0 < len(history) <= spec.recompute_past < len(history) + len(pending):

@@ -1,4 +1,4 @@
-"""Routed-experts families (Qwen3-MoE, Mixtral, GLM-4.5, GPT-OSS) in one process: the checkpoint layout, memory and
+"""Routed-experts families (Qwen3-MoE, Mixtral, GLM-4.5, GPT-OSS, DeepSeek-V3) in one process: the checkpoint layout, memory and
 compute facts, batching and speculative rows, and quantization of the experts.
 
 Greedy tokens of a whole-model shard against `generate` (fast path, and module path with a
@@ -9,6 +9,7 @@ tests/integration/test_moe_families.py.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -23,7 +24,7 @@ from p2pserve.model.spec import load_spec
 from p2pserve.model.tiny_families import build_family_model
 from p2pserve.peer.kv_cache import SequenceCache
 
-MOE = ["qwen3-moe", "mixtral", "glm4.5", "gpt-oss"]
+MOE = ["qwen3-moe", "mixtral", "glm4.5", "gpt-oss", "deepseek-v3"]
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +41,8 @@ def moe_dir(tmp_path_factory):
 
 
 def _cache(spec, start=0, end=None):
-    return SequenceCache(start, end or spec.num_layers, spec.num_kv_heads, spec.head_dim, 128, torch.float32)
+    heads, k_dim, v_dim = spec.kv_layout  # latent attention caches a latent and a rotary key
+    return SequenceCache(start, end or spec.num_layers, heads, k_dim, 128, torch.float32, v_dim=v_dim)
 
 
 @pytest.mark.parametrize("family", MOE)
@@ -54,7 +56,7 @@ def test_the_checkpoint_stores_each_expert_and_the_shard_holds_them_fused(moe_di
         assert f"model.layers.2.{block}.experts.7.{gate}.weight" in names  # the hub's per-expert layout
         assert not any("gate_up_proj" in n for n in names)
     spec = load_spec(path)
-    dense = 1 if family == "glm4.5" else 0  # GLM-4.5's first layers are dense
+    dense = 1 if family in ("glm4.5", "deepseek-v3") else 0  # their first layers are dense
     assert (spec.num_experts, spec.experts_per_token, spec.moe_layers) == (8, 2, spec.num_layers - dense)
     shard = Shard.load(path, spec, 2, 4)
     from transformers import AutoModelForCausalLM
@@ -180,10 +182,10 @@ def test_weight_only_quantization_covers_the_experts(moe_dir, quant, family):
     assert abs(measured - 2 * spec.layer_bytes) / measured < (0.08 if family == "gpt-oss" else 0.05)
 
 
-@pytest.mark.parametrize("family", ["deepseek_v3", "kimi_k2"])
+@pytest.mark.parametrize("family", ["kimi_k2"])
 def test_moe_families_not_served_yet_are_refused_by_name(tmp_path, family):
-    """Multi-head latent attention (DeepSeek-V3, Kimi K2) is not in the shard: a peer and a client
-    refuse them at start, naming the family."""
+    """Kimi K2's model_type is not in the shard: a peer and a client refuse it at start, naming
+    the family."""
     from p2pserve.errors import UnsupportedModelError
 
     (tmp_path / "config.json").write_text(json.dumps({"model_type": family, "num_hidden_layers": 2}))
@@ -191,13 +193,18 @@ def test_moe_families_not_served_yet_are_refused_by_name(tmp_path, family):
         load_spec(tmp_path)
 
 
-def test_tensor_parallelism_needs_every_layer_routed(moe_dir):
-    """GLM-4.5's first layers are dense: splitting by expert width would not split them."""
+def test_tensor_parallelism_splits_dense_layers_and_shared_experts_by_their_widths(moe_dir):
+    """GLM-4.5's first layers are dense and its routed ones run a shared expert: each splits by its
+    own width, so a width that does not divide is named."""
     from p2pserve.errors import ConfigError
     from p2pserve.model.tensor_parallel import check_splittable
 
-    with pytest.raises(ConfigError, match="every layer routed"):
-        check_splittable(load_spec(moe_dir("glm4.5")), 2)
+    spec = load_spec(moe_dir("glm4.5"))
+    check_splittable(spec, 2)  # 24:2 heads, 64-wide experts, 384-wide dense layer
+    with pytest.raises(ConfigError, match="intermediate_size"):
+        check_splittable(dataclasses.replace(spec, intermediate_size=383), 2)
+    with pytest.raises(ConfigError, match="shared experts"):
+        check_splittable(dataclasses.replace(spec, shared_expert_intermediate_size=63, expert_intermediate_size=64), 2)
     check_splittable(load_spec(moe_dir("qwen3-moe")), 2)  # 16:2 heads and 64-wide experts split
     with pytest.raises(ConfigError, match="gpt_oss"):
         check_splittable(load_spec(moe_dir("gpt-oss")), 2)

@@ -83,12 +83,13 @@ def _caches(spec, n, kv_heads):
     return [SequenceCache(0, spec.num_layers, kv_heads, spec.head_dim, 48, torch.float32) for _ in range(n)]
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3", "mistral", "phi3.5", "qwen3-moe"])
+@pytest.mark.parametrize("family", ["llama", "qwen3", "mistral", "phi3.5", "qwen3-moe", "glm4.5"])
 def test_tp2_group_matches_the_unsplit_shard(model_dir, tmp_path, family):
     # qwen3: per-head q/k norms; mistral: a 24-token window the prompts pass; phi3.5 (shaped like
     # the real checkpoint): fused qkv and gate_up, longrope; qwen3-moe: routed experts split by
-    # their MLP width. (Qwen2's q/k/v biases: the slicing test.)
-    if family in ("phi3.5", "qwen3-moe"):
+    # their MLP width; glm4.5: a dense first layer, a shared expert, q/k/v biases, partial rotary.
+    # (Qwen2's q/k/v biases: the slicing test.)
+    if family in ("phi3.5", "qwen3-moe", "glm4.5"):
         from p2pserve.model.tiny_families import build_family_model
 
         path = str(build_family_model(family, tmp_path / family, seed=0))
