@@ -43,6 +43,10 @@ class StepTrust(Protocol):
     def route_opened(self, links: Sequence["HopConnection"]) -> None:
         """A route's sessions are open on ``links`` (route order)."""
 
+    def forked(self, parent: Optional["StepTrust"], positions: int) -> None:
+        """The route just opened forks ``parent``'s sessions at ``positions``: their inputs before
+        it are this route's past too (or, when ``parent`` kept none, the route goes unrecorded)."""
+
     def record(self, hop: int, position: int, count: int, dtype: str, inputs, reply, payload) -> None:
         """Hop ``hop`` of the route was sent ``inputs`` (``count`` positions from ``position``,
         as ``dtype`` bytes) and answered ``reply`` with ``payload`` (references, not copies)."""

@@ -89,6 +89,14 @@ class HopTape:
         self.truncate(position)
         self.steps.append(Step(Chunk(position, count, dtype, data), reply, output))
 
+    def seed(self, chunks: list[Chunk], position: int) -> None:
+        """Start with another session's inputs ``chunks`` up to ``position`` as this session's
+        past (a fork): steps with no reply, which no check compares."""
+        for c in chunks:
+            if c.position < position:
+                chunk = c.head(min(c.count, position - c.position))
+                self.steps.append(Step(chunk, None, b""))
+
     def truncate(self, position: int) -> None:
         """Forget inputs at ``position`` and after (a step cut in two keeps its head, no reply)."""
         while self.steps and self.steps[-1].inputs.position >= position:
