@@ -2,9 +2,10 @@
 
 A last hop's token also depends on ``min_p``, the penalties (and so the session's token history
 from ``Forward.context``), ``logit_bias``, the grammar's mask (``Forward.allowed``), and it
-returns log-probabilities. :func:`extras_digest` binds all of them into one 32-byte field of the
-claim (``ReplyClaim.extras``), empty when none is used, so a plain request's claim is unchanged
-and a claim made under a penalty or a mask can never pass for one made without (pure: hashing only).
+returns log-probabilities. :func:`extras_digest` binds the inputs among them into one 32-byte field
+of the claim (``ReplyClaim.extras``), :func:`returned_digest` the log-probabilities returned
+(``ReplyClaim.returned``); each empty when unused, so a plain request's claim is unchanged and a
+claim made under a penalty or a mask can never pass for one made without (pure: hashing only).
 """
 
 from __future__ import annotations
@@ -33,16 +34,16 @@ def _logprobs(lp: Optional[Logprobs]) -> Optional[bytes]:
         struct.pack(">Q", len(b)) + b for b in (lp.chosen, lp.top_ids, lp.top_values))
 
 
-def extras_digest(sampling: SamplingParams, history: Optional[Sequence[int]] = None, allowed: Optional[bytes] = None,
-                  logprobs: Optional[Logprobs] = None, prompt_logprobs: Optional[Logprobs] = None) -> bytes:
+def extras_digest(sampling: SamplingParams, history: Optional[Sequence[int]] = None,
+                  allowed: Optional[bytes] = None) -> bytes:
     """``ReplyClaim.extras`` of a token reply: b"" when the reply used none of them, else the
     sha256 of the sampling extras, the token ``history`` the penalties read (positions [0,
-    position + count), bound only when a penalty is on), the grammar's mask and the returned
-    log-probabilities."""
+    position + count), bound only when a penalty is on) and the grammar's mask ``allowed``.
+    What an honest replica's token depends on besides the claim's own fields: part of
+    ``ReplyClaim.terms``."""
     penalties = sampling.needs_history
-    plain = (sampling.min_p == 0.0 and not penalties and not sampling.logit_bias and not sampling.logprobs
-             and sampling.top_logprobs == 0 and allowed is None and logprobs is None and prompt_logprobs is None)
-    if plain:
+    if (sampling.min_p == 0.0 and not penalties and not sampling.logit_bias and not sampling.logprobs
+            and sampling.top_logprobs == 0 and allowed is None):
         return b""
     h = hashlib.sha256(_TAG)
     h.update(struct.pack(">ddddQ??Q", sampling.min_p, sampling.repetition_penalty, sampling.presence_penalty,
@@ -51,6 +52,16 @@ def extras_digest(sampling: SamplingParams, history: Optional[Sequence[int]] = N
     _part(h, b"".join(struct.pack(">Qd", t, b) for t, b in sampling.logit_bias))
     _part(h, struct.pack(f">{len(history)}q", *history) if penalties and history is not None else None)
     _part(h, allowed)
+    return h.digest()
+
+
+def returned_digest(logprobs: Optional[Logprobs] = None, prompt_logprobs: Optional[Logprobs] = None) -> bytes:
+    """``ReplyClaim.returned``: the log-probabilities a token reply carried (b"" when none). An
+    output, like the token: honest replicas round them differently, so it is signed but not
+    among the terms two claims must share."""
+    if logprobs is None and prompt_logprobs is None:
+        return b""
+    h = hashlib.sha256(_TAG + b"|returned")
     _part(h, _logprobs(logprobs))
     _part(h, _logprobs(prompt_logprobs))
     return h.digest()

@@ -43,7 +43,7 @@ from p2pserve.client.trust.session import VerifiedSession
 from p2pserve.client.trust.tape import HopTape, join, reply_output_digest
 from p2pserve.client.trust.witness_pool import WitnessPool
 from p2pserve.config import ClientConfig
-from p2pserve.dht.claim_extras import extras_digest
+from p2pserve.dht.claim_extras import extras_digest, returned_digest
 from p2pserve.dht.evidence import (
     MAX_HISTORY_BYTES,
     MAX_INPUT_BYTES,
@@ -212,8 +212,8 @@ class Verifier:
         return make_claim(model=self.model_id, peer_id=tape.hop.peer_id, session_id=tape.session_id,
                           start=tape.hop.start, end=tape.hop.end, position=chunk.position, count=chunk.count,
                           commitment=tape.commitment_of(step), output=reply_output_digest(step.reply, step.output),
-                          kind=_kind(step.reply), dtype=self.dtype, sampling=sampling,
-                          extras=_extras(sampling, step.reply))
+                          kind=_kind(step.reply), dtype=self.dtype, sampling=sampling, extras=extras_digest(sampling),
+                          returned=_returned(step.reply))
 
     async def _first_difference(self, tape: HopTape, witness: Hop, sampling: SamplingParams):
         """The first step of ``tape`` (as signed: a head's whole step) whose output on rows still
@@ -322,7 +322,8 @@ class Verifier:
         claim = make_claim(model=self.model_id, peer_id=replica.peer_id, session_id=sid, start=tape.hop.start,
                            end=tape.hop.end, position=p, count=step.inputs.count,
                            commitment=tape.commitment_of(step), output=reply_output_digest(reply, out),
-                           kind=_kind(reply), dtype=self.dtype, sampling=sampling, extras=_extras(sampling, reply))
+                           kind=_kind(reply), dtype=self.dtype, sampling=sampling, extras=extras_digest(sampling),
+                           returned=_returned(reply))
         hidden = _rows(meta, out) if meta is not None else None
         return Answer(replica, claim, reply.signature, _token_answer(reply), hidden,
                       bytes(out) if meta is not None else b"")
@@ -366,10 +367,10 @@ def _token_answer(reply) -> Optional[int | tuple]:
     return tuple(reply.tokens) if reply.tokens is not None else reply.token
 
 
-def _extras(sampling: SamplingParams, reply) -> bytes:
-    """``ReplyClaim.extras`` of a taped reply: a taped last hop gets no context nor mask (those
-    routes are not taped), so only the sampling fields and the log-probabilities returned count."""
-    return extras_digest(sampling, None, None, getattr(reply, "logprobs", None), getattr(reply, "prompt_logprobs", None))
+def _returned(reply) -> bytes:
+    """``ReplyClaim.returned`` of a reply (a taped last hop gets no context nor mask: routes
+    that send them leave their last hop untaped, so ``extras`` is the sampling's alone)."""
+    return returned_digest(getattr(reply, "logprobs", None), getattr(reply, "prompt_logprobs", None))
 
 
 def _kind(reply) -> str:

@@ -9,7 +9,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from p2pserve.coordinator.retrial import INCONCLUSIVE, Retrials
-from p2pserve.dht.claim_extras import extras_digest
+from p2pserve.dht.claim_extras import extras_digest, returned_digest
 from p2pserve.dht.evidence import DOMAIN, Mismatch, ReplyClaim, SignedClaim, make_claim, output_digest
 from p2pserve.errors import RecordRejected
 from p2pserve.protocol import Logprobs, SamplingParams
@@ -22,6 +22,12 @@ def _claim(extras: bytes = b"", kind: str = "token", peer: str = "A", token: int
     return make_claim(model="m", peer_id=peer, session_id="s", start=0, end=2, position=3, count=1,
                       commitment=b"c" * 32, output=output_digest(token=token), kind=kind, dtype="float32",
                       sampling=PLAIN, extras=extras)
+
+
+def _fields(claim: ReplyClaim) -> dict:
+    return dict(model=claim.model, peer_id=claim.peer_id, session_id=claim.session_id, start=claim.start, end=claim.end,
+                position=claim.position, count=claim.count, commitment=claim.commitment, output=claim.output,
+                kind=claim.kind, dtype=claim.dtype, sampling=PLAIN, extras=claim.extras)
 
 
 def test_a_plain_token_binds_nothing_more_and_every_extra_changes_the_digest():
@@ -38,10 +44,12 @@ def test_a_plain_token_binds_nothing_more_and_every_extra_changes_the_digest():
         extras_digest(SamplingParams(temperature=0.7, seed=3, presence_penalty=0.5, penalty_start=1), [1, 2, 3]),
         extras_digest(PLAIN, allowed=b"\xff\x00\x00\x00"),
         extras_digest(PLAIN, allowed=b"\xfe\x00\x00\x00"),  # another mask
-        extras_digest(PLAIN, logprobs=LP),
-        extras_digest(PLAIN, logprobs=Logprobs(count=1, k=0, chosen=b"\x00\x00\x00\xbf")),
-        extras_digest(PLAIN, prompt_logprobs=LP),
+        extras_digest(SamplingParams(temperature=0.7, seed=3, logprobs=True, top_logprobs=2)),
+        returned_digest(LP),
+        returned_digest(Logprobs(count=1, k=0, chosen=b"\x00\x00\x00\xbf")),
+        returned_digest(None, LP),
     ]
+    assert returned_digest() == b""
     assert all(len(v) == 32 for v in variants) and len(set(variants)) == len(variants)
 
 
@@ -50,6 +58,8 @@ def test_claims_with_other_extras_are_not_about_the_same_inputs_and_sign_differe
     assert not plain.same_inputs(masked) and plain.digest() != masked.digest()
     assert masked.same_inputs(_claim(masked.extras, peer="B", token=6))
     assert _claim(masked.extras, kind="hidden").extras == b""  # hidden states: nothing to bind
+    with_lp = make_claim(**{**_fields(masked), "returned": returned_digest(LP)})
+    assert with_lp.same_inputs(masked) and with_lp.digest() != masked.digest()  # an output: signed, not a term
     with pytest.raises(RecordRejected):
         ReplyClaim(**{**{f: getattr(plain, f) for f in plain.__struct_fields__}, "extras": b"x"}).validate()
 
