@@ -17,16 +17,24 @@ import sys
 import torch
 
 
-def corrupt_handler(share: float, seed: int = 0) -> None:
-    """Patch ``SessionHandler._reply`` so that a ``share`` of steps returns corrupted outputs."""
+def corrupt_handler(share: float, seed: int = 0, only_extras: bool = False) -> None:
+    """Patch ``SessionHandler._reply`` so that a ``share`` of steps returns corrupted outputs (with
+    ``only_extras``, only of last-hop steps sent a token history: penalties, a grammar...)."""
+    from dataclasses import replace
+
     from p2pserve.peer.handlers import SessionHandler
+    from p2pserve.peer.sampling import Choice
 
     rng = random.Random(seed)
     honest = SessionHandler._reply
 
     def reply(self, session, msg, n, commitment, result):
+        if only_extras and msg.context is None:
+            return honest(self, session, msg, n, commitment, result)
         if rng.random() < share:
-            if isinstance(result, int):
+            if isinstance(result, Choice):  # the last token another one (its log-probabilities kept)
+                result = replace(result, tokens=result.tokens[:-1] + [(result.tokens[-1] + 1) % self.spec.vocab_size])
+            elif isinstance(result, int):
                 result = (result + 1) % self.spec.vocab_size
             elif isinstance(result, list):  # a speculative step's tokens: one of them changed
                 i = rng.randrange(len(result))
@@ -57,7 +65,7 @@ def inflate_claims(factor: float) -> None:
 
 
 def launch(model: str, layers: tuple[int, int] | None, share: float, *extra: str, seed: int = 0,
-           log_path=None, claim_factor: float = 1.0):
+           log_path=None, claim_factor: float = 1.0, only_extras: bool = False):
     """Start a dishonest peer process on loopback, as ``PeerProcess.launch`` starts an honest one
     (do not wait for it; ``wait_ready()`` works on it). With ``log_path`` its output goes there."""
     import os
@@ -73,7 +81,7 @@ def launch(model: str, layers: tuple[int, int] | None, share: float, *extra: str
     if layers is not None:
         args += ["--layers", f"{layers[0]}:{layers[1]}"]
     cmd = [sys.executable, "-m", "tests.dishonest", "--corrupt-share", str(share), "--seed", str(seed),
-           "--claim-factor", str(claim_factor), *args, *extra]
+           "--claim-factor", str(claim_factor), "--only-extras", str(int(only_extras)), *args, *extra]
     env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
                PYTHONPATH=repo + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.Popen(cmd, cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
@@ -85,7 +93,7 @@ def launch(model: str, layers: tuple[int, int] | None, share: float, *extra: str
 
 def main(argv: list[str]) -> int:
     """Parse ``--corrupt-share X [--seed N] [--claim-factor F]``, patch, then run ``p2pserve`` with the rest."""
-    share, seed, factor = 0.1, 0, 1.0
+    share, seed, factor, only_extras = 0.1, 0, 1.0, False
     while argv and argv[0].startswith("--"):
         flag, value, argv = argv[0], argv[1], argv[2:]
         if flag == "--corrupt-share":
@@ -94,10 +102,12 @@ def main(argv: list[str]) -> int:
             seed = int(value)
         elif flag == "--claim-factor":
             factor = float(value)
+        elif flag == "--only-extras":
+            only_extras = bool(int(value))
         else:
             raise SystemExit(f"unknown flag {flag}")
     if share > 0:
-        corrupt_handler(share, seed)
+        corrupt_handler(share, seed, only_extras)
     if factor != 1.0:
         inflate_claims(factor)
     from p2pserve.cli import main as cli_main

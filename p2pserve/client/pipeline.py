@@ -90,7 +90,7 @@ class Pipeline:
         self.forwarding = RouteForwarding(config.push, max_length)
         # the last hop gets each step's token ids (``Forward.context``: penalties, prompt
         # log-probabilities) and maybe a grammar mask: such steps go client-driven (no push or
-        # ring), and the last hop is not taped for re-execution (a witness would lack them)
+        # ring), and the tape keeps them for a witness's replay
         self.extras = extras
         self.last_reply = None  # the last hop's reply of the latest step (its log-probabilities)
         self._stepping = asyncio.Lock()  # held through a step: a fork of this pipeline waits for it
@@ -215,8 +215,8 @@ class Pipeline:
                                           link.hop.end == self.num_layers, self.vocab_size, msg.outputs)
                 if i == last:
                     check_reply_logprobs(reply, self.sampling, len(sent), msg, self.vocab_size)
-                if tape is not None and not (self.extras and i == last):  # kept for re-execution: references
-                    tape.record(i, self._held, len(sent), msg.tensor.dtype, inputs, reply, data)
+                if tape is not None:  # kept for re-execution: references
+                    tape.record(i, self._held, len(sent), msg.tensor.dtype, inputs, reply, data, msg.context, msg.allowed)
             except Exception as e:  # whatever broke on this hop is this hop's failure
                 raise HopFailure(link.hop, e) from e
         return reply
@@ -290,7 +290,7 @@ class Pipeline:
             if self.metrics is not None:
                 self.metrics.failovers.inc()
         if self.trust is not None:
-            self.trust.route_opened(links[:-1] if self.extras else links)
+            self.trust.route_opened(links)
         if self.observer is not None:
             for c in links:
                 if c.open_rtt_s is not None:
@@ -321,7 +321,7 @@ class Pipeline:
         self.history, self._held = list(parent.history[:at]), at
         self.forwarding.route_opened()
         if self.trust is not None:
-            self.trust.route_opened(links[:-1] if self.extras else links)
+            self.trust.route_opened(links)
             self.trust.forked(parent.trust, at)
         return True
 

@@ -52,9 +52,10 @@ class VerifiedSession:
         for mine, tape in zip(self.tapes, theirs):
             mine.seed(tape.inputs_before(positions), positions)
 
-    def record(self, hop: int, position: int, count: int, dtype: str, inputs, reply, payload) -> None:
-        """Append one exchange to hop ``hop``'s tape."""
-        self.tapes[hop].record(position, count, dtype, inputs, reply, payload)
+    def record(self, hop: int, position: int, count: int, dtype: str, inputs, reply, payload, context=None,
+               allowed=None) -> None:
+        """Append one exchange to hop ``hop``'s tape (with the last hop's context and mask)."""
+        self.tapes[hop].record(position, count, dtype, inputs, reply, payload, context, allowed)
 
     def after_step(self, sampling) -> None:
         """Let the verifier draw this step's hops to check (and note who touched its outputs)."""
