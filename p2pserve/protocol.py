@@ -69,8 +69,8 @@ class OpenSession(msgspec.Struct, frozen=True, tag_field="t", tag="open"):
     KV cache up front (or answers "overloaded"). When ``end`` is the model's last layer the
     peer samples a token with ``sampling``; otherwise it returns hidden states.
     ``background`` asks the peer to run the session's Forwards only in steps that have no other
-    work (a verifier's witness replay: it must not delay anyone's tokens); it lowers the
-    session's own priority and nothing else.
+    work (a verifier's witness replay: it must not delay anyone's tokens); it lowers the session's own
+    priority and nothing else. ``fork_of``: begin with that session's first ``fork_at`` positions (same owner).
     """
 
     version: int
@@ -81,6 +81,8 @@ class OpenSession(msgspec.Struct, frozen=True, tag_field="t", tag="open"):
     max_length: NonNegative
     sampling: SamplingParams = SamplingParams()
     background: bool = False
+    fork_of: SessionIdText | None = None
+    fork_at: NonNegative = 0
 
 
 #: How many trailing positions of a Forward the last hop returns a next token for.

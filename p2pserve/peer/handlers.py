@@ -371,11 +371,13 @@ class SessionHandler:
             extra = dict(logprobs=result.logprobs, prompt_logprobs=result.prompt_logprobs)
             result = result.tokens if msg.outputs > 1 else result.tokens[-1]
         if isinstance(result, list):  # speculative verification: the token after each of the last positions
-            sig = self.signer.sign(session, msg.position, n, commitment, tokens_bytes(result), kind="tokens")
+            sig = self.signer.sign(session, msg.position, n, commitment, tokens_bytes(result), kind="tokens",
+                                   allowed=msg.allowed, returned=extra)
             return ForwardResult(session_id=session.id, step=msg.step, position=position, tokens=result,
                                  signature=sig, **extra), b""
         if isinstance(result, int):
-            sig = self.signer.sign(session, msg.position, n, commitment, token=result, kind="token")
+            sig = self.signer.sign(session, msg.position, n, commitment, token=result, kind="token",
+                                   allowed=msg.allowed, returned=extra)
             return ForwardResult(session_id=session.id, step=msg.step, position=position, token=result,
                                  signature=sig, **extra), b""
         meta, data = tensor_to_wire(result)
