@@ -24,7 +24,6 @@ from p2pserve import __version__
 from p2pserve.config import AdmissionConfig
 from p2pserve.errors import (
     BadRequestError,
-    ErrorCode,
     OverloadedError,
     P2PServeError,
     PayloadTooLargeError,
