@@ -1,10 +1,8 @@
 """One request's pipeline through the swarm: the route's connections, the token history, failover.
 
-:meth:`Pipeline.step` sends token ids to the first hop of the current route, hands each hop's
-hidden states to the next as the bytes it received, and returns the token the last hop sampled.
-Why client-driven and not peer-to-peer forwarding is measured and argued in ARCHITECTURE.md
-("Hop topology"); ``ClientConfig.push`` (a :class:`~p2pserve.config.PushConfig`) turns on push
-mode per route, where the first hop forwards peer to peer (``Pipeline.forwarding``).
+:meth:`Pipeline.step` returns the next token after the token ids it is given. A route of one
+peer runs as a loop there and a ring runs peer to peer (``Pipeline.forwarding``, ARCHITECTURE.md
+"Hop topology"); otherwise it drives the hops, handing each one's hidden states to the next.
 
 The pipeline keeps the one token history of the request (prompt and generated tokens it sent)
 and how much of it the current route's peers hold. When a hop fails it applies the pure
@@ -38,6 +36,7 @@ from p2pserve.client.failover import (
     routes_exhausted,
 )
 from p2pserve.client.hop import Hop, check_chain
+from p2pserve.client.push import PushRefused
 from p2pserve.client.route_forwarding import RouteForwarding
 from p2pserve.config import PushConfig
 from p2pserve.client.logprobs import check_reply_logprobs
@@ -162,9 +161,13 @@ class Pipeline:
                     await self._open_route()
                 sent = self.history[self._held:] + list(token_ids)
                 meta, data = tensor_to_wire(torch.tensor(sent, dtype=torch.int64))
-                if not self.extras and self.forwarding.use(self._links, self._taping(), outputs):
-                    reply = await self._push(sent, meta, data, outputs)
-                else:
+                pushed = not self.extras and self.forwarding.use(self._links, self._taping(), outputs)
+                if pushed:
+                    try:
+                        reply = await self._push(sent, meta, data, outputs)
+                    except PushRefused:  # the route's peers take no push-mode steps: drive them
+                        self.forwarding.refused, pushed = True, False
+                if not pushed:
                     last = dict(context=sent, allowed=allowed, prompt_logprobs=prompt_logprobs) if self.extras else {}
                     reply = await self._drive(sent, meta, data, outputs, last)
             except HopFailure as f:
