@@ -11,8 +11,7 @@ decisions of :mod:`p2pserve.client.failover`: ban (or mask) the peer, ask the
 the whole history with the pending tokens as one prefill (the replay). Peers sample with a seed
 per absolute position, so the replayed route returns the token the failed one would have.
 
-Every route opens with a fresh session id: a peer that survived the failure may still hold the
-old session, and the replay must not collide with it.
+Every route opens with a fresh session id: a peer that survived a failure may hold the old one.
 """
 
 from __future__ import annotations
