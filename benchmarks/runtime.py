@@ -301,7 +301,7 @@ def hot_dispatch_ms(tiny_path: str, rounds: int = 1500) -> dict:
     from p2pserve.config import PeerConfig
     from p2pserve.model.shard import Segment, Shard
     from p2pserve.model.spec import load_spec
-    from p2pserve.peer.handlers import _StreamState
+    from p2pserve.peer.inbound import InboundStream
     from p2pserve.peer.runtime import build_runtime
     from p2pserve.protocol import PROTOCOL_VERSION, Forward, OpenSession, SamplingParams, decode_request, encode_frame
     from p2pserve.transport.frames import tensor_to_wire
@@ -322,7 +322,7 @@ def hot_dispatch_ms(tiny_path: str, rounds: int = 1500) -> dict:
     max_len = 256
 
     async def run() -> tuple[float, float]:
-        owner = _StreamState("bench")  # the handler's per-stream state, as handle_stream makes it
+        owner = InboundStream("bench")  # the handler's per-stream state, as handle_stream makes it
         opened = OpenSession(version=PROTOCOL_VERSION, model_id=spec.model_id, session_id="s", start=2, end=4,
                              max_length=max_len, sampling=SamplingParams())
         await handler._dispatch(opened, b"", owner)

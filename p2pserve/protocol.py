@@ -36,6 +36,9 @@ from p2pserve.wire_types import (  # noqa: F401 (re-exported: every message is b
     INT64_MAX,
     MAX_TENSOR_DIMS as MAX_TENSOR_DIMS,
     MAX_TENSOR_EXTENT as MAX_TENSOR_EXTENT,
+    MAX_PUSH_HOPS as MAX_PUSH_HOPS,
+    MAX_RING_AHEAD as MAX_RING_AHEAD,
+    MAX_RING_STOP_TOKENS as MAX_RING_STOP_TOKENS,
     Fingerprint,
     Logprobs,
     NonNegative,
@@ -69,8 +72,8 @@ class OpenSession(msgspec.Struct, frozen=True, tag_field="t", tag="open"):
     KV cache up front (or answers "overloaded"). When ``end`` is the model's last layer the
     peer samples a token with ``sampling``; otherwise it returns hidden states.
     ``background`` asks the peer to run the session's Forwards only in steps that have no other
-    work (a verifier's witness replay: it must not delay anyone's tokens); it lowers the
-    session's own priority and nothing else.
+    work (a verifier's witness replay: it must not delay anyone's tokens); it lowers the session's own
+    priority and nothing else. ``fork_of``: begin with that session's first ``fork_at`` positions (same owner).
     """
 
     version: int
@@ -81,6 +84,8 @@ class OpenSession(msgspec.Struct, frozen=True, tag_field="t", tag="open"):
     max_length: NonNegative
     sampling: SamplingParams = SamplingParams()
     background: bool = False
+    fork_of: SessionIdText | None = None
+    fork_at: NonNegative = 0
 
 
 #: How many trailing positions of a Forward the last hop returns a next token for.
@@ -237,8 +242,6 @@ class ErrorReply(msgspec.Struct, frozen=True, tag_field="t", tag="error"):
     failed_peer: str | None = None
 
 
-#: The most hops a PushForward may name after the one receiving it (a model's route is far shorter).
-MAX_PUSH_HOPS = 16
 #: A libp2p peer id in base58 (what ``Hop.peer_id`` holds); bounded so a route stays small.
 PeerIdText = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern="^[1-9A-HJ-NP-Za-km-z]+$")]
 SessionIdText = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
@@ -252,14 +255,6 @@ class PushHop(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     peer_id: PeerIdText
     session_id: SessionIdText
-
-
-#: The most stop token ids a ring grant may name.
-MAX_RING_STOP_TOKENS = 64
-
-#: How many steps past the one its owner waits for a ring may run (a last hop caps the owner's
-#: credit there), and so how many results the last hop holds for the owner at most.
-MAX_RING_AHEAD = 32
 
 
 class RingGrant(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

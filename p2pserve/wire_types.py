@@ -17,6 +17,14 @@ MAX_TENSOR_DIMS = 4
 #: but torch still computes strides from its other dimensions ([0, 2**62, 2**62] overflowed them).
 #: 2**40 elements is far past any payload limit and keeps every stride inside int64.
 MAX_TENSOR_EXTENT = 1 << 40
+
+#: The most hops a PushForward may name after the one receiving it (a model's route is far shorter).
+MAX_PUSH_HOPS = 16
+#: The most stop token ids a ring grant may name.
+MAX_RING_STOP_TOKENS = 64
+#: How many steps past the one its owner waits for a ring may run (a last hop caps the owner's
+#: credit there), and so how many results the last hop holds for the owner at most.
+MAX_RING_AHEAD = 32
 INT64_MAX = (1 << 63) - 1
 #: A counter or bound that is never negative, enforced by the decoder itself; and within int64,
 #: so that it fits a tensor or a C long wherever it ends up (a token id 2**64-1 from a hostile peer

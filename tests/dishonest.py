@@ -17,11 +17,15 @@ import sys
 import torch
 
 
-def corrupt_handler(share: float, seed: int = 0, looped_only: bool = False) -> None:
-    """Patch ``SessionHandler._reply`` so that a ``share`` of steps returns corrupted outputs;
-    ``looped_only``: only in sessions that loop on this peer (the peer-driven path, which such a
-    peer may believe nobody checks), never in sessions driven step by step."""
+def corrupt_handler(share: float, seed: int = 0, only_extras: bool = False, looped_only: bool = False) -> None:
+    """Patch ``SessionHandler._reply`` so that a ``share`` of steps returns corrupted outputs (with
+    ``only_extras``, only of last-hop steps sent a token history: penalties, a grammar...; with
+    ``looped_only``, only in sessions that loop on this peer: the peer-driven path, which such a
+    peer may believe nobody checks)."""
+    from dataclasses import replace
+
     from p2pserve.peer.handlers import SessionHandler
+    from p2pserve.peer.sampling import Choice
 
     rng = random.Random(seed)
     honest = SessionHandler._reply
@@ -34,8 +38,12 @@ def corrupt_handler(share: float, seed: int = 0, looped_only: bool = False) -> N
         return await honest_forward(self, msg, payload, stream, loops=loops)
 
     def reply(self, session, msg, n, commitment, result):
-        if (not looped_only or session.id in looped) and rng.random() < share:
-            if isinstance(result, int):
+        if (only_extras and msg.context is None) or (looped_only and session.id not in looped):
+            return honest(self, session, msg, n, commitment, result)
+        if rng.random() < share:
+            if isinstance(result, Choice):  # the last token another one (its log-probabilities kept)
+                result = replace(result, tokens=result.tokens[:-1] + [(result.tokens[-1] + 1) % self.spec.vocab_size])
+            elif isinstance(result, int):
                 result = (result + 1) % self.spec.vocab_size
             elif isinstance(result, list):  # a speculative step's tokens: one of them changed
                 i = rng.randrange(len(result))
@@ -67,7 +75,7 @@ def inflate_claims(factor: float) -> None:
 
 
 def launch(model: str, layers: tuple[int, int] | None, share: float, *extra: str, seed: int = 0,
-           log_path=None, claim_factor: float = 1.0, looped_only: bool = False):
+           log_path=None, claim_factor: float = 1.0, only_extras: bool = False, looped_only: bool = False):
     """Start a dishonest peer process on loopback, as ``PeerProcess.launch`` starts an honest one
     (do not wait for it; ``wait_ready()`` works on it). With ``log_path`` its output goes there."""
     import os
@@ -83,7 +91,8 @@ def launch(model: str, layers: tuple[int, int] | None, share: float, *extra: str
     if layers is not None:
         args += ["--layers", f"{layers[0]}:{layers[1]}"]
     cmd = [sys.executable, "-m", "tests.dishonest", "--corrupt-share", str(share), "--seed", str(seed),
-           "--claim-factor", str(claim_factor), "--looped-only", "1" if looped_only else "0", *args, *extra]
+           "--claim-factor", str(claim_factor), "--only-extras", str(int(only_extras)),
+           "--looped-only", str(int(looped_only)), *args, *extra]
     env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
                PYTHONPATH=repo + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.Popen(cmd, cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
@@ -95,7 +104,7 @@ def launch(model: str, layers: tuple[int, int] | None, share: float, *extra: str
 
 def main(argv: list[str]) -> int:
     """Parse ``--corrupt-share X [--seed N] [--claim-factor F]``, patch, then run ``p2pserve`` with the rest."""
-    share, seed, factor, looped_only = 0.1, 0, 1.0, False
+    share, seed, factor, only_extras, looped_only = 0.1, 0, 1.0, False, False
     while argv and argv[0].startswith("--"):
         flag, value, argv = argv[0], argv[1], argv[2:]
         if flag == "--corrupt-share":
@@ -104,12 +113,14 @@ def main(argv: list[str]) -> int:
             seed = int(value)
         elif flag == "--claim-factor":
             factor = float(value)
+        elif flag == "--only-extras":
+            only_extras = bool(int(value))
         elif flag == "--looped-only":
-            looped_only = value == "1"
+            looped_only = bool(int(value))
         else:
             raise SystemExit(f"unknown flag {flag}")
     if share > 0:
-        corrupt_handler(share, seed, looped_only)
+        corrupt_handler(share, seed, only_extras, looped_only)
     if factor != 1.0:
         inflate_claims(factor)
     from p2pserve.cli import main as cli_main

@@ -214,9 +214,12 @@ class AsyncClient:
             return list(prompt)
         raise BadRequestError("prompt must be a non-empty string or a non-empty list of token ids")
 
-    def generation(self, prompt_ids: list[int], params: GenerationParams) -> Generation:
+    def generation(self, prompt_ids: list[int], params: GenerationParams, fork_of=None) -> Generation:
         """A generation after ``prompt_ids`` on a new pipeline (validated: bad input raises here).
 
+        ``fork_of``, another generation (or its ``ReplyStream``) after the same prompt: this one's
+        route forks that one's sessions once it has run the prompt, so the prompt is computed
+        once (``Pipeline.fork_from``; a request's choices, ``client/choices.py``).
         The caller closes ``generation.pipeline`` when done (a :class:`ReplyStream` does).
         """
         sampling = params.validate()
@@ -233,6 +236,9 @@ class AsyncClient:
                             max_length, sampling, self.config, self.failover, vocab_size=spec.vocab_size,
                             observer=self.observer, trust=self.verifier and self.verifier.session(), metrics=self.metrics,
                             extras=extras)
+        parent = getattr(fork_of, "generation", fork_of)
+        if parent is not None and parent._prompt == list(prompt_ids):
+            pipeline.fork_from(parent.pipeline, len(prompt_ids) - 1)  # the last row is sampled per choice
         self.metrics.requests.inc()
         return Generation(pipeline, prompt_ids, params, self.info.eos_ids, self.info.tokenizer,
                           recompute_past=spec.recompute_past, metrics=self.metrics,
@@ -256,12 +262,12 @@ class AsyncClient:
         ``response_format``...). ``tools`` / ``tool_choice`` as in the OpenAI API: ``Reply.tool_calls``.
         """
         params = params or GenerationParams.of(max_new_tokens, temperature, top_p, top_k, seed, stop, ignore_eos, **sampling)
-        if n > 1:  # each choice is one call with n = 1
-            return await choices(self.chat, n, messages, params=params, tools=tools, tool_choice=tool_choice)
         tool_request = parse_tools(tools, tool_choice)
-        gen = self.generation(self.chat_prompt(messages, tools and tool_request.template_tools),
-                              with_forced_call(params, tool_request))
-        return with_tool_calls(await _drained(gen), tool_request, self.info)
+        ids = self.chat_prompt(messages, tools and tool_request.template_tools)
+        params = with_forced_call(params, tool_request)
+        if n > 1:
+            return [with_tool_calls(r, tool_request, self.info) for r in await choices(self, ids, params, n, _drained)]
+        return with_tool_calls(await _drained(self.generation(ids, params)), tool_request, self.info)
 
     def chat_stream(self, messages, max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
                     top_k: int = 0, seed: Optional[int] = None, stop=None, ignore_eos: bool = False, *,
@@ -282,10 +288,10 @@ class AsyncClient:
 
     def generate_stream(self, prompt, max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
                         top_k: int = 0, seed: Optional[int] = None, stop=None, ignore_eos: bool = False, *,
-                        params: Optional[GenerationParams] = None, **sampling) -> ReplyStream:
-        """Like ``generate``, yielding text pieces."""
+                        params: Optional[GenerationParams] = None, fork_of=None, **sampling) -> ReplyStream:
+        """Like ``generate``, yielding text pieces; ``fork_of`` as in :meth:`generation`."""
         params = params or GenerationParams.of(max_new_tokens, temperature, top_p, top_k, seed, stop, ignore_eos, **sampling)
-        return ReplyStream(self.generation(self.text_prompt(prompt), params))
+        return ReplyStream(self.generation(self.text_prompt(prompt), params, fork_of))
 
 
 async def _drained(gen: Generation) -> Reply:

@@ -62,16 +62,19 @@ class HopConnection(SessionStream):
                                               self.connect_timeout_s))
 
     async def open(self, model_id: str, session_id: Optional[str], max_length: int,
-                   sampling: SamplingParams) -> SessionOpened:
+                   sampling: SamplingParams, fork: Optional[tuple[str, int]] = None) -> SessionOpened:
         """Open the stream and the session on the peer.
 
         ``session_id`` None draws a fresh random one: each hop gets its own, so one hop's id
         tells nothing about another's (the peer also binds a session to the stream that opened it).
+        ``fork`` (session id, positions) starts the session holding that many positions of
+        another session of this client on the same hop (``OpenSession.fork_of``).
         """
         await self.connect()
         session_id = session_id or secrets.token_hex(16)
+        fork_of, fork_at = fork if fork is not None else (None, 0)
         msg = OpenSession(version=PROTOCOL_VERSION, model_id=model_id, session_id=session_id, start=self.hop.start,
-                          end=self.hop.end, max_length=max_length, sampling=sampling)
+                          end=self.hop.end, max_length=max_length, sampling=sampling, fork_of=fork_of, fork_at=fork_at)
         t0 = time.perf_counter()
         reply, _ = await self.call(msg)
         self.open_rtt_s = time.perf_counter() - t0  # no compute behind it: the link's RTT (client/trust/observer.py)

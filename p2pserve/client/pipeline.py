@@ -1,10 +1,8 @@
 """One request's pipeline through the swarm: the route's connections, the token history, failover.
 
-:meth:`Pipeline.step` sends token ids to the first hop of the current route, hands each hop's
-hidden states to the next as the bytes it received, and returns the token the last hop sampled.
-Why client-driven and not peer-to-peer forwarding is measured and argued in ARCHITECTURE.md
-("Hop topology"); ``ClientConfig.push`` (a :class:`~p2pserve.config.PushConfig`) turns on push
-mode per route, where the first hop forwards peer to peer (``Pipeline.forwarding``).
+:meth:`Pipeline.step` returns the next token after the token ids it is given. A route of one
+peer runs as a loop there and a ring runs peer to peer (``Pipeline.forwarding``, ARCHITECTURE.md
+"Hop topology"); otherwise it drives the hops, handing each one's hidden states to the next.
 
 The pipeline keeps the one token history of the request (prompt and generated tokens it sent)
 and how much of it the current route's peers hold. When a hop fails it applies the pure
@@ -13,8 +11,7 @@ decisions of :mod:`p2pserve.client.failover`: ban (or mask) the peer, ask the
 the whole history with the pending tokens as one prefill (the replay). Peers sample with a seed
 per absolute position, so the replayed route returns the token the failed one would have.
 
-Every route opens with a fresh session id: a peer that survived the failure may still hold the
-old session, and the replay must not collide with it.
+Every route opens with a fresh session id: a peer that survived a failure may hold the old one.
 """
 
 from __future__ import annotations
@@ -38,6 +35,7 @@ from p2pserve.client.failover import (
     routes_exhausted,
 )
 from p2pserve.client.hop import Hop, check_chain
+from p2pserve.client.push import PushRefused
 from p2pserve.client.route_forwarding import RouteForwarding
 from p2pserve.config import PushConfig
 from p2pserve.client.logprobs import check_reply_logprobs
@@ -90,9 +88,11 @@ class Pipeline:
         self.forwarding = RouteForwarding(config.push, max_length)
         # the last hop gets each step's token ids (``Forward.context``: penalties, prompt
         # log-probabilities) and maybe a grammar mask: such steps go client-driven (no push or
-        # ring), and the last hop is not taped for re-execution (a witness would lack them)
+        # ring), and the tape keeps them for a witness's replay
         self.extras = extras
         self.last_reply = None  # the last hop's reply of the latest step (its log-probabilities)
+        self._stepping = asyncio.Lock()  # held through a step: a fork of this pipeline waits for it
+        self._fork: Optional[tuple["Pipeline", int]] = None  # (parent, positions) the first route forks
 
     @property
     def position(self) -> int:
@@ -123,8 +123,21 @@ class Pipeline:
             except RoutingError as e:
                 waited = await self._await_route(e, waited, attempts)
 
+    def fork_from(self, parent: "Pipeline", positions: int) -> None:
+        """Open the first route as a fork of ``parent``'s route: the same hops, each session
+        starting with ``parent``'s first ``positions`` positions (``OpenSession.fork_of``), so
+        their KV is shared rather than computed again. When that fails (a peer gone, the parent
+        closed), the route opens as usual and the history is sent in full."""
+        self._fork = (parent, positions)
+
     async def step(self, token_ids: Sequence[int], outputs: int = 1, allowed: Optional[bytes] = None,
                    prompt_logprobs: bool = False) -> int:
+        """Feed ``token_ids`` after the history; returns the next token (:meth:`_step`)."""
+        async with self._stepping:
+            return await self._step(token_ids, outputs, allowed, prompt_logprobs)
+
+    async def _step(self, token_ids: Sequence[int], outputs: int = 1, allowed: Optional[bytes] = None,
+                    prompt_logprobs: bool = False) -> int:
         """Feed ``token_ids`` after the history; returns the next token, whatever fails below.
 
         The route first gets the history it does not hold: after a re-route that is all of it,
@@ -147,9 +160,13 @@ class Pipeline:
                     await self._open_route()
                 sent = self.history[self._held:] + list(token_ids)
                 meta, data = tensor_to_wire(torch.tensor(sent, dtype=torch.int64))
-                if not self.extras and self.forwarding.use(self._links, self._taping(), outputs):
-                    reply = await self._push(sent, meta, data, outputs)
-                else:
+                pushed = not self.extras and self.forwarding.use(self._links, self._taping(), outputs)
+                if pushed:
+                    try:
+                        reply = await self._push(sent, meta, data, outputs)
+                    except PushRefused:  # the route's peers take no push-mode steps: drive them
+                        self.forwarding.refused, pushed = True, False
+                if not pushed:
                     last = dict(context=sent, allowed=allowed, prompt_logprobs=prompt_logprobs) if self.extras else {}
                     reply = await self._drive(sent, meta, data, outputs, last)
             except HopFailure as f:
@@ -200,8 +217,8 @@ class Pipeline:
                                           link.hop.end == self.num_layers, self.vocab_size, msg.outputs)
                 if i == last:
                     check_reply_logprobs(reply, self.sampling, len(sent), msg, self.vocab_size)
-                if tape is not None and not (self.extras and i == last):  # kept for re-execution: references
-                    tape.record(i, self._held, len(sent), msg.tensor.dtype, inputs, reply, data)
+                if tape is not None:  # kept for re-execution: references
+                    tape.record(i, self._held, len(sent), msg.tensor.dtype, inputs, reply, data, msg.context, msg.allowed)
             except Exception as e:  # whatever broke on this hop is this hop's failure
                 raise HopFailure(link.hop, e) from e
         return reply
@@ -247,6 +264,9 @@ class Pipeline:
 
         Raises ``HopFailure`` naming the first hop, in route order, that could not open.
         """
+        fork, self._fork = self._fork, None
+        if fork is not None and await self._open_fork(*fork):
+            return
         masks = self.state.masks()
         hops = await self.routes.route(self.trust.masks(masks) if self.trust is not None else masks)
         check_chain(hops, self.num_layers)
@@ -279,13 +299,42 @@ class Pipeline:
             if self.metrics is not None:
                 self.metrics.failovers.inc()
         if self.trust is not None:
-            self.trust.route_opened(links[:-1] if self.extras else links)
+            self.trust.route_opened(links)
         if self.observer is not None:
             for c in links:
                 if c.open_rtt_s is not None:
                     self.observer.rtt(c.hop.peer_id, c.hop.end - c.hop.start, c.open_rtt_s)
                 if c.opened is not None and c.opened.receipt:
                     self.observer.receipt(c.hop.peer_id, c.opened.receipt)
+
+    async def _open_fork(self, parent: "Pipeline", at: int) -> bool:
+        """Open sessions forking ``parent``'s on its route (:meth:`fork_from`); False if they
+        could not all be opened (nothing is left open then)."""
+        cfg = self.config
+        async with parent._stepping:  # the parent's sessions run no step while they are forked
+            theirs = parent._links
+            if theirs is None or parent._held < at:
+                return False
+            links = [HopConnection(self.transport, c.hop, cfg.frame_limits, cfg.hop_timeout_s, cfg.connect_timeout_s)
+                     for c in theirs]
+            opens = [c.open(self.model_id, None, self.max_length, self.sampling, fork=(p.session_id, at))
+                     for c, p in zip(links, theirs)]
+            results = await asyncio.gather(*opens, return_exceptions=True)
+        failed = [r for r in results if isinstance(r, BaseException)]
+        if failed:
+            log.info("forking %d positions failed (%s); opening a route of its own", at, failed[0])
+            await asyncio.gather(*(c.close() for c in links), return_exceptions=True)
+            if any(not isinstance(r, Exception) for r in failed):
+                raise failed[0]  # interrupted
+            return False
+        self.route_log.append([c.hop for c in links])
+        self._links, self._steps = links, 0
+        self.history, self._held = list(parent.history[:at]), at
+        self.forwarding.route_opened()
+        if self.trust is not None:
+            self.trust.route_opened(links)
+            self.trust.forked(parent.trust, at)
+        return True
 
     async def _recover(self, failure: HopFailure, attempts: int) -> None:
         """Record a failed hop and drop the route; raises when re-routing cannot help."""

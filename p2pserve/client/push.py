@@ -28,7 +28,7 @@ from typing import Optional, Sequence
 from p2pserve.blame import blamed_hop
 from p2pserve.client.connection import HopConnection
 from p2pserve.client.failover import HopFailure
-from p2pserve.errors import MalformedFrameError, error_from_reply
+from p2pserve.errors import BadRequestError, MalformedFrameError, error_from_reply
 from p2pserve.protocol import (
     AllowPush,
     AwaitResult,
@@ -39,6 +39,15 @@ from p2pserve.protocol import (
     PushForward,
     PushHop,
 )
+
+class PushRefused(Exception):
+    """A hop refused a grant as a request it does not take (a peer with no push support): the
+    route's steps are driven by the client instead. Not a failure of the hop."""
+
+    def __init__(self, hop, cause: BaseException):
+        super().__init__(f"{hop} takes no push-mode steps: {cause}")
+        self.hop = hop
+
 
 async def grant(links: Sequence[HopConnection]) -> None:
     """Allow each hop's predecessor to push into its session (in parallel); HopFailure names the
@@ -54,6 +63,8 @@ async def grant_all(links: Sequence[HopConnection], grants: Sequence[AllowPush])
             reply, _ = await link.call(msg)
             if not isinstance(reply, PushAllowed) or reply.session_id != link.session_id:
                 raise MalformedFrameError(f"expected PushAllowed from {link.hop}, got {type(reply).__name__}")
+        except BadRequestError as e:
+            raise PushRefused(link.hop, e) from e
         except Exception as e:  # whatever broke is this hop's failure
             raise HopFailure(link.hop, e) from e
 

@@ -30,6 +30,7 @@ class RouteForwarding:
         # a ring's bounds: the last input position it may need and its stop token ids; None: no
         # ring for this step (speculative drafting)
         self.ring_limit: Optional[tuple[int, frozenset]] = (max_length - 1, frozenset())
+        self.refused = False  # a hop of the current route takes no push-mode steps: drive it
         self.pushed_steps = 0  # steps that went peer to peer (push mode), for tests and reports
         self.ring_steps = 0  # steps whose token came round a ring, for tests and reports
 
@@ -42,6 +43,8 @@ class RouteForwarding:
         takes only ring steps (its PushForward and AwaitResult share one stream): one output,
         and a ring allowed (``limit_ring``); so does a verified route (a ring shows the client
         every hop's input and output, a plain push only the last hop's)."""
+        if self.refused:
+            return False
         ringed = outputs == 1 and self.ring_limit is not None and (self.config.ring or len(links) == 1)
         if (len(links) == 1 or verified) and not ringed:  # only a ring shows a verified step's every hop
             return False
@@ -89,7 +92,7 @@ class RouteForwarding:
 
     def route_opened(self) -> None:
         """A new route: nothing pushed on it yet."""
-        self.pushed, self.ring = None, None
+        self.pushed, self.ring, self.refused = None, None, False
 
     async def route_left(self, settle_s: float) -> None:
         """The pipeline leaves the route: the first hop's last ack is read (up to ``settle_s``)

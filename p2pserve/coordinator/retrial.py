@@ -205,6 +205,9 @@ class Retrials:
 
     async def retry(self, case: Mismatch, peers: Mapping[str, PeerInfo], excluded: Collection[str]) -> Outcome:
         """Re-execute one case on replicas this coordinator chooses."""
+        if case.accused.claim.extras:  # bound by digest only: the case cannot say what to re-execute with
+            return Outcome(INCONCLUSIVE, "the claim's token used sampling extras, a history or a mask "
+                                         "(ReplyClaim.extras) that a retrial cannot reproduce")
         answers: dict[str, bytes | list[int]] = {}
         for info in choose_replicas(case, peers, excluded, self.rng):
             if len(answers) >= self.replicas:

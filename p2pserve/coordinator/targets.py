@@ -101,7 +101,8 @@ def _sparse_pairs(snap: Snapshot, ids: Sequence[str]) -> tuple[dict[int, list[in
             pair = (min(i, x), max(i, x))
             if pair not in linked:
                 linked.add(pair)
-                defaulted.append(tuple(sorted((pid, ids[x]))))
+                a, b = sorted((pid, ids[x]))
+                defaulted.append((a, b))
     out: dict[int, list[int]] = {}
     for i, j in sorted(linked):
         out.setdefault(i, []).append(j)

@@ -33,7 +33,7 @@ from p2pserve.errors import RecordRejected
 from p2pserve.types import PeerId, SessionId
 from p2pserve.wire_types import SamplingParams
 
-DOMAIN = b"p2pserve/reply-claim/2"
+DOMAIN = b"p2pserve/reply-claim/3"
 GENESIS = hashlib.sha256(b"p2pserve/inputs/1").digest()
 DIGEST_BYTES = 32
 SIGNATURE_BYTES = 64
@@ -160,7 +160,10 @@ class ReplyClaim(msgspec.Struct, frozen=True, array_like=True):
     something else: ``kind`` (:data:`KINDS`), ``dtype`` (the peer's compute dtype: hidden
     inputs and outputs travel in it, and it sets the tolerance), and the sampling parameters of
     a token (canonical, all defaults, for hidden states and greedy tokens, whose output they do
-    not change: :func:`sampling_terms`)."""
+    not change: :func:`sampling_terms`); ``extras`` the digest of the rest that decides a token
+    (``min_p``, penalties and the token history, ``logit_bias``, the grammar's mask:
+    ``dht/claim_extras.py``), empty when none is used; ``returned`` the digest of the
+    log-probabilities the reply carried (an output: not among :meth:`terms`)."""
 
     model: str
     peer_id: PeerId
@@ -177,6 +180,8 @@ class ReplyClaim(msgspec.Struct, frozen=True, array_like=True):
     top_k: int = 0
     top_p: float = 1.0
     seed: int = 0
+    extras: bytes = b""
+    returned: bytes = b""
 
     def digest(self) -> bytes:
         """What the signature covers: sha256 of the domain tag and every field, length-prefixed."""
@@ -187,6 +192,7 @@ class ReplyClaim(msgspec.Struct, frozen=True, array_like=True):
         parts.append(struct.pack(">QQQQ", self.start, self.end, self.position, self.count))
         parts.append(struct.pack(">dQdQ", self.temperature, self.top_k & _U64, self.top_p, self.seed & _U64))
         parts += [self.commitment, self.output]
+        parts += [b for x in (self.extras, self.returned) for b in (struct.pack(">I", len(x)), x)]
         return hashlib.sha256(b"".join(parts)).digest()
 
     def same_inputs(self, other: "ReplyClaim") -> bool:
@@ -197,7 +203,7 @@ class ReplyClaim(msgspec.Struct, frozen=True, array_like=True):
     def terms(self) -> tuple:
         """Everything but the peer, its session and its output: what an honest output depends on."""
         return (self.model, self.start, self.end, self.position, self.count, self.commitment, self.kind,
-                self.dtype, self.temperature, self.top_k, self.top_p, self.seed)
+                self.dtype, self.temperature, self.top_k, self.top_p, self.seed, self.extras)
 
     def validate(self) -> None:
         """Raise RecordRejected on malformed fields."""
@@ -206,7 +212,9 @@ class ReplyClaim(msgspec.Struct, frozen=True, array_like=True):
                 raise RecordRejected(f"claim {name} must be 1-512 characters")
         if not 0 <= self.start < self.end <= 4096 or not 0 <= self.position < 1 << 40 or not 1 <= self.count < 1 << 40:
             raise RecordRejected("claim span or positions out of range")
-        if len(self.commitment) != DIGEST_BYTES or len(self.output) != DIGEST_BYTES:
+        if len(self.commitment) != DIGEST_BYTES or len(self.output) != DIGEST_BYTES or (
+                {len(self.extras), len(self.returned)} - {0, DIGEST_BYTES}
+                or self.kind == "hidden" and (self.extras or self.returned)):
             raise RecordRejected("claim digests must be 32 bytes")
         if self.kind not in KINDS or self.dtype not in TOLERANCE:
             raise RecordRejected(f"claim kind {self.kind!r} / dtype {self.dtype!r} unknown")
@@ -225,12 +233,15 @@ def sampling_terms(kind: str, sampling: SamplingParams) -> tuple[float, int, flo
 
 
 def make_claim(*, model: str, peer_id: str, session_id: str, start: int, end: int, position: int, count: int,
-               commitment: bytes, output: bytes, kind: str, dtype: str, sampling: SamplingParams) -> ReplyClaim:
-    """The claim of one reply, its sampling fields canonical (:func:`sampling_terms`)."""
+               commitment: bytes, output: bytes, kind: str, dtype: str, sampling: SamplingParams,
+               extras: bytes = b"", returned: bytes = b"") -> ReplyClaim:
+    """The claim of one reply, its sampling fields canonical (:func:`sampling_terms`); ``extras``
+    and ``returned`` (``dht/claim_extras.py``) are dropped for hidden states."""
     t, k, p, seed = sampling_terms(kind, sampling)
     return ReplyClaim(model=model, peer_id=peer_id, session_id=session_id, start=start, end=end, position=position,
                       count=count, commitment=commitment, output=output, kind=kind, dtype=dtype, temperature=t,
-                      top_k=k, top_p=p, seed=seed)
+                      top_k=k, top_p=p, seed=seed, extras=b"" if kind == "hidden" else extras,
+                      returned=b"" if kind == "hidden" else returned)
 
 
 def sign_claim(key: Ed25519PrivateKey, claim: ReplyClaim) -> bytes:

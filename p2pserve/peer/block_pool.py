@@ -114,6 +114,15 @@ class KVBudget:
             self._used = max(0, self._used - len(freed) * self.block_size)
             self._free_ids.extend(sorted(freed, reverse=True))
 
+    def share(self, ids: list[int]) -> None:
+        """Hold blocks another session holds once more (a fork: ``PagedCache.fork``)."""
+        with self._lock:
+            for i in ids:
+                if self._refs[i] <= 0:
+                    raise ValueError(f"block {i} is not held by anyone")
+            for i in ids:
+                self._refs[i] += 1
+
     def refs(self, block: int) -> int:
         """How many sessions hold ``block``."""
         return self._refs[block]

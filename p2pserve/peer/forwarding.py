@@ -36,13 +36,13 @@ import torch
 
 from p2pserve.blame import blamed_hop
 from p2pserve.config import ForwardingConfig
-from p2pserve.errors import WIRE_ERRORS, BadRequestError, ErrorCode, MalformedFrameError, P2PServeError
+from p2pserve.errors import WIRE_ERRORS, BadRequestError, ErrorCode, MalformedFrameError
 from p2pserve.peer.next_hop import UNREACHABLE, unreachable
+from p2pserve.peer.held_results import HeldResults
 from p2pserve.peer.push_link import PushLink, tell
 from p2pserve.peer.ring import RingState, check_grant
 from p2pserve.protocol import (
     AllowPush,
-    MAX_RING_AHEAD,
     AwaitResult,
     ErrorReply,
     Forward,
@@ -51,7 +51,6 @@ from p2pserve.protocol import (
     PushAllowed,
     PushForward,
     PushHop,
-    RingStopped,
     error_reply,
 )
 from p2pserve.transport import Transport
@@ -100,9 +99,7 @@ class Forwarder:
         self._grants: dict[str, tuple[object, str]] = {}  # session id -> (session, allowed peer id)
         self._rings: dict[str, tuple[object, RingState]] = {}  # session id -> (session, its granted ring)
         self._links: dict[str, PushLink] = {}  # our session id -> stream to its next hop
-        # the last hop's side: results held per session until its owner asks, or one waiting owner
-        self._results: dict[str, tuple[object, dict]] = {}  # sid -> (session, {step: (reply, payload)})
-        self._waiters: dict[str, tuple[object, int, asyncio.Future]] = {}  # sid -> (session, step, future)
+        self._held = HeldResults(config.wait_timeout_s)  # steps' outcomes until the owner asks
 
     def allow(self, msg: AllowPush, stream) -> PushAllowed:
         """Record the owner's grant: ``msg.from_peer`` may push into ``msg.session_id`` (with
@@ -115,7 +112,7 @@ class Forwarder:
             if msg.ring.route:
                 check_route(msg.ring.route, self.self_id)
             self._rings[session.id] = (session, RingState.of(msg.ring, msg.from_peer, self.self_id))
-            self._results.pop(session.id, None)  # a new ring: nothing held from an old one
+            self._held.drop(session.id)  # a new ring: nothing held from an old one
         self._grants[msg.session_id] = (session, msg.from_peer)
         return PushAllowed(session_id=msg.session_id)
 
@@ -289,61 +286,27 @@ class Forwarder:
             asyncio.ensure_future(tell(ring.upstream, ring.failure))
 
     async def await_result(self, msg: AwaitResult, stream) -> tuple[object, bytes]:
-        """The owner's wait for its pushed step ``msg.step`` to run here (the route's last hop):
-        that step's ForwardResult and payload, the ErrorReply it ended in, or RingStopped (the
-        ring ended before it). ``msg.ring_until`` raises the ring's credit."""
+        """The owner's wait for its pushed step ``msg.step`` to run here (the route's last hop, or
+        any hop of a ring): that step's ForwardResult and payload, the ErrorReply it ended in, or
+        RingStopped (the ring ended before it). ``msg.ring_until`` raises the ring's credit."""
         session = self.table.get(msg.session_id, stream)  # only the owner may wait
         self._prune()
-        ring = self._rings.get(session.id, (None, None))[1]
+        ring = self._ring_of(session)
         if ring is not None and ring.last and (go := ring.resume(msg.ring_until, msg.step)) is not None:
             await self._ring_push(session, ring, *go)
-        early = self._answer_for(session, msg.step)
-        if early is not None:
-            return early
-        old = self._waiters.pop(session.id, None)
-        if old is not None and not old[2].done():  # the owner gave up on it
-            old[2].set_exception(BadRequestError(f"a later AwaitResult replaced the wait for step {old[1]}"))
-        future = asyncio.get_running_loop().create_future()
-        self._waiters[session.id] = (session, msg.step, future)
-        try:
-            async with asyncio.timeout(self.config.wait_timeout_s):
-                return await future
-        except TimeoutError:
-            raise P2PServeError(f"no pushed step {msg.step} reached session {session.id} "
-                                f"in {self.config.wait_timeout_s:.0f} s") from None
-        finally:
-            if self._waiters.get(session.id, (None, None, None))[2] is future:
-                del self._waiters[session.id]
+        return await self._held.wait(session, msg.step, ring)
 
-    def _answer_for(self, session, step: int) -> Optional[tuple[object, bytes]]:
-        """What answers a wait for ``step`` now: its held outcome, the ring's failure or end;
-        None: wait for it."""
-        held = self._results.get(session.id, (None, {}))[1].pop(step, None)
-        if held is not None:
-            return held
-        ring = self._rings.get(session.id, (None, None))[1]
-        if ring is not None and ring.last and step > ring.last_run:
-            if ring.failure is not None:
-                return msgspec.structs.replace(ring.failure, step=step), b""
-            if ring.ended_after is not None:
-                return RingStopped(session_id=session.id, step=ring.ended_after), b""
-        return None
-
-    def _answer_waiter(self, session) -> None:
-        """Answer the owner's pending wait if its answer is there now."""
-        waiter = self._waiters.get(session.id)
-        if waiter is not None and not waiter[2].done() and (answer := self._answer_for(session, waiter[1])):
-            waiter[2].set_result(answer)
-            del self._waiters[session.id]
+    def _ring_of(self, session) -> Optional[RingState]:
+        """The ring granted on ``session`` here, if any."""
+        return self._rings.get(session.id, (None, None))[1]
 
     def _deliver(self, session, step: int, reply, payload: bytes) -> None:
-        """Hand a pushed step's outcome to the owner's waiting AwaitResult, or hold it for it
-        (a bounded few: a ring runs at most ``MAX_RING_AHEAD`` steps past the owner's wait)."""
-        held = self._results.setdefault(session.id, (session, {}))[1]
-        held[step] = (reply, payload)
-        while len(held) > MAX_RING_AHEAD + 4:
-            del held[min(held)]
-        self._answer_waiter(session)
+        """Hand a step's outcome to the owner's wait, or hold it for it."""
+        self._held.deliver(session, step, reply, payload, self._ring_of(session))
+
+    def _answer_waiter(self, session) -> None:
+        """Answer the owner's pending wait if its answer (a ring's failure or end) is there now."""
+        self._held.answer_waiter(session, self._ring_of(session))
 
     async def _call_next(self, session, nxt: PushHop, onward: PushForward, payload: bytes):
         """Send ``onward`` to ``nxt`` and return its checked reply: a PushAck, or an ErrorReply
@@ -409,11 +372,10 @@ class Forwarder:
 
     def _prune(self) -> None:
         """Forget grants, rings, links, held results and waits of sessions no longer open."""
-        for table in (self._grants, self._rings, self._results, self._waiters):
+        for table in (self._grants, self._rings):
             for sid in [s for s, entry in table.items() if not self._open(entry[0])]:
-                entry = table.pop(sid)
-                if table is self._waiters and not entry[2].done():
-                    entry[2].set_exception(BadRequestError(f"session {sid} closed while its owner waited"))
+                del table[sid]
+        self._held.prune(self._open)
         for sid in [s for s, link in self._links.items() if not self._open(link.session)]:
             self._drop_link(sid)
 

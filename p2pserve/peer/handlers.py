@@ -24,7 +24,6 @@ from p2pserve import __version__
 from p2pserve.config import AdmissionConfig
 from p2pserve.errors import (
     BadRequestError,
-    ErrorCode,
     OverloadedError,
     P2PServeError,
     PayloadTooLargeError,
@@ -40,7 +39,7 @@ from p2pserve.peer.sampling import Choice
 from p2pserve.peer.sessions import SessionTable
 from p2pserve.peer.timing import RecentTimes
 from p2pserve.peer.worker import ComputeWorker, Job
-from p2pserve.peer.inbound import InboundStream
+from p2pserve.peer.inbound import InboundStream, close_writer, error_for
 from p2pserve.protocol import (
     FRAME_PREFIX,
     CloseSession,
@@ -134,7 +133,7 @@ class SessionHandler:
             closed = self.table.close_owned_by(stream)
             if closed:
                 log.debug("stream closed; freed %d session(s)", closed)
-            _close(writer)
+            close_writer(writer)
 
     async def _refuse_stream(self, reader, writer, error: OverloadedError) -> None:
         """Answer a stream over quota with ``error`` once its first request is in, then close it.
@@ -158,7 +157,7 @@ class SessionHandler:
                     pass
         except (ConnectionError, TimeoutError):
             pass
-        _close(writer)
+        close_writer(writer)
 
     def _read_deadline(self, nbytes: int) -> float:
         """Seconds the rest of a frame of ``nbytes`` may take once its first byte arrived."""
@@ -230,7 +229,7 @@ class SessionHandler:
         """The ErrorReply answering ``msg`` with ``exc``, counted in the metrics."""
         if self.metrics is not None:
             self.metrics.error(exc)
-        return _error_for(exc, msg)
+        return error_for(exc, msg)
 
     async def _reply_error(self, writer, exc: P2PServeError) -> None:
         if self.metrics is not None:
@@ -371,11 +370,13 @@ class SessionHandler:
             extra = dict(logprobs=result.logprobs, prompt_logprobs=result.prompt_logprobs)
             result = result.tokens if msg.outputs > 1 else result.tokens[-1]
         if isinstance(result, list):  # speculative verification: the token after each of the last positions
-            sig = self.signer.sign(session, msg.position, n, commitment, tokens_bytes(result), kind="tokens")
+            sig = self.signer.sign(session, msg.position, n, commitment, tokens_bytes(result), kind="tokens",
+                                   allowed=msg.allowed, returned=extra)
             return ForwardResult(session_id=session.id, step=msg.step, position=position, tokens=result,
                                  signature=sig, **extra), b""
         if isinstance(result, int):
-            sig = self.signer.sign(session, msg.position, n, commitment, token=result, kind="token")
+            sig = self.signer.sign(session, msg.position, n, commitment, token=result, kind="token",
+                                   allowed=msg.allowed, returned=extra)
             return ForwardResult(session_id=session.id, step=msg.step, position=position, token=result,
                                  signature=sig, **extra), b""
         meta, data = tensor_to_wire(result)
@@ -389,16 +390,3 @@ class SessionHandler:
         if session_id != self._last_session:
             self._last_session, self._alone_since = session_id, now
         return self.inline_window_s > 0 and now - self._alone_since >= self.inline_window_s
-
-
-def _error_for(exc: P2PServeError, msg) -> ErrorReply:
-    """The ErrorReply for ``exc``, naming the session and step of ``msg`` when it has them."""
-    code = getattr(exc, "code", ErrorCode.INTERNAL)
-    return error_reply(code, getattr(exc, "message", str(exc)), getattr(msg, "session_id", None), getattr(msg, "step", None))
-
-
-def _close(writer) -> None:
-    try:
-        writer.close()
-    except Exception:  # the transport may already be gone
-        pass

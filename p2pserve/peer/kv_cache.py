@@ -131,6 +131,27 @@ class PagedCache:
         self._table_t = torch.tensor(self._tables, dtype=torch.long)
         self._rows = None
 
+    def fork(self, parent: "PagedCache", length: int) -> None:
+        """Start (empty) holding ``parent``'s positions [0, length): its blocks are shared, so
+        both sessions copy the block they first write into when the other holds it too.
+
+        The caller makes sure ``parent`` runs no step meanwhile (its tables are read here)."""
+        if self.length or not 0 < length <= parent.length or (parent.start, parent.end) != (self.start, self.end):
+            raise BadRequestError(f"cannot fork positions [0, {length}) of a session holding {parent.length}")
+        B = self.pool.block_size
+        blocks = -(-length // B)
+        self._tables = [table[:blocks] for table in parent._tables]
+        self.pool.share([b for table in self._tables for b in table])
+        self._table_t = torch.tensor(self._tables, dtype=torch.long)
+        self._len = [length] * len(self._tables)
+        self._rows = None
+        self._digests = parent._digests[:length] if parent._digests is not None and parent.salt == self.salt else None
+        self._chain = parent._chain[: length // B] if self._digests is not None else []
+        self._root = parent._root if self._digests is not None else None
+        # every shared block counts as possibly shared: the first write into one copies it
+        self._adopted = blocks
+        parent._adopted = max(parent._adopted, blocks)
+
     def truncate(self, length: int) -> None:
         """Forget positions >= length and give back the blocks past its block (a client rewinding)."""
         length = max(0, length)

@@ -12,6 +12,7 @@ from typing import Optional
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from p2pserve.dht.claim_extras import extras_digest, returned_digest
 from p2pserve.dht.evidence import InputChain, make_claim, output_digest, reply_key_text, row_digests, sign_claim
 from p2pserve.dht.receipts import sign_receipt
 from p2pserve.types import PeerId
@@ -43,12 +44,21 @@ class ReplySigner:
         return chain.extend(row_digests(payload, n))
 
     def sign(self, session, position: int, count: int, commitment: bytes, payload=b"",
-             token: Optional[int] = None, kind: str = "hidden") -> bytes:
+             token: Optional[int] = None, kind: str = "hidden", allowed: Optional[bytes] = None,
+             returned: Optional[dict] = None) -> bytes:
         """The signature over the claim of one reply of ``session`` (a peer ``Session``): ``kind``
         is "hidden" (``payload`` the hidden-state bytes), "token" (``token``) or "tokens"
-        (``payload`` their ``tokens_bytes``); the session's sampling parameters are bound too."""
+        (``payload`` their ``tokens_bytes``); the session's sampling parameters are bound too,
+        and for tokens the rest that decided them (``dht/claim_extras.py``): the session's token
+        history through this step, the grammar's mask ``allowed``, and the log-probabilities
+        ``returned`` (``logprobs`` / ``prompt_logprobs``)."""
+        extras = carried = b""
+        if kind != "hidden":
+            got = returned or {}
+            extras = extras_digest(session.sampling, session.tokens[:position + count], allowed)
+            carried = returned_digest(got.get("logprobs"), got.get("prompt_logprobs"))
         claim = make_claim(model=self.model_id, peer_id=self.peer_id, session_id=session.id, start=session.start,
                            end=session.end, position=position, count=count, commitment=commitment,
                            output=output_digest(payload, token), kind=kind, dtype=self.dtype,
-                           sampling=session.sampling)
+                           sampling=session.sampling, extras=extras, returned=carried)
         return sign_claim(self.key, claim)

@@ -125,9 +125,8 @@ class SessionTable:
         check_session_quota(self.admission, self.budget.capacity, len(held), sum(s.reserved for s in held), need)
         heads, k_dim, v_dim = self.spec.kv_layout
         self.budget.bind(heads, k_dim, self.torch_dtype, self.device, v_dim=v_dim)
-        cache = PagedCache(self.budget, msg.start, msg.end, msg.max_length,
-                           scope_salt(self.admission.prefix_sharing, principal))
-        cache.reserve(headroom)  # OverloadedError ("KV cache full") when the pool lacks it
+        parent = self._fork_parent(msg, principal)
+        cache = self._cache(msg, principal, parent, headroom)
         session = Session(
             id=msg.session_id,
             start=msg.start,
@@ -140,8 +139,43 @@ class SessionTable:
             principal=principal,
             background=msg.background,
         )
+        if parent is not None:  # what the parent consumed at [0, fork_at) is this one's past too
+            session.chain.links = parent.chain.links[: msg.fork_at + 1]
+            session.tokens = parent.tokens[: msg.fork_at]
         self._sessions[msg.session_id] = session
         return session
+
+    def _cache(self, msg: OpenSession, principal: str, parent: Session | None, headroom: int) -> PagedCache:
+        """A new session's cache holding ``headroom`` positions' blocks (and ``parent``'s first
+        ``msg.fork_at`` positions, when it forks one); OverloadedError ("KV cache full") when the
+        pool lacks them, nothing taken."""
+        cache = PagedCache(self.budget, msg.start, msg.end, msg.max_length,
+                           scope_salt(self.admission.prefix_sharing, principal))
+        if parent is not None:
+            cache.fork(parent.cache, msg.fork_at)
+        try:
+            cache.reserve(max(headroom, msg.fork_at))
+        except BaseException:
+            cache.release()
+            raise
+        return cache
+
+    def _fork_parent(self, msg: OpenSession, principal: str) -> Session | None:
+        """The session ``msg`` forks (``OpenSession.fork_of``), or None; BadRequestError when it
+        cannot be forked, saying the same whether it does not exist or is someone else's."""
+        if msg.fork_of is None:
+            return None
+        parent = self._sessions.get(msg.fork_of)
+        if parent is None or parent.closed or parent.principal != principal:
+            raise BadRequestError(f"no session {msg.fork_of!r} of yours to fork")
+        if (parent.start, parent.end) != (msg.start, msg.end) or not 0 < msg.fork_at <= parent.position:
+            raise BadRequestError(f"cannot fork positions [0, {msg.fork_at}) of layers [{parent.start}, "
+                                  f"{parent.end}) holding {parent.position} into [{msg.start}, {msg.end})")
+        if parent.busy or msg.fork_at > msg.max_length:
+            raise BadRequestError("the session to fork is running a step, or longer than max_length")
+        if parent.chain.length < msg.fork_at:
+            raise BadRequestError("the session to fork has not committed its inputs")
+        return parent
 
     def grow(self, session: Session, length: int) -> None:
         """Before a Forward runs: hold blocks for ``length`` tokens, or OverloadedError ("KV cache

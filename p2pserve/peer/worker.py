@@ -17,13 +17,11 @@ count, ``peer/threads.py``; at 1 thread both took 47-48 ms).
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 
@@ -31,37 +29,12 @@ from p2pserve.errors import OverloadedError, P2PServeError, RangeMovedError, Req
 from p2pserve.model.shard import Segment, Shard
 from p2pserve.peer.batch_forming import ArrivalForecast
 from p2pserve.peer.batcher import Pending, TokenThrottle
+from p2pserve.peer.job import Delivery, Job, deliver_all, finish, logit_rows, resolve
 from p2pserve.peer.kv_cache import KVBudget
-from p2pserve.peer.sampling import Ask, answer
-from p2pserve.peer.sessions import Session
 from p2pserve.peer.threads import adopt_torch_threads
 from p2pserve.peer.timing import RecentTimes
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Job:
-    """A Forward to run: ``inputs`` are token ids [n] or hidden states [n, H]."""
-
-    session: Session
-    inputs: torch.Tensor
-    position: int
-    sample: bool  # span ends at the last layer: return a sampled token
-    future: asyncio.Future
-    loop: asyncio.AbstractEventLoop
-    outputs: list = field(default_factory=list)
-    loop_thread: int = field(default_factory=threading.get_ident)  # the thread running ``loop``
-    # Called on the loop's thread once the worker is done with this job, whether or not the
-    # future is still awaited (``SessionTable.settle``: the session may take its next Forward).
-    on_settled: Callable[["Job"], None] | None = None
-    abandoned: bool = False  # nobody awaits the result any more (the handler timed out): skip it
-    # With ``sample``: how many trailing positions get a next token (``Forward.outputs``); above 1
-    # the result is a list of tokens, and ``logits`` collects their rows [r, V] chunk by chunk.
-    logit_rows: int = 1
-    logits: list = field(default_factory=list)
-    ask: Ask | None = None  # what the answer needs beyond a plain token (peer/sampling.py): a Choice
-    loops: bool = False  # the session's next step follows at once (a ring looping on this peer)
 
 
 @dataclass
@@ -135,7 +108,7 @@ class ComputeWorker:
             self._thread = self._new_thread()
             self._thread.start()
             self.restarts += 1
-        _deliver_all(done)
+        deliver_all(done)
         return True
 
     def stop(self) -> None:
@@ -190,7 +163,7 @@ class ComputeWorker:
             with self._cv:
                 self._busy, self._step_since = False, None
                 self._cv.notify()  # jobs submitted meanwhile wait for the thread
-            _deliver_all(done)
+            deliver_all(done)
         return True
 
     # ------------------------------------------------------------------ thread
@@ -220,9 +193,9 @@ class ComputeWorker:
                 with self._cv:
                     self._busy, self._step_since = False, None
                     self._expect_returns(done)
-                _deliver_all(done)
+                deliver_all(done)
         for p in self._waiting:
-            _resolve(p.key, exc=RequestError("peer is shutting down"))
+            resolve(p.key, exc=RequestError("peer is shutting down"))
 
     def _take_incoming(self) -> None:
         self._waiting.extend(self._pending(job) for job in self._incoming)
@@ -306,7 +279,7 @@ class ComputeWorker:
         segments = []
         for ch in chunks:
             job: Job = ch.pending.key
-            rows = _logit_rows(job, ch.offset, ch.n, ch.pending.total)
+            rows = logit_rows(job, ch.offset, ch.n, ch.pending.total)
             segments.append(
                 Segment(
                     inputs=job.inputs[ch.offset : ch.offset + ch.n],
@@ -347,7 +320,7 @@ class ComputeWorker:
                 note(seg.inputs, seg.position)
             if ch.pending.advance(ch.n):
                 self._waiting.remove(ch.pending)
-                done.append(_finish(job, out, job.position + ch.pending.total))
+                done.append(finish(job, out, job.position + ch.pending.total))
         return done
 
     def _drop_unwanted(self) -> list[Delivery]:
@@ -380,54 +353,3 @@ class ComputeWorker:
                 outputs.append(e if isinstance(e, P2PServeError)
                                else RequestError(f"compute failed: {type(e).__name__}: {e}"))
         return outputs
-
-
-def _logit_rows(job: Job, offset: int, n: int, total: int) -> int:
-    """How many of a chunk's rows [offset, offset + n) of a job of ``total`` rows are among the
-    last ``job.logit_rows`` (whose next tokens the job returns); 0 for a job that samples nothing."""
-    if not job.sample:
-        return 0
-    return max(0, min(n, offset + n - (total - job.logit_rows)))
-
-
-def _finish(job: Job, out: torch.Tensor, position: int) -> "Delivery":
-    """The result of a job whose last chunk ran: a sampled token for the token at ``position``
-    (the span ends at the last layer), the ``logit_rows`` tokens up to it, or the hidden states
-    of all its chunks."""
-    if not job.sample:
-        return job, (job.outputs[0] if len(job.outputs) == 1 else torch.cat(job.outputs)), None
-    try:
-        return job, answer(job.logits if job.logit_rows > 1 else [out], job.logit_rows, job.session.sampling,
-                           position, job.ask), None
-    except P2PServeError as e:
-        job.session.cache.truncate(job.position)
-        return job, None, e
-
-
-#: A finished job and its result: (job, value, exception).
-Delivery = tuple["Job", object, "BaseException | None"]
-
-
-def _deliver_all(done: list[Delivery]) -> None:
-    for job, value, exc in done:
-        _resolve(job, value=value, exc=exc)
-
-
-def _resolve(job: Job, value=None, exc: BaseException | None = None) -> None:
-    def deliver() -> None:
-        if job.on_settled is not None:
-            job.on_settled(job)
-        if job.future.done():  # cancelled: its handler timed out or went away
-            return
-        if exc is not None:
-            job.future.set_exception(exc)
-        else:
-            job.future.set_result(value)
-
-    if threading.get_ident() == job.loop_thread:  # run inline on the loop's own thread
-        deliver()
-        return
-    try:
-        job.loop.call_soon_threadsafe(deliver)
-    except RuntimeError:  # loop already closed during shutdown
-        pass

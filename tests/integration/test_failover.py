@@ -121,6 +121,63 @@ def test_sampled_output_with_failure_equals_run_without(cluster):
     assert failed == clean
 
 
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "pattern": "^[a-z ]{1,8}$"},
+                                           "ok": {"type": "boolean"}, "n": {"type": "integer", "minimum": 0, "maximum": 99}},
+          "required": ["name", "ok", "n"], "additionalProperties": False}
+
+
+async def generate_extras_with_kills(path, peers, prompt_ids, params, kills: dict[int, str]):
+    """As :func:`generate_with_kills`, on a pipeline whose last hop gets each step's context and
+    grammar mask (``Pipeline.extras``: penalties, structured output)."""
+    from p2pserve.client.failover import FailoverState
+    from p2pserve.client.pipeline import Pipeline
+    from p2pserve.client.route_providers import PeerListRoutes
+
+    model = LocalModelInfo.load(path)
+    spec = model.spec
+    by_id = {p.peer_id: p for p in peers}
+    async with client_node(CONFIG) as transport:
+        pipeline = Pipeline(transport, PeerListRoutes(spec.num_layers, [p.hop() for p in peers], seed=0), spec.model_id,
+                            spec.num_layers, 256, params.validate(), CONFIG, FailoverState(CONFIG),
+                            vocab_size=spec.vocab_size, extras=True)
+        gen = Generation(pipeline, prompt_ids, params, model.eos_ids, model.tokenizer)
+        try:
+            n = 0
+            async for _ in gen:
+                n += 1
+                if n in kills:
+                    hop = pipeline.route[0 if kills[n] == "first" else -1]
+                    await asyncio.to_thread(by_id[hop.peer_id].kill)
+            return gen.result, pipeline
+        finally:
+            await pipeline.close()
+
+
+def test_penalties_and_a_json_schema_with_failure_equal_the_run_without(cluster):
+    """Sampled with presence, frequency and repetition penalties under a ``json_schema`` grammar:
+    the replay after a SIGKILL gives the new last hop the whole token history (the penalties'
+    counts) and the grammar's state goes on, so the reply is the same as without a failure."""
+    import json
+
+    import jsonschema
+
+    from p2pserve.client.grammar import compiler_for
+
+    path, procs = ensure(cluster, 2, 1)
+    model = LocalModelInfo.load(path)
+    ids = prompt(path, "Answer in JSON.")
+    grammar = compiler_for(model.tokenizer, model.spec.vocab_size, model.eos_ids).json_schema(SCHEMA)
+    params = GenerationParams(max_new_tokens=40, temperature=0.9, seed=77, presence_penalty=0.6,
+                              frequency_penalty=0.4, repetition_penalty=1.3).with_sampling(grammar=grammar)
+    clean, s1 = asyncio.run(generate_extras_with_kills(path, procs, ids, params, {}))
+    assert not s1.failures
+    failed, s2 = asyncio.run(generate_extras_with_kills(path, procs, ids, params, {6: "first"}))
+    assert len(s2.failures) == 1
+    assert failed.tokens == clean.tokens and len(clean.tokens) > 6
+    if clean.finish_reason == "stop":
+        jsonschema.validate(json.loads(clean.text), SCHEMA)
+
+
 def test_kill_every_replica_of_a_layer_fails_clearly(cluster):
     path, procs = ensure(cluster, 1, 1)
     ids = prompt(path)

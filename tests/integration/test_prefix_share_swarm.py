@@ -119,3 +119,45 @@ def test_another_users_cached_prompt_cannot_be_picked_out_by_the_free_kv_figure(
     finally:
         global_scope.stop()
     assert len(set(control)) == 2 and control.count(min(control)) == 1 and control.index(min(control)) == 5, control
+
+
+async def _computed(hops) -> list[int]:
+    """Positions each hop's peer has run through its layers so far (``PeerStats.tokens``)."""
+    async with client_node() as transport:
+        out = []
+        for hop in hops:
+            conn = HopConnection(transport, hop, ClientConfig().frame_limits, 10)
+            out.append((await conn.stats()).tokens)
+            await conn.close()
+        return out
+
+
+def test_n_choices_compute_the_prompt_once(model_dir):
+    """``n`` = 4 choices through real peers: the later choices fork the first one's sessions, so
+    each peer computes the prompt once plus its last position per later choice (whose logits each
+    choice samples its own first token from), and greedy choices equal single-process `generate`;
+    a sampled choice equals the same seed asked for alone."""
+    import p2pserve
+
+    path = model_dir("llama")
+    peers = start_peers(path, [(0, 4), (4, 8)])
+    try:
+        model = LocalModelInfo.load(path)
+        messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "What is 2 plus 2?"}]
+        ids, n, new = model.chat_ids(messages), 4, 6
+        ref = reference_generate(path, ids, new)
+        hops = [p.hop() for p in peers]
+        with p2pserve.Client(peers=[(p.maddrs[0], *p.layers) for p in peers], model=path, verify_share=0.0) as client:
+            before = asyncio.run(_computed(hops))
+            replies = client.chat(messages, n=n, max_new_tokens=new, ignore_eos=True)
+            after = asyncio.run(_computed(hops))
+            sampled = client.chat(messages, n=2, max_new_tokens=new, ignore_eos=True, temperature=1.0, seed=5)
+            alone = client.chat(messages, max_new_tokens=new, ignore_eos=True, temperature=1.0, seed=6)
+        assert [r.tokens for r in replies] == [ref] * n
+        once = len(ids) + (n - 1) + n * (new - 1)  # the prompt, its last row again per fork, the decode steps
+        unshared = n * len(ids) + n * (new - 1)
+        assert [a - b for a, b in zip(after, before)] == [once] * len(hops), (before, after, once, unshared)
+        assert sampled[1].tokens == alone.tokens
+    finally:
+        for p in peers:
+            p.stop()

@@ -43,9 +43,15 @@ class StepTrust(Protocol):
     def route_opened(self, links: Sequence["HopConnection"]) -> None:
         """A route's sessions are open on ``links`` (route order)."""
 
-    def record(self, hop: int, position: int, count: int, dtype: str, inputs, reply, payload) -> None:
+    def forked(self, parent: Optional["StepTrust"], positions: int) -> None:
+        """The route just opened forks ``parent``'s sessions at ``positions``: their inputs before
+        it are this route's past too (or, when ``parent`` kept none, the route goes unrecorded)."""
+
+    def record(self, hop: int, position: int, count: int, dtype: str, inputs, reply, payload, context=None,
+               allowed=None) -> None:
         """Hop ``hop`` of the route was sent ``inputs`` (``count`` positions from ``position``,
-        as ``dtype`` bytes) and answered ``reply`` with ``payload`` (references, not copies)."""
+        as ``dtype`` bytes; a last hop also ``context`` and ``allowed``) and answered ``reply``
+        with ``payload`` (references, not copies)."""
 
     def after_step(self, sampling: "SamplingParams") -> None:
         """A step went through the whole route: draw which of its hops to check."""

@@ -39,9 +39,23 @@ class VerifiedSession:
         if self.tape_steps:
             self.tapes = [HopTape(c.hop, c.session_id) for c in links]
 
-    def record(self, hop: int, position: int, count: int, dtype: str, inputs, reply, payload) -> None:
-        """Append one exchange to hop ``hop``'s tape."""
-        self.tapes[hop].record(position, count, dtype, inputs, reply, payload)
+    def forked(self, parent, positions: int) -> None:
+        """Each hop's tape starts with the parent's inputs at [0, ``positions``) (unsigned here:
+        compared by no check, but replayed and committed to); without them a witness would
+        replay a history missing its start, so the route then goes unrecorded."""
+        theirs = getattr(parent, "tapes", None)
+        if not self.tapes:
+            return
+        if not theirs or len(theirs) != len(self.tapes):
+            self.tapes = []
+            return
+        for mine, tape in zip(self.tapes, theirs):
+            mine.seed(tape.inputs_before(positions), positions)
+
+    def record(self, hop: int, position: int, count: int, dtype: str, inputs, reply, payload, context=None,
+               allowed=None) -> None:
+        """Append one exchange to hop ``hop``'s tape (with the last hop's context and mask)."""
+        self.tapes[hop].record(position, count, dtype, inputs, reply, payload, context, allowed)
 
     def after_step(self, sampling) -> None:
         """Let the verifier draw this step's hops to check (and note who touched its outputs)."""

@@ -23,17 +23,20 @@ from p2pserve.types import SessionId
 
 @dataclass
 class Chunk:
-    """``count`` rows at ``position``: their raw bytes (``dtype``, ``count`` equal rows)."""
+    """``count`` rows at ``position``: their raw bytes (``dtype``, ``count`` equal rows), and for
+    a last hop the token ids at those positions it was sent (``Forward.context``), if any."""
 
     position: int
     count: int
     dtype: str
     data: bytes | memoryview
+    context: Optional[list] = None
 
     def head(self, rows: int) -> "Chunk":
         """The first ``rows`` rows of this chunk."""
         size = len(self.data) // self.count
-        return Chunk(self.position, rows, self.dtype, memoryview(self.data)[: rows * size])
+        context = self.context[:rows] if self.context is not None else None
+        return Chunk(self.position, rows, self.dtype, memoryview(self.data)[: rows * size], context)
 
 
 @dataclass
@@ -45,6 +48,7 @@ class Step:
     reply: object  # the ForwardResult
     output: bytes | memoryview
     whole: Optional["Step"] = None
+    allowed: Optional[bytes] = None  # the grammar's mask the last hop was sent (``Forward.allowed``)
 
     @property
     def signed(self) -> Optional["Step"]:
@@ -84,10 +88,30 @@ class HopTape:
     steps: list[Step] = field(default_factory=list)
     due: Optional[object] = None  # the SamplingParams of a check drawn for when the route is done
 
-    def record(self, position: int, count: int, dtype: str, data, reply, output) -> None:
+    def record(self, position: int, count: int, dtype: str, data, reply, output, context=None, allowed=None) -> None:
         """Append a step at ``position``; a rewind first drops the steps at and after it."""
         self.truncate(position)
-        self.steps.append(Step(Chunk(position, count, dtype, data), reply, output))
+        self.steps.append(Step(Chunk(position, count, dtype, data, context), reply, output, allowed=allowed))
+
+    @property
+    def extras(self) -> bool:
+        """Whether the hop was sent token history (a last hop under penalties, a grammar...)."""
+        return any(s.inputs.context is not None for s in self.steps)
+
+    def history(self, position: int) -> Optional[list]:
+        """The token ids the hop was sent for positions [0, ``position``), or None if not all."""
+        chunks = self.inputs_before(position)
+        if any(c.context is None for c in chunks):
+            return None
+        return [t for c in chunks for t in c.context][:position]
+
+    def seed(self, chunks: list[Chunk], position: int) -> None:
+        """Start with another session's inputs ``chunks`` up to ``position`` as this session's
+        past (a fork): steps with no reply, which no check compares."""
+        for c in chunks:
+            if c.position < position:
+                chunk = c.head(min(c.count, position - c.position))
+                self.steps.append(Step(chunk, None, b""))
 
     def truncate(self, position: int) -> None:
         """Forget inputs at ``position`` and after (a step cut in two keeps its head, no reply)."""

@@ -43,6 +43,7 @@ from p2pserve.client.trust.session import VerifiedSession
 from p2pserve.client.trust.tape import HopTape, join, reply_output_digest
 from p2pserve.client.trust.witness_pool import WitnessPool
 from p2pserve.config import ClientConfig
+from p2pserve.dht.claim_extras import extras_digest, returned_digest
 from p2pserve.dht.evidence import (
     MAX_HISTORY_BYTES,
     MAX_INPUT_BYTES,
@@ -211,7 +212,8 @@ class Verifier:
         return make_claim(model=self.model_id, peer_id=tape.hop.peer_id, session_id=tape.session_id,
                           start=tape.hop.start, end=tape.hop.end, position=chunk.position, count=chunk.count,
                           commitment=tape.commitment_of(step), output=reply_output_digest(step.reply, step.output),
-                          kind=_kind(step.reply), dtype=self.dtype, sampling=sampling)
+                          kind=_kind(step.reply), dtype=self.dtype, sampling=sampling,
+                          extras=_extras(tape, step, sampling), returned=_returned(step.reply))
 
     async def _first_difference(self, tape: HopTape, witness: Hop, sampling: SamplingParams):
         """The first step of ``tape`` (as signed: a head's whole step) whose output on rows still
@@ -255,10 +257,14 @@ class Verifier:
         if not kept:
             return None
         first = kept[0][1][0][0]
-        calls = token_windows(first, end, rows, tape.last.inputs.dtype, payload)
+        if tape.extras:  # each step as the hop got it: its own context and mask (one token each)
+            calls = [(s.inputs.position, s.inputs.count, s.inputs.dtype, s.inputs.data, 1, s.inputs.context,
+                      s.allowed) for s in tape.steps]
+        else:
+            calls = token_windows(first, end, rows, tape.last.inputs.dtype, payload)
         replies, _ = await self._run(witness, calls, end, sampling)
         theirs: dict[int, int] = {}  # position -> the witness's token after it
-        for (position, n, _, _, k), (reply, _) in zip(calls, replies):
+        for (position, n, _, _, k, *_), (reply, _) in zip(calls, replies):
             tokens = reply.tokens if k > 1 else [reply.token]
             theirs.update(zip(range(position + n - k, position + n), tokens))
         for s, pairs in kept:
@@ -315,12 +321,16 @@ class Verifier:
         outputs = len(step.reply.tokens) if step.reply.tokens is not None else 1
         calls = ([(0, rows, step.inputs.dtype, payload, 1)] if rows else []) + [
             (p, step.inputs.count, step.inputs.dtype, step.inputs.data, outputs)]
+        if tape.extras:  # the last hop's token history and the step's grammar mask go along
+            masks = [None] * (len(calls) - 1) + [step.allowed]
+            calls = [(*c, tape.history(c[0] + c[1])[c[0]:], mask) for c, mask in zip(calls, masks)]
         replies, sid = await self._run(replica, calls, p + step.inputs.count, sampling)
         (reply, out), meta = replies[-1], replies[-1][0].tensor
         claim = make_claim(model=self.model_id, peer_id=replica.peer_id, session_id=sid, start=tape.hop.start,
                            end=tape.hop.end, position=p, count=step.inputs.count,
                            commitment=tape.commitment_of(step), output=reply_output_digest(reply, out),
-                           kind=_kind(reply), dtype=self.dtype, sampling=sampling)
+                           kind=_kind(reply), dtype=self.dtype, sampling=sampling,
+                           extras=_extras(tape, step, sampling), returned=_returned(reply))
         hidden = _rows(meta, out) if meta is not None else None
         return Answer(replica, claim, reply.signature, _token_answer(reply), hidden,
                       bytes(out) if meta is not None else b"")
@@ -362,6 +372,18 @@ def _agree(a: tuple, b: tuple, tol: float) -> tuple[bool, float]:
 def _token_answer(reply) -> Optional[int | tuple]:
     """A reply's token, or its tokens as a tuple (a speculative step)."""
     return tuple(reply.tokens) if reply.tokens is not None else reply.token
+
+
+def _extras(tape: HopTape, step, sampling: SamplingParams) -> bytes:
+    """``ReplyClaim.extras`` of ``step`` (as signed) of ``tape``: the sampling's, the token history
+    the hop was sent through the step, and the step's mask."""
+    end = step.inputs.position + step.inputs.count
+    return extras_digest(sampling, tape.history(end) if tape.extras else None, step.allowed)
+
+
+def _returned(reply) -> bytes:
+    """``ReplyClaim.returned`` of a reply: the log-probabilities it carried."""
+    return returned_digest(getattr(reply, "logprobs", None), getattr(reply, "prompt_logprobs", None))
 
 
 def _kind(reply) -> str:

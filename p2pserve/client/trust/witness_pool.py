@@ -64,7 +64,7 @@ class WitnessPool:
 
     async def run(self, replica: Hop, calls, max_length: int, sampling: SamplingParams):
         """Send ``calls`` (``(position, rows, dtype, payload, outputs)``, the first at position 0;
-        ``outputs`` tokens asked of a last hop, else 1) to a check session over ``replica``'s span;
+        ``outputs`` tokens asked of a last hop, else 1; a last hop's may add ``context, allowed``) to a check session over ``replica``'s span;
         returns each call's (reply, payload) and the session id. A session that fails is dropped
         and the calls are sent once more on a fresh stream and session."""
         entry = self._replicas.setdefault(replica.peer_id, _Replica())
@@ -93,12 +93,13 @@ class WitnessPool:
         link = HopConnection(self.transport, replica, cfg.frame_limits, cfg.hop_timeout_s, cfg.connect_timeout_s,
                              stream=entry.conn.stream, session_id=session.session_id)
         replies = []
-        for position, rows, dtype, payload, k in calls:
+        for position, rows, dtype, payload, k, *last in calls:  # last: a last hop's (context, allowed)
             meta = _meta(dtype, rows, payload)
             step, session.steps = session.steps, session.steps + 1
             self.forwards += 1
+            extra = dict(context=last[0], allowed=last[1]) if last else {}
             reply, out = await link.call(Forward(session_id=session.session_id, step=step, position=position,
-                                                 tensor=meta, outputs=k), payload)
+                                                 tensor=meta, outputs=k, **extra), payload)
             link.check_forward(reply, out, rows, step, position, replica.end == self.num_layers, outputs=k)
             replies.append((reply, out))
         return replies, session.session_id

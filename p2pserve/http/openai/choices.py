@@ -3,24 +3,22 @@
 :func:`prepare_request` runs on the API's tokenising thread: it renders the prompt (with the
 request's tools through the chat template) and compiles the grammar a ``response_format`` or a
 forced ``tool_choice`` needs. :func:`start_choices` starts one generation per choice: the first
-at once, the others once the first one's prompt has run, so that the peers hold its KV blocks
-and prefix sharing (``peer/prefix_share.py``) gives the later choices the prompt's full blocks
-instead of new ones. :class:`ChoiceEvents` merges the choices' events into server-sent events.
+at once, the others once the first one's prompt has run, each forking the first one's sessions
+(``Pipeline.fork_from``): they hold its KV of the prompt, shared copy-on-write, and compute only
+the prompt's last position. :class:`ChoiceEvents` merges the choices' events into server-sent events.
 """
 
 from __future__ import annotations
 
 from typing import Callable, Optional
 
+from p2pserve.client.choices import choice_params
 from p2pserve.client.grammar import compiler_for
 from p2pserve.http.openai.extras import Rendering, TokenNames, chat_logprobs, completion_logprobs
 from p2pserve.http.openai.jobs import EventBox
 from p2pserve.http.openai.schema import GenRequest, chunk_body, http_error_for, route_info, usage
 from p2pserve.http.openai.sse import DONE, ChunkEncoder, event
 from p2pserve.client.tools import ToolStream
-
-SEED_SPACE = 1 << 62
-
 
 def prepare_request(client, g: GenRequest) -> tuple[list[int], object]:
     """(prompt token ids, GenerationParams with the grammar compiled in) of request ``g``;
@@ -42,11 +40,12 @@ def prepare_request(client, g: GenRequest) -> tuple[list[int], object]:
 
 def start_choices(client, ids: list[int], params, n: int, make_job: Callable) -> list:
     """``n`` jobs (``make_job(stream, index, after)``) generating after ``ids``; choice i > 0 waits
-    for choice 0's ``started`` and, when sampling, draws with seed ``params.seed + i``."""
+    for choice 0's ``started``, forks its sessions and, when sampling, draws with seed
+    ``params.seed + i``."""
     jobs: list = []
-    for i in range(n):
-        p = params if i == 0 or not params.temperature else params.with_sampling(seed=(params.seed + i) % SEED_SPACE)
-        jobs.append(make_job(client.generate_stream(ids, params=p), i, jobs[0].started if jobs else None))
+    for i, p in enumerate(choice_params(params, n)):
+        stream = client.generate_stream(ids, params=p, fork_of=jobs[0].stream if jobs else None)
+        jobs.append(make_job(stream, i, jobs[0].started if jobs else None))
     return jobs
 
 

@@ -149,3 +149,59 @@ def test_attack_sole_holder_rewrites_its_registered_block_and_later_sessions_do_
         assert torch.equal(got, want)
         got, want = _step(shard, victim, token), _step(shard, ref, token)
         token = want.argmax().reshape(1)
+
+
+def test_a_fork_shares_the_parents_blocks_and_neither_writes_into_the_others(model_dir):
+    """A session forked at a position inside a block (``PagedCache.fork``) holds the parent's
+    blocks without new ones; each then writes its own tokens there, copying the shared block
+    first, and both decode exactly as unshared caches fed the same tokens."""
+    spec, shard, pool = _setup(model_dir)
+    L = spec.num_layers
+    prompt = torch.randint(0, spec.vocab_size, (37,), generator=torch.Generator().manual_seed(2))
+    parent = PagedCache(pool, 0, L, 128)
+    _step(shard, parent, prompt)
+    used = pool.used
+    child = PagedCache(pool, 0, L, 128)
+    child.fork(parent, 36)
+    assert pool.used == used and child.length == 36 and child._tables == parent._tables
+    flats = [SequenceCache(0, L, spec.num_kv_heads, spec.head_dim, 128, torch.float32) for _ in range(2)]
+    _step(shard, flats[0], prompt)
+    _step(shard, flats[1], prompt[:36])
+    want_child = _step(shard, flats[1], torch.tensor([5]))
+    assert torch.equal(_step(shard, child, torch.tensor([5])), want_child)  # child's own row 36
+    for token in (7, 9, 11):  # both go on in the block they shared, each in its own copy now
+        t = torch.tensor([token])
+        assert torch.equal(_step(shard, parent, t), _step(shard, flats[0], t))
+        assert torch.equal(_step(shard, child, t + 1), _step(shard, flats[1], t + 1))
+    assert parent._tables[0][2] != child._tables[0][2] and parent._tables[0][:2] == child._tables[0][:2]
+    parent.release()
+    child.release()
+    assert pool.used == 0
+
+
+def test_only_the_owners_idle_session_over_the_same_span_can_be_forked(tmp_path):
+    import pytest
+
+    from p2pserve.errors import BadRequestError
+    from p2pserve.protocol import PROTOCOL_VERSION, OpenSession
+    from tests.harness import tiny_session_table
+
+    _, spec, _, table = tiny_session_table(tmp_path)
+    parent = table.open(OpenSession(version=PROTOCOL_VERSION, model_id=spec.model_id, session_id="p", start=0,
+                                    end=spec.num_layers, max_length=64), owner="s1", principal="alice")
+    parent.cache.reserve(20)
+    parent.cache.claim(20)
+    parent.chain.extend([b"x" * 32] * 20)
+
+    def fork(name, principal, at=10, start=0):
+        return table.open(OpenSession(version=PROTOCOL_VERSION, model_id=spec.model_id, session_id=name, start=start,
+                                      end=spec.num_layers, max_length=64, fork_of="p", fork_at=at),
+                          owner="s2", principal=principal)
+
+    with pytest.raises(BadRequestError, match="of yours"):
+        fork("mallory", "mallory")
+    for name, at, start in (("far", 21, 0), ("span", 10, 1), ("zero", 0, 0)):
+        with pytest.raises(BadRequestError):
+            fork(name, "alice", at, start)
+    child = fork("c", "alice")
+    assert child.position == 10 and child.chain.links == parent.chain.links[:11]
