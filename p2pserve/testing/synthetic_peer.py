@@ -18,12 +18,15 @@ import asyncio
 import logging
 import signal
 import sys
+from pathlib import Path
 from typing import Optional
 
 from p2pserve.cli.common import add_dht_arguments, dht_config_from_args, setup_logging
 from p2pserve.clock import monotonic, wall
 from p2pserve.config import ProberConfig
 from p2pserve.dht.announcer import Announcer
+from p2pserve.dht.evidence import reply_key_text
+from p2pserve.dht.receipts import sign_receipt
 from p2pserve.dht.keys import RecordKind
 from p2pserve.dht.prober import LinkProber
 from p2pserve.dht.records import PeerInfo, encode_record
@@ -36,8 +39,9 @@ logger = logging.getLogger("p2pserve.testing.synthetic_peer")
 class SyntheticState:
     """Mutable self-description of the synthetic peer (what it would announce)."""
 
-    def __init__(self, model: str, peer_id: PeerId, addrs: list[str], args: argparse.Namespace):
+    def __init__(self, model: str, peer_id: PeerId, addrs: list[str], args: argparse.Namespace, reply_key=None):
         self.model, self.peer_id, self.addrs, self.args = model, peer_id, addrs, args
+        self.reply_key = reply_key  # its Ed25519 reply key: it signs service receipts with it
         self.state = "joining"
         self.serving: Optional[LayerRange] = None
         self.loading: Optional[LayerRange] = None
@@ -65,7 +69,18 @@ class SyntheticState:
             queued_tokens=0,
             version="synthetic",
             timestamp=wall(),
+            reply_key=reply_key_text(self.reply_key) if self.reply_key is not None else "",
         )
+
+    def write_receipts(self, folder: Path) -> None:
+        """Sign a service receipt for every client that asks in ``folder`` (a file
+        ``client-<peer id>``), as a real peer does when it opens a session for that client: it
+        writes ``receipt-<its peer id>-<client id>`` (the receipt, hex)."""
+        for ask in folder.glob("client-*"):
+            client = ask.name.removeprefix("client-")
+            out = folder / f"receipt-{self.peer_id}-{client}"
+            if self.reply_key is not None and not out.exists():
+                out.write_text(sign_receipt(self.reply_key, self.peer_id, client).hex())
 
     def follow(self, target: Optional[LayerRange], now: float) -> bool:
         """Start "loading" a new target and flip once it is loaded; returns whether the state changed."""
@@ -99,6 +114,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--load-delay", type=float, default=0.5, help="seconds 'loading' a range takes")
     parser.add_argument("--no-probe", action="store_true")
     parser.add_argument("--absurd", action="store_true", help="announce 10^12 tokens/s")
+    parser.add_argument("--receipts", default=None, metavar="DIR",
+                        help="sign a service receipt for each client-<peer id> file in DIR (a served client)")
 
 
 async def _probe_round(swarm: Swarm, prober: LinkProber, announcer: Announcer, me: str) -> None:
@@ -114,7 +131,7 @@ async def amain(args: argparse.Namespace) -> int:
     dcfg, _ = dht_config_from_args(args)
     swarm = (UncheckedSwarm if args.absurd else Swarm).create(dcfg)
     try:
-        st = SyntheticState(dcfg.model, swarm.peer_id, swarm.visible_maddrs(), args)
+        st = SyntheticState(dcfg.model, swarm.peer_id, swarm.visible_maddrs(), args, swarm.reply_key())
         prober = None
         if not args.no_probe:
             prober = LinkProber(await swarm.replicate_p2p(),
@@ -133,6 +150,8 @@ async def amain(args: argparse.Namespace) -> int:
                 signed = await swarm.get_plan()
                 if st.follow(signed.plan.targets.get(st.peer_id) if signed else None, monotonic()):
                     announcer.poke()
+                if args.receipts:
+                    st.write_receipts(Path(args.receipts))
                 if prober and monotonic() - last_probe >= min(dcfg.link_refresh, 2.0):
                     last_probe = monotonic()
                     await _probe_round(swarm, prober, announcer, st.peer_id)

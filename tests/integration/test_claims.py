@@ -3,9 +3,9 @@
 A bootstrap node, a real coordinator (claims checked, at most one peer per IP) and synthetic
 peers (real DHT nodes announcing real signed PeerInfo records, following the plan), each honest
 one at its own loopback IP: two honest peers at 400 tokens/s, one liar at 5e6 tokens/s (a
-valid record, 12,500x the honest claim) and two Sybils at 5e6 from one IP. A client node
-publishes a real signed ServiceReports record: it used the honest peers and the liar, and
-saw all three at the honest rate. The plan must give the liar no more than its observed share,
+valid record, 12,500x the honest claim) and two Sybils at 5e6 from one IP. Two client nodes
+publish real signed ServiceReports records: each used the honest peers and the liar (and holds
+their signed service receipts), and saw all three at the honest rate. The plan must give the liar no more than its observed share,
 let one Sybil at most receive flow, and ``p2pserve status`` must say why the liar is capped.
 """
 
@@ -38,6 +38,8 @@ def test_an_inflated_claim_and_a_sybil_flood_are_capped(tmp_path):
     loop = asyncio.new_event_loop()
     try:
         maddrs_file = tmp_path / "boot.maddrs"
+        receipts = tmp_path / "receipts"  # the peers sign a service receipt for each client named here
+        receipts.mkdir()
         procs.start("bootstrap", ["-m", "p2pserve.cli", "bootstrap", "--host-maddrs", "/ip4/127.0.0.1/tcp/0",
                                   "--maddrs-file", str(maddrs_file)])
         wait_for(maddrs_file.exists, "bootstrap multiaddrs")
@@ -52,16 +54,25 @@ def test_an_inflated_claim_and_a_sybil_flood_are_capped(tmp_path):
         for name, (ip, tps) in PEERS.items():
             procs.start(name, ["-m", "p2pserve.testing.synthetic_peer", "--config", str(cfg_path), "--host-maddrs",
                                f"/ip4/{ip}/tcp/0", "--max-layers", "8", "--tps", str(tps), "--load-delay", "0.2",
-                               "--no-probe", "--device", name])
+                               "--no-probe", "--device", name, "--receipts", str(receipts)])
         ids = {name: wait_for(lambda n=name: _peer_id(procs, n), f"{name}'s peer id") for name in PEERS}
         # two clients: a peer counts as observed by reports from two reporters at least
         client, witness = (Swarm.create(DHTConfig(model=MODEL, swarm_id="claims-test", initial_peers=tuple(boot),
                                                   host_maddrs=("/ip4/127.0.0.1/tcp/0",), client_mode=True, **TIMING))
                            for _ in range(2))
-        # one session at 400 tok/s for one layer, 8 layers, batch 32: 400 / 8 / 32 tokens/s per session
-        seen = [ObservedRate(peer_id=ids[n], layers=8, samples=64, rate=400 / 8 / 32, wall_rate=400 / 8 / 32 * 0.9)
-                for n in ("honest-1", "honest-2", "liar")]
+        # each client was served by the three: it holds their receipts (a report counts only with one)
         for reporter in (client, witness):
+            (receipts / f"client-{reporter.peer_id}").write_text("")
+
+        def receipt(name, reporter):
+            path = receipts / f"receipt-{ids[name]}-{reporter.peer_id}"
+            return bytes.fromhex(path.read_text()) if path.exists() else None
+
+        for reporter in (client, witness):
+            # one session at 400 tok/s for one layer, 8 layers, batch 32: 400 / 8 / 32 tokens/s per session
+            seen = [ObservedRate(peer_id=ids[n], layers=8, samples=64, rate=400 / 8 / 32, wall_rate=400 / 8 / 32 * 0.9,
+                                 receipt=wait_for(lambda n=n: receipt(n, reporter), f"{n}'s receipt"))
+                    for n in ("honest-1", "honest-2", "liar")]
             report = ServiceReports(model=MODEL, reporter_id=reporter.peer_id, rates=seen, timestamp=1.0)
             assert loop.run_until_complete(reporter.announce(RecordKind.REPORTS, report, ttl=300.0))
 
