@@ -131,26 +131,6 @@ def test_ringed_greedy_output_is_token_identical(cluster):
     assert not pipeline.failures and pipeline.forwarding.ring_steps == GREEDY.max_new_tokens - 1
 
 
-def test_a_verified_ring_shows_the_client_every_hop(cluster):
-    """A verifying client runs its routes as rings too: every hop answers the client's wait
-    with its own signed reply of each step, so each hop's exchange is taped and re-executed on
-    a replica as for a driven step; honest peers pass every check."""
-    path, peers = cluster
-    model = LocalModelInfo.load(path)
-    ids = _prompt(path, "Check every hop of the ring.")
-    config = replace(CONFIG, verify_share=0.5, verify_hold=True, push=RING)
-    entries = [(p.maddrs[0], *p.layers) for p in peers[:4]]
-
-    async def main():
-        async with AsyncClient(peers=entries, model=path, config=config, seed=5, model_info=model) as client:
-            reply = await client.generate(ids, max_new_tokens=GREEDY.max_new_tokens, ignore_eos=True)
-            return reply.tokens, client.verifier.stats
-
-    tokens, stats = asyncio.run(main())
-    assert tokens == reference_generate(path, ids, GREEDY.max_new_tokens)
-    assert stats.sampled > 0 and stats.verified > 0 and stats.mismatches == 0, stats
-
-
 def test_a_peer_killed_mid_ring_is_reported_and_routed_around(cluster):
     """The ring's last peer dies: the client's wait on it breaks (or the hop before it reports
     it): the client bans it, re-routes to a replica and replays; the output is unchanged."""
@@ -262,6 +242,26 @@ def test_a_hostile_record_gets_the_same_answer_whatever_its_addresses_hold(clust
     for name, reply in replies.items():
         assert isinstance(reply, ErrorReply) and reply.failed_peer == targets[name], (name, reply)
     assert {(r.code, r.message) for r in replies.values()} == {("internal", UNREACHABLE)}, replies
+
+
+def test_a_verified_ring_shows_the_client_every_hop(cluster):
+    """A verifying client runs its routes as rings too: every hop answers the client's wait
+    with its own signed reply of each step, so each hop's exchange is taped and re-executed on
+    a replica as for a driven step; honest peers pass every check."""
+    path, peers = cluster
+    model = LocalModelInfo.load(path)
+    ids = _prompt(path, "Check every hop of the ring.")
+    config = replace(CONFIG, verify_share=0.5, verify_hold=True, push=RING)
+    entries = [(p.maddrs[0], *p.layers) for p in peers[:4]]
+
+    async def main():
+        async with AsyncClient(peers=entries, model=path, config=config, seed=5, model_info=model) as client:
+            reply = await client.generate(ids, max_new_tokens=GREEDY.max_new_tokens, ignore_eos=True)
+            return reply.tokens, client.verifier.stats
+
+    tokens, stats = asyncio.run(main())
+    assert tokens == reference_generate(path, ids, GREEDY.max_new_tokens)
+    assert stats.sampled > 0 and stats.verified > 0 and stats.mismatches == 0, stats
 
 
 def test_a_peer_killed_mid_generation_is_reported_and_routed_around(cluster):
