@@ -54,10 +54,12 @@ def add_client_arguments(parser: argparse.ArgumentParser) -> None:
     r.add_argument("--push", default="off", choices=list(PUSH_MODES),
                    help="push mode (docs/wan.md): peers forward each step to each other and the last returns the "
                         "token; auto: on routes whose median session-open round trip is at least 10 ms; on: on "
-                        "every route; ring: as auto, and the last peer also feeds each token back to the first "
-                        "itself (a token crosses one link per hop; with --speculative, steps push as on). Needs peers that find "
-                        "each other in the swarm's records (not --peers), and --verify-share 0 (a pushed step "
-                        "does not show the client each hop's output to re-execute)")
+                        "every route; ring: every route of two or more hops runs as a ring, the last peer feeding "
+                        "each token back to the first itself (a token crosses one link per hop; with --speculative, "
+                        "steps push as on). Needs peers that find each other in the swarm's records (not --peers); "
+                        "auto and on need --verify-share 0 (a chain push does not show the client each hop's output "
+                        "to re-execute), ring does not (every hop answers the client too). A route of one peer "
+                        "loops on that peer whatever the mode (--no-loop)")
     r.add_argument("--no-loop", action="store_true",
                    help="drive a peer that holds every layer token by token from the client, instead of letting "
                         "it sample and run each next step itself (docs/engine.md, 'Peer-driven decode'); "
