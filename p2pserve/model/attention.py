@@ -147,9 +147,10 @@ class PagedBatch:
       lengthen the softmax and P×V reductions and change the last bit). A decode batch of
       sessions at one length is one call; sessions at distinct lengths cost one call each, as
       per-sequence attention does, but with one gather per group instead of per sequence.
-    * padded (``exact=False``, half precision): one SDPA call per layer for the whole batch,
-      every sequence's keys padded to the longest (padding reads the pool's zero row) and
-      masked; agrees with per-sequence attention to rounding.
+    * padded (``exact=False``, half precision): one SDPA call per layer for the step's decodes
+      and one for its prompt chunks (`_Padded`), each sequence's keys padded to the longest of
+      its call (padding reads the pool's zero row) and masked; agrees with per-sequence
+      attention to rounding.
     """
 
     def __init__(self, segments, pool, exact: bool = True):
@@ -166,7 +167,6 @@ class PagedBatch:
         # Rows written ([layers, T]) and read ([layers, b, mk], padding -> the zero row) per layer.
         self.write = torch.full((hi - lo, T), pool.pad_slot, dtype=torch.long)
         self.read = torch.full((hi - lo, b, self.mk), pool.pad_slot, dtype=torch.long)
-        q_rows = []  # row of each token in the padded [b * mq] query layout
         groups: dict[tuple[int, int], list[int]] = {}  # (n, total) -> sequences of that shape
         at = 0
         starts = []
@@ -175,35 +175,24 @@ class PagedBatch:
             a, z = seg.cache.start - lo, seg.cache.start - lo + rows.shape[0]
             self.write[a:z, at : at + seg.n] = rows[:, past:]
             self.read[a:z, j, :total] = rows
-            q_rows.append(torch.arange(j * self.mq, j * self.mq + seg.n))
             groups.setdefault((seg.n, total), []).append(j)
             starts.append(at)
             at += seg.n
         dev = pool.k.device  # index tensors live with the pool (built on the host, moved once)
         self.write, self.read = self.write.to(dev), self.read.to(dev)
-        self.q_rows = torch.cat(q_rows).to(dev)  # [T]
-        self.past = torch.tensor([p for p, _ in spans], device=dev)[:, None, None]  # [b, 1, 1]
-        self.total = torch.tensor([t for _, t in spans], device=dev)[:, None, None]
-        self.dense = self.mq == 1 and T == b  # decode only: no query padding
-        self._masks: dict[int | None, torch.Tensor | None] = {}
         self.groups = None
+        self.parts: list[_Padded] = []
         if exact:
             self.groups = [_Group(n, total, members, starts, self.read[:, members, :total])
                            for (n, total), members in groups.items()]
             self.in_order = len(self.groups) == 1  # one group of the whole batch: tokens already in its order
-
-    def mask(self, window: int | None) -> torch.Tensor:
-        """[b, 1, mq, mk] bool: query i of sequence j sees keys at positions <= past_j + i that exist.
-
-        Padded query rows (i >= n_j) see every key of their sequence, so no row is all False."""
-        if window not in self._masks:
-            q_pos = self.past + torch.arange(self.mq, device=self.past.device)[None, :, None]  # [b, mq, 1]
-            k_pos = torch.arange(self.mk, device=self.past.device)[None, None, :]  # [1, 1, mk]
-            m = (k_pos <= q_pos) & (k_pos < self.total)
-            if window is not None:
-                m &= (q_pos - k_pos) < window
-            self._masks[window] = m[:, None]
-        return self._masks[window]
+        else:
+            # Decodes apart from prompt chunks: padded together, every decode would run the
+            # longest chunk's query rows (a 40-token chunk makes 32 decodes attend 32 x 40 rows).
+            decodes = [j for j, n in enumerate(ns) if n == 1]
+            others = [j for j, n in enumerate(ns) if n != 1]
+            self.parts = [_Padded(m, ns, spans, starts, self.read, dev) for m in (decodes, others) if m]
+            self.in_order = len(self.parts) == 1
 
     def attend(self, layer_idx: int, q, k, v, scaling: float, window: int | None,
                sinks: torch.Tensor | None = None, expand=None) -> torch.Tensor:
@@ -215,23 +204,14 @@ class PagedBatch:
         pool.v.index_copy_(0, write, v)
         if self.groups is not None:
             return self._attend_groups(i, q, scaling, window, sinks, expand)
-        read = self.read[i]  # [b, mk]
-        b, nH, D = read.shape[0], q.shape[1], q.shape[2]
-        # index_select on [S, nKV * D] rows: several times faster than advanced indexing on CPU.
-        keys = pool.k.view(pool.k.shape[0], -1).index_select(0, read.view(-1))
-        values = pool.v.view(pool.v.shape[0], -1).index_select(0, read.view(-1))
-        keys, values = _expanded(keys.view(b, self.mk, *pool.k.shape[1:]).transpose(1, 2),
-                                 values.view(b, self.mk, *pool.v.shape[1:]).transpose(1, 2), expand)
-        if self.dense:
-            qp = q[:, :, None]  # [b, nH, 1, D]
-        else:
-            qp = q.new_zeros(b * self.mq, nH, D).index_copy_(0, self.q_rows, q)
-            qp = qp.view(b, self.mq, nH, D).transpose(1, 2)  # [b, nH, mq, D]
-        o = sdpa(qp, keys, values, self.mask(window), scaling, sinks)  # [b, nH, mq, Dv]
-        Dv = o.shape[-1]
-        if self.dense:
-            return o.reshape(b, nH * Dv)
-        return o.transpose(1, 2).reshape(b * self.mq, nH * Dv).index_select(0, self.q_rows)
+        if self.in_order:
+            return self.parts[0].attend(pool, i, q, scaling, window, sinks, expand)
+        out = None
+        for part in self.parts:
+            o = part.attend(pool, i, q.index_select(0, part.tokens), scaling, window, sinks, expand)
+            out = q.new_empty(q.shape[0], o.shape[1]) if out is None else out
+            out.index_copy_(0, part.tokens, o)
+        return out
 
     def _attend_groups(self, i: int, q, scaling: float, window: int | None, sinks=None,
                        expand=None) -> torch.Tensor:
@@ -281,3 +261,56 @@ class _Group:
         if window not in self._masks:
             self._masks[window] = attention_mask(self.n, self.total, window, device)
         return self._masks[window]
+
+
+class _Padded:
+    """Sequences of one step padded to their longest query and key length: one masked SDPA
+    call per layer for all of them (the half-precision path)."""
+
+    def __init__(self, members: list[int], ns: list[int], spans: list[tuple[int, int]], starts: list[int],
+                 read: torch.Tensor, device):
+        self.mq = max(ns[j] for j in members)
+        self.mk = max(spans[j][1] for j in members)
+        self.read = read[:, members, : self.mk].contiguous()  # [layers, g, mk], padding -> the zero row
+        # Batch rows of the members' tokens, sequence-major ([T_g]), and each one's row in the
+        # padded [g * mq] query layout.
+        self.tokens = torch.cat([torch.arange(starts[j], starts[j] + ns[j]) for j in members]).to(device)
+        self.q_rows = torch.cat([torch.arange(i * self.mq, i * self.mq + ns[j])
+                                 for i, j in enumerate(members)]).to(device)
+        self.past = torch.tensor([spans[j][0] for j in members], device=device)[:, None, None]  # [g, 1, 1]
+        self.total = torch.tensor([spans[j][1] for j in members], device=device)[:, None, None]
+        self.dense = self.mq == 1  # decode only: no query padding
+        self._masks: dict[int | None, torch.Tensor] = {}
+
+    def mask(self, window: int | None) -> torch.Tensor:
+        """[g, 1, mq, mk] bool: query i of member j sees keys at positions <= past_j + i that exist.
+
+        Padded query rows (i >= n_j) see every key of their sequence, so no row is all False."""
+        if window not in self._masks:
+            q_pos = self.past + torch.arange(self.mq, device=self.past.device)[None, :, None]  # [g, mq, 1]
+            k_pos = torch.arange(self.mk, device=self.past.device)[None, None, :]  # [1, 1, mk]
+            m = (k_pos <= q_pos) & (k_pos < self.total)
+            if window is not None:
+                m &= (q_pos - k_pos) < window
+            self._masks[window] = m[:, None]
+        return self._masks[window]
+
+    def attend(self, pool, i: int, q, scaling: float, window: int | None, sinks=None, expand=None) -> torch.Tensor:
+        """Layer ``i``'s attention of the members' queries q [T_g, nH, D] -> [T_g, nH * Dv]."""
+        read = self.read[i]  # [g, mk]
+        g, nH, D = read.shape[0], q.shape[1], q.shape[2]
+        # index_select on [S, nKV * D] rows: several times faster than advanced indexing on CPU.
+        keys = pool.k.view(pool.k.shape[0], -1).index_select(0, read.view(-1))
+        values = pool.v.view(pool.v.shape[0], -1).index_select(0, read.view(-1))
+        keys, values = _expanded(keys.view(g, self.mk, *pool.k.shape[1:]).transpose(1, 2),
+                                 values.view(g, self.mk, *pool.v.shape[1:]).transpose(1, 2), expand)
+        if self.dense:
+            qp = q[:, :, None]  # [g, nH, 1, D]
+        else:
+            qp = q.new_zeros(g * self.mq, nH, D).index_copy_(0, self.q_rows, q)
+            qp = qp.view(g, self.mq, nH, D).transpose(1, 2)  # [g, nH, mq, D]
+        o = sdpa(qp, keys, values, self.mask(window), scaling, sinks)  # [g, nH, mq, Dv]
+        Dv = o.shape[-1]
+        if self.dense:
+            return o.reshape(g, nH * Dv)
+        return o.transpose(1, 2).reshape(g * self.mq, nH * Dv).index_select(0, self.q_rows)

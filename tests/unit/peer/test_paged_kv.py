@@ -189,6 +189,32 @@ def _one_shape_batch(model_dir):
         assert all(torch.equal(g, w) for g, w in zip(got, want))
 
 
+def test_padded_mode_runs_decodes_apart_from_prompt_chunks(model_dir):
+    """Half precision's padded mode: a step of decodes and one prompt chunk is two calls per
+    layer, the decodes unpadded (one query row each, not the chunk's length), and agrees with
+    per-sequence attention to rounding."""
+    path = model_dir("llama")
+    spec = load_spec(path)
+    shard = Shard.load(path, spec, 0, spec.num_layers)
+    pool = KVBudget(64 * 1024)
+    pool.bind(spec.num_kv_heads, spec.head_dim, torch.float32)
+    pool.exact = False
+    paged = [PagedCache(pool, 0, spec.num_layers, 64) for _ in range(4)]
+    flat = [SequenceCache(0, spec.num_layers, spec.num_kv_heads, spec.head_dim, 64, torch.float32) for _ in range(4)]
+    for lengths in ([5, 9, 3, 7], [1, 1, 12, 1]):
+        seed = int(torch.randint(0, 2**31, (1,)))
+        segs = _segments(spec, paged, lengths, torch.Generator().manual_seed(seed), True)
+        batch = paged_batch(segs)
+        for c, n in zip(paged, lengths):  # paged_batch claimed the step's room: give it back
+            c.truncate(c.length - n)
+        got = shard.forward_batch(segs)
+        want = shard.forward_batch(_segments(spec, flat, lengths, torch.Generator().manual_seed(seed), True))
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+    assert [(part.mq, part.tokens.tolist()) for part in batch.parts] == [(1, [0, 1, 14]), (12, list(range(2, 14)))]
+    assert not batch.in_order
+
+
 def test_a_lone_paged_session_is_bit_identical_to_the_contiguous_cache(model_dir):
     path = model_dir("llama")
     spec = load_spec(path)
