@@ -68,8 +68,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:  # long: a flat list of f
     p.add_argument("--pipeline-depth", type=int, default=b.pipeline_depth, help="gLLM decode spreading depth")
     p.add_argument("--prefill-throttle", default="on", choices=["on", "off"],
                    help="gLLM token throttling: split waiting prompts into chunks under each step's prefill "
-                        "budget (on), or run every waiting prompt whole in the next step (off; up to "
-                        "--max-batch-tokens)")
+                        "budget, spread over --pipeline-depth steps (on), or run every waiting prompt whole in "
+                        "the next step (off; up to --max-batch-tokens)")
     p.add_argument("--min-prefill-tokens", type=int, default=b.min_prefill_tokens, metavar="N",
                    help="gLLM's #MinP: the smallest prompt chunk a throttled step takes (default %(default)s; "
                         "larger floors cut time to first token, and the simulator favours 128-256 across regions: "

@@ -33,13 +33,17 @@ class AdmissionConfig:
 class BatchingConfig:
     """Per-step token budget after gLLM's token throttling (seed 002, §3).
 
-    Prefill tokens per step: ``max(min(WP / throttle_steps, max_prefill * (kv_free - kv_threshold)
+    Prefill tokens per step: ``max(min(WP / spread_steps, max_prefill * (kv_free - kv_threshold)
     / (1 - kv_threshold)), min_prefill)`` where WP is the number of waiting prefill tokens and
     kv_free the free share of the KV budget. Decode tokens per step: waiting decode tokens
     divided by ``pipeline_depth`` (spread evenly over the micro-batches in flight).
     """
 
-    throttle_steps: int = 8  # gLLM's #T: spread waiting prefill over this many steps
+    # gLLM's #T: spread waiting prefill over this many steps; None: the pipeline depth. With d
+    # micro-batches in flight, d steps give each its share of the prompts; at depth one a spread
+    # only delays first tokens and splits a burst of sessions into groups that step apart
+    # (docs/kv-cache.md, "Chunked prefill and token throttling").
+    throttle_steps: int | None = None
     max_prefill_tokens: int = 2048  # #MaxP
     min_prefill_tokens: int = 32  # #MinP: never starve prefill entirely
     kv_threshold: float = 0.05  # KVthresh: below this free share, prefill gets #MinP only
@@ -48,6 +52,11 @@ class BatchingConfig:
     inline_lone_decode_s: float = 0.05  # a lone session's decode runs on the I/O thread after this long alone; 0: never
     background_max_skips: int = 64  # a witness replay (OpenSession.background) passed over this often runs anyway
     max_batch_wait_s: float = 0.0  # longest hold of a step for sessions due (peer/batch_forming.py); 0: off
+
+    @property
+    def spread_steps(self) -> int:
+        """#T in effect: ``throttle_steps``, or the pipeline depth when that is None."""
+        return self.throttle_steps if self.throttle_steps is not None else max(1, self.pipeline_depth)
 
 
 @dataclass(frozen=True)

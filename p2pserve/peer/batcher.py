@@ -62,7 +62,7 @@ class TokenThrottle:
     def prefill_budget(self, waiting_prefill_tokens: int, kv_free_fraction: float) -> int:
         """#P = max(min(#WP/#T, #MaxP·(KVfree−KVthresh)/(1−KVthresh)), #MinP)."""
         c = self.config
-        return throttle.prefill_budget(waiting_prefill_tokens, kv_free_fraction, iterations=c.throttle_steps,
+        return throttle.prefill_budget(waiting_prefill_tokens, kv_free_fraction, iterations=c.spread_steps,
                                        max_prefill=c.max_prefill_tokens, min_prefill=c.min_prefill_tokens,
                                        kv_thresh=c.kv_threshold)
 
