@@ -175,6 +175,17 @@ ERROR_CLASSES: Mapping[ErrorCode, type[_WireError]] = {
 WIRE_ERRORS = (ProtocolError, RequestError)
 
 
+#: What a peer answers, whatever went wrong, when it cannot reach a push route's next hop: one
+#: message, so that a hostile record cannot make the peer tell a client what its addresses hold.
+NEXT_HOP_UNREACHABLE = "next hop unreachable from this peer"
+
+
+def is_next_hop_unreachable(exc: BaseException) -> bool:
+    """Whether ``exc`` is a peer's report that it could not reach its next hop (a push or a ring
+    between two peers that cannot dial each other, or a next hop that is gone)."""
+    return isinstance(exc, _WireError) and exc.code is ErrorCode.INTERNAL and exc.message == NEXT_HOP_UNREACHABLE
+
+
 def error_from_reply(code: str, message: str, peer: Optional[str] = None) -> _WireError:
     """The exception for an ``ErrorReply`` received from ``peer``; unknown codes become ``RequestError``."""
     try:

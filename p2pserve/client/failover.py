@@ -178,10 +178,25 @@ class FailoverState:
     def __post_init__(self) -> None:
         self.bans = BanList(self.config.ban_base_s, self.config.ban_max_s, self.clock)
         self.overloaded = BanList(self.config.ban_base_s, self.config.ban_max_s, self.clock, escalate=False)
+        # links between two peers that a push or ring could not cross ("a>b"): routes over them
+        # are driven by the client for a while; neither peer is banned for it
+        self.unlinked = BanList(self.config.ban_base_s, self.config.ban_max_s, self.clock)
 
     def masks(self) -> Masks:
         """Masks for the next route."""
         return Masks(banned=self.bans.active(), overloaded=self.overloaded.active())
+
+    def unlink(self, sender: str, receiver: str) -> float:
+        """``sender`` reported ``receiver`` unreachable from it: drive routes with that link for
+        the returned seconds (the client then dials ``receiver`` itself, and a dead one fails
+        there, as its own failure)."""
+        return self.unlinked.ban(f"{sender}>{receiver}")
+
+    def unlinked_in(self, peer_ids: list[str]) -> bool:
+        """Whether a route over ``peer_ids`` (in order, and the last back to the first: a ring)
+        crosses a link that a push could not."""
+        down = self.unlinked.active()
+        return bool(down) and any(f"{a}>{b}" in down for a, b in zip(peer_ids, peer_ids[1:] + peer_ids[:1]))
 
     def record(self, hop: Hop, exc: BaseException) -> FailureRecord:
         """Ban (or mask) the peer behind a failed hop and describe what was done."""

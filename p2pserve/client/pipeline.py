@@ -42,13 +42,17 @@ from p2pserve.client.logprobs import check_reply_logprobs
 from p2pserve.client.route_providers import ChainListRoutes, RouteProvider
 from p2pserve.client.trust.protocol import HopObserver, StepTrust
 from p2pserve.config import ClientConfig
-from p2pserve.errors import BadRequestError, GenerationFailedError, RoutingError
+from p2pserve.errors import BadRequestError, GenerationFailedError, RoutingError, is_next_hop_unreachable
 from p2pserve.metrics import ClientMetrics, error_code
 from p2pserve.protocol import MAX_VERIFY_OUTPUTS, Forward, SamplingParams
 from p2pserve.transport import Transport
 from p2pserve.transport.frames import tensor_to_wire
 
 log = logging.getLogger(__name__)
+
+#: Links a pipeline sets aside as unreachable peer to peer before such a report counts as a
+#: failure of the hop it names (each one costs a route and a replay of the history).
+MAX_UNLINKS = 4
 
 
 class Pipeline:
@@ -69,6 +73,7 @@ class Pipeline:
         self.observer = observer  # times decode hops for the service reports (client/trust/observer.py)
         self.metrics = metrics  # hop times, failed hops, failovers and failed requests, when given
         self._rerouting = False  # a hop failed and no route has been opened since (a failover under way)
+        self._unlinks = 0  # links this pipeline found a push could not cross (``_unlink``)
         self.routes = routes
         self.model_id = model_id
         self.num_layers = num_layers
@@ -116,6 +121,7 @@ class Pipeline:
         base, waited = len(self.failures), 0.0
         while self._links is None:
             attempts = len(self.failures) - base + 1  # failed hops, not waits for a route, count
+            pushed = False
             try:
                 await self._open_route()
             except HopFailure as f:
@@ -155,12 +161,14 @@ class Pipeline:
         base, waited = len(self.failures), 0.0
         while True:
             attempts = len(self.failures) - base + 1  # failed hops, not waits for a route, count
+            pushed = False
             try:
                 if self._links is None:
                     await self._open_route()
                 sent = self.history[self._held:] + list(token_ids)
                 meta, data = tensor_to_wire(torch.tensor(sent, dtype=torch.int64))
-                pushed = not self.extras and self.forwarding.use(self._links, self._taping(), outputs)
+                pushed = (not self.extras and self.forwarding.use(self._links, self._taping(), outputs)
+                          and not self.state.unlinked_in([c.hop.peer_id for c in self._links]))
                 if pushed:
                     try:
                         reply = await self._push(sent, meta, data, outputs)
@@ -170,7 +178,10 @@ class Pipeline:
                     last = dict(context=sent, allowed=allowed, prompt_logprobs=prompt_logprobs) if self.extras else {}
                     reply = await self._drive(sent, meta, data, outputs, last)
             except HopFailure as f:
-                await self._recover(f, attempts)
+                if pushed and is_next_hop_unreachable(f.cause) and self._unlinks < MAX_UNLINKS:
+                    await self._unlink(f)
+                else:
+                    await self._recover(f, attempts)
                 continue
             except RoutingError as e:
                 await self._drop_route()
@@ -335,6 +346,21 @@ class Pipeline:
             self.trust.route_opened(links)
             self.trust.forked(parent.trust, at)
         return True
+
+    async def _unlink(self, failure: HopFailure) -> None:
+        """A hop could not push to ``failure.hop``: two peers that cannot dial each other (or a
+        next hop that is gone). Not a failure of either: the link is remembered, the route
+        dropped, and the step retried with the client driving every hop, so a gone peer fails
+        at the client's own dial and a live one serves (a hop cannot get its successor banned by
+        calling it unreachable)."""
+        peers = [c.hop.peer_id for c in self._links or ()]
+        receiver = failure.hop.peer_id
+        sender = peers[peers.index(receiver) - 1] if receiver in peers else receiver  # [0] - 1: the ring's last hop
+        self._unlinks += 1
+        seconds = self.state.unlink(sender, receiver)
+        log.warning("%s could not reach %s peer to peer: routes over that link are driven by the client for %gs",
+                    sender, receiver, seconds)
+        await self._drop_route(settle_s=0.0)
 
     async def _recover(self, failure: HopFailure, attempts: int) -> None:
         """Record a failed hop and drop the route; raises when re-routing cannot help."""

@@ -20,12 +20,12 @@ import time
 from typing import Callable
 
 from p2pserve.dht.view import SwarmReader
-from p2pserve.errors import ErrorCode
+from p2pserve.errors import NEXT_HOP_UNREACHABLE, ErrorCode
 from p2pserve.protocol import ErrorReply, error_reply
 from p2pserve.types import PeerId, SessionId
 
 #: The one account of any failure to reach a next hop (no detail of what the dial found).
-UNREACHABLE = "next hop unreachable from this peer"
+UNREACHABLE = NEXT_HOP_UNREACHABLE
 
 
 def unreachable(peer_id: PeerId, session_id: SessionId, step: int) -> ErrorReply:
