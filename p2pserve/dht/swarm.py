@@ -120,6 +120,10 @@ class Swarm:
         # signers whose entry of a kind was a tombstone at the last read (they left on purpose)
         self.withdrawn: dict[keys.RecordKind, set[str]] = {kind: set() for kind in keys.RecordKind}
         self._keys = {kind: keys.record_key(config.swarm_id, config.model, kind) for kind in keys.RecordKind}
+        # link records: one bucket key per hash of the peer id (keys.link_bucket); the kind's own
+        # key is still read, for records of peers that store there
+        self._link_keys = keys.link_keys(config.swarm_id, config.model)
+        self._keys_out = {**self._keys, keys.RecordKind.LINKS: self._link_keys[keys.link_bucket(self._peer_id)]}
 
     # ----------------------------------------------------------------------------- lifecycle
 
@@ -171,7 +175,7 @@ class Swarm:
         expiration = max(self._clock() + ttl, self._last_expiration.get(kind, 0.0) + 1e-3)
         self._last_expiration[kind] = expiration
         fut = self.dht.store(
-            self._keys[kind], value, expiration_time=expiration, subkey=self._subkey, return_future=True
+            self._keys_out[kind], value, expiration_time=expiration, subkey=self._subkey, return_future=True
         )
         return bool(await asyncio.wait_for(asyncio.wrap_future(fut), self.config.rpc_timeout))
 
@@ -252,34 +256,56 @@ class Swarm:
 
     # ----------------------------------------------------------------------------- reads
 
+    async def _get(self, key: str):
+        """The raw value under ``key`` (hivemind's), or None."""
+        fut = self.dht.get(key, latest=True, return_future=True)
+        return await asyncio.wait_for(asyncio.wrap_future(fut), self.config.rpc_timeout)
+
     async def _entries(self, kind: keys.RecordKind, cls: type) -> list[Signed]:
-        fut = self.dht.get(self._keys[kind], latest=True, return_future=True)
-        found = await asyncio.wait_for(asyncio.wrap_future(fut), self.config.rpc_timeout)
-        if found is None:
-            return []
-        value = found.value
-        if not isinstance(value, dict):
-            self.rejects.reject(kind.value, None, "key holds a plain value, expected owner subkeys")
-            return []
+        # links: the kind's key and every bucket, fetched at once; bucket b holds only the records
+        # of signers whose peer id hashes to b (one bounded value per bucket, whoever writes)
+        buckets: list[Optional[int]] = [None]
+        names = [self._keys[kind]]
+        if kind is keys.RecordKind.LINKS:
+            buckets += list(range(len(self._link_keys)))
+            names += self._link_keys
+        found = await asyncio.gather(*(self._get(k) for k in names))
         now = self._clock()
         out = []
         withdrawn = set()
-        for subkey, item in value.items():
-            signer = owner_of_subkey(subkey)
-            if signer is None:
-                self.rejects.reject(kind.value, None, "subkey names no owner (unsigned record)")
+        for bucket, got in zip(buckets, found):
+            if got is None:
                 continue
-            if item.expiration_time < now:
+            if not isinstance(got.value, dict):
+                self.rejects.reject(kind.value, None, "key holds a plain value, expected owner subkeys")
                 continue
-            if isinstance(item.value, (bytes, bytearray)) and len(item.value) == 0:
-                withdrawn.add(signer)  # tombstone: withdrawn (it can only withdraw its own signer)
-                continue
-            try:
-                out.append(self._accept(kind, cls, signer, item.value, item.expiration_time, now))
-            except (RecordRejected, MalformedFrameError) as e:
-                self.rejects.reject(kind.value, signer, str(e))
+            for subkey, item in got.value.items():
+                signer = owner_of_subkey(subkey)
+                if signer is None:
+                    self.rejects.reject(kind.value, None, "subkey names no owner (unsigned record)")
+                    continue
+                if item.expiration_time < now:
+                    continue
+                if bucket is not None and not self._in_bucket(signer, bucket):
+                    self.rejects.reject(kind.value, signer, f"record in link bucket {bucket}, not its signer's")
+                    continue
+                if isinstance(item.value, (bytes, bytearray)) and len(item.value) == 0:
+                    withdrawn.add(signer)  # tombstone: withdrawn (it can only withdraw its own signer)
+                    continue
+                try:
+                    out.append(self._accept(kind, cls, signer, item.value, item.expiration_time, now))
+                except (RecordRejected, MalformedFrameError) as e:
+                    self.rejects.reject(kind.value, signer, str(e))
         self.withdrawn[kind] = withdrawn
         return out
+
+    @staticmethod
+    def _in_bucket(signer: str, bucket: int) -> bool:
+        """Whether ``signer``'s peer id hashes to link bucket ``bucket``."""
+        try:
+            return keys.link_bucket(peer_id_of(signer)) == bucket
+        except ConfigError:
+            return False
 
     def _accept(self, kind: keys.RecordKind, cls: type, signer: str, value, expiration: float, now: float) -> Signed:
         """One live entry as a ``Signed`` record, or ``RecordRejected`` / ``MalformedFrameError``
