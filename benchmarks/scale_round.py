@@ -61,7 +61,7 @@ async def one_round(coord: Swarm, cfg: CoordinatorConfig, epoch: int, parts: boo
     t5 = time.perf_counter()
     out = {"get_peers_s": t1 - t0, "get_links_s": t2 - t1, "snapshot_s": t3 - t2, "read_s": t3 - t0,
            "solve_s": t4 - t3, "publish_s": t5 - t4, "total_s": t5 - t0, "published": float(bool(ok)),
-           "peers": float(len(peers)), "targets": float(len(plan.targets)), "max_flow": plan.max_flow,
+           "peers": float(len(peers)), "links": float(len(snap.links)), "targets": float(len(plan.targets)), "max_flow": plan.max_flow,
            "plan_solve_time_s": plan.solve_time}
     if parts:
         ids = snap.plannable()
@@ -76,10 +76,13 @@ async def one_round(coord: Swarm, cfg: CoordinatorConfig, epoch: int, parts: boo
     return out
 
 
-async def bench(n: int, rounds: int, parts: bool) -> dict[str, Any]:
+async def bench(n: int, rounds: int, parts: bool, key_dir: Path | None) -> dict[str, Any]:
     """Announce ``n`` peers, then ``rounds`` coordinator rounds."""
     topo = topology_from_helix(scale_cluster(five_regions(n), f"generated{n}", inter_sample=8), MODEL)
-    keys = [load_or_create_key(None) for _ in range(n)]
+    if key_dir is not None:
+        key_dir.mkdir(parents=True, exist_ok=True)
+    # making 300 RSA keys takes a minute or two: --key-dir keeps them for the next run
+    keys = [load_or_create_key(None if key_dir is None else str(key_dir / f"{i}.key")) for i in range(n)]
     dcfg = DHTConfig(model=MODEL, num_layers=topo.num_layers, host_maddrs=("/ip4/127.0.0.1/tcp/0",),
                      peer_refresh=120.0, link_refresh=600.0, plan_refresh=120.0, candidate_refresh=120.0)
     swarms = identity_swarms(dcfg, keys)
@@ -94,7 +97,7 @@ async def bench(n: int, rounds: int, parts: bool) -> dict[str, Any]:
         for r in range(rounds):
             out.append(await one_round(coord, ccfg, r + 1, parts))
             x = out[-1]
-            print(f"round {r + 1}: read {x['read_s']:.2f} s (peers {x['get_peers_s']:.2f} + links "
+            print(f"round {r + 1} ({x['peers']:.0f} peers, {x['links']:.0f} links read): read {x['read_s']:.2f} s (peers {x['get_peers_s']:.2f} + links "
                   f"{x['get_links_s']:.2f} + snapshot {x['snapshot_s']:.2f}), solve {x['solve_s']:.2f} s, "
                   f"publish {x['publish_s']:.2f} s = {x['total_s']:.2f} s ({x['total_s'] / TARGET_S:.2f}x the "
                   f"10 s target)" + (f"; apart: topology {x['topology_s']:.2f} s, targets {x['targets_s']:.2f} s,"
@@ -111,9 +114,10 @@ def main() -> None:
     ap.add_argument("--peers", type=int, default=300)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--parts", action="store_true", help="also time the solve's parts apart (solves twice)")
+    ap.add_argument("--key-dir", type=Path, default=None, help="keep the peers' keys here between runs")
     ap.add_argument("--json", type=Path, default=Path("benchmarks/results/scale_round.json"))
     args = ap.parse_args()
-    res = asyncio.run(bench(args.peers, args.rounds, args.parts))
+    res = asyncio.run(bench(args.peers, args.rounds, args.parts, args.key_dir))
     summary = {}
     for k in ("get_peers_s", "get_links_s", "snapshot_s", "read_s", "solve_s", "publish_s", "total_s"):
         xs = [r[k] for r in res["rounds"]]
