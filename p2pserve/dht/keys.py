@@ -77,6 +77,22 @@ def link_keys(swarm: str, model: str, buckets: int = LINK_BUCKETS) -> list[str]:
     return [f"{base}/{b}" for b in range(buckets)]
 
 
+def read_keys(swarm: str, model: str, kind: RecordKind | str) -> list[tuple[str, int | None]]:
+    """The keys a reader of ``kind`` fetches, each with its link bucket (None: the kind's own key,
+    the only one of every kind but links)."""
+    own: list[tuple[str, int | None]] = [(record_key(swarm, model, kind), None)]
+    if RecordKind(kind) is not RecordKind.LINKS:
+        return own
+    return own + [(k, b) for b, k in enumerate(link_keys(swarm, model))]
+
+
+def write_key(swarm: str, model: str, kind: RecordKind | str, peer_id: str) -> str:
+    """The key ``peer_id`` stores its record of ``kind`` under (links: its bucket's)."""
+    if RecordKind(kind) is RecordKind.LINKS:
+        return link_keys(swarm, model)[link_bucket(peer_id)]
+    return record_key(swarm, model, kind)
+
+
 def parse_key(key: str) -> tuple[str, str, RecordKind]:
     """Inverse of :func:`record_key`: ``(swarm, model_slug, kind)``; ``ConfigError`` if malformed."""
     parts = key.split("/")

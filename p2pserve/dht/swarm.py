@@ -29,6 +29,7 @@ from p2pserve.config import DHTConfig
 from p2pserve.dht import keys
 from p2pserve.dht.acceptance import (
     allowed_set,
+    bucket_reason,
     expiration_reason,
     identity_reason,
     membership_reason,
@@ -120,10 +121,9 @@ class Swarm:
         # signers whose entry of a kind was a tombstone at the last read (they left on purpose)
         self.withdrawn: dict[keys.RecordKind, set[str]] = {kind: set() for kind in keys.RecordKind}
         self._keys = {kind: keys.record_key(config.swarm_id, config.model, kind) for kind in keys.RecordKind}
-        # link records: one bucket key per hash of the peer id (keys.link_bucket); the kind's own
-        # key is still read, for records of peers that store there
-        self._link_keys = keys.link_keys(config.swarm_id, config.model)
-        self._keys_out = {**self._keys, keys.RecordKind.LINKS: self._link_keys[keys.link_bucket(self._peer_id)]}
+        # link records go to a bucket key by a hash of the peer id (keys.link_bucket)
+        self._keys_out = {kind: keys.write_key(config.swarm_id, config.model, kind, self._peer_id)
+                          for kind in keys.RecordKind}
 
     # ----------------------------------------------------------------------------- lifecycle
 
@@ -264,11 +264,7 @@ class Swarm:
     async def _entries(self, kind: keys.RecordKind, cls: type) -> list[Signed]:
         # links: the kind's key and every bucket, fetched at once; bucket b holds only the records
         # of signers whose peer id hashes to b (one bounded value per bucket, whoever writes)
-        buckets: list[Optional[int]] = [None]
-        names = [self._keys[kind]]
-        if kind is keys.RecordKind.LINKS:
-            buckets += list(range(len(self._link_keys)))
-            names += self._link_keys
+        names, buckets = zip(*keys.read_keys(self.config.swarm_id, self.config.model, kind))
         found = await asyncio.gather(*(self._get(k) for k in names))
         now = self._clock()
         out = []
@@ -286,36 +282,27 @@ class Swarm:
                     continue
                 if item.expiration_time < now:
                     continue
-                if bucket is not None and not self._in_bucket(signer, bucket):
-                    self.rejects.reject(kind.value, signer, f"record in link bucket {bucket}, not its signer's")
-                    continue
                 if isinstance(item.value, (bytes, bytearray)) and len(item.value) == 0:
                     withdrawn.add(signer)  # tombstone: withdrawn (it can only withdraw its own signer)
                     continue
                 try:
-                    out.append(self._accept(kind, cls, signer, item.value, item.expiration_time, now))
+                    out.append(self._accept(kind, cls, signer, item.value, item.expiration_time, now, bucket))
                 except (RecordRejected, MalformedFrameError) as e:
                     self.rejects.reject(kind.value, signer, str(e))
         self.withdrawn[kind] = withdrawn
         return out
 
-    @staticmethod
-    def _in_bucket(signer: str, bucket: int) -> bool:
-        """Whether ``signer``'s peer id hashes to link bucket ``bucket``."""
-        try:
-            return keys.link_bucket(peer_id_of(signer)) == bucket
-        except ConfigError:
-            return False
-
-    def _accept(self, kind: keys.RecordKind, cls: type, signer: str, value, expiration: float, now: float) -> Signed:
-        """One live entry as a ``Signed`` record, or ``RecordRejected`` / ``MalformedFrameError``
-        with the reason: the rules of :mod:`~p2pserve.dht.acceptance`, decoding and validation."""
+    def _accept(self, kind: keys.RecordKind, cls: type, signer: str, value, expiration: float, now: float,
+                bucket: Optional[int] = None) -> Signed:
+        """One live entry (from link bucket ``bucket``, if one) as a ``Signed`` record, or
+        ``RecordRejected`` / ``MalformedFrameError`` with the reason: the rules of
+        :mod:`~p2pserve.dht.acceptance`, decoding and validation."""
         try:
             signer_id = peer_id_of(signer)
         except ConfigError as e:
             raise RecordRejected(f"owner key gives no peer id: {e}") from e
         reason = (expiration_reason(expiration, now, self.config.ttl(kind), self.config.max_clock_skew)
-                  or membership_reason(kind.value, signer_id, self._allowed))
+                  or membership_reason(kind.value, signer_id, self._allowed) or bucket_reason(signer_id, bucket))
         if reason is None:
             record = decode_record(value, cls, self.config.num_layers)
             if getattr(record, "model", self.config.model) != self.config.model:

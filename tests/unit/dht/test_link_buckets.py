@@ -7,7 +7,8 @@ import pytest
 
 from p2pserve.config import DHTConfig
 from p2pserve.dht.identity import peer_id_of
-from p2pserve.dht.keys import LINK_BUCKETS, RecordKind, link_bucket, link_keys, record_key
+from p2pserve.dht.acceptance import bucket_reason
+from p2pserve.dht.keys import LINK_BUCKETS, RecordKind, link_bucket, link_keys, read_keys, record_key, write_key
 from p2pserve.dht.records import LinkInfo, LinkStat, encode_record
 from p2pserve.dht.signing import load_or_create_key, owner_subkey, public_key_text
 from p2pserve.dht.swarm import Swarm
@@ -81,4 +82,16 @@ def test_records_under_the_links_key_are_still_read_and_a_wrong_bucket_is_refuse
         encode_record(links_of(stray, clock)), clock() + 60)
     got = asyncio.run(reader.get_links())
     assert set(got) == {old.peer_id}
-    assert f"not its signer's" in caplog.text and peer_id_of(public_key_text(stray._key)) not in got
+    assert "not its signer's" in caplog.text and peer_id_of(public_key_text(stray._key)) not in got
+
+
+def test_the_bucket_rule():
+    pid = "12D3KooWsomeone"
+    assert bucket_reason(pid, None) is None and bucket_reason(pid, link_bucket(pid)) is None
+    assert "not its signer's" in bucket_reason(pid, (link_bucket(pid) + 1) % LINK_BUCKETS)
+    assert read_keys("s", "m", RecordKind.PEERS) == [(record_key("s", "m", RecordKind.PEERS), None)]
+    links = read_keys("s", "m", RecordKind.LINKS)
+    assert links[0] == (record_key("s", "m", RecordKind.LINKS), None) and [b for _, b in links[1:]] == list(
+        range(LINK_BUCKETS))
+    assert write_key("s", "m", RecordKind.LINKS, pid) == link_keys("s", "m")[link_bucket(pid)]
+    assert write_key("s", "m", RecordKind.PEERS, pid) == record_key("s", "m", RecordKind.PEERS)
