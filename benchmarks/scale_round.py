@@ -24,6 +24,7 @@ import json
 import statistics
 import time
 from dataclasses import replace
+from dataclasses import replace as dc_replace
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,8 @@ from p2pserve.dht.signing import load_or_create_key
 from p2pserve.dht.swarm import Swarm
 from p2pserve.helix.scale import five_regions, scale_cluster
 from p2pserve.helix.topology import topology_from_helix
+from p2pserve.placement.regions import LAN_LATENCY_S
+from p2pserve.placement.topology import Topology
 from p2pserve.testing.synthetic_swarm import announce_all
 
 MODEL = "llama2_70b"
@@ -76,9 +79,25 @@ async def one_round(coord: Swarm, cfg: CoordinatorConfig, epoch: int, parts: boo
     return out
 
 
-async def bench(n: int, rounds: int, parts: bool, key_dir: Path | None) -> dict[str, Any]:
+def bounded(topo: Topology, region_links: int) -> Topology:
+    """``topo`` with at most ``region_links`` links inside its region from each node (the first
+    by index), as bounded probing announces them (``dht/probe_set.py``: 64 region peers and a
+    sample of others); links between regions are all kept (the generator sampled them already)."""
+    kept: dict[int, int] = {}
+    links = []
+    for link in topo.links:
+        if 0 <= link.src and 0 <= link.dst and link.latency_s <= LAN_LATENCY_S:
+            kept[link.src] = kept.get(link.src, 0) + 1
+            if kept[link.src] > region_links:
+                continue
+        links.append(link)
+    return dc_replace(topo, links=tuple(links))
+
+
+async def bench(n: int, rounds: int, parts: bool, key_dir: Path | None, region_links: int) -> dict[str, Any]:
     """Announce ``n`` peers, then ``rounds`` coordinator rounds."""
     topo = topology_from_helix(scale_cluster(five_regions(n), f"generated{n}", inter_sample=8), MODEL)
+    topo = bounded(topo, region_links)
     if key_dir is not None:
         key_dir.mkdir(parents=True, exist_ok=True)
     # making 300 RSA keys takes a minute or two: --key-dir keeps them for the next run
@@ -114,10 +133,12 @@ def main() -> None:
     ap.add_argument("--peers", type=int, default=300)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--parts", action="store_true", help="also time the solve's parts apart (solves twice)")
+    ap.add_argument("--region-links", type=int, default=64,
+                    help="links each peer announces inside its region (bounded probing: 64)")
     ap.add_argument("--key-dir", type=Path, default=None, help="keep the peers' keys here between runs")
     ap.add_argument("--json", type=Path, default=Path("benchmarks/results/scale_round.json"))
     args = ap.parse_args()
-    res = asyncio.run(bench(args.peers, args.rounds, args.parts, args.key_dir))
+    res = asyncio.run(bench(args.peers, args.rounds, args.parts, args.key_dir, args.region_links))
     summary = {}
     for k in ("get_peers_s", "get_links_s", "snapshot_s", "read_s", "solve_s", "publish_s", "total_s"):
         xs = [r[k] for r in res["rounds"]]
