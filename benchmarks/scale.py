@@ -106,6 +106,11 @@ def bench_size(n: int, args: argparse.Namespace) -> dict[str, Any]:
                                      "wall_s": time.perf_counter() - t, "limit_s": args.today}
     best = max(v["decode"] for v in out["baselines"].values())
     out["plan"]["decode_over_best_baseline"] = sol.estimate.decode_tokens_per_s / best if best > 0 else None
+    # the same placement under the estimate every baseline gets (one max-flow over the whole
+    # graph, twins counted across the swarm): the like-for-like comparison
+    whole = _evaluate(topo, sol.assignments)
+    out["plan"]["decode_whole"] = whole["decode"]
+    out["plan"]["decode_whole_over_best_baseline"] = whole["decode"] / best if best > 0 else None
     out["replan"], replanned = bench_replan(topo, sol, cfg, scale, args)
     out["records"] = bench_records(sol, replanned)
     return out
@@ -191,7 +196,8 @@ def main() -> None:
         best = max(r["baselines"], key=lambda k: r["baselines"][k]["decode"])
         print(f"{n} peers: solve {p['solve_s']:.1f} s (first valid {p['first_valid_s']:.1f} s), decode "
               f"{p['decode']:.0f} tok/s = {p['decode_over_best_baseline']:.2f}x best baseline ({best} "
-              f"{r['baselines'][best]['decode']:.0f}); stitched flow {p['stitched_flow']:.0f} / covering bound "
+              f"{r['baselines'][best]['decode']:.0f}; whole-swarm estimate {p['decode_whole']:.0f} = "
+              f"{p['decode_whole_over_best_baseline']:.2f}x); stitched flow {p['stitched_flow']:.0f} / covering bound "
               f"{p['covering_bound']:.0f} = {p['stitched_flow'] / p['covering_bound']:.2f}")
         rc = r["records"]
         print(f"   records: one plan {rc['single_plan_bytes']} B; {rc['chunks']} chunks, largest {rc['largest_chunk_bytes']}"
@@ -200,8 +206,9 @@ def main() -> None:
         if "today" in r["baselines"]:
             td = r["baselines"]["today"]
             print(f"   today's planner given {td['limit_s']:.0f} s: decode {td['decode']:.0f} tok/s in {td['wall_s']:.0f} s"
-                  f" wall; at scale: {p['decode'] / max(td['decode'], 1e-9):.2f}x it (the acceptance asks >= 0.9x of"
-                  f" today's planner given 600 s: --today 600)")
+                  f" wall; at scale: {p['decode'] / max(td['decode'], 1e-9):.2f}x it with the stitched estimate, "
+                  f"{p['decode_whole'] / max(td['decode'], 1e-9):.2f}x with the whole-swarm estimate both get "
+                  f"(the acceptance asks >= 0.9x of today's planner given 600 s: --today 600)")
         print(f"   re-plan after {rp['left']} leave: {rp['replan_s']:.2f} s, {rp['layers_moved']} layers loaded, "
               f"decode {rp['decode_over_fresh']:.2f}x a fresh plan ({rp['fresh_s']:.1f} s)")
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -45,8 +45,7 @@ async def _round(coord: Swarm, cfg: CoordinatorConfig, model: str, current: dict
                  trigger: Trigger, cells: Any = None) -> tuple[Any, dict[str, Any]]:
     """One coordinator round: read, solve, publish; (plan, seconds per phase)."""
     t0 = time.perf_counter()
-    peers = await coord.get_peers()
-    links = await coord.get_links()
+    peers, links = await asyncio.gather(coord.get_peers(), coord.get_links())  # as the coordinator reads
     snap = Snapshot.from_records({pid: s.record for pid, s in peers.items()}, [s.record for s in links.values()])
     t1 = time.perf_counter()
     plan = make_plan(snap, current, epoch=epoch, leader_id=coord.peer_id, model=model, cfg=cfg,

@@ -148,11 +148,12 @@ class CoordinatorService:
                 self._latest_seen = sp.plan
 
     async def _snapshot(self, now: float) -> Snapshot:
-        fresh = await self.swarm.get_peers()
+        # both reads at once: at a few hundred peers each is a DHT get of hundreds of records
+        fresh, links = await asyncio.gather(self.swarm.get_peers(), self.swarm.get_links())
         peers = self._peers.update(fresh, self.swarm.withdrawn.get(RecordKind.PEERS, set()), now)
         peers = await self._without_excluded(self._with_shape(peers), now)
         self._probe_targets = peers
-        link_infos = [s.record for s in (await self.swarm.get_links()).values()]
+        link_infos = [s.record for s in links.values()]
         return await self._police(Snapshot.from_records(peers, link_infos))
 
     def _with_shape(self, peers: dict) -> dict:

@@ -14,6 +14,8 @@ named fakes.
   record or on the structs it holds) later than ``now + max_clock_skew``, is a lie or a broken clock.
 * **Membership.** With an allow-list, records of kinds members write about themselves (peers,
   links, reports, evidence) are accepted only from listed peer ids.
+* **Bucket.** A link record read from a bucket key (:func:`p2pserve.dht.keys.link_bucket`) must
+  be in its signer's bucket, so no writer can fill another bucket.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Iterable, Optional
 import msgspec
 
 from p2pserve.dht.identity import looks_like_peer_id
+from p2pserve.dht.keys import link_bucket
 from p2pserve.errors import ConfigError
 from p2pserve.types import PeerId
 
@@ -107,3 +110,10 @@ def allowed_set(peer_ids: Iterable[str]) -> frozenset[str]:
     if bad:
         raise ConfigError(f"allowed_peers holds {bad[0]!r}, which is not a libp2p peer id")
     return out
+
+
+def bucket_reason(signer_id: PeerId, bucket: Optional[int]) -> Optional[str]:
+    """A record read from link bucket ``bucket`` (None: not a bucket key) must be its signer's."""
+    if bucket is None or link_bucket(signer_id) == bucket:
+        return None
+    return f"record in link bucket {bucket}, not its signer's ({link_bucket(signer_id)})"

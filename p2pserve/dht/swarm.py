@@ -29,6 +29,7 @@ from p2pserve.config import DHTConfig
 from p2pserve.dht import keys
 from p2pserve.dht.acceptance import (
     allowed_set,
+    bucket_reason,
     expiration_reason,
     identity_reason,
     membership_reason,
@@ -120,6 +121,9 @@ class Swarm:
         # signers whose entry of a kind was a tombstone at the last read (they left on purpose)
         self.withdrawn: dict[keys.RecordKind, set[str]] = {kind: set() for kind in keys.RecordKind}
         self._keys = {kind: keys.record_key(config.swarm_id, config.model, kind) for kind in keys.RecordKind}
+        # link records go to a bucket key by a hash of the peer id (keys.link_bucket)
+        self._keys_out = {kind: keys.write_key(config.swarm_id, config.model, kind, self._peer_id)
+                          for kind in keys.RecordKind}
 
     # ----------------------------------------------------------------------------- lifecycle
 
@@ -171,7 +175,7 @@ class Swarm:
         expiration = max(self._clock() + ttl, self._last_expiration.get(kind, 0.0) + 1e-3)
         self._last_expiration[kind] = expiration
         fut = self.dht.store(
-            self._keys[kind], value, expiration_time=expiration, subkey=self._subkey, return_future=True
+            self._keys_out[kind], value, expiration_time=expiration, subkey=self._subkey, return_future=True
         )
         return bool(await asyncio.wait_for(asyncio.wrap_future(fut), self.config.rpc_timeout))
 
@@ -252,44 +256,53 @@ class Swarm:
 
     # ----------------------------------------------------------------------------- reads
 
+    async def _get(self, key: str):
+        """The raw value under ``key`` (hivemind's), or None."""
+        fut = self.dht.get(key, latest=True, return_future=True)
+        return await asyncio.wait_for(asyncio.wrap_future(fut), self.config.rpc_timeout)
+
     async def _entries(self, kind: keys.RecordKind, cls: type) -> list[Signed]:
-        fut = self.dht.get(self._keys[kind], latest=True, return_future=True)
-        found = await asyncio.wait_for(asyncio.wrap_future(fut), self.config.rpc_timeout)
-        if found is None:
-            return []
-        value = found.value
-        if not isinstance(value, dict):
-            self.rejects.reject(kind.value, None, "key holds a plain value, expected owner subkeys")
-            return []
+        # links: the kind's key and every bucket, fetched at once; bucket b holds only the records
+        # of signers whose peer id hashes to b (one bounded value per bucket, whoever writes)
+        names, buckets = zip(*keys.read_keys(self.config.swarm_id, self.config.model, kind))
+        found = await asyncio.gather(*(self._get(k) for k in names))
         now = self._clock()
         out = []
         withdrawn = set()
-        for subkey, item in value.items():
-            signer = owner_of_subkey(subkey)
-            if signer is None:
-                self.rejects.reject(kind.value, None, "subkey names no owner (unsigned record)")
+        for bucket, got in zip(buckets, found):
+            if got is None:
                 continue
-            if item.expiration_time < now:
+            if not isinstance(got.value, dict):
+                self.rejects.reject(kind.value, None, "key holds a plain value, expected owner subkeys")
                 continue
-            if isinstance(item.value, (bytes, bytearray)) and len(item.value) == 0:
-                withdrawn.add(signer)  # tombstone: withdrawn (it can only withdraw its own signer)
-                continue
-            try:
-                out.append(self._accept(kind, cls, signer, item.value, item.expiration_time, now))
-            except (RecordRejected, MalformedFrameError) as e:
-                self.rejects.reject(kind.value, signer, str(e))
+            for subkey, item in got.value.items():
+                signer = owner_of_subkey(subkey)
+                if signer is None:
+                    self.rejects.reject(kind.value, None, "subkey names no owner (unsigned record)")
+                    continue
+                if item.expiration_time < now:
+                    continue
+                if isinstance(item.value, (bytes, bytearray)) and len(item.value) == 0:
+                    withdrawn.add(signer)  # tombstone: withdrawn (it can only withdraw its own signer)
+                    continue
+                try:
+                    out.append(self._accept(kind, cls, signer, item.value, item.expiration_time, now, bucket))
+                except (RecordRejected, MalformedFrameError) as e:
+                    self.rejects.reject(kind.value, signer, str(e))
         self.withdrawn[kind] = withdrawn
         return out
 
-    def _accept(self, kind: keys.RecordKind, cls: type, signer: str, value, expiration: float, now: float) -> Signed:
-        """One live entry as a ``Signed`` record, or ``RecordRejected`` / ``MalformedFrameError``
-        with the reason: the rules of :mod:`~p2pserve.dht.acceptance`, decoding and validation."""
+    def _accept(self, kind: keys.RecordKind, cls: type, signer: str, value, expiration: float, now: float,
+                bucket: Optional[int] = None) -> Signed:
+        """One live entry (from link bucket ``bucket``, if one) as a ``Signed`` record, or
+        ``RecordRejected`` / ``MalformedFrameError`` with the reason: the rules of
+        :mod:`~p2pserve.dht.acceptance`, decoding and validation."""
         try:
             signer_id = peer_id_of(signer)
         except ConfigError as e:
             raise RecordRejected(f"owner key gives no peer id: {e}") from e
         reason = (expiration_reason(expiration, now, self.config.ttl(kind), self.config.max_clock_skew)
-                  or membership_reason(kind.value, signer_id, self._allowed))
+                  or membership_reason(kind.value, signer_id, self._allowed) or bucket_reason(signer_id, bucket))
         if reason is None:
             record = decode_record(value, cls, self.config.num_layers)
             if getattr(record, "model", self.config.model) != self.config.model:

@@ -43,8 +43,13 @@ class ScaleConfig:
     ``cell_nodes``: target nodes per cell. ``first_work`` / ``cell_work``: evaluations per
     distinct cell in the first (valid plan fast) and second (improving) pass. ``lan_latency_s``:
     the region threshold. ``time_limit_s``: outer wall-clock limit, with the planner's own
-    ``time_limit_s`` if lower (the second pass stops early when it would pass it;
-    ``stats["scale"]["stopped_by"]`` says so).
+    ``time_limit_s`` if lower. The second pass is a deadline: it ends ``finish_share`` of the
+    limit before it (stitching the cells estimates the whole swarm), and each distinct cell's
+    search gets an equal share of what is left when its turn comes (a cell that finishes its work
+    early leaves its time to the next), returning the best plan it found when its share runs
+    out. On a machine fast enough for the work, the work ends every search and the same inputs
+    give the same plan; ``stats["scale"]["stopped_by"]`` says ``time`` when the deadline cut one.
+    ``min_cell_s``: a share below this is not worth starting a search for.
     """
 
     direct_nodes: int = 48
@@ -53,6 +58,8 @@ class ScaleConfig:
     cell_work: int = 1500
     lan_latency_s: float = LAN_LATENCY_S
     time_limit_s: float = 25.0
+    finish_share: float = 0.1
+    min_cell_s: float = 0.05
 
 
 @dataclass
@@ -97,17 +104,19 @@ def plan_at_scale(topo: Topology, config: PlannerConfig | None = None, scale: Sc
         plans[k] = plan_for_topology(sub, replace(config, work=scale.first_work, time_limit_s=config.time_limit_s),
                                      clock=clock)
     first_valid = clock() - t0
-    limit = min(scale.time_limit_s, config.time_limit_s)
+    deadline = min(scale.time_limit_s, config.time_limit_s) * (1.0 - scale.finish_share)
     improved, stopped_by = 0, "work"
-    for k in distinct:
-        elapsed = clock() - t0
-        per_cell = (elapsed - first_valid) / improved if improved else first_valid / len(distinct) * 10
-        if elapsed + per_cell > limit:
+    for x, k in enumerate(distinct):
+        share = cell_share(deadline - (clock() - t0), len(distinct) - x)
+        if share < scale.min_cell_s:
             stopped_by = "time"
             break
         sub = dec.topos[first_of[k]]
-        better = plan_for_topology(sub, replace(config, work=scale.cell_work), current=plans[k].assignments,
-                                   clock=clock)
+        better = plan_for_topology(sub, replace(config, work=scale.cell_work,
+                                                time_limit_s=search_limit(share, sub.num_nodes)),
+                                   current=plans[k].assignments, clock=clock)
+        if better.stats.get("search", {}).get("stopped_by") == "time":
+            stopped_by = "time"
         if better.estimate.decode_tokens_per_s >= plans[k].estimate.decode_tokens_per_s:
             plans[k] = better
         improved += 1
@@ -120,6 +129,20 @@ def plan_at_scale(topo: Topology, config: PlannerConfig | None = None, scale: Sc
     }}
     return stitched_solution(topo, placement, flows, config, clock() - t0, "scale(cells)", stats,
                              cells=dec.cells)
+
+
+def cell_share(left_s: float, cells_left: int) -> float:
+    """Seconds for the next of ``cells_left`` cell searches when ``left_s`` remain before the
+    deadline: an equal share (0 once the deadline passed)."""
+    return max(0.0, left_s) / max(1, cells_left)
+
+
+def search_limit(share_s: float, nodes: int) -> float:
+    """The time limit that gives a work-budgeted :func:`planner.plan_for_topology` about
+    ``share_s`` seconds of search on ``nodes`` nodes: the throughput objective searches until
+    95 % of its limit less 0.05 s per node (its margin for finishing a plan, far more than a
+    cell of a few dozen nodes needs), so the limit is the share plus that margin."""
+    return (share_s + 0.05 * nodes) / 0.95
 
 
 def _union(dec: _Cells, plans: Mapping[Hashable, Solution]) -> tuple[Placement, Flows]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 from p2pserve.helix.scale import five_regions, scale_cluster
 from p2pserve.helix.topology import topology_from_helix
@@ -11,7 +12,9 @@ from p2pserve.placement.maxflow import max_flow
 from p2pserve.placement.moves import by_name
 from p2pserve.placement.planner import PlannerConfig, plan_for_topology
 from p2pserve.placement.regions import find_regions
-from p2pserve.placement.scale import ScaleConfig, cells_by_name, plan_at_scale, region_of_name
+from p2pserve.placement.scale import (
+    ScaleConfig, cell_share, cells_by_name, plan_at_scale, region_of_name, search_limit,
+)
 from p2pserve.placement.scale_churn import replan_after_leave
 from p2pserve.placement.solution import validate_placement
 from p2pserve.placement.stitch import balance, twin_share
@@ -107,6 +110,30 @@ def test_plan_at_scale_is_valid_its_flows_feasible_and_deterministic():
     again = plan_at_scale(topo, PlannerConfig(), SMALL)
     assert again.assignments == sol.assignments
     assert set(region_of_name(sol).values()) == {f"r{x}" for x in range(5)}
+
+
+def test_a_cells_share_of_the_deadline_and_the_limit_that_gives_its_search_that_share():
+    assert cell_share(6.0, 3) == 2.0 and cell_share(-1.0, 2) == 0.0 and cell_share(1.0, 0) == 1.0
+    for share, nodes in ((2.0, 30), (0.1, 24)):
+        limit = search_limit(share, nodes)
+        # what the throughput objective leaves its search of a limit (planner._solve_throughput)
+        assert abs(limit * 0.95 - 0.05 * nodes - share) < 1e-9
+
+
+def test_a_slow_machine_gets_a_valid_plan_by_the_deadline():
+    """A clock that runs fast (each reading a tenth of a second later: a machine ten times slower
+    than the work needs) cuts the improving searches; the best plan so far is still valid."""
+    topo = generated(100)
+    ticks = iter(range(10**9))
+    sol = plan_at_scale(topo, PlannerConfig(time_limit_s=5.0), ScaleConfig(direct_nodes=8, first_work=20, cell_work=200),
+                        clock=lambda: 0.1 * next(ticks))
+    st = sol.stats["scale"]
+    assert validate_placement(topo, sol.assignments) == []
+    assert st["stopped_by"] == "time"
+    quiet = plan_at_scale(topo, PlannerConfig(time_limit_s=5.0), replace(SMALL, time_limit_s=1e6),
+                          clock=lambda: 0.0)
+    assert quiet.stats["scale"]["stopped_by"] == "work"
+    assert quiet.stats["scale"]["improved_cells"] == quiet.stats["scale"]["distinct_cells"]
 
 
 def test_small_swarms_get_todays_planner_unchanged(cluster10):
