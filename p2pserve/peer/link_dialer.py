@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections import Counter
-from typing import Sequence
+from collections.abc import Sequence
 
 from p2pserve.errors import OverloadedError
 from p2pserve.transport import Stream, Transport

@@ -45,7 +45,13 @@ from p2pserve.protocol import (
     PushHop,
     SamplingParams,
 )
-from p2pserve.testing.wan import SWARM_TIMING, start_bootstrap, start_relayed_peers, stop_relayed_peers, wait_announced
+from p2pserve.testing.wan import (
+    SWARM_TIMING,
+    start_bootstrap,
+    start_relayed_peers,
+    stop_relayed_peers,
+    wait_announced,
+)
 from p2pserve.transport.frames import tensor_to_wire
 from tests.harness import client_node, open_chain_pipeline, reference_generate
 
