@@ -25,7 +25,8 @@ of peers (``AsyncClient(peers=...)``), so no control plane is involved. Figures:
   least ``--honest-steps`` hop-steps were compared: mismatches blamed (target 0), inconclusive
   disagreements, and the largest honest distance seen against its tolerance (the calibration).
 
-Usage: python benchmarks/verification.py [--honest-steps 10000] [--trials 5] [--json PATH]
+Usage: python benchmarks/verification.py [--honest-steps 10000] [--trials 5] [--sections overhead,exclusion,false]
+[--dtypes float32,bfloat16] [--json PATH]
 """
 
 from __future__ import annotations
@@ -289,10 +290,12 @@ def main() -> int:
     ap.add_argument("--trials", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=40)
     ap.add_argument("--sections", default="all", help="comma list of overhead,exclusion,false (default all)")
+    ap.add_argument("--dtypes", default="float32,bfloat16", help="comma list of the dtypes the false section runs in")
     ap.add_argument("--json", default=str(REPO / "benchmarks" / "results" / "verification.json"))
     args = ap.parse_args()
     sections = ("overhead", "exclusion", "false") if args.sections == "all" else tuple(args.sections.split(","))
-    result = measure(honest_steps=args.honest_steps, trials=args.trials, rounds=args.rounds, sections=sections)
+    result = measure(honest_steps=args.honest_steps, trials=args.trials, rounds=args.rounds, sections=sections,
+                     dtypes=tuple(args.dtypes.split(",")))
     print(json.dumps(result, indent=2))
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(result, indent=2))

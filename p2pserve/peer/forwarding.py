@@ -35,10 +35,11 @@ import msgspec
 import torch
 
 from p2pserve.blame import blamed_hop
-from p2pserve.config import ForwardingConfig
+from p2pserve.config import AdmissionConfig, ForwardingConfig
 from p2pserve.errors import WIRE_ERRORS, BadRequestError, ErrorCode, MalformedFrameError
 from p2pserve.peer.next_hop import UNREACHABLE, unreachable
 from p2pserve.peer.held_results import HeldResults
+from p2pserve.peer.link_dialer import LinkDialer, dial_concurrency
 from p2pserve.peer.push_link import PushLink, tell
 from p2pserve.peer.ring import RingState, check_grant
 from p2pserve.protocol import (
@@ -55,7 +56,6 @@ from p2pserve.protocol import (
 )
 from p2pserve.transport import Transport
 from p2pserve.transport.frames import tensor_from_wire, tensor_to_wire
-from p2pserve.transport.session_stream import open_session_stream
 from p2pserve.types import PeerId, SessionId
 
 log = logging.getLogger(__name__)
@@ -80,13 +80,14 @@ class Forwarder:
     the owner's ``AwaitResult``, and rings (``peer/ring.py``).
 
     ``run_local(forward, payload, owner)`` is the handler's own Forward path (it returns the
-    ForwardResult and its payload, or raises a typed error); ``transport`` dials next hops at
-    the addresses ``resolve`` gives (None: this peer knows no one, and pushes nowhere).
+    ForwardResult and its payload, or raises a typed error); ``dialer`` (default: one over
+    ``transport``, for next hops with the default stream bounds, ``peer/link_dialer.py``) dials
+    next hops at the addresses ``resolve`` gives (None: this peer knows no one, and pushes nowhere).
     """
 
     def __init__(self, table, transport: Transport, self_id: str, limits: FrameLimits,
                  config: ForwardingConfig = ForwardingConfig(), resolve: Optional[Resolver] = None,
-                 loop_ended: Optional[Callable[[str], None]] = None):
+                 loop_ended: Optional[Callable[[str], None]] = None, dialer: Optional[LinkDialer] = None):
         self.table = table
         # told when a session looping here does not run its next step at once (the compute
         # worker holds its next batch for looping sessions until they are back)
@@ -96,6 +97,8 @@ class Forwarder:
         self.limits = limits
         self.config = config
         self.resolve = resolve
+        self.dialer = dialer or LinkDialer(transport, dial_concurrency(AdmissionConfig().max_streams_per_owner),
+                                           config.connect_timeout_s)
         self._grants: dict[str, tuple[object, str]] = {}  # session id -> (session, allowed peer id)
         self._rings: dict[str, tuple[object, RingState]] = {}  # session id -> (session, its granted ring)
         self._links: dict[str, PushLink] = {}  # our session id -> stream to its next hop
@@ -358,7 +361,7 @@ class Forwarder:
         self._prune()
         maddrs = await self._addresses(nxt.peer_id)
         try:
-            stream = await open_session_stream(self.transport, nxt.peer_id, maddrs, self.config.connect_timeout_s)
+            stream = await self.dialer.dial(nxt.peer_id, maddrs)
         except Exception as e:  # whatever dialling raised (the libp2p daemon's ControlFailure): unreachable
             raise e if isinstance(e, (ConnectionError, TimeoutError)) else ConnectionError(f"{type(e).__name__}: {e}")
         link = self._links[session.id] = PushLink(nxt.peer_id, stream, session, self.limits)

@@ -17,6 +17,7 @@ from p2pserve.model.shard import TORCH_DTYPES, Shard
 from p2pserve.model.spec import ModelSpec
 from p2pserve.peer.batcher import TokenThrottle
 from p2pserve.peer.forwarding import Forwarder, Resolver
+from p2pserve.peer.link_dialer import LinkDialer, dial_concurrency
 from p2pserve.peer.handlers import SessionHandler
 from p2pserve.peer.kv_cache import KVBudget
 from p2pserve.peer.reply_signer import ReplySigner
@@ -68,8 +69,11 @@ def build_runtime(config: PeerConfig, spec: ModelSpec, peer_id: str, transport: 
         admission=config.admission,
     )
     worker = ComputeWorker(shard, TokenThrottle(config.batching), budget, metrics=metrics)
+    # next hops are taken to bound streams per peer id as this peer does
+    dialer = LinkDialer(transport, dial_concurrency(config.admission.max_streams_per_owner),
+                        config.forwarding.connect_timeout_s)
     forwarder = Forwarder(table, transport, peer_id, config.frame_limits, config.forwarding, resolve,
-                          loop_ended=worker.loop_ended)
+                          loop_ended=worker.loop_ended, dialer=dialer)
     handler = SessionHandler(spec, table, worker, config.frame_limits, config.request_timeout_s, config.admission,
                              signer=ReplySigner(peer_id, spec.model_id, reply_key, dtype=spec.dtype), forwarder=forwarder,
                              direct=direct, metrics=metrics)

@@ -44,12 +44,13 @@ import weakref
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-from p2pserve.errors import WIRE_ERRORS, ConfigError, P2PServeError
+from p2pserve.errors import WIRE_ERRORS, ConfigError, ErrorCode, P2PServeError, error_from_reply
 from p2pserve.protocol import (
     SESSION_PROTOCOL,
     AttachDirect,
     DirectAttached,
     DirectOffer,
+    ErrorReply,
     FrameLimits,
     OpenDirect,
     decode_reply,
@@ -147,6 +148,11 @@ class DirectTransport:
         except WIRE_ERRORS as e:  # a peer speaking something else: keep to libp2p
             log.debug("no direct path to %s: %s", peer_id, e)
             return stream
+        if isinstance(offer, ErrorReply) and offer.code == ErrorCode.OVERLOADED.value:
+            # the peer refused the stream itself (its stream bounds) and closes it: say so, typed,
+            # rather than hand back a stream on which nothing more is answered
+            stream.close()
+            raise error_from_reply(offer.code, offer.message, peer_id)
         if not isinstance(offer, DirectOffer) or not offer.port:  # an error reply: a peer without the path
             return stream
         if not is_fingerprint(offer.tls_sha256):  # nothing to pin: the token must not leave libp2p

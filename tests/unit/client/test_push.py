@@ -267,7 +267,7 @@ def test_a_next_hop_that_cannot_be_dialled_is_the_one_named(swarm):
     routes = ChainListRoutes([[swarm.hops[A], swarm.hops[B], swarm.hops[C]],
                               [swarm.hops[A], swarm.hops[B], swarm.hops[C2]]])
     forwarder = swarm.handlers[B].forwarder
-    forwarder.transport = _DaemonRefuses(forwarder.transport, C)
+    forwarder.dialer.transport = _DaemonRefuses(forwarder.dialer.transport, C)
 
     async def main():
         ref, _ = await _generate(swarm, ChainListRoutes([routes.chains[1]]), PushConfig(), [3, 1, 4], 6)

@@ -198,3 +198,28 @@ def test_records_after_the_handshake_are_encrypted():
         assert b"attach_direct" not in seen and b"get_stats" not in seen
 
     asyncio.run(main())
+
+
+def test_a_stream_the_peer_refuses_is_a_typed_error_not_a_stream_nothing_answers_on():
+    """A peer at its stream bound answers the OpenDirect with ``overloaded`` and closes the stream
+    (``SessionHandler._refuse_stream``): the dialler gets that error, typed (it used to get the
+    libp2p stream back, on which its next request went unanswered until the peer closed it)."""
+    from p2pserve.errors import ErrorCode, OverloadedError
+    from p2pserve.protocol import error_reply
+
+    async def refuse(reader, writer, remote):
+        await read_frame(reader, FrameLimits())
+        await write_frame(writer, error_reply(ErrorCode.OVERLOADED, "you already have 4 streams open to this peer"))
+        writer.close()
+
+    async def main():
+        net = MemoryNetwork()
+        net.serve("peerX", SESSION_PROTOCOL, refuse)
+        transport = DirectTransport(net.transport("client"))
+        try:
+            with pytest.raises(OverloadedError, match="streams open"):
+                await transport.open_stream("peerX", [maddr(GENUINE)], SESSION_PROTOCOL, 10.0)
+        finally:
+            await transport.close()
+
+    asyncio.run(main())
