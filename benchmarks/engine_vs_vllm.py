@@ -92,6 +92,7 @@ class Server:
     url: str  # http://host:port
     model: str  # the model name requests use
     procs: list = field(default_factory=list)  # subprocess.Popen or launch.Child
+    boot: object = None  # the bootstrap node's launch.Children, where several peers meet
 
     def stop(self) -> None:
         for p in reversed(self.procs):
@@ -106,6 +107,8 @@ class Server:
                 except subprocess.TimeoutExpired:
                     os.killpg(proc.pid, signal.SIGKILL)
                     proc.wait()
+        if self.boot is not None:
+            self.boot.stop_all()
 
 
 def free_port() -> int:
@@ -158,24 +161,38 @@ def start_vllm(py: Path, model: str, dtype: str, threads: int, logdir: Path, tim
 
 def start_p2pserve(model: str, dtype: str, setup: str, threads: int, layers: int, timeout: float) -> Server:
     """``one``: one peer holding every layer (``threads`` torch threads); ``three``: three peers
-    of a third each (1 thread each); behind ``p2pserve api --peers``. ``one-driven``: one peer
-    that the client drives token by token (``--no-loop``: the data path before peers drove
-    decode), the baseline of the loop measured in the same run."""
+    of a third each (1 thread each), meeting at a bootstrap node so that each finds the next (the
+    api's default ring); behind ``p2pserve api --peers``. ``-driven``: the client drives the
+    peers token by token (``--no-loop --push off``: the data path before peers drove decode),
+    the baseline measured in the same run."""
     setup, _, mode = setup.partition("-")
     if setup == "one":
         ranges, peer_threads = [(0, layers)], threads
     else:
         cut = [round(i * layers / THREE_WAY) for i in range(THREE_WAY + 1)]
         ranges, peer_threads = list(zip(cut, cut[1:])), 1
-    peers = [PeerProcess.launch(model, r, "--dtype", dtype, threads=peer_threads) for r in ranges]
-    server = Server(f"p2pserve-{setup}", "", "bench", list(peers))
+    # several peers meet at a bootstrap node, where each finds the next one's address (a ring)
+    boot, meet = None, []
+    if len(ranges) > 1:
+        import tempfile
+
+        from p2pserve.testing.wan import start_bootstrap
+
+        boot, meet = start_bootstrap(Path(tempfile.mkdtemp(prefix="p2pserve-boot-")))
+    peers = [PeerProcess.launch(model, r, "--dtype", dtype, *(["--initial-peers", *meet] if meet else []),
+                                threads=peer_threads) for r in ranges]
+    server = Server(f"p2pserve-{setup}", "", "bench", list(peers), boot=boot)
     try:
         for p in peers:
             p.wait_ready(timeout)
+        if meet:
+            from p2pserve.testing.wan import wait_announced
+
+            wait_announced(model, meet, [p.peer_id for p in peers], layers)
         spec = [f"{p.maddrs[0]}@{a}:{b}" for p, (a, b) in zip(peers, ranges)]
         api = Child.spawn("api", ["api", "--port", "0", "--model", model, "--served-model-name", "bench",
                                   "--log-level", "WARNING", "--peers", *spec,
-                                  *(["--no-loop"] if mode == "driven" else [])])
+                                  *(["--no-loop", "--push", "off"] if mode == "driven" else [])])
         server.procs.append(api)
         deadline = time.monotonic() + timeout
         while not server.url:
@@ -316,9 +333,9 @@ def main() -> int:
     ap.add_argument("--levels", default="1,8,32", help="concurrent streams, comma-separated")
     ap.add_argument("--duration", type=float, default=30.0, help="seconds of load per level")
     ap.add_argument("--dtypes", default="bfloat16,float32")
-    ap.add_argument("--setups", default="one,one-driven,three",
-                    help="p2pserve setups: one peer, one peer driven token by token by the client (--no-loop), "
-                         "three peers")
+    ap.add_argument("--setups", default="one,one-driven,three,three-driven",
+                    help="p2pserve setups: one peer, three peers (a ring), and each driven token by token by "
+                         "the client (-driven: --no-loop --push off)")
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--threads", type=int, default=2, help="torch threads of vLLM and of the one peer")
     ap.add_argument("--skip-vllm", action="store_true")

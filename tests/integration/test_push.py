@@ -7,8 +7,8 @@ addresses, where each finds the next hop of a pushed step (the route names peer 
 client opens a session on each hop of a 3-hop route, allows each hop's predecessor into it, sends
 each step to the first hop and waits for the token at the last (AwaitResult). Greedy output must
 equal `generate`, also when the route's last peer is SIGKILLed mid-generation (the client's wait
-on it breaks, or its predecessor reports it unreachable: the client bans it, re-routes to the
-replica and replays). The route is pushed by the rule itself (``PushConfig(enabled=True)``: the
+on it breaks, or its predecessor reports it unreachable and the client, driving the route, fails
+to reach it too: the client bans it, re-routes to the replica and replays). The route is pushed by the rule itself (``PushConfig(enabled=True)``: the
 sessions' open round trips are over its 10 ms).
 A route cannot make a peer dial an address of the client's choosing (a listener sees nothing).
 Ring mode (``client/ring.py``) too: greedy output equal to `generate`, with and without its last
@@ -278,6 +278,7 @@ def test_a_peer_killed_mid_generation_is_reported_and_routed_around(cluster):
     ids = _prompt(path, "Even when a peer dies on the way.")
     tokens, pipeline = asyncio.run(_generate(path, peers, ids, kill_after=5))
     assert tokens == reference_generate(path, ids, GREEDY.max_new_tokens)
-    # B could not reach the dead last hop and said so: the client banned C (not A or B) and re-routed
+    # B could not reach the dead last hop and said so: the client drove the route, could not reach
+    # C either, banned C (not A or B) and re-routed
     assert [f.hop.peer_id for f in pipeline.failures] == [peers[2].peer_id]
     assert pipeline.route[-1].peer_id == peers[3].peer_id
