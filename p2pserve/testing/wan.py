@@ -16,9 +16,10 @@ import socket
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 from p2pserve.launch import PeerProcess
 from p2pserve.testing import delay_relay
@@ -204,3 +205,21 @@ def wait_announced(model_path: str, boot: list[str], peer_ids: list[str], num_la
         raise TimeoutError(f"not every peer announced itself within {timeout:.0f} s")
     finally:
         observer.shutdown()
+
+
+@contextmanager
+def announced_swarm(model_path: str, ranges: list[Optional[tuple[int, int]]], *extra: str, delay_ms: float,
+                    workdir: Path, num_layers: int, stop_timeout: float = 10.0) -> Iterator[tuple[list[str], list]]:
+    """A bootstrap node and relayed peers on ``ranges`` that joined it (``SWARM_TIMING``, then
+    ``extra`` flags) and announced themselves, so that each finds the others (push and ring next
+    hops): yields (bootstrap multiaddrs, the relayed peers); stops them all on exit."""
+    children, boot = start_bootstrap(workdir)
+    relayed: list[RelayedPeer] = []
+    try:
+        relayed = start_relayed_peers(model_path, ranges, "--initial-peers", *boot, *SWARM_TIMING, *extra,
+                                      delay_ms=delay_ms, workdir=workdir)
+        wait_announced(model_path, boot, [rp.peer.peer_id for rp in relayed], num_layers=num_layers)
+        yield boot, relayed
+    finally:
+        stop_relayed_peers(relayed, timeout=stop_timeout)
+        children.stop_all()

@@ -39,13 +39,7 @@ from p2pserve.client.route_providers import ChainListRoutes
 from p2pserve.config import ClientConfig
 from p2pserve.peer.next_hop import UNREACHABLE
 from p2pserve.protocol import FRAME_PREFIX, ErrorReply, Forward, PushForward, PushHop, SamplingParams, decode_reply
-from p2pserve.testing.wan import (
-    SWARM_TIMING,
-    start_bootstrap,
-    start_relayed_peers,
-    stop_relayed_peers,
-    wait_announced,
-)
+from p2pserve.testing.wan import announced_swarm
 from p2pserve.transport.frames import read_frame, tensor_to_wire, write_frame
 from tests.harness import client_node, reference_generate
 
@@ -62,17 +56,9 @@ _BOOT: list[str] = []  # the cluster's bootstrap multiaddrs
 def cluster(model_dir, tmp_path_factory):
     path = model_dir("llama")
     tmp = tmp_path_factory.mktemp("push")
-    children, boot = start_bootstrap(tmp)
-    relayed = []
-    try:
-        relayed = start_relayed_peers(path, RANGES, "--initial-peers", *boot, *SWARM_TIMING, delay_ms=25.0,
-                                      workdir=tmp)
-        wait_announced(path, boot, [rp.peer.peer_id for rp in relayed], num_layers=8)
+    with announced_swarm(path, RANGES, delay_ms=25.0, workdir=tmp, num_layers=8) as (boot, relayed):
         _BOOT[:] = boot  # where a test's own DHT node joins (an attacker's record)
         yield path, [rp.peer for rp in relayed]
-    finally:
-        stop_relayed_peers(relayed)
-        children.stop_all()
 
 
 async def _generate(path, peers, prompt_ids, kill_after: int | None = None, params: GenerationParams = GREEDY,

@@ -45,13 +45,7 @@ from p2pserve.protocol import (
     PushHop,
     SamplingParams,
 )
-from p2pserve.testing.wan import (
-    SWARM_TIMING,
-    start_bootstrap,
-    start_relayed_peers,
-    stop_relayed_peers,
-    wait_announced,
-)
+from p2pserve.testing.wan import announced_swarm
 from p2pserve.transport.frames import tensor_to_wire
 from tests.harness import client_node, open_chain_pipeline, reference_generate
 
@@ -68,16 +62,9 @@ HONEST_LINKS = 10  # new links from A to B under the burst (before: several refu
 def pair(model_dir, tmp_path_factory):
     path = model_dir("llama")
     tmp = tmp_path_factory.mktemp("push-quota")
-    children, boot = start_bootstrap(tmp)
-    relayed = []
-    try:
-        relayed = start_relayed_peers(path, [(0, 4), (4, 8)], "--initial-peers", *boot, *SWARM_TIMING,
-                                      "--max-streams-per-owner", str(CAP), delay_ms=20.0, workdir=tmp)
-        wait_announced(path, boot, [rp.peer.peer_id for rp in relayed], num_layers=8)
+    with announced_swarm(path, [(0, 4), (4, 8)], "--max-streams-per-owner", str(CAP), delay_ms=20.0, workdir=tmp,
+                         num_layers=8, stop_timeout=2.0) as (_, relayed):  # no need to withdraw records gracefully
         yield path, [rp.peer for rp in relayed]
-    finally:
-        stop_relayed_peers(relayed, timeout=2.0)  # no need to withdraw records gracefully
-        children.stop_all()
 
 
 async def _sessions(transport, hop, model_id: str, n: int) -> tuple[HopConnection, list[str]]:
