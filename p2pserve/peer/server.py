@@ -27,6 +27,7 @@ from p2pserve.peer.forwarding import Resolver
 from p2pserve.peer.handlers import SessionHandler
 from p2pserve.peer.runtime import build_runtime
 from p2pserve.peer.sessions import SessionTable
+from p2pserve.peer.threads import set_compute_threads
 from p2pserve.peer.tp_group import TPGroup
 from p2pserve.peer.worker import ComputeWorker
 from p2pserve.protocol import SESSION_PROTOCOL
@@ -68,8 +69,7 @@ class Peer:
         nowhere); ``reply_key`` signs replies (None: a fresh key); ``config.metrics`` with a port
         serves ``/metrics``. ``source`` is ``config.model`` opened already
         (``model/locate.py``), else it is opened here."""
-        if config.num_threads:
-            torch.set_num_threads(config.num_threads)
+        set_compute_threads(config.num_threads or torch.get_num_threads())
         source = source or open_model(config.model, "peer")
         model_path = str(source.folder)
         spec = load_spec(model_path, dtype=config.dtype, quant=config.quant)

@@ -31,7 +31,7 @@ from p2pserve.peer.batch_forming import ArrivalForecast
 from p2pserve.peer.batcher import Pending, TokenThrottle
 from p2pserve.peer.job import Delivery, Job, deliver_all, finish, logit_rows, resolve
 from p2pserve.peer.kv_cache import KVBudget
-from p2pserve.peer.threads import adopt_torch_threads
+from p2pserve.peer.threads import adopt_torch_threads, compute_threads
 from p2pserve.peer.timing import RecentTimes
 
 log = logging.getLogger(__name__)
@@ -148,7 +148,7 @@ class ComputeWorker:
         with self._cv:
             if self._busy or self._stop or self._incoming or self._waiting or self.shard is None:
                 return False
-            if self.shard.device.type == "cpu" and torch.get_num_threads() > 1:
+            if self.shard.device.type == "cpu" and compute_threads() > 1:
                 return False  # see the module docstring: multi-threaded CPU steps run on the thread
             self._busy, self._step_since = True, time.monotonic()
             self.forecast.arrived(job.session.id, job.session, self._step_since)
