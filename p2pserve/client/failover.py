@@ -168,6 +168,11 @@ def routes_exhausted(exc: RoutingError, failures: Sequence[FailureRecord], attem
     return cls(failure_message(failures, attempts, exc))
 
 
+#: Links a pipeline sets aside as unreachable peer to peer before such a report counts as a
+#: failure of the hop it names (each one costs a route and a replay of the history).
+MAX_UNLINKS = 4
+
+
 @dataclass
 class FailoverState:
     """Bans and failure log of one client, shared by its pipelines (a client learns once)."""
@@ -191,6 +196,12 @@ class FailoverState:
         the returned seconds (the client then dials ``receiver`` itself, and a dead one fails
         there, as its own failure)."""
         return self.unlinked.ban(f"{sender}>{receiver}")
+
+    def unlink_in(self, peer_ids: list[str], receiver: str) -> tuple[str, float]:
+        """:meth:`unlink` ``receiver`` from its predecessor in the route ``peer_ids`` (the last
+        hop for the first: a ring's closing link); returns (that predecessor, seconds)."""
+        sender = peer_ids[peer_ids.index(receiver) - 1] if receiver in peer_ids else receiver
+        return sender, self.unlink(sender, receiver)
 
     def unlinked_in(self, peer_ids: list[str]) -> bool:
         """Whether a route over ``peer_ids`` (in order, and the last back to the first: a ring)

@@ -25,15 +25,9 @@ from typing import Optional, Sequence
 import torch
 
 from p2pserve.client.connection import HopConnection
-from p2pserve.client.failover import (
-    FailoverState,
-    FailureRecord,
-    HopFailure,
-    failure_message,
-    next_move,
-    route_pause,
-    routes_exhausted,
-)
+from p2pserve.client.failover import (MAX_UNLINKS, FailoverState, FailureRecord, HopFailure, failure_message,
+                                      next_move, route_pause, routes_exhausted)
+from p2pserve.client.fork import open_forks
 from p2pserve.client.hop import Hop, check_chain
 from p2pserve.client.push import PushRefused
 from p2pserve.client.route_forwarding import RouteForwarding
@@ -49,10 +43,6 @@ from p2pserve.transport import Transport
 from p2pserve.transport.frames import tensor_to_wire
 
 log = logging.getLogger(__name__)
-
-#: Links a pipeline sets aside as unreachable peer to peer before such a report counts as a
-#: failure of the hop it names (each one costs a route and a replay of the history).
-MAX_UNLINKS = 4
 
 
 class Pipeline:
@@ -121,7 +111,6 @@ class Pipeline:
         base, waited = len(self.failures), 0.0
         while self._links is None:
             attempts = len(self.failures) - base + 1  # failed hops, not waits for a route, count
-            pushed = False
             try:
                 await self._open_route()
             except HopFailure as f:
@@ -321,22 +310,13 @@ class Pipeline:
     async def _open_fork(self, parent: "Pipeline", at: int) -> bool:
         """Open sessions forking ``parent``'s on its route (:meth:`fork_from`); False if they
         could not all be opened (nothing is left open then)."""
-        cfg = self.config
         async with parent._stepping:  # the parent's sessions run no step while they are forked
             theirs = parent._links
             if theirs is None or parent._held < at:
                 return False
-            links = [HopConnection(self.transport, c.hop, cfg.frame_limits, cfg.hop_timeout_s, cfg.connect_timeout_s)
-                     for c in theirs]
-            opens = [c.open(self.model_id, None, self.max_length, self.sampling, fork=(p.session_id, at))
-                     for c, p in zip(links, theirs)]
-            results = await asyncio.gather(*opens, return_exceptions=True)
-        failed = [r for r in results if isinstance(r, BaseException)]
-        if failed:
-            log.info("forking %d positions failed (%s); opening a route of its own", at, failed[0])
-            await asyncio.gather(*(c.close() for c in links), return_exceptions=True)
-            if any(not isinstance(r, Exception) for r in failed):
-                raise failed[0]  # interrupted
+            links = await open_forks(self.transport, self.config, self.model_id, self.max_length, self.sampling,
+                                     theirs, at)
+        if links is None:
             return False
         self.route_log.append([c.hop for c in links])
         self._links, self._steps = links, 0
@@ -348,18 +328,12 @@ class Pipeline:
         return True
 
     async def _unlink(self, failure: HopFailure) -> None:
-        """A hop could not push to ``failure.hop``: two peers that cannot dial each other (or a
-        next hop that is gone). Not a failure of either: the link is remembered, the route
-        dropped, and the step retried with the client driving every hop, so a gone peer fails
-        at the client's own dial and a live one serves (a hop cannot get its successor banned by
-        calling it unreachable)."""
-        peers = [c.hop.peer_id for c in self._links or ()]
-        receiver = failure.hop.peer_id
-        sender = peers[peers.index(receiver) - 1] if receiver in peers else receiver  # [0] - 1: the ring's last hop
+        """A hop could not push to ``failure.hop``: a failure of neither. The link is set aside and
+        the route dropped; the retry is driven by the client, whose own dial finds a gone peer."""
         self._unlinks += 1
-        seconds = self.state.unlink(sender, receiver)
-        log.warning("%s could not reach %s peer to peer: routes over that link are driven by the client for %gs",
-                    sender, receiver, seconds)
+        receiver = failure.hop.peer_id
+        sender, seconds = self.state.unlink_in([c.hop.peer_id for c in self._links or ()], receiver)
+        log.warning("%s could not reach %s peer to peer: that link's routes are driven for %gs", sender, receiver, seconds)
         await self._drop_route(settle_s=0.0)
 
     async def _recover(self, failure: HopFailure, attempts: int) -> None:
