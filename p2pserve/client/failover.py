@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Iterable, Optional, Sequence
 
 from p2pserve.client.hop import Hop
 from p2pserve.client.routing import Masks
@@ -191,23 +191,22 @@ class FailoverState:
         """Masks for the next route."""
         return Masks(banned=self.bans.active(), overloaded=self.overloaded.active())
 
-    def unlink(self, sender: str, receiver: str) -> float:
-        """``sender`` reported ``receiver`` unreachable from it: drive routes with that link for
-        the returned seconds (the client then dials ``receiver`` itself, and a dead one fails
-        there, as its own failure)."""
-        return self.unlinked.ban(f"{sender}>{receiver}")
-
-    def unlink_in(self, peer_ids: list[str], receiver: str) -> tuple[str, float]:
-        """:meth:`unlink` ``receiver`` from its predecessor in the route ``peer_ids`` (the last
-        hop for the first: a ring's closing link); returns (that predecessor, seconds)."""
+    def unlink(self, peer_ids: list[str], receiver: str) -> tuple[str, float]:
+        """``receiver``'s predecessor in the route ``peer_ids`` (the last hop for the first: a
+        ring's closing link) reported it unreachable: routes over that link are driven by the
+        client for the returned seconds (its own dial then finds a dead ``receiver``, as
+        ``receiver``'s own failure). Returns (that predecessor, seconds)."""
         sender = peer_ids[peer_ids.index(receiver) - 1] if receiver in peer_ids else receiver
-        return sender, self.unlink(sender, receiver)
+        return sender, self.unlinked.ban(f"{sender}>{receiver}")
 
-    def unlinked_in(self, peer_ids: list[str]) -> bool:
-        """Whether a route over ``peer_ids`` (in order, and the last back to the first: a ring)
-        crosses a link that a push could not."""
+    def unlinked_in(self, hops: Iterable[Hop]) -> bool:
+        """Whether a route over ``hops`` (in order, and the last back to the first: a ring)
+        crosses a link that a push could not (no work per step while no link is set aside)."""
         down = self.unlinked.active()
-        return bool(down) and any(f"{a}>{b}" in down for a, b in zip(peer_ids, peer_ids[1:] + peer_ids[:1]))
+        if not down:
+            return False
+        ids = [h.peer_id for h in hops]
+        return any(f"{a}>{b}" in down for a, b in zip(ids, ids[1:] + ids[:1]))
 
     def record(self, hop: Hop, exc: BaseException) -> FailureRecord:
         """Ban (or mask) the peer behind a failed hop and describe what was done."""

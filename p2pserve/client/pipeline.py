@@ -157,7 +157,7 @@ class Pipeline:
                 sent = self.history[self._held:] + list(token_ids)
                 meta, data = tensor_to_wire(torch.tensor(sent, dtype=torch.int64))
                 pushed = (not self.extras and self.forwarding.use(self._links, self._taping(), outputs)
-                          and not self.state.unlinked_in([c.hop.peer_id for c in self._links]))
+                          and not self.state.unlinked_in(c.hop for c in self._links))
                 if pushed:
                     try:
                         reply = await self._push(sent, meta, data, outputs)
@@ -332,7 +332,7 @@ class Pipeline:
         the route dropped; the retry is driven by the client, whose own dial finds a gone peer."""
         self._unlinks += 1
         receiver = failure.hop.peer_id
-        sender, seconds = self.state.unlink_in([c.hop.peer_id for c in self._links or ()], receiver)
+        sender, seconds = self.state.unlink([c.hop.peer_id for c in self._links or ()], receiver)
         log.warning("%s could not reach %s peer to peer: that link's routes are driven for %gs", sender, receiver, seconds)
         await self._drop_route(settle_s=0.0)
 

@@ -160,13 +160,12 @@ class PagedBatch:
         lo, hi = min(s.start for s in segments), max(s.end for s in segments)
         self.lo = lo
         ns = [s.n for s in segments]
-        self.mq = max(ns)
         spans = [s.cache.claim(s.n) for s in segments]  # [(past, total)]
-        self.mk = max(total for _, total in spans)
+        mk = max(total for _, total in spans)
         T = sum(ns)
         # Rows written ([layers, T]) and read ([layers, b, mk], padding -> the zero row) per layer.
         self.write = torch.full((hi - lo, T), pool.pad_slot, dtype=torch.long)
-        self.read = torch.full((hi - lo, b, self.mk), pool.pad_slot, dtype=torch.long)
+        self.read = torch.full((hi - lo, b, mk), pool.pad_slot, dtype=torch.long)
         groups: dict[tuple[int, int], list[int]] = {}  # (n, total) -> sequences of that shape
         at = 0
         starts = []
@@ -271,7 +270,9 @@ class _Padded:
                  read: torch.Tensor, device):
         self.mq = max(ns[j] for j in members)
         self.mk = max(spans[j][1] for j in members)
-        self.read = read[:, members, : self.mk].contiguous()  # [layers, g, mk], padding -> the zero row
+        # [layers, g, mk], padding -> the zero row; the step's own rows when it is one part
+        whole = len(members) == read.shape[1]
+        self.read = read[:, :, : self.mk] if whole else read[:, members, : self.mk].contiguous()
         # Batch rows of the members' tokens, sequence-major ([T_g]), and each one's row in the
         # padded [g * mq] query layout.
         self.tokens = torch.cat([torch.arange(starts[j], starts[j] + ns[j]) for j in members]).to(device)
