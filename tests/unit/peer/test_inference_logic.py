@@ -216,3 +216,11 @@ def test_generation_params_are_validated_once_and_name_the_bad_field():
         assert params.problem().field == field, bad
         with pytest.raises(BadRequestError, match=f": {field} "):
             params.validate()
+
+
+def test_waiting_prompts_are_spread_over_the_pipeline_depth_by_default():
+    """#T defaults to the pipeline depth: one peer admits a burst of prompts in one step (up to
+    #MaxP), a depth-4 pipeline over four; an explicit throttle_steps still wins."""
+    assert TokenThrottle(BatchingConfig()).prefill_budget(1280, 1.0) == 1280
+    assert TokenThrottle(BatchingConfig(pipeline_depth=4)).prefill_budget(1280, 1.0) == 320
+    assert TokenThrottle(BatchingConfig(throttle_steps=8)).prefill_budget(1280, 1.0) == 160
