@@ -21,7 +21,9 @@ shapes (one bf16 query of 9 heads against 500 keys of 3 heads: 475 against 88 us
 casts, 1 thread); up-casting is exact (every bf16 value is an fp32 value) and the fp32 kernel
 accumulates in fp32 as the bf16 one does internally, so the outputs agree to the output's rounding.
 Every path (lone, grouped, padded) runs the same function, so one process and a swarm give the
-same bits. On GPUs the native half-precision kernels are the fast ones and run unchanged.
+same bits. On GPUs the native half-precision kernels are the fast ones and run unchanged. A CPU
+half-precision step's decodes (two or more) instead run one compiled kernel that reads the pool
+rows in place (`decode_attention`): no gathered or up-cast copy.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
+from p2pserve.model import decode_attention
 from p2pserve.model.attention_sinks import sink_attention
 
 
@@ -190,7 +193,7 @@ class PagedBatch:
             # longest chunk's query rows (a 40-token chunk makes 32 decodes attend 32 x 40 rows).
             decodes = [j for j, n in enumerate(ns) if n == 1]
             others = [j for j, n in enumerate(ns) if n != 1]
-            self.parts = [_Padded(m, ns, spans, starts, self.read, dev) for m in (decodes, others) if m]
+            self.parts = [_Padded(m, ns, spans, starts, self.read, pool) for m in (decodes, others) if m]
             self.in_order = len(self.parts) == 1
 
     def attend(self, layer_idx: int, q, k, v, scaling: float, window: int | None,
@@ -267,7 +270,8 @@ class _Padded:
     call per layer for all of them (the half-precision path)."""
 
     def __init__(self, members: list[int], ns: list[int], spans: list[tuple[int, int]], starts: list[int],
-                 read: torch.Tensor, device):
+                 read: torch.Tensor, pool):
+        device = pool.k.device
         self.mq = max(ns[j] for j in members)
         self.mk = max(spans[j][1] for j in members)
         # [layers, g, mk], padding -> the zero row; the step's own rows when it is one part
@@ -282,6 +286,10 @@ class _Padded:
         self.total = torch.tensor([spans[j][1] for j in members], device=device)[:, None, None]
         self.dense = self.mq == 1  # decode only: no query padding
         self._masks: dict[int | None, torch.Tensor] = {}
+        # Decodes in CPU half precision: one compiled kernel reads the pool rows in place
+        # (model/decode_attention.py); key bounds [lo, hi) per member, by window.
+        self.fused = self.dense and len(members) > 1 and decode_attention.applies(pool, device)
+        self._bounds: dict[int | None, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def mask(self, window: int | None) -> torch.Tensor:
         """[g, 1, mq, mk] bool: query i of member j sees keys at positions <= past_j + i that exist.
@@ -296,9 +304,20 @@ class _Padded:
             self._masks[window] = m[:, None]
         return self._masks[window]
 
+    def bounds(self, window: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each member's first and one-past-last visible key position ([g] each)."""
+        if window not in self._bounds:
+            hi = self.total.view(-1)
+            self._bounds[window] = ((hi - window).clamp_(min=0) if window is not None else torch.zeros_like(hi), hi)
+        return self._bounds[window]
+
     def attend(self, pool, i: int, q, scaling: float, window: int | None, sinks=None, expand=None) -> torch.Tensor:
         """Layer ``i``'s attention of the members' queries q [T_g, nH, D] -> [T_g, nH * Dv]."""
         read = self.read[i]  # [g, mk]
+        if self.fused and sinks is None and expand is None:
+            o = decode_attention.attend(q, pool, read, *self.bounds(window), scaling)
+            if o is not None:
+                return o
         g, nH, D = read.shape[0], q.shape[1], q.shape[2]
         # index_select on [S, nKV * D] rows: several times faster than advanced indexing on CPU.
         keys = pool.k.view(pool.k.shape[0], -1).index_select(0, read.view(-1))

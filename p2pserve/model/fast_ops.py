@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from p2pserve.model.experts import run_moe
+from p2pserve.model.packed_linear import pack, packed_linear, packing_available, packs
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +30,10 @@ FAST_FAMILIES = frozenset({"llama", "mistral", "qwen2", "qwen3", "phi3", "qwen3_
 
 def linear(x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` for 2-D x: the exact kernel it dispatches to, without the
-    ``linear -> matmul -> t`` wrappers (``weight_t`` is ``weight.t()``, made once)."""
+    ``linear -> matmul -> t`` wrappers (``weight_t`` is ``weight.t()``, made once), or oneDNN's
+    linear over a weight packed at load (``weight_t.is_mkldnn``: model/packed_linear.py)."""
+    if weight_t.is_mkldnn:
+        return packed_linear(x, weight_t, bias)
     return torch.mm(x, weight_t) if bias is None else torch.addmm(bias, x, weight_t)
 
 
@@ -136,9 +140,10 @@ def hf_silu_type():
     return SiLUActivation
 
 
-def build_layer_plans(shard) -> tuple[tuple | None, list[LayerPlan] | None]:
+def build_layer_plans(shard, pack_weights: bool = True) -> tuple[tuple | None, list[LayerPlan] | None]:
     """Unwrap ``shard``'s head (final norm, LM head weight and bias) and every layer into a
-    `LayerPlan`; ``(None, None)`` to use the module path.
+    `LayerPlan`; ``(None, None)`` to use the module path. With ``pack_weights``, CPU bf16
+    projections are packed for oneDNN where it runs them natively (model/packed_linear.py).
 
     Only layers built from the family's own classes with plain ``nn.Linear`` projections are
     unwrapped, so a transformers version that changes the layer layout falls back safely.
@@ -147,6 +152,7 @@ def build_layer_plans(shard) -> tuple[tuple | None, list[LayerPlan] | None]:
         return None, None
     norm_cls, attn_cls, mlp_cls, moe_cls = shard._fast_classes
     silu_types = tuple(t for t in (torch.nn.SiLU, hf_silu_type()) if t is not None)
+    pack_weights = pack_weights and packing_available()
 
     def norm_of(m) -> Norm:
         if type(m) is not norm_cls:
@@ -156,6 +162,8 @@ def build_layer_plans(shard) -> tuple[tuple | None, list[LayerPlan] | None]:
     def linear_of(m) -> tuple[torch.Tensor, torch.Tensor | None]:
         if type(m) is not torch.nn.Linear or type(m.weight) not in (torch.Tensor, torch.nn.Parameter):
             raise NoFastPath  # e.g. a quantized weight (model/quant.py): only F.linear knows its kernel
+        if pack_weights and packs(m.weight):
+            return pack(m.weight), m.bias
         return m.weight.t(), m.bias
 
     plans, head = [], None

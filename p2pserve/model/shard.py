@@ -131,6 +131,7 @@ class Shard(torch.nn.Module):
         self._half_table = spec.family in HALF_TABLE_ROPE_FAMILIES  # one cos/sin per frequency
         self._paged: PagedBatch | None = None  # this step's batched attention, while one runs
         self._compiled = None  # CompiledLayers once ``enable_compile`` ran (model/compiled_step.py)
+        self.pack_weights = True  # CPU bf16 projections packed for oneDNN (model/packed_linear.py)
 
     def _sliding_window(self, layer: int) -> int | None:
         cfg = self.hf_config
@@ -219,6 +220,8 @@ class Shard(torch.nn.Module):
         changes) where the fast path does not apply."""
         from p2pserve.model.compiled_step import DEFAULT_BUCKETS, CompiledLayers
 
+        self._reset_fast_path()
+        self.pack_weights = False  # compiled graphs take plain weight tensors
         if self._fast_plan() is None:
             return False
         self._compiled = CompiledLayers(self, buckets or DEFAULT_BUCKETS, backend)
@@ -228,7 +231,7 @@ class Shard(torch.nn.Module):
 
     def _fast_plan(self) -> list[LayerPlan] | None:
         if not self._plan_built:
-            (self._head, self._plan), self._plan_built = build_layer_plans(self), True
+            (self._head, self._plan), self._plan_built = build_layer_plans(self, self.pack_weights), True
         return self._plan
 
     def _rope_rows(self, segments: list[Segment], like: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -1,0 +1,75 @@
+"""Decode attention over the paged KV pool as one compiled kernel: CPU half precision.
+
+A batched decode step attends b queries (one token each) to their sequences' cached keys and
+values, which live in scattered rows of the pool. The eager path (`attention.PagedBatch`) gathers
+those rows into padded [b, nKV, mk, D] copies, up-casts the copies to fp32 and calls SDPA: on a
+2-core CPU, 32 SmolLM2 sequences of about 200 tokens, the gather, the up-cast and the kernel were
+each about a third of the attention's time, and attention about half of the whole step.
+
+Here the same arithmetic is written as plain tensor ops (gather, fp32 dot products, masked
+softmax, weighted sum) and compiled once by ``torch.compile`` (inductor's C++ backend) with
+dynamic batch and key lengths. Inductor fuses the gathers and up-casts into the loops of the two
+reductions, so no gathered copy is made. Scores, softmax and the weighted sum accumulate in fp32,
+as SDPA's own kernel does, and the output is rounded once to the pool's dtype; the result agrees
+with the eager path to that rounding. The compiled kernel is deterministic and its row count is
+the batch's in one process and in a swarm alike, so the same step gives the same bits anywhere.
+
+Shapes: b sequences, mk = longest key length in the step, nH / nKV query / key-value heads,
+G = nH / nKV, D = head dim, S = pool rows.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import torch
+
+log = logging.getLogger(__name__)
+
+_lock = threading.Lock()
+_compiled = None  # the compiled kernel, made on first use in this process
+_failed = False  # compiling failed once (no C++ toolchain, say): the eager path serves from then on
+
+
+def _attend(q: torch.Tensor, pool_k: torch.Tensor, pool_v: torch.Tensor, read: torch.Tensor,
+            lo: torch.Tensor, hi: torch.Tensor, scale: float) -> torch.Tensor:
+    """q [b, nH, D]; pool_k, pool_v [S, nKV, D]; read [b, mk] pool rows of each sequence's keys
+    (padding anywhere past ``hi``); key j of sequence i counts when lo[i] <= j < hi[i] ([b]).
+    Returns [b, nH * D] in q's dtype."""
+    b, mk = read.shape
+    nKV, D = pool_k.shape[1], pool_k.shape[2]
+    G = q.shape[1] // nKV
+    k = pool_k[read].float()  # [b, mk, nKV, D], fused into the reductions below (never stored)
+    v = pool_v[read].float()
+    qg = q.float().view(b, 1, nKV, G, D)
+    s = (qg * k[:, :, :, None, :]).sum(-1) * scale  # [b, mk, nKV, G]
+    pos = torch.arange(mk, device=q.device)[None, :]
+    valid = ((pos >= lo[:, None]) & (pos < hi[:, None]))[:, :, None, None]  # [b, mk, 1, 1]
+    p = torch.softmax(s.masked_fill(~valid, float("-inf")), dim=1)
+    o = (p[..., None] * v[:, :, :, None, :]).sum(1)  # [b, nKV, G, D]
+    return o.reshape(b, nKV * G * D).to(q.dtype)
+
+
+def applies(pool, device: torch.device) -> bool:
+    """Whether decodes over ``pool`` run the compiled kernel: a CPU pool in half precision
+    (fp32 keeps the exact grouped path; GPUs keep their native half-precision SDPA)."""
+    return (device.type == "cpu" and pool.k.dtype in (torch.bfloat16, torch.float16) and not _failed
+            and pool.k.shape[-1] == pool.v.shape[-1])
+
+
+def attend(q: torch.Tensor, pool, read: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor,
+           scale: float) -> torch.Tensor | None:
+    """The compiled kernel's [b, nH * D] for decode queries q [b, nH, D] (see `_attend`), or
+    None when it cannot be compiled here (then the caller's eager path runs)."""
+    global _compiled, _failed
+    if _compiled is None:
+        with _lock:
+            if _compiled is None and not _failed:
+                _compiled = torch.compile(_attend, dynamic=True)
+    try:
+        return _compiled(q, pool.k, pool.v, read, lo, hi, scale)
+    except Exception as e:  # noqa: BLE001 - a missing toolchain must not take the peer down
+        _failed = True
+        log.warning("compiled decode attention unavailable (%s: %s); using the eager path", type(e).__name__, e)
+        return None
