@@ -159,18 +159,20 @@ def start_vllm(py: Path, model: str, dtype: str, threads: int, logdir: Path, tim
     return server
 
 
-def start_p2pserve(model: str, dtype: str, setup: str, threads: int, layers: int, timeout: float) -> Server:
+def start_p2pserve(model: str, dtype: str, setup: str, threads: int, layers: int, timeout: float,
+                   depth: int = THREE_WAY) -> Server:
     """``one``: one peer holding every layer (``threads`` torch threads); ``three``: three peers
-    of a third each (1 thread each), meeting at a bootstrap node so that each finds the next (the
-    api's default ring); behind ``p2pserve api --peers``. ``-driven``: the client drives the
+    of a third each (1 thread each, ``--pipeline-depth`` ``depth``: the sessions move through the
+    stages as that many micro-batches, so every stage has one to run), meeting at a bootstrap node
+    so that each finds the next (the api's default ring); behind ``p2pserve api --peers``. ``-driven``: the client drives the
     peers token by token (``--no-loop --push off``: the data path before peers drove decode),
     the baseline measured in the same run."""
     setup, _, mode = setup.partition("-")
     if setup == "one":
-        ranges, peer_threads = [(0, layers)], threads
+        ranges, peer_threads, flags = [(0, layers)], threads, []
     else:
         cut = [round(i * layers / THREE_WAY) for i in range(THREE_WAY + 1)]
-        ranges, peer_threads = list(zip(cut, cut[1:])), 1
+        ranges, peer_threads, flags = list(zip(cut, cut[1:])), 1, ["--pipeline-depth", str(depth)]
     # several peers meet at a bootstrap node, where each finds the next one's address (a ring)
     boot, meet = None, []
     if len(ranges) > 1:
@@ -179,7 +181,7 @@ def start_p2pserve(model: str, dtype: str, setup: str, threads: int, layers: int
         from p2pserve.testing.wan import start_bootstrap
 
         boot, meet = start_bootstrap(Path(tempfile.mkdtemp(prefix="p2pserve-boot-")))
-    peers = [PeerProcess.launch(model, r, "--dtype", dtype, *(["--initial-peers", *meet] if meet else []),
+    peers = [PeerProcess.launch(model, r, "--dtype", dtype, *flags, *(["--initial-peers", *meet] if meet else []),
                                 threads=peer_threads) for r in ranges]
     server = Server(f"p2pserve-{setup}", "", "bench", list(peers), boot=boot)
     try:
@@ -312,7 +314,7 @@ def run(args) -> dict:
             server = (start_vllm(py, model, dtype, args.threads, logdir, args.start_timeout, args.vllm_eager)
                       if engine == "vllm"
                       else start_p2pserve(model, dtype, engine.removeprefix("p2pserve-"), args.threads, layers,
-                                          args.start_timeout))
+                                          args.start_timeout, args.three_depth))
             try:
                 for streams in levels:
                     row = {"engine": engine, "dtype": dtype,
@@ -322,6 +324,7 @@ def run(args) -> dict:
             finally:
                 server.stop()
     return {"model": model, "levels": levels, "duration_s": args.duration, "max_tokens": args.max_tokens,
+            "three_depth": args.three_depth,
             "threads": args.threads, "vllm_version": None if args.skip_vllm else args.vllm_version,
             "vllm_eager": args.vllm_eager,
             "load_average": os.getloadavg(), "rows": rows, "ratios": ratios(rows)}
@@ -338,6 +341,8 @@ def main() -> int:
                          "the client (-driven: --no-loop --push off)")
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--threads", type=int, default=2, help="torch threads of vLLM and of the one peer")
+    ap.add_argument("--three-depth", type=int, default=THREE_WAY,
+                    help="--pipeline-depth of the three peers (micro-batches in flight; 1: one batch)")
     ap.add_argument("--skip-vllm", action="store_true")
     ap.add_argument("--vllm-eager", action="store_true", help="vLLM without its compiled step (quick start)")
     ap.add_argument("--venv", default=str(cache_dir() / "vllm-venv"))

@@ -140,6 +140,15 @@ def hf_silu_type():
     return SiLUActivation
 
 
+def _linear_of(m, pack_weights: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A plain ``nn.Linear``'s (weight.t() or its packed weight, bias) for `linear`."""
+    if type(m) is not torch.nn.Linear or type(m.weight) not in (torch.Tensor, torch.nn.Parameter):
+        raise NoFastPath  # e.g. a quantized weight (model/quant.py): only F.linear knows its kernel
+    if pack_weights and packs(m.weight):
+        return pack(m.weight), m.bias
+    return m.weight.t(), m.bias
+
+
 def build_layer_plans(shard, pack_weights: bool = True) -> tuple[tuple | None, list[LayerPlan] | None]:
     """Unwrap ``shard``'s head (final norm, LM head weight and bias) and every layer into a
     `LayerPlan`; ``(None, None)`` to use the module path. With ``pack_weights``, CPU bf16
@@ -160,11 +169,7 @@ def build_layer_plans(shard, pack_weights: bool = True) -> tuple[tuple | None, l
         return norm_params(m.weight, float(m.variance_epsilon))
 
     def linear_of(m) -> tuple[torch.Tensor, torch.Tensor | None]:
-        if type(m) is not torch.nn.Linear or type(m.weight) not in (torch.Tensor, torch.nn.Parameter):
-            raise NoFastPath  # e.g. a quantized weight (model/quant.py): only F.linear knows its kernel
-        if pack_weights and packs(m.weight):
-            return pack(m.weight), m.bias
-        return m.weight.t(), m.bias
+        return _linear_of(m, pack_weights)
 
     plans, head = [], None
     try:
