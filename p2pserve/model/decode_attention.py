@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import types
 
 import torch
 
@@ -73,3 +74,24 @@ def attend(q: torch.Tensor, pool, read: torch.Tensor, lo: torch.Tensor, hi: torc
         _failed = True
         log.warning("compiled decode attention unavailable (%s: %s); using the eager path", type(e).__name__, e)
         return None
+
+
+def warm(dtype: torch.dtype, num_heads: int, num_kv_heads: int, head_dim: int, device: torch.device) -> None:
+    """Compile the kernel now (on the calling thread, which should be the one that will run it:
+    the kernel's thread count is the caller's), if it applies to a ``dtype`` pool on ``device``.
+
+    The tensors are made as a step makes them (the pool outside inference mode, the step's own
+    inside), since that is part of what a compiled graph is specialised on. The sizes are dynamic
+    from the first compile on; the warm-up's batch and lengths are chosen apart from the model's
+    head counts and dim, since sizes equal at compile time would be assumed equal later."""
+    taken = {0, 1, num_heads, num_kv_heads, head_dim}
+    b, mk, rows = (next(n for n in range(start, start + 64) if n not in taken) for start in (2, 7, 97))
+    pool = types.SimpleNamespace(k=torch.zeros(rows, num_kv_heads, head_dim, dtype=dtype, device=device),
+                                 v=torch.zeros(rows, num_kv_heads, head_dim, dtype=dtype, device=device))
+    if not applies(pool, device):
+        return
+    with torch.inference_mode():
+        read = torch.zeros(b, mk, dtype=torch.long, device=device)
+        hi = torch.full((b,), mk, dtype=torch.long, device=device)
+        q = torch.zeros(b, num_heads, head_dim, dtype=dtype, device=device)
+        attend(q, pool, read, torch.zeros_like(hi), hi, 1.0)

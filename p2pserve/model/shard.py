@@ -34,6 +34,7 @@ from p2pserve.errors import BadRequestError
 from p2pserve.model.attention import LayerCache, PagedBatch, attend_each, paged_batch
 from p2pserve.model.checkpoint import CheckpointIndex
 from p2pserve.model.experts import MOE_FAMILIES, fuse_layer_tensors, mlp_of
+from p2pserve.model import decode_attention
 from p2pserve.model.fast_ops import LayerPlan, Norm, build_layer_plans, gated_mlp, linear, qkv_of, rms_norm, rope
 from p2pserve.model.latent_attention import expander, is_latent_attention, latent_qkv
 from p2pserve.model.quant import quantize_layers
@@ -228,6 +229,14 @@ class Shard(torch.nn.Module):
         if warm:
             self._compiled.warm(TORCH_DTYPES[self.spec.dtype])
         return True
+
+    def warm(self) -> None:
+        """Compile the kernels this shard's batched steps run where any are compiled (CPU
+        half-precision decode attention, model/decode_attention.py), on the calling thread."""
+        spec = self.spec
+        _, k_dim, v_dim = spec.kv_layout
+        if k_dim == v_dim:
+            decode_attention.warm(TORCH_DTYPES[spec.dtype], spec.num_heads, spec.kv_layout[0], k_dim, self.device)
 
     def _fast_plan(self) -> list[LayerPlan] | None:
         if not self._plan_built:

@@ -169,6 +169,8 @@ class ComputeWorker:
     # ------------------------------------------------------------------ thread
     def _run(self) -> None:
         adopt_torch_threads()
+        if self.shard is not None:  # compiled once here, with this thread's team, before serving
+            self.shard.warm()
         while True:
             with self._cv:
                 while not self._stop and (self._busy or (not self._incoming and not self._waiting)):

@@ -50,3 +50,18 @@ def test_fp32_and_gpu_pools_keep_their_own_paths():
     fp32 = types.SimpleNamespace(k=pool.k.float(), v=pool.v.float())
     assert not decode_attention.applies(fp32, torch.device("cpu"))
     assert not decode_attention.applies(pool, torch.device("cuda"))
+
+
+def test_a_warmed_kernel_serves_other_batch_sizes_and_lengths_without_compiling_again():
+    from torch._dynamo.utils import counters
+
+    nh, nkv, d = 6, 2, 16
+    decode_attention.warm(torch.bfloat16, nh, nkv, d, torch.device("cpu"))
+    pool = _pool(300, nkv, d, torch.Generator().manual_seed(2))  # made as the peer's pool is: outside inference mode
+    compiled = counters["stats"]["unique_graphs"]
+    with torch.inference_mode():
+        for b, mk in ((32, 210), (3, 6), (2, 2)):
+            read = torch.randint(0, 300, (b, mk))
+            hi = torch.full((b,), mk)
+            assert decode_attention.attend(torch.randn(b, nh, d).bfloat16(), pool, read, hi * 0, hi, 0.25) is not None
+    assert counters["stats"]["unique_graphs"] == compiled
