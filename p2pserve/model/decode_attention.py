@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 
 _lock = threading.Lock()
 _compiled = None  # the compiled kernel, made on first use in this process
+_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}  # the pool dtypes it applies to
 _failed = False  # compiling failed once (no C++ toolchain, say): the eager path serves from then on
 
 
@@ -76,14 +77,19 @@ def attend(q: torch.Tensor, pool, read: torch.Tensor, lo: torch.Tensor, hi: torc
         return None
 
 
-def warm(dtype: torch.dtype, num_heads: int, num_kv_heads: int, head_dim: int, device: torch.device) -> None:
+def warm(spec, device: torch.device) -> None:
     """Compile the kernel now (on the calling thread, which should be the one that will run it:
-    the kernel's thread count is the caller's), if it applies to a ``dtype`` pool on ``device``.
+    the kernel's thread count is the caller's), if it applies to the pool of ``spec``'s model (a
+    `ModelSpec`) on ``device``.
 
     The tensors are made as a step makes them (the pool outside inference mode, the step's own
     inside), since that is part of what a compiled graph is specialised on. The sizes are dynamic
     from the first compile on; the warm-up's batch and lengths are chosen apart from the model's
     head counts and dim, since sizes equal at compile time would be assumed equal later."""
+    num_kv_heads, head_dim, v_dim = spec.kv_layout
+    num_heads, dtype = spec.num_heads, _DTYPES.get(spec.dtype)
+    if head_dim != v_dim or dtype is None:
+        return
     taken = {0, 1, num_heads, num_kv_heads, head_dim}
     b, mk, rows = (next(n for n in range(start, start + 64) if n not in taken) for start in (2, 7, 97))
     pool = types.SimpleNamespace(k=torch.zeros(rows, num_kv_heads, head_dim, dtype=dtype, device=device),

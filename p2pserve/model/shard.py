@@ -231,12 +231,8 @@ class Shard(torch.nn.Module):
         return True
 
     def warm(self) -> None:
-        """Compile the kernels this shard's batched steps run where any are compiled (CPU
-        half-precision decode attention, model/decode_attention.py), on the calling thread."""
-        spec = self.spec
-        _, k_dim, v_dim = spec.kv_layout
-        if k_dim == v_dim:
-            decode_attention.warm(TORCH_DTYPES[spec.dtype], spec.num_heads, spec.kv_layout[0], k_dim, self.device)
+        """Compile what batched steps run compiled (model/decode_attention.py), on this thread."""
+        decode_attention.warm(self.spec, self.device)
 
     def _fast_plan(self) -> list[LayerPlan] | None:
         if not self._plan_built:

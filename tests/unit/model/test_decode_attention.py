@@ -56,7 +56,8 @@ def test_a_warmed_kernel_serves_other_batch_sizes_and_lengths_without_compiling_
     from torch._dynamo.utils import counters
 
     nh, nkv, d = 6, 2, 16
-    decode_attention.warm(torch.bfloat16, nh, nkv, d, torch.device("cpu"))
+    spec = types.SimpleNamespace(kv_layout=(nkv, d, d), num_heads=nh, dtype="bfloat16")
+    decode_attention.warm(spec, torch.device("cpu"))
     pool = _pool(300, nkv, d, torch.Generator().manual_seed(2))  # made as the peer's pool is: outside inference mode
     compiled = counters["stats"]["unique_graphs"]
     with torch.inference_mode():
