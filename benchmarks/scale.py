@@ -26,6 +26,7 @@ import hashlib
 import json
 import random
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,8 @@ from p2pserve.placement.scale import ScaleConfig, cells_by_name, plan_at_scale, 
 from p2pserve.placement.scale_churn import replan_after_leave
 from p2pserve.placement.solution import validate_placement
 from p2pserve.placement.topology import Topology
+from p2pserve.sim.run import SimConfig, simulate
+from p2pserve.sim.scenario import Part, build_scenario
 from p2pserve.types import SINK, SINK_INDEX, SOURCE, SOURCE_INDEX
 
 MODEL = "llama2_70b"
@@ -86,8 +89,8 @@ def bench_size(n: int, args: argparse.Namespace) -> dict[str, Any]:
     """Every planner figure for one generated cluster of ``n`` peers."""
     out: dict[str, Any] = {"peers": n}
     t = time.perf_counter()
-    topo = topology_from_helix(scale_cluster(five_regions(n), f"generated{n}", inter_sample=args.inter_sample),
-                               MODEL)
+    cluster = scale_cluster(five_regions(n), f"generated{n}", inter_sample=args.inter_sample)
+    topo = topology_from_helix(cluster, MODEL)
     out["build_s"] = time.perf_counter() - t
     out["links"] = len(topo.links)
     cfg = PlannerConfig(seed=args.seed)
@@ -100,10 +103,8 @@ def bench_size(n: int, args: argparse.Namespace) -> dict[str, Any]:
     base = {"petals": petals_greedy(topo), "swarm": swarm_even(topo), "separate": separate_pipelines(topo)}
     out["baselines"] = {k: _evaluate(topo, p) for k, p in base.items()}
     if args.today:
-        t = time.perf_counter()
-        today = plan_for_topology(topo, PlannerConfig(seed=args.seed, time_limit_s=args.today))
-        out["baselines"]["today"] = {"decode": today.estimate.decode_tokens_per_s, "max_flow": today.max_flow,
-                                     "wall_s": time.perf_counter() - t, "limit_s": args.today}
+        out["baselines"]["today"] = today_baseline(topo, args)
+        base["today"] = out["baselines"]["today"].pop("assignments")
     best = max(v["decode"] for v in out["baselines"].values())
     out["plan"]["decode_over_best_baseline"] = sol.estimate.decode_tokens_per_s / best if best > 0 else None
     # the same placement under the estimate every baseline gets (one max-flow over the whole
@@ -111,9 +112,67 @@ def bench_size(n: int, args: argparse.Namespace) -> dict[str, Any]:
     whole = _evaluate(topo, sol.assignments)
     out["plan"]["decode_whole"] = whole["decode"]
     out["plan"]["decode_whole_over_best_baseline"] = whole["decode"] / best if best > 0 else None
+    if args.sim:
+        out["sim"] = bench_sim(cluster, sol, base, args.sim)
     out["replan"], replanned = bench_replan(topo, sol, cfg, scale, args)
     out["records"] = bench_records(sol, replanned)
     return out
+
+
+def bench_sim(cluster: Any, sol: Any, base: dict[str, dict[int, tuple[int, int]]], window: float) -> dict[str, Any]:
+    """Every plan in the project's simulator, the one figure applied to all of them.
+
+    Offline, IWRR, Helix's batch caps, 60 s warm-up + ``window`` s, sim seed 0 (the setting of
+    ``scale_helix.py --sim``). Each plan is routed by the flows it publishes: ``plan_at_scale``'s
+    stitched cell flows (a route stays in its cell), the others' max-flow over the whole swarm.
+    """
+    def run(placement: dict[int, tuple[int, int]], flows: Any = None) -> float:
+        sc = build_scenario(MODEL, [Part(cluster, dict(placement))])
+        if flows is not None:
+            sc = replace(sc, flows=dict(flows))
+        return simulate(sc, SimConfig(duration=window, warmup=60.0, seed=0)).decode_throughput_tokens_per_s
+
+    out: dict[str, Any] = {"window_s": window}
+    for name, placement, flows in [("plan", sol.assignments, sol.flows)] + [(k, p, None) for k, p in base.items()]:
+        t = time.perf_counter()
+        out[name] = run(placement, flows)
+        print(f"   simulated {name}: {out[name]:.0f} decode tok/s ({time.perf_counter() - t:.0f} s wall)", flush=True)
+    best = max(v for k, v in out.items() if k not in ("plan", "window_s"))
+    out["plan_over_best"] = out["plan"] / best if best > 0 else None
+    return out
+
+
+def today_baseline(topo: Topology, args: argparse.Namespace) -> dict[str, Any]:
+    """Today's planner (``plan_for_topology`` on the whole swarm) with an ``args.today``-second limit.
+
+    Its plan is kept in ``args.today_cache`` (by node name, with the cluster's digest, the seed
+    and the limit): a later run on the same inputs re-scores that plan instead of spending the
+    limit again (``--no-today-cache`` solves afresh). The figures are the whole-swarm ones every
+    plan gets here (:func:`_evaluate`); ``wall_s`` is the solve's own, from the run that made it.
+    """
+    key = {"cluster": _topology_digest(topo), "seed": args.seed, "limit_s": args.today}
+    path = args.today_cache.parent / f"{args.today_cache.stem}_{topo.num_nodes}{args.today_cache.suffix}"
+    cached = json.loads(path.read_text()) if args.use_today_cache and path.exists() else None
+    if cached is None or cached.get("key") != key:
+        t = time.perf_counter()
+        today = plan_for_topology(topo, PlannerConfig(seed=args.seed, time_limit_s=args.today))
+        names = {topo.nodes[i].name: list(r) for i, r in today.assignments.items()}
+        cached = {"key": key, "wall_s": time.perf_counter() - t, "assignments": names,
+                  "own_decode": today.estimate.decode_tokens_per_s}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(cached))
+    index = {n.name: i for i, n in enumerate(topo.nodes)}
+    placement = {index[n]: (int(r[0]), int(r[1])) for n, r in cached["assignments"].items()}
+    return {**_evaluate(topo, placement), "wall_s": cached["wall_s"], "limit_s": args.today,
+            "assignments": placement}
+
+
+def _topology_digest(topo: Topology) -> str:
+    """A short digest of what a plan of ``topo`` depends on (nodes and links, not timings)."""
+    h = hashlib.sha256()
+    h.update(repr((topo.num_layers, [(n.name, n.max_layers, tuple(n.throughput)) for n in topo.nodes])).encode())
+    h.update(repr(sorted((l.src, l.dst, l.bandwidth, l.latency_s) for l in topo.links)).encode())
+    return h.hexdigest()[:16]
 
 
 def _peer_id(name: str) -> str:
@@ -170,6 +229,35 @@ def bench_replan(topo: Topology, sol: Any, cfg: PlannerConfig, scale: ScaleConfi
             "valid": not validate_placement(after, r.plan.assignments), "cells": actions}, r.plan
 
 
+def report(n: int, r: dict[str, Any]) -> None:
+    """Print one size's figures: every plan scored alike (the whole-swarm estimate, and with
+    ``--sim`` the simulator), then the plan's own stitched estimate, records and re-plan."""
+    p, rp = r["plan"], r["replan"]
+    best = max(r["baselines"], key=lambda k: r["baselines"][k]["decode"])
+    print(f"{n} peers: solve {p['solve_s']:.1f} s (first valid {p['first_valid_s']:.1f} s); whole-swarm estimate "
+          f"(every plan alike) {p['decode_whole']:.0f} tok/s = {p['decode_whole_over_best_baseline']:.2f}x the best "
+          f"other plan ({best} {r['baselines'][best]['decode']:.0f}); its own stitched estimate {p['decode']:.0f}; "
+          f"stitched flow {p['stitched_flow']:.0f} / covering bound {p['covering_bound']:.0f} = "
+          f"{p['stitched_flow'] / p['covering_bound']:.2f}")
+    if "sim" in r:
+        sm = r["sim"]
+        others = {k: v for k, v in sm.items() if k not in ("plan", "window_s", "plan_over_best")}
+        top = max(others, key=others.get)
+        print(f"   simulated (60 s + {sm['window_s']:.0f} s, every plan alike): {sm['plan']:.0f} tok/s = "
+              f"{sm['plan_over_best']:.2f}x the best other plan ({top} {others[top]:.0f}); "
+              + ", ".join(f"{k} {v:.0f}" for k, v in others.items()))
+    if "today" in r["baselines"]:
+        td = r["baselines"]["today"]
+        print(f"   today's planner given {td['limit_s']:.0f} s: {td['wall_s']:.0f} s wall, whole-swarm estimate "
+              f"{td['decode']:.0f} tok/s" + (f", simulated {r['sim']['today']:.0f}" if "sim" in r else ""))
+    rc = r["records"]
+    print(f"   records: one plan {rc['single_plan_bytes']} B; {rc['chunks']} chunks, largest {rc['largest_chunk_bytes']}"
+          f" B of {rc['limit_bytes']} (all fit: {rc['all_fit']}); a client's route reads {rc['route_bytes']} B; "
+          f"re-plan delta {rc['delta_chunks']} chunks, {rc['delta_bytes']} B")
+    print(f"   re-plan after {rp['left']} leave: {rp['replan_s']:.2f} s, {rp['layers_moved']} layers loaded, "
+          f"decode {rp['decode_over_fresh']:.2f}x a fresh plan ({rp['fresh_s']:.1f} s)")
+
+
 def main() -> None:
     """Run the sizes asked for, print the ratios, write the JSON."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -182,6 +270,15 @@ def main() -> None:
     ap.add_argument("--today", type=float, default=0.0,
                     help="also run today's planner (plan_for_topology on the whole swarm) with this time limit in "
                          "seconds as a baseline; the acceptance's is 600 (0: skip)")
+    ap.add_argument("--sim", type=float, default=0.0, metavar="WINDOW",
+                    help="also simulate every plan (ours with its stitched flows, the baselines and today's with "
+                         "their max-flow) over 60 s + WINDOW s: the figure applied alike to all (0: skip; about a "
+                         "minute per plan at 256 peers for 240 s)")
+    ap.add_argument("--today-cache", type=Path, default=Path("benchmarks/results/scale_today.json"),
+                    help="where today's plan is kept per size (FILE_<peers>.json) and re-scored from on the same "
+                         "inputs")
+    ap.add_argument("--no-today-cache", dest="use_today_cache", action="store_false",
+                    help="solve today's planner afresh even when a cached plan matches")
     ap.add_argument("--swarm", type=int, nargs="*", default=[300],
                     help="synthetic swarm sizes (announced peers, real DHT nodes); none: skip")
     ap.add_argument("--issue", nargs="*", default=[], choices=sorted(ISSUE_CLUSTERS),
@@ -192,25 +289,7 @@ def main() -> None:
     for n in args.sizes:
         r = bench_size(n, args)
         results["sizes"].append(r)
-        p, rp = r["plan"], r["replan"]
-        best = max(r["baselines"], key=lambda k: r["baselines"][k]["decode"])
-        print(f"{n} peers: solve {p['solve_s']:.1f} s (first valid {p['first_valid_s']:.1f} s), decode "
-              f"{p['decode']:.0f} tok/s = {p['decode_over_best_baseline']:.2f}x best baseline ({best} "
-              f"{r['baselines'][best]['decode']:.0f}; whole-swarm estimate {p['decode_whole']:.0f} = "
-              f"{p['decode_whole_over_best_baseline']:.2f}x); stitched flow {p['stitched_flow']:.0f} / covering bound "
-              f"{p['covering_bound']:.0f} = {p['stitched_flow'] / p['covering_bound']:.2f}")
-        rc = r["records"]
-        print(f"   records: one plan {rc['single_plan_bytes']} B; {rc['chunks']} chunks, largest {rc['largest_chunk_bytes']}"
-              f" B of {rc['limit_bytes']} (all fit: {rc['all_fit']}); a client's route reads {rc['route_bytes']} B; "
-              f"re-plan delta {rc['delta_chunks']} chunks, {rc['delta_bytes']} B")
-        if "today" in r["baselines"]:
-            td = r["baselines"]["today"]
-            print(f"   today's planner given {td['limit_s']:.0f} s: decode {td['decode']:.0f} tok/s in {td['wall_s']:.0f} s"
-                  f" wall; at scale: {p['decode'] / max(td['decode'], 1e-9):.2f}x it with the stitched estimate, "
-                  f"{p['decode_whole'] / max(td['decode'], 1e-9):.2f}x with the whole-swarm estimate both get "
-                  f"(the acceptance asks >= 0.9x of today's planner given 600 s: --today 600)")
-        print(f"   re-plan after {rp['left']} leave: {rp['replan_s']:.2f} s, {rp['layers_moved']} layers loaded, "
-              f"decode {rp['decode_over_fresh']:.2f}x a fresh plan ({rp['fresh_s']:.1f} s)")
+        report(n, r)
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(results, indent=1, default=str))
     results["issue"] = [bench_issue(name, args) for name in args.issue]
