@@ -7,6 +7,7 @@ targets, so a client following them only reaches loaded ranges.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Mapping, Optional
 
 import msgspec
@@ -40,6 +41,17 @@ def compute_flows(snap: Snapshot, cfg: CoordinatorConfig) -> tuple[list[Flow], f
     return flows, float(result.value), float(topo.upper_bound()), spans, defaulted
 
 
+#: The planner's share of the solve's limit it keeps however long the rest of the solve took
+#: (a valid plan needs some search; the cells' first pass is not cut by the limit anyway).
+MIN_PLANNER_SHARE = 0.25
+
+
+def planner_limit(limit_s: float, spent_s: float, floor_share: float = MIN_PLANNER_SHARE) -> float:
+    """Seconds left to the planner of a solve limited to ``limit_s`` once ``spent_s`` went to the
+    rest of it (reading the topology, the flows), never below ``floor_share`` of the limit."""
+    return max(floor_share * limit_s, limit_s - spent_s)
+
+
 def make_plan(
     snap: Snapshot,
     current_targets: Mapping[str, LayerRange],
@@ -68,15 +80,20 @@ def make_plan(
     cell_of: dict[str, str] = {}
     defaulted_t: list = []
     text = str(reason)
+    # Flows depend on what peers serve now, not on the new targets: computed first, so that the
+    # planner gets what is left of the solve's limit (the topologies and the flows' max-flow cost
+    # a second or more at a thousand peers on a loaded machine, which a planner given the whole
+    # limit ran past it by).
+    flows, value, bound, spans, defaulted_f = compute_flows(snap, cfg)
     if ids:
         topo, defaulted_t = build_topology(snap, ids, cfg)
         current = _current(snap, ids, current_targets)
         check = plan_check(topo) if plan_check is not None else None
-        targets, method, new_cells = plan_targets(topo, ids, current, cfg, reason.trigger, check=check,
-                                                  cells=cell_lists(cells))
+        left = planner_limit(cfg.solve_time_limit, clock() - t0)
+        targets, method, new_cells = plan_targets(topo, ids, current, replace(cfg, solve_time_limit=left),
+                                                  reason.trigger, check=check, cells=cell_lists(cells))
         text = f"{text}; {method}"
         cell_of = {pid: f"c{k}" for k, members in enumerate(new_cells) for pid in members}
-    flows, value, bound, spans, defaulted_f = compute_flows(snap, cfg)
     # the bound of the *target* placement is the meaningful one: what the swarm could reach
     if ids:
         bound = max(bound, topo.upper_bound())  # pyright: ignore[reportPossiblyUnboundVariable] (set when ids)

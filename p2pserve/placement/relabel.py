@@ -24,8 +24,6 @@ def relabel_for_fewest_moves(
     already holds) picks the labelling that reloads least. A fresh solve knows nothing of the
     current placement; relabelled, it often keeps most of it.
     """
-    import networkx as nx
-
     groups = interchangeable_groups(topo)
     out: dict[int, tuple[int, int]] = {}
     for members in groups:
@@ -33,6 +31,8 @@ def relabel_for_fewest_moves(
         if len(members) == 1 or not ranges:
             out.update({i: placement[i] for i in members if i in placement})
             continue
+        import networkx as nx  # only where a group has several nodes (none in a sparse swarm: its import costs)
+
         g = nx.Graph()
         for i in members:
             held = current.get(topo.nodes[i].name)

@@ -1,7 +1,7 @@
 """The coordinator's pure core: snapshot, re-plan decisions, targets, flows, plan changes."""
 
 from p2pserve.config import CoordinatorConfig
-from p2pserve.coordinator.plan_record import make_plan, plan_changed
+from p2pserve.coordinator.plan_record import make_plan, plan_changed, planner_limit
 from p2pserve.coordinator.replan import decide_replan
 from p2pserve.coordinator.snapshot import Snapshot, Summary
 from p2pserve.coordinator.trigger import Reason, Trigger
@@ -29,6 +29,12 @@ def test_initial_targets_cover_every_layer():
     assert min(plan.coverage(use_targets=True)) >= 1
     assert plan.flows == [] and plan.max_flow == 0.0  # nobody serves yet: no routes
     plan.validate()
+
+
+def test_the_planner_gets_what_the_rest_of_the_solve_left_of_its_limit():
+    assert planner_limit(5.0, 1.0) == 4.0
+    assert planner_limit(5.0, 0.0) == 5.0
+    assert planner_limit(5.0, 4.9) == 1.25  # never below a quarter: a valid plan needs some search
 
 
 def test_flows_only_over_served_ranges():
