@@ -1,8 +1,9 @@
 """The Plan record a leading coordinator publishes: targets, flows, bounds (pure, no I/O).
 
 Targets come from :func:`~p2pserve.coordinator.targets.plan_targets` over plannable peers;
-flows always come from ``maxflow.max_flow`` over the ranges peers *serve now*, never over
-targets, so a client following them only reaches loaded ranges.
+flows always come from ``maxflow.max_flow`` over the ranges peers *serve now* (cell by cell in
+a swarm planned in cells), never over targets, so a client following them only reaches loaded
+ranges.
 """
 
 from __future__ import annotations
@@ -21,18 +22,30 @@ from p2pserve.coordinator.trigger import Reason
 from p2pserve.dht.records import Flow, Plan
 from p2pserve.placement.guard import CheckFactory
 from p2pserve.placement.maxflow import max_flow
+from p2pserve.placement.stitch import cell_flows
 from p2pserve.types import SINK, SINK_INDEX, SOURCE, SOURCE_INDEX, LayerRange
 
 
-def compute_flows(snap: Snapshot, cfg: CoordinatorConfig) -> tuple[list[Flow], float, float, dict[str, LayerRange], list]:
-    """Max-flow over the ranges peers serve now: (flows, value, upper bound, spans, defaulted)."""
+def compute_flows(snap: Snapshot, cfg: CoordinatorConfig, cells: Mapping[str, str] = {}
+                  ) -> tuple[list[Flow], float, float, dict[str, LayerRange], list]:
+    """Max-flow over the ranges peers serve now: (flows, value, upper bound, spans, defaulted).
+
+    ``cells`` (peer id -> cell, the plan the peers loaded for): a swarm planned in cells routes
+    inside them, as it was planned (:func:`~p2pserve.placement.stitch.cell_flows`); without cells
+    (a swarm planned whole), one max-flow over every served range.
+    """
     spans = {pid: span for pid, span in snap.serving_now().items() if pid in set(snap.plannable())}
     ids = sorted(spans)
     if not ids:
         return [], 0.0, 0.0, {}, []
     topo, defaulted = build_topology(snap, ids, cfg)
     placement = {i: spans[pid] for i, pid in enumerate(ids)}
-    result = max_flow(topo, placement)
+    groups = cell_lists({pid: cells[pid] for pid in ids if pid in cells})
+    if groups:
+        index = {pid: i for i, pid in enumerate(ids)}
+        result = cell_flows(topo, placement, [[index[pid] for pid in g] for g in groups])
+    else:
+        result = max_flow(topo, placement)
 
     def name(i: int) -> str:
         return SOURCE if i == SOURCE_INDEX else SINK if i == SINK_INDEX else ids[i]
@@ -80,11 +93,9 @@ def make_plan(
     cell_of: dict[str, str] = {}
     defaulted_t: list = []
     text = str(reason)
-    # Flows depend on what peers serve now, not on the new targets: computed first, so that the
-    # planner gets what is left of the solve's limit (the topologies and the flows' max-flow cost
-    # a second or more at a thousand peers on a loaded machine, which a planner given the whole
-    # limit ran past it by).
-    flows, value, bound, spans, defaulted_f = compute_flows(snap, cfg)
+    # Flows depend on what peers serve now, not on the targets: first, so the planner gets what is
+    # left of the limit (topologies and flows: a second or more at 1,000 peers on a loaded machine).
+    flows, value, bound, spans, defaulted_f = compute_flows(snap, cfg, cells)
     if ids:
         topo, defaulted_t = build_topology(snap, ids, cfg)
         current = _current(snap, ids, current_targets)
