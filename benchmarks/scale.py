@@ -252,7 +252,7 @@ def report(n: int, r: dict[str, Any]) -> None:
     if "sim" in r and r["sim"]["plan_over_best"] is not None:
         sm = r["sim"]
         others = {k: v for k, v in sm.items() if k not in ("plan", "window_s", "plan_over_best") and v is not None}
-        top = max(others, key=others.get)
+        top = max(others, key=lambda k: others[k])
         print(f"   simulated (60 s + {sm['window_s']:.0f} s, every plan alike): {sm['plan']:.0f} tok/s = "
               f"{sm['plan_over_best']:.2f}x the best other plan ({top} {others[top]:.0f}); "
               + ", ".join(f"{k} {v:.0f}" for k, v in others.items()))
