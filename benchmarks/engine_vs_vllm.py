@@ -160,7 +160,7 @@ def start_vllm(py: Path, model: str, dtype: str, threads: int, logdir: Path, tim
 
 
 def start_p2pserve(model: str, dtype: str, setup: str, threads: int, layers: int, timeout: float,
-                   depth: int = THREE_WAY) -> Server:
+                   depth: int = 1) -> Server:
     """``one``: one peer holding every layer (``threads`` torch threads); ``three``: three peers
     of a third each (1 thread each, ``--pipeline-depth`` ``depth``: the sessions move through the
     stages as that many micro-batches, so every stage has one to run), meeting at a bootstrap node
@@ -341,7 +341,7 @@ def main() -> int:
                          "the client (-driven: --no-loop --push off)")
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--threads", type=int, default=2, help="torch threads of vLLM and of the one peer")
-    ap.add_argument("--three-depth", type=int, default=THREE_WAY,
+    ap.add_argument("--three-depth", type=int, default=1,
                     help="--pipeline-depth of the three peers (micro-batches in flight; 1: one batch)")
     ap.add_argument("--skip-vllm", action="store_true")
     ap.add_argument("--vllm-eager", action="store_true", help="vLLM without its compiled step (quick start)")
