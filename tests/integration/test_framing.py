@@ -11,8 +11,9 @@ whole tiny 8-layer Llama.
   mismatch. Every claim binds its sampling parameters, its kind of output and its dtype, so the
   first case does not hold and the second is honest rounding within tolerance; and even a case
   that held would only be a reason for the coordinator to look. Asserted: no honest peer leaves
-  the plan, the plan's flow stays, and a client's greedy output through the swarm is
-  token-identical to ``generate``.
+  the plan, the plan's flow stays, and a client's greedy output through the honest peers is
+  token-identical to ``generate`` (the corrupting peer is still in the swarm: a client reading
+  the plan could draw it, and the next test is the one that catches it).
 * **A real culprit is still convicted.** A client whose key nobody trusts checks every request,
   catches the corrupting peer and publishes its signed case; the coordinator re-executes the step
   on replicas it chooses, finds the accused's signed output wrong, and drops it from the plan.
@@ -137,10 +138,17 @@ def test_sybil_reporters_with_no_colluding_peer_exclude_no_honest_peer(swarm, tm
                 await asyncio.sleep(1.0)
                 await routes.refresh(force=True)
                 plans.append(routes.plan)
-            reply = await client.generate(PROMPT, max_new_tokens=NEW_TOKENS, ignore_eos=True)
-            return evidence, plans, reply
+            return evidence, plans
 
-    evidence, plans, reply = asyncio.run(after())
+    async def served():
+        # The corrupting peer is still in the swarm, so the honest peers' output is read from them.
+        entries = [(p.maddrs[0], *p.layers) for p in swarm["honest"]]
+        async with AsyncClient(peers=entries, model=path, model_info=model,
+                               config=ClientConfig(hop_timeout_s=30.0)) as client:
+            return await client.generate(PROMPT, max_new_tokens=NEW_TOKENS, ignore_eos=True)
+
+    evidence, plans = asyncio.run(after())
+    reply = asyncio.run(served())
     # the rounding cases were published and read (the seed cases are dropped by every reader: their
     # witnesses signed other sampling parameters than the accused)
     assert len([s for s in evidence if s.record.cases]) >= 3
