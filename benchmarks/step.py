@@ -8,6 +8,7 @@ and transformers ``generate`` on the same weights.
 
   python benchmarks/step.py                                 # SmolLM2, batch 1/8/32, fp32 and bf16
   python benchmarks/step.py --batches 1,8 --steps 5 --dtypes bfloat16 --threads 1
+  python benchmarks/step.py --ab --dtypes bfloat16 --batches 1,32 --prompt 200   # the CPU bf16 speed-ups, A/B
 
 Writes benchmarks/results/step.json (``--out``).
 """
@@ -31,14 +32,37 @@ from p2pserve.model.spec import load_spec  # noqa: E402
 from p2pserve.peer.kv_cache import KVBudget, PagedCache  # noqa: E402
 
 
-def load_shard(path: str, dtype: str, device: str, max_batch: int, max_len: int) -> Shard:
-    """A shard of every layer with a pool for ``max_batch`` sessions of ``max_len`` tokens."""
+def load_shard(path: str, dtype: str, device: str, max_batch: int, max_len: int, packed: bool = True,
+               fused: bool = True) -> Shard:
+    """A shard of every layer with a pool for ``max_batch`` sessions of ``max_len`` tokens;
+    ``packed`` / ``fused`` False keep CPU bf16's projections unpacked (model/packed_linear.py) /
+    its decodes on the eager attention (model/decode_attention.py)."""
     spec = load_spec(path, dtype=dtype)
     shard = Shard.load(path, spec, 0, spec.num_layers, device=device)
+    shard.pack_weights = packed  # read when the first step builds the layer plans
     pool = KVBudget(spec.num_layers * (max_len + 16) * (max_batch + 1))
     pool.bind(spec.num_kv_heads, spec.head_dim, TORCH_DTYPES[dtype], device=device)
+    pool.fused = fused
     shard.bench_pool = pool
     return shard
+
+
+#: ``--ab``: the eager step with and without each CPU half-precision speed-up, (packed, fused).
+AB_VARIANTS = {"packed+fused": (True, True), "packed": (True, False), "fused": (False, True), "neither": (False, False)}
+
+
+def run_ab(args, path: str, dtype: str) -> dict:
+    """Median step times of every `AB_VARIANTS` entry per batch size, alternating variants per round."""
+    batches = [int(b) for b in args.batches.split(",")]
+    out: dict = {name: {b: [] for b in batches} for name in AB_VARIANTS}
+    for _ in range(args.ab_rounds):
+        for name, (packed, fused) in AB_VARIANTS.items():
+            shard = load_shard(path, dtype, args.device, max(batches), args.prompt + args.steps + 64, packed, fused)
+            for b in batches:
+                out[name][b].append(time_steps(shard, b, args.prompt, args.steps, args.device))
+                print(dtype, name, b, out[name][b][-1], flush=True)
+    return {name: {b: {k: round(statistics.median(r[k] for r in runs), 2) for k in ("wall_ms", "cpu_ms")}
+                   for b, runs in per.items()} for name, per in out.items()}
 
 
 def sync(device: str) -> None:
@@ -139,12 +163,27 @@ def main() -> int:
     ap.add_argument("--prompt-ids", type=int, default=16, help="exactness check: prompt length")
     ap.add_argument("--tokens", type=int, default=16, help="exactness check: greedy tokens")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--ab", action="store_true",
+                    help="only the eager step, with and without packed projections and the compiled decode attention")
+    ap.add_argument("--ab-rounds", type=int, default=2, help="--ab: rounds over the variants, alternating")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "step.json"))
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     path = str(resolve_model(args.model))
     import os
 
+    if args.ab:
+        result = {"model": path, "device": args.device, "threads": args.threads, "load_average": os.getloadavg(),
+                  "ab": {d: run_ab(args, path, d) for d in args.dtypes.split(",")}}
+        for d, per in result["ab"].items():
+            base = per["neither"]
+            for name, times in per.items():
+                print(f"{d} {name}: " + ", ".join(f"batch {b} {t['cpu_ms']} ms CPU (x{base[b]['cpu_ms'] / t['cpu_ms']:.2f} "
+                                                   f"faster than neither)" for b, t in times.items()))
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+        print("wrote", args.out)
+        return 0
     result = {"model": path, "device": args.device, "threads": args.threads, "load_average": os.getloadavg(),
               "dtypes": {d: run_dtype(args, path, d) for d in args.dtypes.split(",")}}
     for d, r in result["dtypes"].items():

@@ -30,7 +30,6 @@ log = logging.getLogger(__name__)
 
 _lock = threading.Lock()
 _compiled = None  # the compiled kernel, made on first use in this process
-_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}  # the pool dtypes it applies to
 _failed = False  # compiling failed once (no C++ toolchain, say): the eager path serves from then on
 
 
@@ -55,9 +54,10 @@ def _attend(q: torch.Tensor, pool_k: torch.Tensor, pool_v: torch.Tensor, read: t
 
 def applies(pool, device: torch.device) -> bool:
     """Whether decodes over ``pool`` run the compiled kernel: a CPU pool in half precision
-    (fp32 keeps the exact grouped path; GPUs keep their native half-precision SDPA)."""
+    (fp32 keeps the exact grouped path; GPUs keep their native half-precision SDPA), unless the
+    pool says otherwise (``pool.fused = False``, as ``pool.exact`` picks the padded mode)."""
     return (device.type == "cpu" and pool.k.dtype in (torch.bfloat16, torch.float16) and not _failed
-            and pool.k.shape[-1] == pool.v.shape[-1])
+            and pool.k.shape[-1] == pool.v.shape[-1] and getattr(pool, "fused", True))
 
 
 def attend(q: torch.Tensor, pool, read: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor,
@@ -77,23 +77,20 @@ def attend(q: torch.Tensor, pool, read: torch.Tensor, lo: torch.Tensor, hi: torc
         return None
 
 
-def warm(spec, device: torch.device) -> None:
+def warm(dtype: torch.dtype, num_heads: int, kv_layout: tuple[int, int, int], device: torch.device) -> None:
     """Compile the kernel now (on the calling thread, which should be the one that will run it:
-    the kernel's thread count is the caller's), if it applies to the pool of ``spec``'s model (a
-    `ModelSpec`) on ``device``.
+    the kernel's thread count is the caller's), if it applies to a pool of ``dtype`` with the
+    model's ``kv_layout`` (KV heads, key dim, value dim: `ModelSpec.kv_layout`) on ``device``.
 
     The tensors are made as a step makes them (the pool outside inference mode, the step's own
     inside), since that is part of what a compiled graph is specialised on. The sizes are dynamic
     from the first compile on; the warm-up's batch and lengths are chosen apart from the model's
-    head counts and dim, since sizes equal at compile time would be assumed equal later."""
-    num_kv_heads, head_dim, v_dim = spec.kv_layout
-    num_heads, dtype = spec.num_heads, _DTYPES.get(spec.dtype)
-    if head_dim != v_dim or dtype is None:
-        return
-    taken = {0, 1, num_heads, num_kv_heads, head_dim}
+    head counts and dims, since sizes equal at compile time would be assumed equal later."""
+    num_kv_heads, head_dim, v_dim = kv_layout
+    taken = {0, 1, num_heads, num_kv_heads, head_dim, v_dim}
     b, mk, rows = (next(n for n in range(start, start + 64) if n not in taken) for start in (2, 7, 97))
     pool = types.SimpleNamespace(k=torch.zeros(rows, num_kv_heads, head_dim, dtype=dtype, device=device),
-                                 v=torch.zeros(rows, num_kv_heads, head_dim, dtype=dtype, device=device))
+                                 v=torch.zeros(rows, num_kv_heads, v_dim, dtype=dtype, device=device))
     if not applies(pool, device):
         return
     with torch.inference_mode():

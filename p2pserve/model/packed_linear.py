@@ -4,8 +4,8 @@ On CPU, ``torch.mm`` over a bf16 weight reorders the weight into oneDNN's blocke
 every call. Reordering it once at load (``torch.ops.mkldnn._reorder_linear_weight``) and calling
 oneDNN's linear on the packed weight skips that work: measured on a 2-core AVX-512-BF16 machine
 (2 threads), a 576 -> 1536 projection of one row takes 31 us against 67, of 32 rows 171 us against
-228, and SmolLM2's 49,152-row head 2.0 ms against 3.3 for one row (benchmarks/step.py measures
-the whole step with and without). The products are the same oneDNN kernel's, so they are
+228, and SmolLM2's 49,152-row head 2.0 ms against 3.3 for one row (``benchmarks/step.py --ab``
+measures the whole step with and without). The products are the same oneDNN kernel's, so they are
 deterministic: one process and a swarm of peers that pack give the same bits.
 
 Packing applies to bf16 weights on a CPU with native bf16 arithmetic (AVX-512-BF16 or AMX) and

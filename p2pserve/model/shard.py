@@ -232,7 +232,7 @@ class Shard(torch.nn.Module):
 
     def warm(self) -> None:
         """Compile what batched steps run compiled (model/decode_attention.py), on this thread."""
-        decode_attention.warm(self.spec, self.device)
+        decode_attention.warm(TORCH_DTYPES[self.spec.dtype], self.spec.num_heads, self.spec.kv_layout, self.device)
 
     def _fast_plan(self) -> list[LayerPlan] | None:
         if not self._plan_built:

@@ -50,14 +50,15 @@ def test_fp32_and_gpu_pools_keep_their_own_paths():
     fp32 = types.SimpleNamespace(k=pool.k.float(), v=pool.v.float())
     assert not decode_attention.applies(fp32, torch.device("cpu"))
     assert not decode_attention.applies(pool, torch.device("cuda"))
+    pool.fused = False  # a pool may keep the eager path (benchmarks/step.py compares the two)
+    assert not decode_attention.applies(pool, torch.device("cpu"))
 
 
 def test_a_warmed_kernel_serves_other_batch_sizes_and_lengths_without_compiling_again():
     from torch._dynamo.utils import counters
 
     nh, nkv, d = 6, 2, 16
-    spec = types.SimpleNamespace(kv_layout=(nkv, d, d), num_heads=nh, dtype="bfloat16")
-    decode_attention.warm(spec, torch.device("cpu"))
+    decode_attention.warm(torch.bfloat16, nh, (nkv, d, d), torch.device("cpu"))
     pool = _pool(300, nkv, d, torch.Generator().manual_seed(2))  # made as the peer's pool is: outside inference mode
     compiled = counters["stats"]["unique_graphs"]
     with torch.inference_mode():
