@@ -13,6 +13,9 @@ repeated ``--rounds`` times, each phase timed on its own:
 Each round is a fresh plan (no current targets) at a new epoch, so every round publishes. The
 round's target is 10 s; printed: each phase's median and worst over the rounds, and the round's
 total against the target. Timings are wall clock, noisy on a shared machine.
+``--busy N`` spins N processes on the CPUs during the rounds (a loaded machine); ``--half-serving``
+first has every other peer serve its target of an untimed plan, so each round re-solves with
+newcomers (a fresh plan relabelled onto the current placement, flows over the served ranges).
 ``python benchmarks/scale_round.py --peers 300 --rounds 5 --json benchmarks/results/scale_round.json``
 """
 
@@ -27,6 +30,8 @@ from dataclasses import replace
 from dataclasses import replace as dc_replace
 from pathlib import Path
 from typing import Any
+
+from planner_repro import loaded_machine  # benchmarks/ is on sys.path as a script
 
 from p2pserve.clock import wall
 from p2pserve.config import CoordinatorConfig, DHTConfig
@@ -94,8 +99,11 @@ def bounded(topo: Topology, region_links: int) -> Topology:
     return dc_replace(topo, links=tuple(links))
 
 
-async def bench(n: int, rounds: int, parts: bool, key_dir: Path | None, region_links: int) -> dict[str, Any]:
-    """Announce ``n`` peers, then ``rounds`` coordinator rounds."""
+async def bench(n: int, rounds: int, parts: bool, key_dir: Path | None, region_links: int,
+                half_serving: bool = False, busy: int = 0) -> dict[str, Any]:
+    """Announce ``n`` peers, then ``rounds`` coordinator rounds (``busy`` processes spinning
+    meanwhile); with ``half_serving``, every other peer first serves its target of an untimed
+    plan, so each round re-solves with newcomers (a fresh plan relabelled onto the current one)."""
     topo = topology_from_helix(scale_cluster(five_regions(n), f"generated{n}", inter_sample=8), MODEL)
     topo = bounded(topo, region_links)
     if key_dir is not None:
@@ -112,15 +120,23 @@ async def bench(n: int, rounds: int, parts: bool, key_dir: Path | None, region_l
                                                             start_time=wall(), public_key=coord.public_key))
         ccfg = CoordinatorConfig(num_layers=topo.num_layers, activation_bytes=topo.activation_bytes,
                                  token_bytes=topo.token_bytes)
+        if half_serving:
+            first = await one_round(coord, ccfg, 1, False)
+            signed = (await coord.get_plan()) if first["published"] else None
+            plan = signed.plan if signed else None
+            serving = {pid: r for x, (pid, r) in enumerate(sorted(plan.targets.items())) if x % 2 == 0} if plan else {}
+            await announce_all(swarms, topo, MODEL, serving=serving, links=False)
+            print(f"{len(serving)} of {n} peers now serve their targets; the others are newcomers", flush=True)
         out = []
-        for r in range(rounds):
-            out.append(await one_round(coord, ccfg, r + 1, parts))
-            x = out[-1]
-            print(f"round {r + 1} ({x['peers']:.0f} peers, {x['links']:.0f} links read): read {x['read_s']:.2f} s (peers {x['get_peers_s']:.2f} + links "
-                  f"{x['get_links_s']:.2f} + snapshot {x['snapshot_s']:.2f}), solve {x['solve_s']:.2f} s, "
-                  f"publish {x['publish_s']:.2f} s = {x['total_s']:.2f} s ({x['total_s'] / TARGET_S:.2f}x the "
-                  f"10 s target)" + (f"; apart: topology {x['topology_s']:.2f} s, targets {x['targets_s']:.2f} s,"
-                                     f" flows {x['flows_s']:.2f} s" if parts else ""), flush=True)
+        with loaded_machine(busy):
+            for r in range(rounds):
+                out.append(await one_round(coord, ccfg, r + 2 if half_serving else r + 1, parts))
+                x = out[-1]
+                print(f"round {r + 1} ({x['peers']:.0f} peers, {x['links']:.0f} links read): read {x['read_s']:.2f} s (peers {x['get_peers_s']:.2f} + links "
+                      f"{x['get_links_s']:.2f} + snapshot {x['snapshot_s']:.2f}), solve {x['solve_s']:.2f} s, "
+                      f"publish {x['publish_s']:.2f} s = {x['total_s']:.2f} s ({x['total_s'] / TARGET_S:.2f}x the "
+                      f"10 s target)" + (f"; apart: topology {x['topology_s']:.2f} s, targets {x['targets_s']:.2f} s,"
+                                         f" flows {x['flows_s']:.2f} s" if parts else ""), flush=True)
         return {"peers": n, "announced": announced, "rounds": out}
     finally:
         coord.shutdown()
@@ -135,10 +151,14 @@ def main() -> None:
     ap.add_argument("--parts", action="store_true", help="also time the solve's parts apart (solves twice)")
     ap.add_argument("--region-links", type=int, default=64,
                     help="links each peer announces inside its region (bounded probing: 64)")
+    ap.add_argument("--busy", type=int, default=0, help="processes spinning on the CPUs during the rounds (load)")
+    ap.add_argument("--half-serving", action="store_true",
+                    help="every other peer serves its target of a first, untimed plan: rounds re-solve with newcomers")
     ap.add_argument("--key-dir", type=Path, default=None, help="keep the peers' keys here between runs")
     ap.add_argument("--json", type=Path, default=Path("benchmarks/results/scale_round.json"))
     args = ap.parse_args()
-    res = asyncio.run(bench(args.peers, args.rounds, args.parts, args.key_dir, args.region_links))
+    res = asyncio.run(bench(args.peers, args.rounds, args.parts, args.key_dir, args.region_links, args.half_serving,
+                            args.busy))
     summary = {}
     for k in ("get_peers_s", "get_links_s", "snapshot_s", "read_s", "solve_s", "publish_s", "total_s"):
         xs = [r[k] for r in res["rounds"]]

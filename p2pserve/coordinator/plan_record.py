@@ -1,12 +1,14 @@
 """The Plan record a leading coordinator publishes: targets, flows, bounds (pure, no I/O).
 
 Targets come from :func:`~p2pserve.coordinator.targets.plan_targets` over plannable peers;
-flows always come from ``maxflow.max_flow`` over the ranges peers *serve now*, never over
-targets, so a client following them only reaches loaded ranges.
+flows always come from ``maxflow.max_flow`` over the ranges peers *serve now* (cell by cell in
+a swarm planned in cells), never over targets, so a client following them only reaches loaded
+ranges.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Mapping, Optional
 
 import msgspec
@@ -20,24 +22,47 @@ from p2pserve.coordinator.trigger import Reason
 from p2pserve.dht.records import Flow, Plan
 from p2pserve.placement.guard import CheckFactory
 from p2pserve.placement.maxflow import max_flow
+from p2pserve.placement.stitch import cell_flows
 from p2pserve.types import SINK, SINK_INDEX, SOURCE, SOURCE_INDEX, LayerRange
 
 
-def compute_flows(snap: Snapshot, cfg: CoordinatorConfig) -> tuple[list[Flow], float, float, dict[str, LayerRange], list]:
-    """Max-flow over the ranges peers serve now: (flows, value, upper bound, spans, defaulted)."""
+def compute_flows(snap: Snapshot, cfg: CoordinatorConfig, cells: Mapping[str, str] = {}
+                  ) -> tuple[list[Flow], float, float, dict[str, LayerRange], list]:
+    """Max-flow over the ranges peers serve now: (flows, value, upper bound, spans, defaulted).
+
+    ``cells`` (peer id -> cell, the plan the peers loaded for): a swarm planned in cells routes
+    inside them, as it was planned (:func:`~p2pserve.placement.stitch.cell_flows`); without cells
+    (a swarm planned whole), one max-flow over every served range.
+    """
     spans = {pid: span for pid, span in snap.serving_now().items() if pid in set(snap.plannable())}
     ids = sorted(spans)
     if not ids:
         return [], 0.0, 0.0, {}, []
     topo, defaulted = build_topology(snap, ids, cfg)
     placement = {i: spans[pid] for i, pid in enumerate(ids)}
-    result = max_flow(topo, placement)
+    groups = cell_lists({pid: cells[pid] for pid in ids if pid in cells})
+    if groups:
+        index = {pid: i for i, pid in enumerate(ids)}
+        result = cell_flows(topo, placement, [[index[pid] for pid in g] for g in groups])
+    else:
+        result = max_flow(topo, placement)
 
     def name(i: int) -> str:
         return SOURCE if i == SOURCE_INDEX else SINK if i == SINK_INDEX else ids[i]
 
     flows = [Flow(name(u), name(v), float(f)) for (u, v), f in sorted(result.edge_flows.items(), key=lambda kv: (name(kv[0][0]), name(kv[0][1])))]
     return flows, float(result.value), float(topo.upper_bound()), spans, defaulted
+
+
+#: The planner's share of the solve's limit it keeps however long the rest of the solve took
+#: (a valid plan needs some search; the cells' first pass is not cut by the limit anyway).
+MIN_PLANNER_SHARE = 0.25
+
+
+def planner_limit(limit_s: float, spent_s: float, floor_share: float = MIN_PLANNER_SHARE) -> float:
+    """Seconds left to the planner of a solve limited to ``limit_s`` once ``spent_s`` went to the
+    rest of it (reading the topology, the flows), never below ``floor_share`` of the limit."""
+    return max(floor_share * limit_s, limit_s - spent_s)
 
 
 def make_plan(
@@ -68,15 +93,18 @@ def make_plan(
     cell_of: dict[str, str] = {}
     defaulted_t: list = []
     text = str(reason)
+    # Flows depend on what peers serve now, not on the targets: first, so the planner gets what is
+    # left of the limit (topologies and flows: a second or more at 1,000 peers on a loaded machine).
+    flows, value, bound, spans, defaulted_f = compute_flows(snap, cfg, cells)
     if ids:
         topo, defaulted_t = build_topology(snap, ids, cfg)
         current = _current(snap, ids, current_targets)
         check = plan_check(topo) if plan_check is not None else None
-        targets, method, new_cells = plan_targets(topo, ids, current, cfg, reason.trigger, check=check,
-                                                  cells=cell_lists(cells))
+        left = planner_limit(cfg.solve_time_limit, clock() - t0)
+        targets, method, new_cells = plan_targets(topo, ids, current, replace(cfg, solve_time_limit=left),
+                                                  reason.trigger, check=check, cells=cell_lists(cells))
         text = f"{text}; {method}"
         cell_of = {pid: f"c{k}" for k, members in enumerate(new_cells) for pid in members}
-    flows, value, bound, spans, defaulted_f = compute_flows(snap, cfg)
     # the bound of the *target* placement is the meaningful one: what the swarm could reach
     if ids:
         bound = max(bound, topo.upper_bound())  # pyright: ignore[reportPossiblyUnboundVariable] (set when ids)

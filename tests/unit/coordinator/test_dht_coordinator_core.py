@@ -1,7 +1,7 @@
 """The coordinator's pure core: snapshot, re-plan decisions, targets, flows, plan changes."""
 
 from p2pserve.config import CoordinatorConfig
-from p2pserve.coordinator.plan_record import make_plan, plan_changed
+from p2pserve.coordinator.plan_record import compute_flows, make_plan, plan_changed, planner_limit
 from p2pserve.coordinator.replan import decide_replan
 from p2pserve.coordinator.snapshot import Snapshot, Summary
 from p2pserve.coordinator.trigger import Reason, Trigger
@@ -31,6 +31,12 @@ def test_initial_targets_cover_every_layer():
     plan.validate()
 
 
+def test_the_planner_gets_what_the_rest_of_the_solve_left_of_its_limit():
+    assert planner_limit(5.0, 1.0) == 4.0
+    assert planner_limit(5.0, 0.0) == 5.0
+    assert planner_limit(5.0, 4.9) == 1.25  # never below a quarter: a valid plan needs some search
+
+
 def test_flows_only_over_served_ranges():
     peers = [peer("a", serving=(0, 4)), peer("b", serving=(4, 8)), peer("c")]  # c is still joining
     plan = plan_for(peers, current={"a": (0, 4), "b": (4, 8)})
@@ -43,6 +49,20 @@ def test_flows_only_over_served_ranges():
     assert layers_to_load({"a": (0, 4), "b": (4, 8)}, kept) == 0
     assert "c" in plan.targets
     plan.validate()
+
+
+def test_a_swarm_planned_in_cells_routes_inside_them():
+    peers = [peer("a", serving=(0, 4)), peer("b", serving=(4, 8)), peer("c", serving=(0, 4)),
+             peer("d", serving=(4, 8)), peer("e", serving=(0, 4))]
+    snap = Snapshot.from_records({p.peer_id: p for p in peers}, [])
+    _, value, _, _, _ = compute_flows(snap, CFG)  # one max-flow over everyone (may cross the cells)
+    cells = {"a": "c0", "b": "c0", "c": "c1", "d": "c1", "e": "c2"}  # c2 holds half the model
+    flows, by_cells, _, _, _ = compute_flows(snap, CFG, cells)
+    for f in flows:
+        if "source" not in (f.src, f.dst) and "sink" not in (f.src, f.dst):
+            assert cells[f.src] == cells[f.dst]
+    assert by_cells == value == 50.0  # two pipelines of T[4] = 25 either way; e pooled alone carries nothing
+    assert "e" not in {f.src for f in flows} | {f.dst for f in flows}
 
 
 def test_departure_keeps_others_and_reassigns_hole():

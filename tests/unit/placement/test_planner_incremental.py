@@ -113,6 +113,21 @@ def test_interchangeable_groups_respect_links():
     assert sorted(map(sorted, interchangeable_groups(topo))) == [[0, 1], [2, 3]]
 
 
+def test_interchangeable_groups_of_generated_clusters_follow_regions_types_and_links():
+    from p2pserve.helix.scale import five_regions, scale_cluster
+    from p2pserve.helix.topology import topology_from_helix
+
+    complete = topology_from_helix(scale_cluster(five_regions(40), "g40", inter_sample=None), "llama2_70b")
+    groups = interchangeable_groups(complete)
+    # every link kept: the two nodes of one type in one region, and nothing else, swap
+    assert len(groups) == 20 and all(len(g) == 2 for g in groups)
+    assert all(complete.nodes[a].gpu_type == complete.nodes[b].gpu_type for a, b in groups)
+    assert groups == sorted(groups)  # groups in the order of their first node, members in index order
+    sampled = topology_from_helix(scale_cluster(five_regions(40), "s40", inter_sample=2), "llama2_70b")
+    # sampled links between regions differ from node to node: no two are interchangeable
+    assert len(interchangeable_groups(sampled)) == 40
+
+
 def test_relabelling_recovers_a_shuffled_plan(cluster24, helix_plan):
     """Ranges shuffled among identical nodes: relabelling moves nothing and keeps the flow."""
     current = by_index(cluster24, helix_plan)

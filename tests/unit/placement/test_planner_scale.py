@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import random
+
+import pytest
 from dataclasses import replace
 
 from p2pserve.helix.scale import five_regions, scale_cluster
@@ -17,7 +19,7 @@ from p2pserve.placement.scale import (
 )
 from p2pserve.placement.scale_churn import replan_after_leave
 from p2pserve.placement.solution import validate_placement
-from p2pserve.placement.stitch import balance, twin_share
+from p2pserve.placement.stitch import balance, cell_flows, twin_share
 from p2pserve.types import SINK_INDEX, SOURCE_INDEX
 
 MODEL = "llama2_70b"
@@ -110,6 +112,26 @@ def test_plan_at_scale_is_valid_its_flows_feasible_and_deterministic():
     again = plan_at_scale(topo, PlannerConfig(), SMALL)
     assert again.assignments == sol.assignments
     assert set(region_of_name(sol).values()) == {f"r{x}" for x in range(5)}
+
+
+def test_cell_flows_are_the_plans_stitched_flows_and_pool_broken_cells():
+    topo = generated(100)
+    sol = plan_at_scale(topo, PlannerConfig(), SMALL)
+    index = {n.name: i for i, n in enumerate(topo.nodes)}
+    cells = [[index[x] for x in c] for c in cells_by_name(sol)]
+    fr = cell_flows(topo, sol.assignments, cells)
+    assert fr.value == pytest.approx(sol.max_flow)
+    assert all(fr.edge_flows.get(e, 0.0) == pytest.approx(f) for e, f in sol.flows.items())
+    # a cell that lost a layer's only holder is pooled with the nodes in no cell: no route crosses
+    # into a covering cell, and the covering cells still carry their flow
+    gone = next(i for i in cells[0] if sum(1 for j in cells[0] if sol.assignments.get(j) == sol.assignments.get(i)) == 1)
+    broken = {i: r for i, r in sol.assignments.items() if i != gone}
+    cell_of = {i: c for c, members in enumerate(cells) for i in members}
+    fb = cell_flows(topo, broken, cells)
+    assert 0 < fb.value < fr.value
+    for (u, v), f in fb.edge_flows.items():
+        if f > 0 and u >= 0 and v >= 0:
+            assert cell_of[u] == cell_of[v]
 
 
 def test_a_cells_share_of_the_deadline_and_the_limit_that_gives_its_search_that_share():
