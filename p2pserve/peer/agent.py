@@ -21,7 +21,7 @@ from p2pserve.dht.announcer import Announcer
 from p2pserve.dht.probe_set import probe_round
 from p2pserve.dht.records import MAX_ADDRS, MAX_STR, LatencyPoints, LinkInfo, PeerInfo, Plan
 from p2pserve.dht.view import LinkProbes, SwarmView
-from p2pserve.peer.handover import OtherPeer, flip_decision
+from p2pserve.peer.handover import OtherPeer, flip_decision, fmt_layers, orphaned
 from p2pserve.peer.prefix_share import coarse_free
 from p2pserve.peer.profiler import Profile
 from p2pserve.peer.server import Peer
@@ -170,7 +170,8 @@ class SwarmAgent:
 
     async def _handover(self, target: Span) -> bool:
         """Wait until dropping the old range leaves no layer unserved (within limits); False if
-        the plan moved this peer elsewhere meanwhile (the loaded shard is then discarded)."""
+        the plan moved this peer elsewhere meanwhile (the loaded shard is then discarded), unless
+        layers of it are served by nobody else (a partner of a swap flipped counting on it)."""
         cfg = self.swarm.config
         period = max(0.1, min(cfg.peer_refresh, cfg.plan_refresh) / 2)
         t0 = self._monotonic()
@@ -179,16 +180,20 @@ class SwarmAgent:
             peers = await self.swarm.get_peers()
             signed = await self.swarm.get_plan()
             targets = signed.plan.targets if signed is not None else {}
-            now_target = targets.get(self.swarm.peer_id)
-            if now_target is not None and tuple(now_target) != target:
-                log.info("the plan moved this peer again before the handover; dropping [%d, %d)", *target)
-                return False
             # a loading peer still serves its old range; a draining one is about to stop
             others = [OtherPeer(s.record.serving, s.record.loading, s.record.loaded, targets.get(pid))
                       for pid, s in peers.items() if pid != self.swarm.peer_id and s.record.state != "draining"]
+            now_target = targets.get(self.swarm.peer_id)
+            moved = now_target is not None and tuple(now_target) != target
+            lost = orphaned(self.peer.served, target, others) if moved else set()
+            if moved and not lost:
+                log.info("the plan moved this peer again before the handover; dropping [%d, %d)", *target)
+                return False
             flip, reason = flip_decision(self.peer.served, target, others, self._monotonic() - t0,
                                          grace_s=cfg.plan_refresh, settle_s=cfg.peer_refresh,
                                          max_wait_s=cfg.handover_max_wait)
+            if lost:  # a partner flipped counting on this load: finish the swap; the next plan moves us on
+                reason = f"moved by the plan, but nobody else serves {fmt_layers(lost)} of this range; {reason}"
             if reason != last_reason:
                 log.info("handover to [%d, %d): %s", *target, reason)
                 last_reason = reason

@@ -16,6 +16,11 @@ served by someone else, within limits:
 * layers nobody serves, loads or is assigned: wait ``grace_s``, then flip (waiting longer would
   only delay the new range).
 
+A loaded peer that the plan moves elsewhere before it flips discards its load, unless a partner
+already flipped counting on it (the swap above, cut in two by a new plan): layers of the loaded
+range that nobody serves any more (:func:`orphaned`) keep the handover going, so the swap
+completes and the next plan moves the peer on from there.
+
 Pure decision logic; ``SwarmAgent`` polls it with the peers' DHT records.
 """
 
@@ -62,19 +67,25 @@ def flip_decision(
     if not missing:
         return True, "every dropped layer is served by another peer"
     if waited_s >= max_wait_s:
-        return True, f"waited {waited_s:.0f} s for layers {_fmt(missing)}; flipping anyway"
+        return True, f"waited {waited_s:.0f} s for layers {fmt_layers(missing)}; flipping anyway"
     ready = set().union(*(_layers(o.loading) for o in others if o.loaded and o.serving))
     if not (missing - ready) and waited_s >= settle_s:
         return True, "the peers taking the dropped layers are loaded too: flipping together"
     coming = set().union(*(_layers(o.loading) | _layers(o.target) for o in others))
     if not (missing - coming):
-        return False, f"layers {_fmt(missing)} are being loaded by (or assigned to) another peer"
+        return False, f"layers {fmt_layers(missing)} are being loaded by (or assigned to) another peer"
     if waited_s < grace_s:
-        return False, f"nobody serves or loads layers {_fmt(missing)} yet"
-    return True, f"nobody is taking layers {_fmt(missing)}; flipping"
+        return False, f"nobody serves or loads layers {fmt_layers(missing)} yet"
+    return True, f"nobody is taking layers {fmt_layers(missing)}; flipping"
 
 
-def _fmt(layers: set[int]) -> str:
+def orphaned(serving: Optional[Span], loaded: Span, others: Iterable[OtherPeer]) -> set[int]:
+    """Layers of the ``loaded`` range that neither this peer (``serving``) nor any other serves."""
+    served = set().union(_layers(serving), *(_layers(o.serving) for o in others))
+    return _layers(loaded) - served
+
+
+def fmt_layers(layers: set[int]) -> str:
     """Layers as compact half-open runs: {1, 2, 3, 7} -> '[1, 4) [7, 8)'."""
     out, run = [], None
     for layer in sorted(layers):

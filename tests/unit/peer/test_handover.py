@@ -46,3 +46,17 @@ def test_nobody_taking_the_layers_waits_only_the_grace_period():
     assert not decide((0, 4), (2, 6), [OtherPeer(serving=(6, 8))], waited=3.0)[0]
     flip, why = decide((0, 4), (2, 6), [OtherPeer(serving=(6, 8))], waited=11.0)
     assert flip and "nobody is taking layers [0, 2)" in why
+
+
+def test_a_swap_cut_by_a_new_plan_still_completes():
+    """A partner flipped counting on our load; the plan then moved us elsewhere. The layers it
+    dropped are served by nobody but our loaded range: they are orphaned, and the handover goes on
+    (it flips at once, since the partner serves what we drop)."""
+    from p2pserve.peer.handover import orphaned
+
+    partner = OtherPeer(serving=(2, 5))  # flipped from [0, 5) to [2, 5), counting on us for [0, 2)
+    assert orphaned((3, 8), (0, 3), [partner]) == {0, 1}
+    assert decide((3, 8), (0, 3), [partner, OtherPeer(serving=(4, 8))])[0]
+    # once another peer serves them, nothing is orphaned: the load may be discarded
+    assert orphaned((3, 8), (0, 3), [partner, OtherPeer(serving=(0, 2))]) == set()
+    assert orphaned(None, (0, 3), []) == {0, 1, 2}
