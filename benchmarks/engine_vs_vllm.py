@@ -160,10 +160,11 @@ def start_vllm(py: Path, model: str, dtype: str, threads: int, logdir: Path, tim
 
 
 def start_p2pserve(model: str, dtype: str, setup: str, threads: int, layers: int, timeout: float,
-                   depth: int = 1) -> Server:
+                   depth: int = 1, wait_ms: float = 0.0) -> Server:
     """``one``: one peer holding every layer (``threads`` torch threads); ``three``: three peers
     of a third each (1 thread each, ``--pipeline-depth`` ``depth``: the sessions move through the
-    stages as that many micro-batches, so every stage has one to run), meeting at a bootstrap node
+    stages as that many micro-batches, so every stage has one to run; ``--batch-wait-ms``
+    ``wait_ms``: a stage holds its step for the sessions due to arrive), meeting at a bootstrap node
     so that each finds the next (the api's default ring); behind ``p2pserve api --peers``. ``-driven``: the client drives the
     peers token by token (``--no-loop --push off``: the data path before peers drove decode),
     the baseline measured in the same run."""
@@ -172,7 +173,8 @@ def start_p2pserve(model: str, dtype: str, setup: str, threads: int, layers: int
         ranges, peer_threads, flags = [(0, layers)], threads, []
     else:
         cut = [round(i * layers / THREE_WAY) for i in range(THREE_WAY + 1)]
-        ranges, peer_threads, flags = list(zip(cut, cut[1:])), 1, ["--pipeline-depth", str(depth)]
+        ranges, peer_threads = list(zip(cut, cut[1:])), 1
+        flags = ["--pipeline-depth", str(depth), "--batch-wait-ms", str(wait_ms)]
     # several peers meet at a bootstrap node, where each finds the next one's address (a ring)
     boot, meet = None, []
     if len(ranges) > 1:
@@ -314,7 +316,7 @@ def run(args) -> dict:
             server = (start_vllm(py, model, dtype, args.threads, logdir, args.start_timeout, args.vllm_eager)
                       if engine == "vllm"
                       else start_p2pserve(model, dtype, engine.removeprefix("p2pserve-"), args.threads, layers,
-                                          args.start_timeout, args.three_depth))
+                                          args.start_timeout, args.three_depth, args.three_batch_wait_ms))
             try:
                 for streams in levels:
                     row = {"engine": engine, "dtype": dtype,
@@ -324,7 +326,7 @@ def run(args) -> dict:
             finally:
                 server.stop()
     return {"model": model, "levels": levels, "duration_s": args.duration, "max_tokens": args.max_tokens,
-            "three_depth": args.three_depth,
+            "three_depth": args.three_depth, "three_batch_wait_ms": args.three_batch_wait_ms,
             "threads": args.threads, "vllm_version": None if args.skip_vllm else args.vllm_version,
             "vllm_eager": args.vllm_eager,
             "load_average": os.getloadavg(), "rows": rows, "ratios": ratios(rows)}
@@ -343,6 +345,8 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2, help="torch threads of vLLM and of the one peer")
     ap.add_argument("--three-depth", type=int, default=1,
                     help="--pipeline-depth of the three peers (micro-batches in flight; 1: one batch)")
+    ap.add_argument("--three-batch-wait-ms", type=float, default=0.0,
+                    help="--batch-wait-ms of the three peers (a stage holds its step for sessions due; 0: off)")
     ap.add_argument("--skip-vllm", action="store_true")
     ap.add_argument("--vllm-eager", action="store_true", help="vLLM without its compiled step (quick start)")
     ap.add_argument("--venv", default=str(cache_dir() / "vllm-venv"))
