@@ -4,7 +4,7 @@ State machine: joining (profiled, announced, no range) -> loading (the plan assi
 reading its tensors while the old range keeps serving; once read, ``loaded`` is announced and the
 peer waits until the layers it would drop are covered: make-before-break, ``handover.py``) ->
 serving (flipped) -> draining (shutting down; records withdrawn). The decisions what to load and
-when to flip are pure (``next_target``, ``flip_decision``); the loops are a thin shell over
+when to flip are pure (``next_target``, ``handover_step``); the loops are a thin shell over
 the swarm's records (a :class:`~p2pserve.dht.view.SwarmView`), a link prober
 (:class:`~p2pserve.dht.view.LinkProbes`) and ``Peer.prepare_range`` / ``Peer.flip_to``.
 """
@@ -21,7 +21,7 @@ from p2pserve.dht.announcer import Announcer
 from p2pserve.dht.probe_set import probe_round
 from p2pserve.dht.records import MAX_ADDRS, MAX_STR, LatencyPoints, LinkInfo, PeerInfo, Plan
 from p2pserve.dht.view import LinkProbes, SwarmView
-from p2pserve.peer.handover import OtherPeer, flip_decision, fmt_layers, orphaned
+from p2pserve.peer.handover import OtherPeer, handover_step
 from p2pserve.peer.prefix_share import coarse_free
 from p2pserve.peer.profiler import Profile
 from p2pserve.peer.server import Peer
@@ -185,19 +185,16 @@ class SwarmAgent:
                       for pid, s in peers.items() if pid != self.swarm.peer_id and s.record.state != "draining"]
             now_target = targets.get(self.swarm.peer_id)
             moved = now_target is not None and tuple(now_target) != target
-            lost = orphaned(self.peer.served, target, others) if moved else set()
-            if moved and not lost:
-                log.info("the plan moved this peer again before the handover; dropping [%d, %d)", *target)
-                return False
-            flip, reason = flip_decision(self.peer.served, target, others, self._monotonic() - t0,
+            step, reason = handover_step(self.peer.served, target, others, moved, self._monotonic() - t0,
                                          grace_s=cfg.plan_refresh, settle_s=cfg.peer_refresh,
                                          max_wait_s=cfg.handover_max_wait)
-            if lost:  # a partner flipped counting on this load: finish the swap; the next plan moves us on
-                reason = f"moved by the plan, but nobody else serves {fmt_layers(lost)} of this range; {reason}"
+            if step == "drop":
+                log.info("%s; dropping [%d, %d)", reason, *target)
+                return False
             if reason != last_reason:
                 log.info("handover to [%d, %d): %s", *target, reason)
                 last_reason = reason
-            if flip:
+            if step == "flip":
                 return True
             await asyncio.sleep(period)
 

@@ -19,7 +19,7 @@ served by someone else, within limits:
 A loaded peer that the plan moves elsewhere before it flips discards its load, unless a partner
 already flipped counting on it (the swap above, cut in two by a new plan): layers of the loaded
 range that nobody serves any more (:func:`orphaned`) keep the handover going, so the swap
-completes and the next plan moves the peer on from there.
+completes and the next plan moves the peer on from there (:func:`handover_step` decides both).
 
 Pure decision logic; ``SwarmAgent`` polls it with the peers' DHT records.
 """
@@ -27,7 +27,7 @@ Pure decision logic; ``SwarmAgent`` polls it with the peers' DHT records.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Optional
+from typing import Iterable, Literal, Optional
 
 from p2pserve.types import LayerRange
 
@@ -67,16 +67,38 @@ def flip_decision(
     if not missing:
         return True, "every dropped layer is served by another peer"
     if waited_s >= max_wait_s:
-        return True, f"waited {waited_s:.0f} s for layers {fmt_layers(missing)}; flipping anyway"
+        return True, f"waited {waited_s:.0f} s for layers {_fmt(missing)}; flipping anyway"
     ready = set().union(*(_layers(o.loading) for o in others if o.loaded and o.serving))
     if not (missing - ready) and waited_s >= settle_s:
         return True, "the peers taking the dropped layers are loaded too: flipping together"
     coming = set().union(*(_layers(o.loading) | _layers(o.target) for o in others))
     if not (missing - coming):
-        return False, f"layers {fmt_layers(missing)} are being loaded by (or assigned to) another peer"
+        return False, f"layers {_fmt(missing)} are being loaded by (or assigned to) another peer"
     if waited_s < grace_s:
-        return False, f"nobody serves or loads layers {fmt_layers(missing)} yet"
-    return True, f"nobody is taking layers {fmt_layers(missing)}; flipping"
+        return False, f"nobody serves or loads layers {_fmt(missing)} yet"
+    return True, f"nobody is taking layers {_fmt(missing)}; flipping"
+
+
+def handover_step(
+    serving: Optional[Span],
+    target: Span,
+    others: Iterable[OtherPeer],
+    moved: bool,
+    waited_s: float,
+    grace_s: float,
+    settle_s: float,
+    max_wait_s: float,
+) -> tuple[Literal["flip", "wait", "drop"], str]:
+    """One poll of a loaded peer's handover to ``target``: flip now, wait, or drop the load
+    (``moved``: the current plan gives this peer another range); and why (for the log)."""
+    others = list(others)
+    lost = orphaned(serving, target, others) if moved else set()
+    if moved and not lost:
+        return "drop", "the plan moved this peer again before the handover"
+    flip, reason = flip_decision(serving, target, others, waited_s, grace_s, settle_s, max_wait_s)
+    if lost:  # a partner flipped counting on this load: finish the swap; the next plan moves us on
+        reason = f"moved by the plan, but nobody else serves {_fmt(lost)} of this range; {reason}"
+    return ("flip" if flip else "wait"), reason
 
 
 def orphaned(serving: Optional[Span], loaded: Span, others: Iterable[OtherPeer]) -> set[int]:
@@ -85,7 +107,7 @@ def orphaned(serving: Optional[Span], loaded: Span, others: Iterable[OtherPeer])
     return _layers(loaded) - served
 
 
-def fmt_layers(layers: set[int]) -> str:
+def _fmt(layers: set[int]) -> str:
     """Layers as compact half-open runs: {1, 2, 3, 7} -> '[1, 4) [7, 8)'."""
     out, run = [], None
     for layer in sorted(layers):

@@ -60,3 +60,14 @@ def test_a_swap_cut_by_a_new_plan_still_completes():
     # once another peer serves them, nothing is orphaned: the load may be discarded
     assert orphaned((3, 8), (0, 3), [partner, OtherPeer(serving=(0, 2))]) == set()
     assert orphaned(None, (0, 3), []) == {0, 1, 2}
+
+
+def test_a_moved_peer_drops_its_load_unless_layers_of_it_are_orphaned():
+    from p2pserve.peer.handover import handover_step
+
+    partner, rest = OtherPeer(serving=(2, 5)), OtherPeer(serving=(4, 8))
+    step, why = handover_step((3, 8), (0, 3), [partner, rest], True, 0.0, **LIMITS)
+    assert step == "flip" and "[0, 2)" in why  # the swap completes
+    covered = [partner, rest, OtherPeer(serving=(0, 2))]
+    assert handover_step((3, 8), (0, 3), covered, True, 0.0, **LIMITS)[0] == "drop"
+    assert handover_step((3, 8), (0, 3), covered, False, 0.0, **LIMITS)[0] == "flip"
