@@ -47,7 +47,7 @@ from p2pserve.wire_types import (  # noqa: F401 (re-exported: every message is b
     TensorMeta,
 )
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 SESSION_PROTOCOL = "/p2pserve/session/1"
 
 FRAME_PREFIX = struct.Struct(">IQ")  # header_len, payload_len
@@ -305,6 +305,28 @@ class PushForward(msgspec.Struct, frozen=True, tag_field="t", tag="push_forward"
     ring: bool = False  # a step of a granted ring (``RingGrant``): the last hop may push the next one
 
 
+#: The most ring steps one PushBatch may carry (a peer's step of every session it holds).
+MAX_BATCH_ITEMS = 256
+
+
+class PushBatch(msgspec.Struct, frozen=True, tag_field="t", tag="push_batch"):
+    """Ring steps of several sessions that one peer sends on to the same next peer, in one frame
+    on that pair's one stream (``peer/batch_link.py``): one step of a peer's batch stays one
+    step at the next. ``items[i]`` is a ring step (``ring`` set) whose payload is the next ``items[i].forward.tensor.nbytes`` bytes of the frame's payload.
+    Answered by one ``PushBatchAck`` once every item ran here and was sent on."""
+
+    seq: NonNegative
+    items: Annotated[list[PushForward], msgspec.Meta(min_length=1, max_length=MAX_BATCH_ITEMS)]
+
+
+class PushBatchAck(msgspec.Struct, frozen=True, tag_field="t", tag="push_batch_ack"):
+    """Every item of PushBatch ``seq`` ran here and was sent on, except those in ``failed``: an
+    ErrorReply per failed item, naming its session (this peer's id for it) and step."""
+
+    seq: NonNegative
+    failed: Annotated[list[ErrorReply], msgspec.Meta(max_length=MAX_BATCH_ITEMS)] = []
+
+
 class AwaitResult(msgspec.Struct, frozen=True, tag_field="t", tag="await_result"):
     """Sent by a session's owner to the route's last hop, together with the step's PushForward to
     the first hop: answered with that step's ForwardResult (or ErrorReply) as soon as the pushed
@@ -332,9 +354,9 @@ class PushAck(msgspec.Struct, frozen=True, tag_field="t", tag="push_ack"):
 
 
 Request = Union[OpenSession, Forward, CloseSession, GetStats, OpenDirect, AttachDirect, AllowPush, PushForward,
-                AwaitResult]
+                AwaitResult, PushBatch]
 Reply = Union[SessionOpened, ForwardResult, SessionClosed, PeerStats, DirectOffer, DirectAttached, ErrorReply,
-              PushAllowed, PushAck, RingStopped]
+              PushAllowed, PushAck, RingStopped, PushBatchAck]
 
 _request_decoder = msgspec.msgpack.Decoder(Request)
 _reply_decoder = msgspec.msgpack.Decoder(Reply)

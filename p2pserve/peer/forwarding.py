@@ -28,6 +28,7 @@ are acked once sent on, and a later failure of one is told up the ring to the la
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 from typing import Awaitable, Callable, Optional, Sequence
 
@@ -37,6 +38,7 @@ import torch
 from p2pserve.blame import blamed_hop
 from p2pserve.config import AdmissionConfig, ForwardingConfig
 from p2pserve.errors import WIRE_ERRORS, BadRequestError, ErrorCode, MalformedFrameError
+from p2pserve.peer.batch_link import BatchLink, Watch
 from p2pserve.peer.next_hop import UNREACHABLE, unreachable
 from p2pserve.peer.held_results import HeldResults
 from p2pserve.peer.link_dialer import LinkDialer, dial_concurrency
@@ -50,6 +52,8 @@ from p2pserve.protocol import (
     FrameLimits,
     PushAck,
     PushAllowed,
+    PushBatch,
+    PushBatchAck,
     PushForward,
     PushHop,
     error_reply,
@@ -87,7 +91,8 @@ class Forwarder:
 
     def __init__(self, table, transport: Transport, self_id: str, limits: FrameLimits,
                  config: ForwardingConfig = ForwardingConfig(), resolve: Optional[Resolver] = None,
-                 loop_ended: Optional[Callable[[str], None]] = None, dialer: Optional[LinkDialer] = None):
+                 loop_ended: Optional[Callable[[str], None]] = None, dialer: Optional[LinkDialer] = None,
+                 hold_step: Optional[Callable[[], Callable[[], None]]] = None):
         self.table = table
         # told when a session looping here does not run its next step at once (the compute
         # worker holds its next batch for looping sessions until they are back)
@@ -103,6 +108,11 @@ class Forwarder:
         self._rings: dict[str, tuple[object, RingState]] = {}  # session id -> (session, its granted ring)
         self._links: dict[str, PushLink] = {}  # our session id -> stream to its next hop
         self._held = HeldResults(config.wait_timeout_s)  # steps' outcomes until the owner asks
+        self._batch_links: dict[PeerId, BatchLink] = {}  # next peer -> the link its ring steps take
+        self._batch_dials: dict[PeerId, asyncio.Future] = {}  # next peer -> its link being dialled
+        # keeps the worker's next step from starting while a batch's items are handed to it; it
+        # returns the release (``ComputeWorker.hold_next_step``; None: nothing to hold)
+        self.hold_step = hold_step
 
     def allow(self, msg: AllowPush, stream) -> PushAllowed:
         """Record the owner's grant: ``msg.from_peer`` may push into ``msg.session_id`` (with
@@ -234,34 +244,76 @@ class Forwarder:
             self._ring_failed(session, ring, step, succ.peer_id, UNREACHABLE)
 
     async def _ring_on(self, session, ring: RingState, nxt: PushHop, onward: PushForward, payload: bytes) -> None:
-        """Send a ring step on without waiting for its ack; a failure of it reported later (an
-        error reply, a broken link, no ack in time) is told up the ring (``_ring_failed``)."""
-        link, _ = await self._link(session, nxt, [h.peer_id for h in onward.route])
+        """Send a ring step on, with the others this peer sends to the same next peer in this
+        turn (``peer/batch_link.py``), without waiting for its ack; a failure of it reported
+        later (an error reply, a broken link, no ack in time) is told up the ring (``_ring_failed``)."""
+        link = await self._batch_link(nxt.peer_id)
+        later = frozenset(h.peer_id for h in onward.route)
         step = onward.forward.step
 
-        def later_failure(reply: ErrorReply) -> None:
+        def failed(reply: ErrorReply) -> None:
             # the last hop knows no route: it relays the first hop's blame, and the client checks it
             relayed = ring.last and reply.failed_peer not in (None, self.self_id)
-            blamed = reply.failed_peer if relayed else blamed_hop(reply.failed_peer, link.later, nxt.peer_id)
+            blamed = reply.failed_peer if relayed else blamed_hop(reply.failed_peer, later, nxt.peer_id)
             self._ring_failed(session, ring, reply.step or step, blamed, reply.message)
 
-        link.on_unsolicited = later_failure
-        link.on_broken = lambda e: self._ring_failed(session, ring, step, nxt.peer_id, UNREACHABLE)
-        future = await link.send(onward, payload, step)
-        timer = asyncio.get_running_loop().call_later(
-            self.config.call_timeout_s, lambda: future.done() or future.set_exception(TimeoutError()))
+        link.put(onward, payload, Watch(session, failed,
+                                        lambda: self._ring_failed(session, ring, step, nxt.peer_id, UNREACHABLE)))
 
-        def acked(f: asyncio.Future) -> None:
-            timer.cancel()
-            if f.cancelled():
-                return
-            reply = f.result() if f.exception() is None else None
-            if isinstance(reply, ErrorReply):
-                later_failure(reply)
-            elif not isinstance(reply, PushAck) or reply.step != step:
-                self._ring_failed(session, ring, step, nxt.peer_id, f"no ack of ring step {step}")  # no detail
+    async def _batch_link(self, peer_id: PeerId) -> BatchLink:
+        """The ring-step link to ``peer_id``, dialled on first use (one dial however many sessions
+        ask at once), at the addresses it announced; ConnectionError when it cannot be reached."""
+        link = self._batch_links.get(peer_id)
+        if link is not None and not link.broken:
+            return link
+        dialing = self._batch_dials.get(peer_id)
+        if dialing is None:
+            dialing = self._batch_dials[peer_id] = asyncio.ensure_future(self._dial_batch_link(peer_id))
+            dialing.add_done_callback(lambda _: self._batch_dials.pop(peer_id, None))
+        return await asyncio.shield(dialing)
 
-        future.add_done_callback(acked)
+    async def _dial_batch_link(self, peer_id: PeerId) -> BatchLink:
+        maddrs = await self._addresses(peer_id)
+        try:
+            stream = await self.dialer.dial(peer_id, maddrs)
+        except Exception as e:  # whatever dialling raised (the libp2p daemon's ControlFailure): unreachable
+            raise e if isinstance(e, (ConnectionError, TimeoutError)) else ConnectionError(f"{type(e).__name__}: {e}")
+        link = self._batch_links[peer_id] = BatchLink(peer_id, stream, self.limits, self.config.call_timeout_s)
+        return link
+
+    async def push_batch(self, msg: PushBatch, payload: bytes, stream, remote: str, run_local) -> tuple[object, bytes]:
+        """Run a batch of ring steps pushed by ``remote`` (each as :meth:`push` runs one) and
+        answer it with one PushBatchAck naming the items that failed. The items reach the worker
+        together (``hold_step``), so they run here as one step."""
+        sizes = [item.forward.tensor.nbytes for item in msg.items]
+        if sum(sizes) != len(payload):
+            raise BadRequestError(f"a batch's items carry {sum(sizes)} bytes, its payload {len(payload)}")
+        if any(not item.ring for item in msg.items):
+            raise BadRequestError("a batch carries ring steps only")
+        if len({item.forward.session_id for item in msg.items}) != len(msg.items):
+            raise BadRequestError("a batch names a session twice")
+        offsets = list(itertools.accumulate(sizes, initial=0))
+        release = self.hold_step() if self.hold_step is not None else None
+        try:
+            runs = [asyncio.ensure_future(self._batch_item(item, payload[a:b], stream, remote, run_local))
+                    for item, a, b in zip(msg.items, offsets, offsets[1:])]
+        finally:
+            if release is not None:  # after each item's first turn, which submits its job
+                asyncio.get_running_loop().call_soon(release)
+        failed = [reply for reply in await asyncio.gather(*runs) if reply is not None]
+        return PushBatchAck(seq=msg.seq, failed=failed), b""
+
+    async def _batch_item(self, item: PushForward, payload: bytes, stream, remote: str, run_local) -> Optional[ErrorReply]:
+        """One item of a batch: None when it ran here and was sent on, else its ErrorReply."""
+        fwd = item.forward
+        try:
+            reply, _ = await self.push(item, payload, stream, remote, run_local)
+        except WIRE_ERRORS as e:
+            return error_reply(e.code, e.message, fwd.session_id, fwd.step)
+        except Exception as e:  # never let one item end the batch: it fails alone
+            log.exception("ring step of a batch failed")
+            return error_reply(ErrorCode.INTERNAL, f"{type(e).__name__}: {e}", fwd.session_id, fwd.step)
+        return reply if isinstance(reply, ErrorReply) else None
 
     async def _loop_step(self, session, ring: RingState, fwd: Forward, payload: bytes) -> None:
         """Run a loop's next step here (it runs the one after it in turn); a failure ends the
@@ -381,6 +433,12 @@ class Forwarder:
         self._held.prune(self._open)
         for sid in [s for s, link in self._links.items() if not self._open(link.session)]:
             self._drop_link(sid)
+        for peer_id, link in list(self._batch_links.items()):
+            # an idle link stays (one per next peer; the next peer ends it when it idles too
+            # long): one just dialled is idle until the sessions that waited for it put their steps
+            link.forget(self._open)
+            if link.broken:
+                del self._batch_links[peer_id]
 
     def _open(self, session) -> bool:
         """Whether ``session`` is still the open session under its id."""

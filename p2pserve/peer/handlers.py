@@ -10,7 +10,8 @@ its header was decoded and checked against what the session may still legally se
 against the peer's in-flight byte budget). A payload that is refused unread leaves the stream
 out of sync, so that stream alone is closed after the error reply (a small one is read and
 dropped instead, so that an honest client whose session expired keeps its stream).
-Push mode's ``AllowPush``, ``PushForward`` and ``AwaitResult`` are handed to ``peer/forwarding.py``.
+Push mode's ``AllowPush``, ``PushForward``, ``PushBatch`` and ``AwaitResult`` are handed to
+``peer/forwarding.py``.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ from p2pserve.protocol import (
     OpenDirect,
     AllowPush,
     AwaitResult,
+    PushBatch,
     PushForward,
     OpenSession,
     SessionClosed,
@@ -216,6 +218,8 @@ class SessionHandler:
                 self.quota.charge(stream, session.owner)  # a pushed stream counts as its session owner's
                 tokens_left = session.max_length - min(fwd.position, session.position)
                 allowed = payload_allowance(tokens_left, session.start == 0, self.spec.hidden_size, self.spec.dtype)
+            elif isinstance(msg, PushBatch):  # ring steps of one position each; items are checked one by one
+                allowed = len(msg.items) * payload_allowance(1, False, self.spec.hidden_size, self.spec.dtype)
             if payload_len > allowed:
                 raise PayloadTooLargeError(
                     f"a payload of {payload_len} bytes exceeds the {allowed} this request may carry"
@@ -248,12 +252,14 @@ class SessionHandler:
                 return await self._forward(msg, payload, stream)
             if isinstance(msg, GetStats):
                 return self.stats(), b""
-            if isinstance(msg, (AllowPush, PushForward, AwaitResult)) and self.forwarder is None:
+            if isinstance(msg, (AllowPush, PushForward, AwaitResult, PushBatch)) and self.forwarder is None:
                 raise BadRequestError("this peer does not take push-mode steps")
             if isinstance(msg, AllowPush):
                 return self.forwarder.allow(msg, stream), b""
             if isinstance(msg, PushForward):
                 return await self.forwarder.push(msg, payload, stream, stream.remote, self._forward)
+            if isinstance(msg, PushBatch):
+                return await self.forwarder.push_batch(msg, payload, stream, stream.remote, self._forward)
             if isinstance(msg, AwaitResult):
                 return await self.forwarder.await_result(msg, stream)
             if isinstance(msg, OpenDirect):

@@ -66,24 +66,35 @@ Delivery = tuple["Job", object, "BaseException | None"]
 
 
 def deliver_all(done: list[Delivery]) -> None:
-    """Resolve every finished job's future with its value or exception."""
-    for job, value, exc in done:
-        resolve(job, value=value, exc=exc)
+    """Resolve every finished job's future with its value or exception: a step's jobs of one
+    event loop in one callback there, so their handlers all go on in the same turn of the loop
+    (a batch link then sends their next steps on as one frame, ``peer/batch_link.py``)."""
+    by_loop: dict[int, list[Delivery]] = {}
+    for d in done:
+        by_loop.setdefault(id(d[0].loop), []).append(d)
+    for group in by_loop.values():
+        _on_loop(group[0][0], lambda group=group: [_settle(*d) for d in group])
 
 
 def resolve(job: Job, value=None, exc: BaseException | None = None) -> None:
     """Settle ``job`` and resolve its future on the event loop's thread (a no-op once the loop is gone)."""
-    def deliver() -> None:
-        if job.on_settled is not None:
-            job.on_settled(job)
-        if job.future.done():  # cancelled: its handler timed out or went away
-            return
-        if exc is not None:
-            job.future.set_exception(exc)
-        else:
-            job.future.set_result(value)
+    _on_loop(job, lambda: _settle(job, value, exc))
 
-    if threading.get_ident() == job.loop_thread:  # run inline on the loop's own thread
+
+def _settle(job: Job, value, exc: BaseException | None) -> None:
+    if job.on_settled is not None:
+        job.on_settled(job)
+    if job.future.done():  # cancelled: its handler timed out or went away
+        return
+    if exc is not None:
+        job.future.set_exception(exc)
+    else:
+        job.future.set_result(value)
+
+
+def _on_loop(job: Job, deliver) -> None:
+    """Run ``deliver`` on ``job``'s event loop thread: inline when called there."""
+    if threading.get_ident() == job.loop_thread:
         deliver()
         return
     try:

@@ -73,7 +73,7 @@ def build_runtime(config: PeerConfig, spec: ModelSpec, peer_id: str, transport: 
     dialer = LinkDialer(transport, dial_concurrency(config.admission.max_streams_per_owner),
                         config.forwarding.connect_timeout_s)
     forwarder = Forwarder(table, transport, peer_id, config.frame_limits, config.forwarding, resolve,
-                          loop_ended=worker.loop_ended, dialer=dialer)
+                          loop_ended=worker.loop_ended, dialer=dialer, hold_step=worker.hold_next_step)
     handler = SessionHandler(spec, table, worker, config.frame_limits, config.request_timeout_s, config.admission,
                              signer=ReplySigner(peer_id, spec.model_id, reply_key, dtype=spec.dtype), forwarder=forwarder,
                              direct=direct, metrics=metrics)

@@ -22,6 +22,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
@@ -35,6 +36,10 @@ from p2pserve.peer.threads import adopt_torch_threads, compute_threads
 from p2pserve.peer.timing import RecentTimes
 
 log = logging.getLogger(__name__)
+
+#: The longest a step waits for a batch being handed over (``hold_next_step``): the hand-over
+#: takes one event-loop turn, so this bounds only a caller that never released.
+MAX_HOLD_S = 0.05
 
 
 @dataclass
@@ -65,6 +70,8 @@ class ComputeWorker:
         # looping sessions (a ring on this peer alone) whose next step is on its way: session id
         # -> until when the next batch waits for it (``_form_batch``)
         self._returning: dict[str, float] = {}
+        self._holds = 0  # callers handing the worker a batch of jobs (``hold_next_step``)
+        self._held_since = 0.0  # when the first of them began
         self._stop = False
         self._busy = False  # a step is running (on this thread or inline on the caller's)
         self._step_since: float | None = None  # time.monotonic() when the running step began
@@ -138,6 +145,26 @@ class ComputeWorker:
             self._incoming.append(job)
             self.forecast.arrived(job.session.id, job.session, time.monotonic())
             self._cv.notify()
+
+    def hold_next_step(self) -> Callable[[], None]:
+        """Keep the next step from starting (at most ``MAX_HOLD_S``) until the returned release
+        is called: the jobs submitted meanwhile (one batch of ring steps from the previous peer,
+        ``peer/batch_link.py``) then run in one step, not split by a step begun on the first."""
+        with self._cv:
+            if self._holds == 0:
+                self._held_since = time.monotonic()
+            self._holds += 1
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                with self._cv:
+                    self._holds -= 1
+                    self._cv.notify()
+
+        return release
 
     def run_inline(self, job: Job) -> bool:
         """Run ``job`` to completion on the calling thread if nothing else is queued or running.
@@ -245,6 +272,8 @@ class ComputeWorker:
                 self._returning.pop(p.key.session.id, None)
             hold = self.forecast.hold_s({p.key.session.id for p in self._waiting}, ready, now := time.monotonic(), horizon)
             hold = max(hold, self._loop_hold(now))
+            if self._holds > 0:  # a batch is being handed over (``hold_next_step``)
+                hold = max(hold, self._held_since + MAX_HOLD_S - now)
             if hold <= 0 or self._stop or self.throttle.micro_batch_full(
                     sum(p.is_decode for p in self._waiting), self._running(now)):
                 return

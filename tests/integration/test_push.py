@@ -38,7 +38,21 @@ from p2pserve.config import PushConfig
 from p2pserve.client.route_providers import ChainListRoutes
 from p2pserve.config import ClientConfig
 from p2pserve.peer.next_hop import UNREACHABLE
-from p2pserve.protocol import FRAME_PREFIX, ErrorReply, Forward, PushForward, PushHop, SamplingParams, decode_reply
+from p2pserve.protocol import (
+    FRAME_PREFIX,
+    AllowPush,
+    ErrorReply,
+    Forward,
+    ForwardResult,
+    GetStats,
+    PeerStats,
+    PushBatch,
+    PushBatchAck,
+    PushForward,
+    PushHop,
+    SamplingParams,
+    decode_reply,
+)
 from p2pserve.testing.wan import announced_swarm
 from p2pserve.transport.frames import read_frame, tensor_to_wire, write_frame
 from tests.harness import client_node, reference_generate
@@ -268,3 +282,51 @@ def test_a_peer_killed_mid_generation_is_reported_and_routed_around(cluster):
     # C either, banned C (not A or B) and re-routed
     assert [f.hop.peer_id for f in pipeline.failures] == [peers[2].peer_id]
     assert pipeline.route[-1].peer_id == peers[3].peer_id
+
+
+def test_a_ring_batch_cannot_step_another_clients_session(cluster):
+    """Ring steps travel between peers in batches (``PushBatch``, one frame for every session a
+    peer sends on at once). A batch is taken item by item, each against its own session's grant:
+    an attacker's batch naming a victim's session on B, whose grant names A, gets that item
+    refused (``unknown_session``, as for an id never opened) while the attacker's own item in
+    the same batch is judged on its own; a batch whose items do not add up to its payload is
+    refused whole, typed; the stream goes on serving, and the victim's session is untouched."""
+    path, peers = cluster
+    model = LocalModelInfo.load(path)
+    a, b = peers[:2]
+
+    async def main():
+        async with client_node(CONFIG) as victim_node, client_node(CONFIG) as mallory:
+            victim = HopConnection(victim_node, b.hop(), CONFIG.frame_limits, 30.0)
+            await victim.open(model.spec.model_id, None, 64, SamplingParams())
+            await victim.call(AllowPush(session_id=victim.session_id, from_peer=a.peer_id))
+            own = HopConnection(mallory, b.hop(), CONFIG.frame_limits, 30.0)
+            await own.open(model.spec.model_id, None, 64, SamplingParams())
+            await own.call(AllowPush(session_id=own.session_id, from_peer=mallory.peer_id))
+            hidden = torch.zeros(1, model.spec.hidden_size, dtype=torch.float32)
+            meta, data = tensor_to_wire(hidden)
+            items = [PushForward(forward=Forward(session_id=sid, step=1, position=0, tensor=meta), ring=True)
+                     for sid in (victim.session_id, own.session_id)]
+            link = HopConnection(mallory, b.hop(), CONFIG.frame_limits, 30.0)
+            await link.connect()
+            await write_frame(link.stream.writer, PushBatch(seq=0, items=items), bytes(data) * 2)
+            stolen = decode_reply((await read_frame(link.stream.reader, CONFIG.frame_limits))[0])
+            await write_frame(link.stream.writer, PushBatch(seq=1, items=items), bytes(data))  # one payload short
+            short = decode_reply((await read_frame(link.stream.reader, CONFIG.frame_limits))[0])
+            stats, _ = await link.call(GetStats())
+            # the victim's session is where the victim left it: its own step 0 runs from position 0
+            ids = torch.tensor(model.chat_ids([{"role": "user", "content": "still mine"}]), dtype=torch.int64)
+            vmeta, vdata = tensor_to_wire(torch.randn(ids.shape[0], model.spec.hidden_size))
+            result, _ = await victim.call(Forward(session_id=victim.session_id, step=0, position=0, tensor=vmeta), vdata)
+            for conn in (victim, own, link):
+                await conn.close()
+            return stolen, short, stats, result, ids.shape[0]
+
+    stolen, short, stats, result, n = asyncio.run(main())
+    assert isinstance(stolen, PushBatchAck) and stolen.seq == 0
+    codes = {r.session_id: r.code for r in stolen.failed}
+    assert len(codes) == 2 and "unknown_session" in codes.values(), stolen  # the victim's item
+    assert "bad_request" in codes.values(), stolen  # the attacker's own: no ring was granted it as first hop
+    assert isinstance(short, ErrorReply) and short.code == "bad_request" and short.session_id is None
+    assert isinstance(stats, PeerStats)
+    assert isinstance(result, ForwardResult) and result.position == n  # it ran from position 0

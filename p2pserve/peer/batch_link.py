@@ -1,0 +1,200 @@
+"""One stream from this peer to a next peer, carrying the ring steps of all sessions as batches.
+
+A ring step used to travel on a stream of its own session, as a frame and an acknowledgement.
+With 32 sessions in three peers' rings, that was 32 small frames a hop for each step a peer
+ran, and most of a peer's event-loop time went to writing them. The receiving peer also took
+them in one by one, so its worker often started a step before the rest of the sender's step
+had arrived: a micro-batch of 16 fell apart into several small ones, each reading every weight.
+
+So ring steps after a ring's start go to a next peer on one ``BatchLink``: the steps that this
+peer's event loop sends on in one turn (all sessions of one compute step, since the worker
+hands out a step's results at once) leave as one ``PushBatch`` frame, and the next peer answers
+each frame with one ``PushBatchAck`` listing the items that failed. The next peer submits a
+batch's items to its worker together (``ComputeWorker.gathering``), so the batch runs there as
+one step too.
+
+What a session learns from the link is what it learned from its own stream: its item's outcome
+(acked, or the ErrorReply it failed with), a later failure of one of its steps told up the ring
+(an ``ErrorReply`` naming the next peer's session id), or the end of the link. A batch not acked
+within ``timeout_s`` ends the link: the next peer stopped answering.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+import logging
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import msgspec
+
+from p2pserve.protocol import MAX_BATCH_ITEMS, ErrorReply, FrameLimits, PushBatch, PushBatchAck, PushForward
+from p2pserve.transport import Stream
+from p2pserve.transport.session_stream import SessionStream
+from p2pserve.types import PeerId, SessionId
+
+log = logging.getLogger(__name__)
+
+_encoder = msgspec.msgpack.Encoder()
+
+#: The most batches a link keeps waiting for their acks; past it, the next peer stopped answering.
+MAX_PENDING_BATCHES = 64
+
+
+@dataclass
+class Watch:
+    """What a session hears from the link: ``failed(reply)`` for its item's failure or a later
+    failure of its ring (``reply`` names the next peer's session id and the step), ``broken()``
+    when the link ended with its step unacked. ``owner`` is the sending session (for pruning)."""
+
+    owner: object
+    failed: Callable[[ErrorReply], None]
+    broken: Callable[[], None]
+
+
+@dataclass
+class _Item:
+    push: PushForward
+    payload: bytes
+
+
+def frames_of(items: list[_Item], max_header_bytes: int) -> list[list[_Item]]:
+    """``items`` cut into runs that each fit one PushBatch: at most ``MAX_BATCH_ITEMS`` items
+    whose encoded steps take at most ``max_header_bytes`` together (one item always fits: the
+    frame limits bound a single step far below that)."""
+    runs: list[list[_Item]] = [[]]
+    size = 0
+    for item in items:
+        n = len(_encoder.encode(item.push))
+        if runs[-1] and (len(runs[-1]) >= MAX_BATCH_ITEMS or size + n > max_header_bytes):
+            runs.append([])
+            size = 0
+        runs[-1].append(item)
+        size += n
+    return [run for run in runs if run]
+
+
+class BatchLink:
+    """This peer's stream to ``peer_id`` for ring steps: ``put(push, payload, watch)`` queues a
+    step (sent with the others of this event-loop turn); ``close()`` ends the link."""
+
+    def __init__(self, peer_id: PeerId, stream: Stream, limits: FrameLimits, timeout_s: float):
+        self.peer_id, self.stream = peer_id, stream
+        self.timeout_s = timeout_s
+        self.frames = SessionStream(peer_id, limits, timeout_s=float("inf"), stream=stream)
+        self._outbox: list[_Item] = []
+        self._watches: dict[SessionId, Watch] = {}  # the next peer's session id -> its watcher here
+        # batches written and not yet acked: (seq, the next peer's session ids, ack timer)
+        self._pending: collections.deque[tuple[int, list[SessionId], asyncio.TimerHandle]] = collections.deque()
+        self._seq = itertools.count()
+        self._write_lock = asyncio.Lock()
+        self._broken: Optional[BaseException] = None
+        self._reader = asyncio.create_task(self._read())
+
+    @property
+    def broken(self) -> bool:
+        """Whether the link ended (a new one must be dialled)."""
+        return self._broken is not None
+
+    def put(self, push: PushForward, payload: bytes, watch: Watch) -> None:
+        """Queue ring step ``push`` (``payload``: its tensor's bytes); ConnectionError when the link is down."""
+        if self._broken is not None:
+            raise ConnectionError(f"link to {self.peer_id} is down: {self._broken!r}")
+        self._watches[push.forward.session_id] = watch
+        self._outbox.append(_Item(push, payload))
+        if len(self._outbox) == 1:  # the first of this turn: flush once the turn's others are in
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def forget(self, keep: Callable[[object], bool]) -> None:
+        """Drop the watches of sending sessions ``keep`` refuses (closed ones)."""
+        for sid in [sid for sid, w in self._watches.items() if not keep(w.owner)]:
+            del self._watches[sid]
+
+    def _flush(self) -> None:
+        items, self._outbox = self._outbox, []
+        for frame in frames_of(items, self.frames.limits.max_header_bytes // 2):
+            if self._broken is not None:
+                return
+            if len(self._pending) >= MAX_PENDING_BATCHES:
+                self._fail(ConnectionError(f"{self.peer_id} left {MAX_PENDING_BATCHES} batches unacked"))
+                return
+            seq = next(self._seq)
+            msg = PushBatch(seq=seq, items=[i.push for i in frame])
+            timer = asyncio.get_running_loop().call_later(
+                self.timeout_s, lambda seq=seq: self._fail(TimeoutError(f"{self.peer_id} did not ack batch {seq}")))
+            self._pending.append((seq, [i.push.forward.session_id for i in frame], timer))
+            asyncio.ensure_future(self._write(msg, b"".join(i.payload for i in frame)))
+
+    async def _write(self, msg: PushBatch, payload: bytes) -> None:
+        try:
+            async with self._write_lock:  # frames leave whole and in the order they were made
+                await self.frames.send(msg, payload)
+        except Exception as e:  # the transport's own error: the link is gone
+            self._fail(e)
+
+    async def _read(self) -> None:
+        """Match acks to batches in order; hand failures to their sessions; end the link on
+        anything else."""
+        try:
+            while True:
+                reply, _ = await self.frames.read()  # raises MalformedFrameError: the link ends
+                if isinstance(reply, PushBatchAck):
+                    self._acked(reply)
+                elif isinstance(reply, ErrorReply) and reply.session_id in self._watches:
+                    self._watches[reply.session_id].failed(reply)  # a later failure told up the ring
+                elif isinstance(reply, ErrorReply) and reply.session_id is None and self._pending:
+                    # the next peer refused the batch frame itself: every item of it failed there
+                    _, sids, timer = self._pending.popleft()
+                    timer.cancel()
+                    for sid in sids:
+                        self._tell(sid, reply)
+                else:
+                    raise ConnectionError(f"{self.peer_id} sent a {type(reply).__name__} nothing asked for")
+        except asyncio.CancelledError:
+            self._fail(ConnectionError(f"link to {self.peer_id} closed"))
+            raise
+        except (asyncio.IncompleteReadError, ConnectionError) as e:
+            self._fail(ConnectionError(f"{self.peer_id} closed the stream ({type(e).__name__})"))
+        except Exception as e:  # a malformed frame, or the transport's own error
+            self._fail(e)
+
+    def _acked(self, ack: PushBatchAck) -> None:
+        if not self._pending or self._pending[0][0] != ack.seq:
+            raise ConnectionError(f"{self.peer_id} acked batch {ack.seq} out of order")
+        _, sids, timer = self._pending.popleft()
+        timer.cancel()
+        sent = set(sids)
+        for reply in ack.failed:
+            if reply.session_id in sent:  # an ack may name only the batch's own items
+                self._tell(reply.session_id, reply)
+
+    def _tell(self, sid: Optional[SessionId], reply: ErrorReply) -> None:
+        watch = self._watches.get(sid) if sid is not None else None
+        if watch is not None:
+            watch.failed(reply)
+
+    def _fail(self, exc: BaseException) -> None:
+        """End the link: sessions with a step still unacked on it hear it broke; the others
+        dial a new link with their next step."""
+        if self._broken is not None:
+            return
+        self._broken = exc
+        unacked = {sid for _, sids, _ in self._pending for sid in sids} | {
+            i.push.forward.session_id for i in self._outbox}
+        for _, _, timer in self._pending:
+            timer.cancel()
+        self._pending.clear()
+        self._outbox.clear()
+        log.info("ring link to %s ended: %r", self.peer_id, exc)
+        for sid in unacked:
+            watch = self._watches.get(sid)
+            if watch is not None:
+                watch.broken()
+        self.stream.close()
+
+    def close(self) -> None:
+        """Close the stream; steps still unacked on it count as broken."""
+        self._reader.cancel()
+        self._fail(ConnectionError(f"link to {self.peer_id} closed"))
