@@ -33,7 +33,6 @@ from p2pserve.errors import (
 from p2pserve.types import PeerId, SessionId
 from p2pserve.wire_types import (  # noqa: F401 (re-exported: every message is built from them)
     DTYPE_SIZES as DTYPE_SIZES,
-    INT64_MAX,
     MAX_TENSOR_DIMS as MAX_TENSOR_DIMS,
     MAX_TENSOR_EXTENT as MAX_TENSOR_EXTENT,
     MAX_PUSH_HOPS as MAX_PUSH_HOPS,
@@ -42,8 +41,12 @@ from p2pserve.wire_types import (  # noqa: F401 (re-exported: every message is b
     Fingerprint,
     Logprobs,
     NonNegative,
+    PeerIdText as PeerIdText,
     Port,
+    PushHop,
+    RingGrant,
     SamplingParams,
+    SessionIdText,
     TensorMeta,
 )
 
@@ -240,41 +243,6 @@ class ErrorReply(msgspec.Struct, frozen=True, tag_field="t", tag="error"):
     session_id: SessionId | None = None
     step: NonNegative | None = None
     failed_peer: str | None = None
-
-
-#: A libp2p peer id in base58 (what ``Hop.peer_id`` holds); bounded so a route stays small.
-PeerIdText = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern="^[1-9A-HJ-NP-Za-km-z]+$")]
-SessionIdText = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
-
-
-class PushHop(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """A later hop of a pushed step: the peer and the session the client opened there. No
-    addresses: a forwarding peer dials the next hop only where that peer announced itself in its
-    own signed PeerInfo (``peer/next_hop.py``), so a client cannot make a peer dial a host of its
-    choice; a hop carrying any other field is refused by the decoder."""
-
-    peer_id: PeerIdText
-    session_id: SessionIdText
-
-
-class RingGrant(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """The owner's bounds on a ring (``AllowPush.ring``; docs/wan.md, "Ring"): the ring's first
-    step is ``start_step`` at ``start_position`` with ``start_tokens`` positions (the owner's own
-    push); every later step is one token at the next position, up to ``max_position``. A peer
-    accepts from the granted peer exactly these steps, each once and in order, so no peer can
-    make another run more than the owner allowed.
-
-    ``stop_tokens``: the last hop does not go on after sampling one, and the first hop refuses
-    one as a ring step's input. ``route`` (first hop only): where its ring steps go on, as in a
-    PushForward. ``successor`` (last hop only): the first hop, to which it pushes the next step."""
-
-    start_step: NonNegative
-    start_position: NonNegative
-    start_tokens: Annotated[int, msgspec.Meta(ge=1, le=INT64_MAX)]
-    max_position: NonNegative
-    stop_tokens: Annotated[list[NonNegative], msgspec.Meta(max_length=MAX_RING_STOP_TOKENS)] = []
-    route: Annotated[list[PushHop], msgspec.Meta(max_length=MAX_PUSH_HOPS)] = []
-    successor: PushHop | None = None
 
 
 class AllowPush(msgspec.Struct, frozen=True, tag_field="t", tag="allow_push"):

@@ -138,3 +138,38 @@ class Logprobs(msgspec.Struct, frozen=True):
     chosen: bytes
     top_ids: bytes = b""
     top_values: bytes = b""
+
+
+#: A libp2p peer id in base58 (what ``Hop.peer_id`` holds); bounded so a route stays small.
+PeerIdText = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern="^[1-9A-HJ-NP-Za-km-z]+$")]
+SessionIdText = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
+
+
+class PushHop(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A later hop of a pushed step: the peer and the session the client opened there. No
+    addresses: a forwarding peer dials the next hop only where that peer announced itself in its
+    own signed PeerInfo (``peer/next_hop.py``), so a client cannot make a peer dial a host of its
+    choice; a hop carrying any other field is refused by the decoder."""
+
+    peer_id: PeerIdText
+    session_id: SessionIdText
+
+
+class RingGrant(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The owner's bounds on a ring (``AllowPush.ring``; docs/wan.md, "Ring"): the ring's first
+    step is ``start_step`` at ``start_position`` with ``start_tokens`` positions (the owner's own
+    push); every later step is one token at the next position, up to ``max_position``. A peer
+    accepts from the granted peer exactly these steps, each once and in order, so no peer can
+    make another run more than the owner allowed.
+
+    ``stop_tokens``: the last hop does not go on after sampling one, and the first hop refuses
+    one as a ring step's input. ``route`` (first hop only): where its ring steps go on, as in a
+    PushForward. ``successor`` (last hop only): the first hop, to which it pushes the next step."""
+
+    start_step: NonNegative
+    start_position: NonNegative
+    start_tokens: Annotated[int, msgspec.Meta(ge=1, le=INT64_MAX)]
+    max_position: NonNegative
+    stop_tokens: Annotated[list[NonNegative], msgspec.Meta(max_length=MAX_RING_STOP_TOKENS)] = []
+    route: Annotated[list[PushHop], msgspec.Meta(max_length=MAX_PUSH_HOPS)] = []
+    successor: PushHop | None = None

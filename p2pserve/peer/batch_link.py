@@ -26,10 +26,11 @@ import collections
 import itertools
 import logging
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Awaitable, Callable, Optional
 
 import msgspec
 
+from p2pserve.errors import BadRequestError
 from p2pserve.protocol import MAX_BATCH_ITEMS, ErrorReply, FrameLimits, PushBatch, PushBatchAck, PushForward
 from p2pserve.transport import Stream
 from p2pserve.transport.session_stream import SessionStream
@@ -198,3 +199,52 @@ class BatchLink:
         """Close the stream; steps still unacked on it count as broken."""
         self._reader.cancel()
         self._fail(ConnectionError(f"link to {self.peer_id} closed"))
+
+
+class BatchLinks:
+    """This peer's ring-step links, one per next peer: ``await get(peer_id)`` dials one on first
+    use (one dial however many sessions ask at once) with ``dial(peer_id)``, which raises
+    ConnectionError or TimeoutError when that peer cannot be reached."""
+
+    def __init__(self, dial: Callable[[PeerId], Awaitable[Stream]], limits: FrameLimits, timeout_s: float):
+        self.dial, self.limits, self.timeout_s = dial, limits, timeout_s
+        self._links: dict[PeerId, BatchLink] = {}
+        self._dials: dict[PeerId, asyncio.Future] = {}
+
+    async def get(self, peer_id: PeerId) -> BatchLink:
+        """The link to ``peer_id``, dialled if there is none that works."""
+        link = self._links.get(peer_id)
+        if link is not None and not link.broken:
+            return link
+        dialing = self._dials.get(peer_id)
+        if dialing is None:
+            dialing = self._dials[peer_id] = asyncio.ensure_future(self._open(peer_id))
+            dialing.add_done_callback(lambda _: self._dials.pop(peer_id, None))
+        return await asyncio.shield(dialing)
+
+    async def _open(self, peer_id: PeerId) -> BatchLink:
+        link = self._links[peer_id] = BatchLink(peer_id, await self.dial(peer_id), self.limits, self.timeout_s)
+        return link
+
+    def prune(self, keep: Callable[[object], bool]) -> None:
+        """Forget the watches of sessions ``keep`` refuses, and links that ended. An idle link
+        stays (the next peer ends it once it idles too long): one just dialled is idle until the
+        sessions that waited for it put their steps."""
+        for peer_id, link in list(self._links.items()):
+            link.forget(keep)
+            if link.broken:
+                del self._links[peer_id]
+
+
+def split_batch(msg: PushBatch, payload: bytes) -> list[tuple[PushForward, bytes]]:
+    """A received batch's items, each with its payload bytes; BadRequestError unless the items
+    are ring steps of distinct sessions whose tensors add up to the payload."""
+    sizes = [item.forward.tensor.nbytes for item in msg.items]
+    if sum(sizes) != len(payload):
+        raise BadRequestError(f"a batch's items carry {sum(sizes)} bytes, its payload {len(payload)}")
+    if any(not item.ring for item in msg.items):
+        raise BadRequestError("a batch carries ring steps only")
+    if len({item.forward.session_id for item in msg.items}) != len(msg.items):
+        raise BadRequestError("a batch names a session twice")
+    offsets = list(itertools.accumulate(sizes, initial=0))
+    return [(item, payload[a:b]) for item, a, b in zip(msg.items, offsets, offsets[1:])]

@@ -22,15 +22,15 @@ still travels back to the client: an ``ErrorReply`` whose ``failed_peer`` names 
 failed (the next hop, or whatever later hop the next one named), and the client bans, re-routes
 and replays as ever. A peer accepts a push only from the peer id the session's owner allowed.
 Ring mode (``peer/ring.py``): the last hop also pushes the next step to the first; ring steps
-are acked once sent on, and a later failure of one is told up the ring to the last hop.
+go to the next peer in batches (``peer/batch_link.py``), acked once run and sent on, and a later
+failure of one is told up the ring to the last hop.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
-from typing import Awaitable, Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import msgspec
 import torch
@@ -38,10 +38,10 @@ import torch
 from p2pserve.blame import blamed_hop
 from p2pserve.config import AdmissionConfig, ForwardingConfig
 from p2pserve.errors import WIRE_ERRORS, BadRequestError, ErrorCode, MalformedFrameError
-from p2pserve.peer.batch_link import BatchLink, Watch
+from p2pserve.peer.batch_link import BatchLinks, Watch, split_batch
 from p2pserve.peer.next_hop import UNREACHABLE, unreachable
 from p2pserve.peer.held_results import HeldResults
-from p2pserve.peer.link_dialer import LinkDialer, dial_concurrency
+from p2pserve.peer.link_dialer import LinkDialer, Resolver, dial_concurrency
 from p2pserve.peer.push_link import PushLink, tell
 from p2pserve.peer.ring import RingState, check_grant
 from p2pserve.protocol import (
@@ -64,8 +64,6 @@ from p2pserve.types import PeerId, SessionId
 
 log = logging.getLogger(__name__)
 
-#: Where this peer may dial a peer id: the addresses it announced itself (``peer/next_hop.py``).
-Resolver = Callable[[str], Awaitable[Sequence[str]]]
 
 
 def check_route(route: list[PushHop], self_id: str) -> None:
@@ -108,8 +106,9 @@ class Forwarder:
         self._rings: dict[str, tuple[object, RingState]] = {}  # session id -> (session, its granted ring)
         self._links: dict[str, PushLink] = {}  # our session id -> stream to its next hop
         self._held = HeldResults(config.wait_timeout_s)  # steps' outcomes until the owner asks
-        self._batch_links: dict[PeerId, BatchLink] = {}  # next peer -> the link its ring steps take
-        self._batch_dials: dict[PeerId, asyncio.Future] = {}  # next peer -> its link being dialled
+        # ring steps' links, one per next peer, dialled where that peer announced itself
+        self._batch_links = BatchLinks(lambda peer: self.dialer.dial_announced(peer, self.resolve), limits,
+                                       config.call_timeout_s)
         # keeps the worker's next step from starting while a batch's items are handed to it; it
         # returns the release (``ComputeWorker.hold_next_step``; None: nothing to hold)
         self.hold_step = hold_step
@@ -247,7 +246,7 @@ class Forwarder:
         """Send a ring step on, with the others this peer sends to the same next peer in this
         turn (``peer/batch_link.py``), without waiting for its ack; a failure of it reported
         later (an error reply, a broken link, no ack in time) is told up the ring (``_ring_failed``)."""
-        link = await self._batch_link(nxt.peer_id)
+        link = await self._batch_links.get(nxt.peer_id)
         later = frozenset(h.peer_id for h in onward.route)
         step = onward.forward.step
 
@@ -260,43 +259,15 @@ class Forwarder:
         link.put(onward, payload, Watch(session, failed,
                                         lambda: self._ring_failed(session, ring, step, nxt.peer_id, UNREACHABLE)))
 
-    async def _batch_link(self, peer_id: PeerId) -> BatchLink:
-        """The ring-step link to ``peer_id``, dialled on first use (one dial however many sessions
-        ask at once), at the addresses it announced; ConnectionError when it cannot be reached."""
-        link = self._batch_links.get(peer_id)
-        if link is not None and not link.broken:
-            return link
-        dialing = self._batch_dials.get(peer_id)
-        if dialing is None:
-            dialing = self._batch_dials[peer_id] = asyncio.ensure_future(self._dial_batch_link(peer_id))
-            dialing.add_done_callback(lambda _: self._batch_dials.pop(peer_id, None))
-        return await asyncio.shield(dialing)
-
-    async def _dial_batch_link(self, peer_id: PeerId) -> BatchLink:
-        maddrs = await self._addresses(peer_id)
-        try:
-            stream = await self.dialer.dial(peer_id, maddrs)
-        except Exception as e:  # whatever dialling raised (the libp2p daemon's ControlFailure): unreachable
-            raise e if isinstance(e, (ConnectionError, TimeoutError)) else ConnectionError(f"{type(e).__name__}: {e}")
-        link = self._batch_links[peer_id] = BatchLink(peer_id, stream, self.limits, self.config.call_timeout_s)
-        return link
-
     async def push_batch(self, msg: PushBatch, payload: bytes, stream, remote: str, run_local) -> tuple[object, bytes]:
         """Run a batch of ring steps pushed by ``remote`` (each as :meth:`push` runs one) and
         answer it with one PushBatchAck naming the items that failed. The items reach the worker
         together (``hold_step``), so they run here as one step."""
-        sizes = [item.forward.tensor.nbytes for item in msg.items]
-        if sum(sizes) != len(payload):
-            raise BadRequestError(f"a batch's items carry {sum(sizes)} bytes, its payload {len(payload)}")
-        if any(not item.ring for item in msg.items):
-            raise BadRequestError("a batch carries ring steps only")
-        if len({item.forward.session_id for item in msg.items}) != len(msg.items):
-            raise BadRequestError("a batch names a session twice")
-        offsets = list(itertools.accumulate(sizes, initial=0))
+        items = split_batch(msg, payload)
         release = self.hold_step() if self.hold_step is not None else None
         try:
-            runs = [asyncio.ensure_future(self._batch_item(item, payload[a:b], stream, remote, run_local))
-                    for item, a, b in zip(msg.items, offsets, offsets[1:])]
+            runs = [asyncio.ensure_future(self._batch_item(item, part, stream, remote, run_local))
+                    for item, part in items]
         finally:
             if release is not None:  # after each item's first turn, which submits its job
                 asyncio.get_running_loop().call_soon(release)
@@ -391,17 +362,6 @@ class Forwarder:
         async with asyncio.timeout(self.config.call_timeout_s * (1 + len(msg.route))):
             return await (await link.send(msg, payload, msg.forward.step))
 
-    async def _addresses(self, peer_id: PeerId) -> list[str]:
-        """Where ``peer_id`` announced itself, as this peer's swarm view says; ConnectionError
-        (the next hop is unreachable from here) when it has no record of it."""
-        try:
-            found = [] if self.resolve is None else list(await self.resolve(peer_id))
-        except Exception as e:  # the DHT read failed: we cannot reach it either
-            raise ConnectionError(f"looking up {peer_id}: {type(e).__name__}: {e}") from e
-        if not found:
-            raise ConnectionError(f"{peer_id} is not announced in this peer's view of the swarm; nothing dialled")
-        return found
-
     async def _link(self, session, nxt: PushHop, later: Sequence[str] = ()) -> tuple[PushLink, bool]:
         """The stream to ``nxt`` for ``session``, opened on first use (authenticated to its id, at
         the addresses it announced), and whether it was opened just now."""
@@ -411,11 +371,7 @@ class Forwarder:
             return link, False
         self._drop_link(session.id)
         self._prune()
-        maddrs = await self._addresses(nxt.peer_id)
-        try:
-            stream = await self.dialer.dial(nxt.peer_id, maddrs)
-        except Exception as e:  # whatever dialling raised (the libp2p daemon's ControlFailure): unreachable
-            raise e if isinstance(e, (ConnectionError, TimeoutError)) else ConnectionError(f"{type(e).__name__}: {e}")
+        stream = await self.dialer.dial_announced(nxt.peer_id, self.resolve)  # where it announced itself
         link = self._links[session.id] = PushLink(nxt.peer_id, stream, session, self.limits)
         link.later = frozenset(later)
         return link, True
@@ -433,12 +389,7 @@ class Forwarder:
         self._held.prune(self._open)
         for sid in [s for s, link in self._links.items() if not self._open(link.session)]:
             self._drop_link(sid)
-        for peer_id, link in list(self._batch_links.items()):
-            # an idle link stays (one per next peer; the next peer ends it when it idles too
-            # long): one just dialled is idle until the sessions that waited for it put their steps
-            link.forget(self._open)
-            if link.broken:
-                del self._batch_links[peer_id]
+        self._batch_links.prune(self._open)
 
     def _open(self, session) -> bool:
         """Whether ``session`` is still the open session under its id."""

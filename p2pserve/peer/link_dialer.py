@@ -22,12 +22,16 @@ from __future__ import annotations
 import asyncio
 import random
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Optional
 
 from p2pserve.errors import OverloadedError
 from p2pserve.transport import Stream, Transport
 from p2pserve.transport.session_stream import open_session_stream
 from p2pserve.types import PeerId
+
+#: Where this peer may dial a peer id: the addresses it announced itself (``peer/next_hop.py``).
+Resolver = Callable[[str], Awaitable[Sequence[str]]]
 
 #: the first pause after a refused dial (seconds); it doubles per refusal, up to ``MAX_PAUSE_S``
 FIRST_PAUSE_S = 0.05
@@ -64,6 +68,21 @@ class LinkDialer:
                     raise
             await asyncio.sleep(pause * random.uniform(0.5, 1.5))  # spread out: others wait for the same room
             pause = min(2 * pause, MAX_PAUSE_S)
+
+    async def dial_announced(self, peer_id: PeerId, resolve: Optional[Resolver]) -> Stream:
+        """A new session stream to ``peer_id`` at the addresses ``resolve`` says it announced;
+        ConnectionError (it is unreachable from here) when there are none, the lookup failed, or
+        dialling failed otherwise than by a TimeoutError."""
+        try:
+            found = [] if resolve is None else list(await resolve(peer_id))
+        except Exception as e:  # the DHT read failed: we cannot reach it either
+            raise ConnectionError(f"looking up {peer_id}: {type(e).__name__}: {e}") from e
+        if not found:
+            raise ConnectionError(f"{peer_id} is not announced in this peer's view of the swarm; nothing dialled")
+        try:
+            return await self.dial(peer_id, found)
+        except Exception as e:  # whatever dialling raised (the libp2p daemon's ControlFailure): unreachable
+            raise e if isinstance(e, (ConnectionError, TimeoutError)) else ConnectionError(f"{type(e).__name__}: {e}")
 
     async def _try(self, peer_id: PeerId, maddrs: Sequence[str], timeout_s: float) -> Stream:
         """One dial, once fewer than ``concurrency`` others to ``peer_id`` are under way."""

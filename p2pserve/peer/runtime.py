@@ -16,8 +16,8 @@ from p2pserve.config import PeerConfig
 from p2pserve.model.shard import TORCH_DTYPES, Shard
 from p2pserve.model.spec import ModelSpec
 from p2pserve.peer.batcher import TokenThrottle
-from p2pserve.peer.forwarding import Forwarder, Resolver
-from p2pserve.peer.link_dialer import LinkDialer, dial_concurrency
+from p2pserve.peer.forwarding import Forwarder
+from p2pserve.peer.link_dialer import LinkDialer, Resolver, dial_concurrency
 from p2pserve.peer.handlers import SessionHandler
 from p2pserve.peer.kv_cache import KVBudget
 from p2pserve.peer.reply_signer import ReplySigner

@@ -23,7 +23,7 @@ from p2pserve.model.locate import ModelSource, open_model
 from p2pserve.model.shard import Shard
 from p2pserve.model.spec import ModelSpec, load_spec
 from p2pserve.model.tensor_parallel import local_spec
-from p2pserve.peer.forwarding import Resolver
+from p2pserve.peer.link_dialer import Resolver
 from p2pserve.peer.handlers import SessionHandler
 from p2pserve.peer.runtime import build_runtime
 from p2pserve.peer.sessions import SessionTable
