@@ -28,6 +28,7 @@ from p2pserve.config import PushConfig
 from p2pserve.client.route_providers import ChainListRoutes
 from p2pserve.errors import BadRequestError, ConfigError, MalformedFrameError
 from p2pserve.config import ForwardingConfig
+from p2pserve.peer.next_hop import UNREACHABLE
 from p2pserve.peer.ring import RingState, check_grant, ring_position
 from p2pserve.protocol import MAX_RING_AHEAD
 from p2pserve.protocol import (
@@ -338,9 +339,9 @@ def test_the_ring_flag_maps_to_the_rule_with_a_ring():
 
 
 def test_a_first_hop_that_hangs_on_ring_steps_is_named_by_the_last(model):
-    """A silently drops the ring steps C pushes it (it stays up and answers the client): C gets
-    no ack in ``call_timeout_s`` and answers the client's wait naming A, which is banned and
-    routed around; the output is unchanged."""
+    """A silently drops the ring steps C pushes it (it stays up and answers the client): C's
+    batch gets no ack in ``call_timeout_s``, so C ends its link to A and answers the client's
+    wait naming A (unreachable), which is banned and routed around; the output is unchanged."""
     A2 = "QmPeerF"
     s = Swarm(model, {A: (0, 1), A2: (0, 1), B: (1, 2), C: (2, 3)},
               configs={C: dataclasses.replace(PEER, forwarding=ForwardingConfig(call_timeout_s=0.5))})
@@ -362,7 +363,7 @@ def test_a_first_hop_that_hangs_on_ring_steps_is_named_by_the_last(model):
 
         ref, got, pipeline = asyncio.run(main())
         assert got == ref and [f.hop.peer_id for f in pipeline.failures] == [A]
-        assert "no ack" in pipeline.failures[0].reason
+        assert UNREACHABLE in pipeline.failures[0].reason
     finally:
         s.stop()
 

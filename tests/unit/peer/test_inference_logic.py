@@ -12,6 +12,7 @@ from p2pserve.peer.batcher import Pending, TokenThrottle
 from p2pserve.peer.kv_cache import KVBudget, SequenceCache
 from p2pserve.peer.sampling import sample_token
 from p2pserve.protocol import (
+    PROTOCOL_VERSION,
     FRAME_PREFIX,
     FrameLimits,
     OpenSession,
@@ -26,7 +27,7 @@ from p2pserve.transport.frames import tensor_from_wire, tensor_to_wire
 
 
 def test_frame_roundtrip_and_limits():
-    msg = OpenSession(version=1, model_id="m", session_id="s", start=0, end=2, max_length=8)
+    msg = OpenSession(version=PROTOCOL_VERSION, model_id="m", session_id="s", start=0, end=2, max_length=8)
     prefix, header, payload = encode_frame(msg)
     assert check_prefix(prefix, FrameLimits()) == (len(header), 0)
     assert decode_request(header) == msg
