@@ -343,8 +343,9 @@ def main() -> int:
                          "the client (-driven: --no-loop --push off)")
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--threads", type=int, default=2, help="torch threads of vLLM and of the one peer")
-    ap.add_argument("--three-depth", type=int, default=1,
-                    help="--pipeline-depth of the three peers (micro-batches in flight; 1: one batch)")
+    ap.add_argument("--three-depth", type=int, default=2,
+                    help="--pipeline-depth of the three peers (micro-batches in flight: gLLM spreads a stage's "
+                         "decodes over this many steps; 1: one batch)")
     ap.add_argument("--three-batch-wait-ms", type=float, default=0.0,
                     help="--batch-wait-ms of the three peers (a stage holds its step for sessions due; 0: off)")
     ap.add_argument("--skip-vllm", action="store_true")

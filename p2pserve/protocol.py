@@ -281,10 +281,17 @@ class PushBatch(msgspec.Struct, frozen=True, tag_field="t", tag="push_batch"):
     """Ring steps of several sessions that one peer sends on to the same next peer, in one frame
     on that pair's one stream (``peer/batch_link.py``): one step of a peer's batch stays one
     step at the next. ``items[i]`` is a ring step (``ring`` set) whose payload is the next ``items[i].forward.tensor.nbytes`` bytes of the frame's payload.
-    Answered by one ``PushBatchAck`` once every item ran here and was sent on."""
+    Answered by one ``PushBatchAck`` once every item ran here and was sent on; a stream's batches
+    run side by side, so acks come in the order batches finish, and a refusal of the whole frame
+    is an ErrorReply naming ``seq`` as its step."""
 
     seq: NonNegative
     items: Annotated[list[PushForward], msgspec.Meta(min_length=1, max_length=MAX_BATCH_ITEMS)]
+
+    @property
+    def step(self) -> int:
+        """What a refusal of the whole batch names as its step (``ErrorReply.step``): its seq."""
+        return self.seq
 
 
 class PushBatchAck(msgspec.Struct, frozen=True, tag_field="t", tag="push_batch_ack"):

@@ -22,7 +22,6 @@ within ``timeout_s`` ends the link: the next peer stopped answering.
 from __future__ import annotations
 
 import asyncio
-import collections
 import itertools
 import logging
 from dataclasses import dataclass
@@ -30,8 +29,17 @@ from typing import Awaitable, Callable, Optional
 
 import msgspec
 
-from p2pserve.errors import BadRequestError
-from p2pserve.protocol import MAX_BATCH_ITEMS, ErrorReply, FrameLimits, PushBatch, PushBatchAck, PushForward
+from p2pserve.errors import WIRE_ERRORS, BadRequestError, ErrorCode
+from p2pserve.peer.push_link import tell
+from p2pserve.protocol import (
+    MAX_BATCH_ITEMS,
+    ErrorReply,
+    FrameLimits,
+    PushBatch,
+    PushBatchAck,
+    PushForward,
+    error_reply,
+)
 from p2pserve.transport import Stream
 from p2pserve.transport.session_stream import SessionStream
 from p2pserve.types import PeerId, SessionId
@@ -42,6 +50,8 @@ _encoder = msgspec.msgpack.Encoder()
 
 #: The most batches a link keeps waiting for their acks; past it, the next peer stopped answering.
 MAX_PENDING_BATCHES = 64
+#: The most batches of one stream a peer runs at once (acks go in the order batches finish).
+MAX_RUNNING_BATCHES = 8
 
 
 @dataclass
@@ -87,8 +97,8 @@ class BatchLink:
         self.frames = SessionStream(peer_id, limits, timeout_s=float("inf"), stream=stream)
         self._outbox: list[_Item] = []
         self._watches: dict[SessionId, Watch] = {}  # the next peer's session id -> its watcher here
-        # batches written and not yet acked: (seq, the next peer's session ids, ack timer)
-        self._pending: collections.deque[tuple[int, list[SessionId], asyncio.TimerHandle]] = collections.deque()
+        # batches written and not yet acked: seq -> (the next peer's session ids, ack timer)
+        self._pending: dict[int, tuple[list[SessionId], asyncio.TimerHandle]] = {}
         self._seq = itertools.count()
         self._write_lock = asyncio.Lock()
         self._broken: Optional[BaseException] = None
@@ -125,7 +135,7 @@ class BatchLink:
             msg = PushBatch(seq=seq, items=[i.push for i in frame])
             timer = asyncio.get_running_loop().call_later(
                 self.timeout_s, lambda seq=seq: self._fail(TimeoutError(f"{self.peer_id} did not ack batch {seq}")))
-            self._pending.append((seq, [i.push.forward.session_id for i in frame], timer))
+            self._pending[seq] = ([i.push.forward.session_id for i in frame], timer)
             asyncio.ensure_future(self._write(msg, b"".join(i.payload for i in frame)))
 
     async def _write(self, msg: PushBatch, payload: bytes) -> None:
@@ -145,9 +155,10 @@ class BatchLink:
                     self._acked(reply)
                 elif isinstance(reply, ErrorReply) and reply.session_id in self._watches:
                     self._watches[reply.session_id].failed(reply)  # a later failure told up the ring
-                elif isinstance(reply, ErrorReply) and reply.session_id is None and self._pending:
-                    # the next peer refused the batch frame itself: every item of it failed there
-                    _, sids, timer = self._pending.popleft()
+                elif isinstance(reply, ErrorReply) and reply.session_id is None and reply.step in self._pending:
+                    # the next peer refused the batch frame itself (naming its seq as the step):
+                    # every item of it failed there
+                    sids, timer = self._pending.pop(reply.step)
                     timer.cancel()
                     for sid in sids:
                         self._tell(sid, reply)
@@ -162,9 +173,9 @@ class BatchLink:
             self._fail(e)
 
     def _acked(self, ack: PushBatchAck) -> None:
-        if not self._pending or self._pending[0][0] != ack.seq:
-            raise ConnectionError(f"{self.peer_id} acked batch {ack.seq} out of order")
-        _, sids, timer = self._pending.popleft()
+        if ack.seq not in self._pending:
+            raise ConnectionError(f"{self.peer_id} acked batch {ack.seq}, which is not awaiting an ack")
+        sids, timer = self._pending.pop(ack.seq)
         timer.cancel()
         sent = set(sids)
         for reply in ack.failed:
@@ -182,9 +193,9 @@ class BatchLink:
         if self._broken is not None:
             return
         self._broken = exc
-        unacked = {sid for _, sids, _ in self._pending for sid in sids} | {
+        unacked = {sid for sids, _ in self._pending.values() for sid in sids} | {
             i.push.forward.session_id for i in self._outbox}
-        for _, _, timer in self._pending:
+        for _, timer in self._pending.values():
             timer.cancel()
         self._pending.clear()
         self._outbox.clear()
@@ -248,3 +259,30 @@ def split_batch(msg: PushBatch, payload: bytes) -> list[tuple[PushForward, bytes
         raise BadRequestError("a batch names a session twice")
     offsets = list(itertools.accumulate(sizes, initial=0))
     return [(item, payload[a:b]) for item, a, b in zip(msg.items, offsets, offsets[1:])]
+
+
+async def batch_ack(seq: int, runs: list[asyncio.Future]) -> PushBatchAck:
+    """Batch ``seq``'s ack once its items' runs are done (each None, or its ErrorReply)."""
+    return PushBatchAck(seq=seq, failed=[reply for reply in await asyncio.gather(*runs) if reply is not None])
+
+
+async def run_item(push, item: PushForward, payload: bytes, *args) -> Optional[ErrorReply]:
+    """One item of a received batch, run by ``push(item, payload, *args)`` (the peer's handling
+    of a lone PushForward): None when it ran here and was sent on, else its ErrorReply."""
+    fwd = item.forward
+    try:
+        reply, _ = await push(item, payload, *args)
+    except WIRE_ERRORS as e:
+        return error_reply(e.code, e.message, fwd.session_id, fwd.step)
+    except Exception as e:  # never let one item end the batch: it fails alone
+        log.exception("ring step of a batch failed")
+        return error_reply(ErrorCode.INTERNAL, f"{type(e).__name__}: {e}", fwd.session_id, fwd.step)
+    return reply if isinstance(reply, ErrorReply) else None
+
+
+async def ack_later(seq: int, runs: list[asyncio.Future], stream) -> None:
+    """Write batch ``seq``'s ack on ``stream`` (an ``InboundStream``) once its items are done."""
+    try:
+        await tell(stream.writer, await batch_ack(seq, runs))
+    finally:
+        stream.batches -= 1

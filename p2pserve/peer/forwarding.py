@@ -38,7 +38,7 @@ import torch
 from p2pserve.blame import blamed_hop
 from p2pserve.config import AdmissionConfig, ForwardingConfig
 from p2pserve.errors import WIRE_ERRORS, BadRequestError, ErrorCode, MalformedFrameError
-from p2pserve.peer.batch_link import BatchLinks, Watch, split_batch
+from p2pserve.peer.batch_link import MAX_RUNNING_BATCHES, BatchLinks, Watch, ack_later, batch_ack, run_item, split_batch
 from p2pserve.peer.next_hop import UNREACHABLE, unreachable
 from p2pserve.peer.held_results import HeldResults
 from p2pserve.peer.link_dialer import LinkDialer, Resolver, dial_concurrency
@@ -260,31 +260,27 @@ class Forwarder:
                                         lambda: self._ring_failed(session, ring, step, nxt.peer_id, UNREACHABLE)))
 
     async def push_batch(self, msg: PushBatch, payload: bytes, stream, remote: str, run_local) -> tuple[object, bytes]:
-        """Run a batch of ring steps pushed by ``remote`` (each as :meth:`push` runs one) and
-        answer it with one PushBatchAck naming the items that failed. The items reach the worker
-        together (``hold_step``), so they run here as one step."""
+        """Run a batch of ring steps pushed by ``remote`` (each as :meth:`push` runs one), to be
+        answered with one PushBatchAck naming the items that failed. The items reach the worker
+        together (``hold_step``), so they run here as one step.
+
+        The ack is written when the batch is done, and meanwhile the stream reads on (reply None):
+        the sender's next batch must not wait in the stream behind this one's compute, or it
+        could not join this peer's next step. At most ``MAX_RUNNING_BATCHES`` of a stream's
+        batches run at once; past that the stream waits for this one (its ack is the reply)."""
         items = split_batch(msg, payload)
         release = self.hold_step() if self.hold_step is not None else None
         try:
-            runs = [asyncio.ensure_future(self._batch_item(item, part, stream, remote, run_local))
+            runs = [asyncio.ensure_future(run_item(self.push, item, part, stream, remote, run_local))
                     for item, part in items]
         finally:
             if release is not None:  # after each item's first turn, which submits its job
                 asyncio.get_running_loop().call_soon(release)
-        failed = [reply for reply in await asyncio.gather(*runs) if reply is not None]
-        return PushBatchAck(seq=msg.seq, failed=failed), b""
-
-    async def _batch_item(self, item: PushForward, payload: bytes, stream, remote: str, run_local) -> Optional[ErrorReply]:
-        """One item of a batch: None when it ran here and was sent on, else its ErrorReply."""
-        fwd = item.forward
-        try:
-            reply, _ = await self.push(item, payload, stream, remote, run_local)
-        except WIRE_ERRORS as e:
-            return error_reply(e.code, e.message, fwd.session_id, fwd.step)
-        except Exception as e:  # never let one item end the batch: it fails alone
-            log.exception("ring step of a batch failed")
-            return error_reply(ErrorCode.INTERNAL, f"{type(e).__name__}: {e}", fwd.session_id, fwd.step)
-        return reply if isinstance(reply, ErrorReply) else None
+        if stream.batches >= MAX_RUNNING_BATCHES:
+            return await batch_ack(msg.seq, runs), b""
+        stream.batches += 1
+        asyncio.ensure_future(ack_later(msg.seq, runs, stream))
+        return None, b""
 
     async def _loop_step(self, session, ring: RingState, fwd: Forward, payload: bytes) -> None:
         """Run a loop's next step here (it runs the one after it in turn); a failure ends the

@@ -194,8 +194,9 @@ class SessionHandler:
             async with asyncio.timeout(self._read_deadline(payload_len)):
                 payload = await reader.readexactly(payload_len) if payload_len else b""
             reply, out_payload = await self._dispatch(msg, payload, stream)
-            async with asyncio.timeout(self._read_deadline(len(out_payload))):
-                await write_frame(writer, reply, out_payload)  # a client that never reads is dropped
+            if reply is not None:  # None: answered later (a ring batch's ack, peer/forwarding.py)
+                async with asyncio.timeout(self._read_deadline(len(out_payload))):
+                    await write_frame(writer, reply, out_payload)  # a client that never reads is dropped
         finally:
             await self.payloads.release(payload_len)
         if isinstance(reply, SessionOpened):

@@ -9,7 +9,7 @@ from p2pserve.protocol import ErrorReply, error_reply
 class InboundStream:
     """One inbound stream: the object sessions are bound to, and who is behind it."""
 
-    __slots__ = ("remote", "opened", "writer", "charged", "over_quota")
+    __slots__ = ("remote", "opened", "writer", "charged", "over_quota", "batches")
 
     def __init__(self, remote: str, writer=None):
         self.remote = remote  # the authenticated peer id (``StreamHandler``'s ``remote``)
@@ -17,6 +17,7 @@ class InboundStream:
         self.opened = False  # whether a session was ever opened on it (it may then idle longer)
         self.charged = remote  # whose stream quota it counts against: a forwarded stream, its session owner's
         self.over_quota = False  # a forwarded stream refused for its owner's quota: it ends after the refusal
+        self.batches = 0  # ring batches that came on it and are still running (peer/batch_link.py)
 
 
 def error_for(exc: P2PServeError, msg) -> ErrorReply:

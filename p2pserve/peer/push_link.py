@@ -106,10 +106,10 @@ class PushLink:
             self._fail(ConnectionError(f"link to {self.peer_id} closed"))
 
 
-async def tell(writer, reply: ErrorReply) -> None:
-    """Best effort: a ring step's later failure, to the peer that pushed it (on the stream it
-    came on, whose handler writes whole frames too)."""
+async def tell(writer, reply) -> None:
+    """Best effort: a ring step's later failure, or a batch's ack, to the peer that pushed it
+    (on the stream it came on, whose handler writes whole frames too)."""
     try:
         await write_frame(writer, reply)
     except Exception as e:  # that peer is gone too: the owner's timeout covers it
-        log.info("could not report a ring failure upstream: %r", e)
+        log.info("could not tell the peer upstream: %r", e)

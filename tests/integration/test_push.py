@@ -328,5 +328,6 @@ def test_a_ring_batch_cannot_step_another_clients_session(cluster):
     assert len(codes) == 2 and "unknown_session" in codes.values(), stolen  # the victim's item
     assert "bad_request" in codes.values(), stolen  # the attacker's own: no ring was granted it as first hop
     assert isinstance(short, ErrorReply) and short.code == "bad_request" and short.session_id is None
+    assert short.step == 1  # a refused batch is named by its seq
     assert isinstance(stats, PeerStats)
     assert isinstance(result, ForwardResult) and result.position == n  # it ran from position 0

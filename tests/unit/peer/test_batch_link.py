@@ -142,6 +142,35 @@ def test_an_ack_naming_a_session_outside_its_batch_is_ignored():
     assert heard.failed == {}
 
 
+def test_acks_are_matched_by_seq_and_a_refused_batch_fails_only_its_items():
+    """The next peer runs a stream's batches side by side, so acks come as batches finish."""
+    heard = Heard()
+    got: list[PushBatch] = []
+
+    async def answer(batch, payload, writer):
+        got.append(batch)
+        if len(got) == 3:  # the third batch is refused whole; then the second, then the first is acked
+            await write_frame(writer, ErrorReply(code="bad_request", message="no", step=got[2].seq))
+            await write_frame(writer, PushBatchAck(seq=got[1].seq))
+            await write_frame(writer, PushBatchAck(seq=got[0].seq, failed=[
+                ErrorReply(code="internal", message="x", session_id="s1", step=1)]))
+
+    async def main():
+        link, _ = await _link(answer)
+        for sid in ("s1", "s2", "s3"):
+            push, data = _step(sid)
+            link.put(push, data, heard.watch(sid))
+            await asyncio.sleep(0.02)  # each its own batch
+        await asyncio.sleep(0.05)
+        broken = link.broken
+        link.close()
+        return broken
+
+    assert asyncio.run(main()) is False
+    assert {sid: [r.code for r in rs] for sid, rs in heard.failed.items()} == {"s1": ["internal"], "s3": ["bad_request"]}
+    assert heard.broken == []
+
+
 def test_frames_are_cut_by_item_count_and_header_size():
     items = [_Item(*_step(f"s{i}", route=[PushHop(peer_id="Qm" + "a" * 44, session_id="x" * 100)]))
              for i in range(10)]
