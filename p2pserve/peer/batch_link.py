@@ -30,7 +30,7 @@ from typing import Awaitable, Callable, Optional
 import msgspec
 
 from p2pserve.errors import WIRE_ERRORS, BadRequestError, ErrorCode
-from p2pserve.peer.push_link import tell
+from p2pserve.peer.push_link import StreamLink, tell
 from p2pserve.protocol import (
     MAX_BATCH_ITEMS,
     ErrorReply,
@@ -41,7 +41,6 @@ from p2pserve.protocol import (
     error_reply,
 )
 from p2pserve.transport import Stream
-from p2pserve.transport.session_stream import SessionStream
 from p2pserve.types import PeerId, SessionId
 
 log = logging.getLogger(__name__)
@@ -87,27 +86,18 @@ def frames_of(items: list[_Item], max_header_bytes: int) -> list[list[_Item]]:
     return [run for run in runs if run]
 
 
-class BatchLink:
+class BatchLink(StreamLink):
     """This peer's stream to ``peer_id`` for ring steps: ``put(push, payload, watch)`` queues a
     step (sent with the others of this event-loop turn); ``close()`` ends the link."""
 
     def __init__(self, peer_id: PeerId, stream: Stream, limits: FrameLimits, timeout_s: float):
-        self.peer_id, self.stream = peer_id, stream
         self.timeout_s = timeout_s
-        self.frames = SessionStream(peer_id, limits, timeout_s=float("inf"), stream=stream)
         self._outbox: list[_Item] = []
         self._watches: dict[SessionId, Watch] = {}  # the next peer's session id -> its watcher here
         # batches written and not yet acked: seq -> (the next peer's session ids, ack timer)
         self._pending: dict[int, tuple[list[SessionId], asyncio.TimerHandle]] = {}
         self._seq = itertools.count()
-        self._write_lock = asyncio.Lock()
-        self._broken: Optional[BaseException] = None
-        self._reader = asyncio.create_task(self._read())
-
-    @property
-    def broken(self) -> bool:
-        """Whether the link ended (a new one must be dialled)."""
-        return self._broken is not None
+        super().__init__(peer_id, stream, limits)
 
     def put(self, push: PushForward, payload: bytes, watch: Watch) -> None:
         """Queue ring step ``push`` (``payload``: its tensor's bytes); ConnectionError when the link is down."""

@@ -28,28 +28,40 @@ log = logging.getLogger(__name__)
 MAX_PENDING = 8
 
 
-class PushLink:
-    """This peer's stream to ``peer_id`` for ``session``: ``await send(msg, payload)`` returns a
-    future of the reply (decoded) to that frame; ``on_unsolicited(reply)`` gets an ErrorReply
-    that answers no pending frame, and ``on_broken(exc)`` the end of the stream, unless ``close``
-    ended it."""
+class StreamLink:
+    """A stream of frames from this peer to the next peer ``peer_id``, with one reader task
+    (``_read``, the subclass's) and writes one at a time; ``broken`` once the stream ended."""
 
-    def __init__(self, peer_id: PeerId, stream: Stream, session, limits: FrameLimits):
-        self.peer_id, self.stream, self.session = peer_id, stream, session
-        # no per-frame timeout here: the forwarder times each pushed step (call_timeout_s)
+    def __init__(self, peer_id: PeerId, stream: Stream, limits: FrameLimits):
+        self.peer_id, self.stream = peer_id, stream
+        # no per-frame timeout here: the forwarder times what it sends (call_timeout_s)
         self.frames = SessionStream(peer_id, limits, timeout_s=float("inf"), stream=stream)
-        self.later: frozenset[str] = frozenset()  # the hops after ``peer_id`` (a relayed blame must name one)
-        self.on_unsolicited: Callable[[ErrorReply], None] = lambda reply: None
-        self.on_broken: Callable[[BaseException], None] = lambda exc: None
-        self._pending: collections.deque[tuple[int, asyncio.Future]] = collections.deque()
         self._write_lock = asyncio.Lock()
         self._broken: Optional[BaseException] = None
         self._reader = asyncio.create_task(self._read())
 
     @property
     def broken(self) -> bool:
-        """Whether the stream ended (its pending frames failed)."""
+        """Whether the stream ended (what waited on it failed)."""
         return self._broken is not None
+
+    async def _read(self) -> None:
+        raise NotImplementedError
+
+
+class PushLink(StreamLink):
+    """This peer's stream to ``peer_id`` for ``session``: ``await send(msg, payload)`` returns a
+    future of the reply (decoded) to that frame; ``on_unsolicited(reply)`` gets an ErrorReply
+    that answers no pending frame, and ``on_broken(exc)`` the end of the stream, unless ``close``
+    ended it."""
+
+    def __init__(self, peer_id: PeerId, stream: Stream, session, limits: FrameLimits):
+        self.session = session
+        self.later: frozenset[str] = frozenset()  # the hops after ``peer_id`` (a relayed blame must name one)
+        self.on_unsolicited: Callable[[ErrorReply], None] = lambda reply: None
+        self.on_broken: Callable[[BaseException], None] = lambda exc: None
+        self._pending: collections.deque[tuple[int, asyncio.Future]] = collections.deque()
+        super().__init__(peer_id, stream, limits)
 
     async def send(self, msg, payload: bytes, step: int) -> asyncio.Future:
         """Write ``msg`` (for ``step``); the future of its reply. ConnectionError when broken."""
