@@ -10,8 +10,9 @@ So ring steps after a ring's start go to a next peer on one ``BatchLink``: the s
 peer's event loop sends on in one turn (all sessions of one compute step, since the worker
 hands out a step's results at once) leave as one ``PushBatch`` frame, and the next peer answers
 each frame with one ``PushBatchAck`` listing the items that failed. The next peer submits a
-batch's items to its worker together (``ComputeWorker.gathering``), so the batch runs there as
-one step too.
+batch's items to its worker together (``ComputeWorker.hold_next_step``), so the batch runs
+there as one step too, and reads the stream on while a batch runs (acks come as batches finish),
+so the sender's next batch can join its next step rather than wait behind this one's compute.
 
 What a session learns from the link is what it learned from its own stream: its item's outcome
 (acked, or the ErrorReply it failed with), a later failure of one of its steps told up the ring
@@ -73,16 +74,17 @@ class _Item:
 def frames_of(items: list[_Item], max_header_bytes: int) -> list[list[_Item]]:
     """``items`` cut into runs that each fit one PushBatch: at most ``MAX_BATCH_ITEMS`` items
     whose encoded steps take at most ``max_header_bytes`` together (one item always fits: the
-    frame limits bound a single step far below that)."""
+    frame limits bound a single step far below that), no session twice in one run."""
     runs: list[list[_Item]] = [[]]
-    size = 0
+    size, sessions = 0, set()
     for item in items:
-        n = len(_encoder.encode(item.push))
-        if runs[-1] and (len(runs[-1]) >= MAX_BATCH_ITEMS or size + n > max_header_bytes):
+        n, sid = len(_encoder.encode(item.push)), item.push.forward.session_id
+        if runs[-1] and (len(runs[-1]) >= MAX_BATCH_ITEMS or size + n > max_header_bytes or sid in sessions):
             runs.append([])
-            size = 0
+            size, sessions = 0, set()
         runs[-1].append(item)
         size += n
+        sessions.add(sid)
     return [run for run in runs if run]
 
 

@@ -179,3 +179,5 @@ def test_frames_are_cut_by_item_count_and_header_size():
     assert [len(r) for r in runs] == [3, 3, 3, 1]
     assert [i for r in runs for i in r] == items
     assert frames_of(items, 1) == [[i] for i in items]  # one item always goes, alone
+    again = _Item(*_step("s1", step=2))
+    assert [len(r) for r in frames_of([items[0], items[1], again], 10**6)] == [2, 1]  # a session once a frame
