@@ -53,7 +53,6 @@ from p2pserve.protocol import (
     PushAck,
     PushAllowed,
     PushBatch,
-    PushBatchAck,
     PushForward,
     PushHop,
     error_reply,
@@ -63,7 +62,6 @@ from p2pserve.transport.frames import tensor_from_wire, tensor_to_wire
 from p2pserve.types import PeerId, SessionId
 
 log = logging.getLogger(__name__)
-
 
 
 def check_route(route: list[PushHop], self_id: str) -> None:

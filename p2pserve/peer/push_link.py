@@ -1,10 +1,11 @@
-"""A forwarding peer's stream to the next hop of one session, with steps pipelined on it.
+"""A forwarding peer's stream to the next hop of one session: push mode's chain steps, and a
+ring's first step (its later steps share one link per next peer, ``peer/batch_link.py``).
 
-A ring (``peer/ring.py``) sends the next step down a link before the reply to the previous one
-came back: waiting for it would cost a link delay per token. So writes do not wait for replies;
-one reader task matches the replies, in order, to the frames that asked for them, and hands an
-error for a step already acked (a later hop's failure, relayed back up the ring) to
-``on_unsolicited``, after which the link is closed (so a next hop cannot keep the reader busy). Push mode's chain steps use the same link and simply await their reply.
+Writes do not wait for replies; one reader task matches the replies, in order, to the frames
+that asked for them, and hands an error for a step already acked (a later hop's failure,
+relayed back up) to ``on_unsolicited``, after which the link is closed (so a next hop cannot
+keep the reader busy). ``StreamLink`` is the part a batch link shares: the reader task, one
+write at a time, and the end state.
 """
 
 from __future__ import annotations
