@@ -75,9 +75,11 @@ def inflate_claims(factor: float) -> None:
 
 
 def launch(model: str, layers: tuple[int, int] | None, share: float, *extra: str, seed: int = 0,
-           log_path=None, claim_factor: float = 1.0, only_extras: bool = False, looped_only: bool = False):
+           log_path=None, claim_factor: float = 1.0, only_extras: bool = False, looped_only: bool = False,
+           env: dict[str, str] | None = None):
     """Start a dishonest peer process on loopback, as ``PeerProcess.launch`` starts an honest one
-    (do not wait for it; ``wait_ready()`` works on it). With ``log_path`` its output goes there."""
+    (do not wait for it; ``wait_ready()`` works on it). With ``log_path`` its output goes there;
+    ``env`` adds to its environment."""
     import os
     import subprocess
     import threading
@@ -94,7 +96,7 @@ def launch(model: str, layers: tuple[int, int] | None, share: float, *extra: str
            "--claim-factor", str(claim_factor), "--only-extras", str(int(only_extras)),
            "--looped-only", str(int(looped_only)), *args, *extra]
     env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
-               PYTHONPATH=repo + os.pathsep + os.environ.get("PYTHONPATH", ""))
+               PYTHONPATH=repo + os.pathsep + os.environ.get("PYTHONPATH", ""), **(env or {}))
     proc = subprocess.Popen(cmd, cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                             start_new_session=True)
     child = PeerProcess("dishonest", proc)

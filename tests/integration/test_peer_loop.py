@@ -88,10 +88,12 @@ def test_a_peer_holding_every_layer_loops_on_itself(cluster):
 def test_sessions_looping_together_step_in_one_batch(cluster):
     path, peers = cluster
     prompts = [_prompt(path, f"Session number {i} of six, step in time.") for i in range(6)]
+    # long enough that the sessions loop at the same time even when the client opens them slowly
+    params = GenerationParams(max_new_tokens=64, ignore_eos=True)
 
     async def run():
         async with client_node(CONFIG) as transport:
-            results = await asyncio.gather(*(_generate(transport, path, peers[1:], ids) for ids in prompts))
+            results = await asyncio.gather(*(_generate(transport, path, peers[1:], ids, params) for ids in prompts))
             link = HopConnection(transport, peers[1].hop(), CONFIG.frame_limits, 30.0)
             try:
                 return results, await link.stats()
@@ -100,8 +102,8 @@ def test_sessions_looping_together_step_in_one_batch(cluster):
 
     results, stats = asyncio.run(run())
     for ids, (tokens, pipeline) in zip(prompts, results):
-        assert tokens == reference_generate(path, ids, GREEDY.max_new_tokens)
-        assert pipeline.forwarding.ring_steps == GREEDY.max_new_tokens - 1
+        assert tokens == reference_generate(path, ids, params.max_new_tokens)
+        assert pipeline.forwarding.ring_steps == params.max_new_tokens - 1
     assert stats.max_batch_sessions > 1  # the looping sessions shared steps
 
 
