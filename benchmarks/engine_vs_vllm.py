@@ -160,10 +160,11 @@ def start_vllm(py: Path, model: str, dtype: str, threads: int, logdir: Path, tim
 
 
 def start_p2pserve(model: str, dtype: str, setup: str, threads: int, layers: int, timeout: float,
-                   depth: int = 1, wait_ms: float = 0.0) -> Server:
+                   depth: int | None = None, wait_ms: float = 0.0) -> Server:
     """``one``: one peer holding every layer (``threads`` torch threads); ``three``: three peers
-    of a third each (1 thread each, ``--pipeline-depth`` ``depth``: the sessions move through the
-    stages as that many micro-batches, so every stage has one to run; ``--batch-wait-ms``
+    of a third each (1 thread each, ``--pipeline-depth`` ``depth``, None: the peers' own default,
+    2 for a stage: the sessions move through the stages as that many micro-batches, so every
+    stage has one to run; ``--batch-wait-ms``
     ``wait_ms``: a stage holds its step for the sessions due to arrive), meeting at a bootstrap node
     so that each finds the next (the api's default ring); behind ``p2pserve api --peers``. ``-driven``: the client drives the
     peers token by token (``--no-loop --push off``: the data path before peers drove decode),
@@ -174,7 +175,7 @@ def start_p2pserve(model: str, dtype: str, setup: str, threads: int, layers: int
     else:
         cut = [round(i * layers / THREE_WAY) for i in range(THREE_WAY + 1)]
         ranges, peer_threads = list(zip(cut, cut[1:])), 1
-        flags = ["--pipeline-depth", str(depth), "--batch-wait-ms", str(wait_ms)]
+        flags = ["--batch-wait-ms", str(wait_ms), *(["--pipeline-depth", str(depth)] if depth is not None else [])]
     # several peers meet at a bootstrap node, where each finds the next one's address (a ring)
     boot, meet = None, []
     if len(ranges) > 1:
@@ -343,9 +344,9 @@ def main() -> int:
                          "the client (-driven: --no-loop --push off)")
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--threads", type=int, default=2, help="torch threads of vLLM and of the one peer")
-    ap.add_argument("--three-depth", type=int, default=2,
+    ap.add_argument("--three-depth", type=int, default=None,
                     help="--pipeline-depth of the three peers (micro-batches in flight: gLLM spreads a stage's "
-                         "decodes over this many steps; 1: one batch)")
+                         "decodes over this many steps; 1: one batch; default: the peers' own, 2 for a stage)")
     ap.add_argument("--three-batch-wait-ms", type=float, default=0.0,
                     help="--batch-wait-ms of the three peers (a stage holds its step for sessions due; 0: off)")
     ap.add_argument("--skip-vllm", action="store_true")

@@ -66,8 +66,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:  # long: a flat list of f
     p.add_argument("--max-payload-mb", type=float, default=d.frame_limits.max_payload_bytes / 1024**2, help="largest accepted frame payload")
     p.add_argument("--max-batch-tokens", type=int, default=b.max_batch_tokens, help="hard cap on tokens per compute step")
     p.add_argument("--pipeline-depth", type=int, default=b.pipeline_depth,
-                   help="micro-batches in flight (gLLM): this peer spreads its decodes over this many steps; "
-                        "2 for a peer that is one stage of a pipeline of several peers (docs/engine.md)")
+                   help="micro-batches in flight (gLLM): this peer spreads its decodes over this many steps "
+                        "(default: 1 while it holds every layer, 2 while it is one stage of a pipeline of several "
+                        "peers; docs/engine.md)")
     p.add_argument("--prefill-throttle", default="on", choices=["on", "off"],
                    help="gLLM token throttling: split waiting prompts into chunks under each step's prefill "
                         "budget, spread over --pipeline-depth steps (on), or run every waiting prompt whole in "

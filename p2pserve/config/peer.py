@@ -29,6 +29,10 @@ class AdmissionConfig:
     min_read_rate_bytes_s: float = 1024**2  # ... plus its payload at this rate
 
 
+#: The pipeline depth a peer holding only some layers assumes by default (``BatchingConfig.depth``).
+STAGE_DEPTH = 2
+
+
 @dataclass(frozen=True)
 class BatchingConfig:
     """Per-step token budget after gLLM's token throttling (seed 002, §3).
@@ -47,16 +51,27 @@ class BatchingConfig:
     max_prefill_tokens: int = 2048  # #MaxP
     min_prefill_tokens: int = 32  # #MinP: never starve prefill entirely
     kv_threshold: float = 0.05  # KVthresh: below this free share, prefill gets #MinP only
-    pipeline_depth: int = 1  # PP depth seen by this peer's decode spreading
+    # gLLM's pipeline depth (micro-batches in flight) this peer's decode spreading assumes; None:
+    # 1 on a peer holding every layer (it steps all its sessions at once), STAGE_DEPTH on a peer
+    # that is one stage of several (``depth``; docs/engine.md, "Three peers")
+    pipeline_depth: int | None = None
     max_batch_tokens: int = 4096  # hard cap on tokens in one step, whatever the formula says
     inline_lone_decode_s: float = 0.05  # a lone session's decode runs on the I/O thread after this long alone; 0: never
     background_max_skips: int = 64  # a witness replay (OpenSession.background) passed over this often runs anyway
     max_batch_wait_s: float = 0.0  # longest hold of a step for sessions due (peer/batch_forming.py); 0: off
 
-    @property
-    def spread_steps(self) -> int:
-        """#T in effect: ``throttle_steps``, or the pipeline depth when that is None."""
-        return self.throttle_steps if self.throttle_steps is not None else max(1, self.pipeline_depth)
+    def depth(self, whole_model: bool) -> int:
+        """The pipeline depth in effect on a peer that holds every layer (``whole_model``) or
+        only some: ``pipeline_depth`` when set. A stage of a pipeline steps its sessions in
+        ``STAGE_DEPTH`` micro-batches, so that while one group runs at the next stage the other
+        runs here (three peers on two cores: 0.73x one peer at depth 2, 0.65x at depth 1)."""
+        if self.pipeline_depth is not None:
+            return max(1, self.pipeline_depth)
+        return 1 if whole_model else STAGE_DEPTH
+
+    def spread_steps(self, depth: int) -> int:
+        """#T in effect at pipeline depth ``depth``: ``throttle_steps``, or the depth when that is None."""
+        return self.throttle_steps if self.throttle_steps is not None else depth
 
 
 @dataclass(frozen=True)

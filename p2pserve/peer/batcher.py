@@ -55,14 +55,22 @@ class Chunk:
 
 @dataclass
 class TokenThrottle:
-    """gLLM token throttling over a FIFO of pending requests."""
+    """gLLM token throttling over a FIFO of pending requests. ``whole_model``: the peer holds
+    every layer (its worker says so with each shard); the pipeline depth follows from it
+    unless configured (``BatchingConfig.depth``)."""
 
     config: BatchingConfig = field(default_factory=BatchingConfig)
+    whole_model: bool = True
+
+    @property
+    def depth(self) -> int:
+        """The pipeline depth in effect: micro-batches in flight through this peer."""
+        return self.config.depth(self.whole_model)
 
     def prefill_budget(self, waiting_prefill_tokens: int, kv_free_fraction: float) -> int:
         """#P = max(min(#WP/#T, #MaxP·(KVfree−KVthresh)/(1−KVthresh)), #MinP)."""
         c = self.config
-        return throttle.prefill_budget(waiting_prefill_tokens, kv_free_fraction, iterations=c.spread_steps,
+        return throttle.prefill_budget(waiting_prefill_tokens, kv_free_fraction, iterations=c.spread_steps(self.depth),
                                        max_prefill=c.max_prefill_tokens, min_prefill=c.min_prefill_tokens,
                                        kv_thresh=c.kv_threshold)
 
@@ -77,12 +85,12 @@ class TokenThrottle:
         if waiting_decode == 0:
             return 0
         rd = waiting_decode if running is None else max(running, waiting_decode)
-        return throttle.decode_budget(rd, max(1, self.config.pipeline_depth))
+        return throttle.decode_budget(rd, self.depth)
 
     def micro_batch_full(self, waiting_decode: int, running: int | None) -> bool:
         """Whether a depth > 1 pipeline's micro-batch (#D decodes) waits here already, so
         batch forming need not hold the step for more (at depth 1 forming decides alone)."""
-        return self.config.pipeline_depth > 1 and waiting_decode >= self.decode_budget(waiting_decode, running)
+        return self.depth > 1 and waiting_decode >= self.decode_budget(waiting_decode, running)
 
     def schedule(self, waiting: list[Pending], kv_free_fraction: float, running: int | None = None) -> list[Chunk]:
         """Choose this step's chunks; never returns an empty list when work is waiting.

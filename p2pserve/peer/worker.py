@@ -58,8 +58,9 @@ class ComputeWorker:
     """Owns the shard and runs batches on a dedicated thread."""
 
     def __init__(self, shard: Shard | None, throttle: TokenThrottle, budget: KVBudget, metrics=None):
-        self.shard = shard
+        self.shard: Shard | None = None
         self.throttle = throttle
+        self._serve(shard)
         self.budget = budget
         self.stats = WorkerStats()
         self._cv = threading.Condition()
@@ -137,7 +138,14 @@ class ComputeWorker:
     def replace_shard(self, shard: Shard) -> None:
         """Use a newly loaded shard from the next step on (the running step keeps the old one)."""
         with self._cv:
-            self.shard = shard
+            self._serve(shard)
+
+    def _serve(self, shard: Shard | None) -> None:
+        """Step ``shard`` from now on; the throttle learns whether it holds every layer (a stage
+        of several peers steps its sessions in micro-batches: ``BatchingConfig.depth``)."""
+        self.shard = shard
+        if shard is not None:
+            self.throttle.whole_model = shard.start == 0 and shard.end == shard.spec.num_layers
 
     def submit(self, job: Job) -> None:
         """Queue a job; its future resolves with hidden states [n, H] or a token id."""
@@ -281,7 +289,7 @@ class ComputeWorker:
 
     def _running(self, now: float) -> int | None:
         """gLLM's #RD: sessions decoding through this peer lately (None at depth 1: not needed)."""
-        return self.forecast.active(now) if self.throttle.config.pipeline_depth > 1 else None
+        return self.forecast.active(now) if self.throttle.depth > 1 else None
 
     def _fail_waiting(self, err: BaseException) -> list[Delivery]:
         """Fail every waiting job, dropping positions they may have half written."""

@@ -225,3 +225,28 @@ def test_waiting_prompts_are_spread_over_the_pipeline_depth_by_default():
     assert TokenThrottle(BatchingConfig()).prefill_budget(1280, 1.0) == 1280
     assert TokenThrottle(BatchingConfig(pipeline_depth=4)).prefill_budget(1280, 1.0) == 320
     assert TokenThrottle(BatchingConfig(throttle_steps=8)).prefill_budget(1280, 1.0) == 160
+
+
+def test_a_stage_of_several_peers_steps_in_two_micro_batches_by_default():
+    """The depth follows what the peer serves unless configured: 1 while it holds every layer
+    (its sessions all step at once), 2 while it is one stage of several; the worker tells the
+    throttle with each shard it steps."""
+    whole, stage = TokenThrottle(BatchingConfig()), TokenThrottle(BatchingConfig(), whole_model=False)
+    assert (whole.depth, stage.depth) == (1, 2)
+    assert whole.decode_budget(16) == 16 and stage.decode_budget(16) == 8
+    assert stage.prefill_budget(1280, 1.0) == 640
+    assert TokenThrottle(BatchingConfig(pipeline_depth=1), whole_model=False).depth == 1
+    assert TokenThrottle(BatchingConfig(pipeline_depth=3)).depth == 3
+
+
+def test_the_worker_tells_the_throttle_whether_its_shard_holds_every_layer(tmp_path):
+    from p2pserve.model.shard import Shard
+    from p2pserve.peer.worker import ComputeWorker
+    from tests.harness import tiny_session_table
+
+    path, spec, budget, _ = tiny_session_table(tmp_path / "m")
+    throttle = TokenThrottle(BatchingConfig())
+    worker = ComputeWorker(Shard.load(path, spec, 0, spec.num_layers), throttle, budget)
+    assert throttle.depth == 1
+    worker.replace_shard(Shard.load(path, spec, 1, spec.num_layers))
+    assert throttle.depth == 2
