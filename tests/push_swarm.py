@@ -48,13 +48,16 @@ SPANS = {A: (0, 1), B: (1, 2), C: (2, 3), C2: (2, 3)}
 
 class Swarm:
     """Real handlers on an in-memory network: ``spans`` maps peer id -> (start, end); each peer is
-    built from ``configs[peer id]`` (default ``PEER``) by the peer's own ``build_runtime``."""
+    built from ``configs[peer id]`` (default ``PEER``) by the peer's own ``build_runtime``.
+    ``announced`` False: no peer's record is in the swarm (peers named by a fixed list, each in
+    a DHT of its own), so no peer can find another."""
 
-    def __init__(self, model, spans: dict[str, tuple[int, int]], configs: dict[str, PeerConfig] | None = None):
+    def __init__(self, model, spans: dict[str, tuple[int, int]], configs: dict[str, PeerConfig] | None = None,
+                 announced: bool = True):
         path, spec = model
         self.spec, self.net, self.workers, self.handlers = spec, MemoryNetwork(), [], {}
         self.records = FakeSwarmStore()  # each peer's PeerInfo, signed by its own (fake) key
-        for pid in spans:
+        for pid in spans if announced else ():
             self.records.put(RecordKind.PEERS, f"key-{pid}", PeerInfo(model="tiny", peer_id=pid, addrs=[f"/memory/p2p/{pid}"]))
         for pid, (start, end) in spans.items():
             rt = build_runtime((configs or {}).get(pid, PEER), spec, pid, self.net.transport(pid),

@@ -39,9 +39,9 @@ from p2pserve.blame import blamed_hop
 from p2pserve.config import AdmissionConfig, ForwardingConfig
 from p2pserve.errors import WIRE_ERRORS, BadRequestError, ErrorCode, MalformedFrameError
 from p2pserve.peer.batch_link import MAX_RUNNING_BATCHES, BatchLinks, Watch, ack_later, batch_ack, run_item, split_batch
-from p2pserve.peer.next_hop import UNREACHABLE, unreachable
+from p2pserve.peer.next_hop import UNREACHABLE, check_route, unreachable
 from p2pserve.peer.held_results import HeldResults
-from p2pserve.peer.link_dialer import LinkDialer, Resolver, dial_concurrency
+from p2pserve.peer.link_dialer import LinkDialer, Resolver, announced, dial_concurrency
 from p2pserve.peer.push_link import PushLink, tell
 from p2pserve.peer.ring import RingState, check_grant
 from p2pserve.protocol import (
@@ -62,17 +62,6 @@ from p2pserve.transport.frames import tensor_from_wire, tensor_to_wire
 from p2pserve.types import PeerId, SessionId
 
 log = logging.getLogger(__name__)
-
-
-def check_route(route: list[PushHop], self_id: str) -> None:
-    """Raise BadRequestError unless ``route`` (the hops after this one) is usable: no peer twice,
-    not this peer again, no session id twice. Its length was bounded by the decoder
-    (``MAX_PUSH_HOPS``), which also refused any hop carrying addresses."""
-    peers = [h.peer_id for h in route]
-    if len(set(peers)) != len(peers) or self_id in peers:
-        raise BadRequestError("a push route names a peer twice (or this peer again)")
-    if len({h.session_id for h in route}) != len(route):
-        raise BadRequestError("a push route names a session twice")
 
 
 class Forwarder:
@@ -111,10 +100,17 @@ class Forwarder:
         # returns the release (``ComputeWorker.hold_next_step``; None: nothing to hold)
         self.hold_step = hold_step
 
-    def allow(self, msg: AllowPush, stream) -> PushAllowed:
+    async def allow(self, msg: AllowPush, stream) -> PushAllowed:
         """Record the owner's grant: ``msg.from_peer`` may push into ``msg.session_id`` (with
-        ``msg.ring``: only that ring's steps)."""
+        ``msg.ring``: only that ring's steps).
+
+        Refused (BadRequestError, which the owner takes as "drive this route", not as a failure)
+        when this peer holds no record of ``msg.from_peer``: that peer dials this one where it
+        announced itself, so two peers that do not see each other in one swarm (peers named by a
+        fixed list, each in a DHT of its own) cannot push, and the first step would only fail."""
         session = self.table.get(msg.session_id, stream)  # only the owner may grant
+        if msg.from_peer != self.self_id and not await announced(self.resolve, msg.from_peer):
+            raise BadRequestError("this peer holds no record of the peer that would push to it: drive the route")
         self._prune()
         self._rings.pop(session.id, None)
         if msg.ring is not None:

@@ -256,7 +256,7 @@ class SessionHandler:
             if isinstance(msg, (AllowPush, PushForward, AwaitResult, PushBatch)) and self.forwarder is None:
                 raise BadRequestError("this peer does not take push-mode steps")
             if isinstance(msg, AllowPush):
-                return self.forwarder.allow(msg, stream), b""
+                return await self.forwarder.allow(msg, stream), b""
             if isinstance(msg, PushForward):
                 return await self.forwarder.push(msg, payload, stream, stream.remote, self._forward)
             if isinstance(msg, PushBatch):

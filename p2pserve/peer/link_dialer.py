@@ -20,6 +20,7 @@ So:
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
@@ -30,8 +31,23 @@ from p2pserve.transport import Stream, Transport
 from p2pserve.transport.session_stream import open_session_stream
 from p2pserve.types import PeerId
 
+log = logging.getLogger(__name__)
+
 #: Where this peer may dial a peer id: the addresses it announced itself (``peer/next_hop.py``).
 Resolver = Callable[[str], Awaitable[Sequence[str]]]
+
+
+async def announced(resolve: Optional[Resolver], peer_id: PeerId) -> bool:
+    """Whether ``resolve`` (this peer's view of the swarm; None: it knows no one) holds addresses
+    ``peer_id`` announced; a DHT read that failed counts as none."""
+    if resolve is None:
+        return False
+    try:
+        return bool(await resolve(peer_id))
+    except Exception as e:
+        log.info("could not read the record of %s: %r", peer_id, e)
+        return False
+
 
 #: the first pause after a refused dial (seconds); it doubles per refusal, up to ``MAX_PAUSE_S``
 FIRST_PAUSE_S = 0.05

@@ -20,12 +20,23 @@ import time
 from typing import Callable
 
 from p2pserve.dht.view import SwarmReader
-from p2pserve.errors import NEXT_HOP_UNREACHABLE, ErrorCode
-from p2pserve.protocol import ErrorReply, error_reply
+from p2pserve.errors import NEXT_HOP_UNREACHABLE, BadRequestError, ErrorCode
+from p2pserve.protocol import ErrorReply, PushHop, error_reply
 from p2pserve.types import PeerId, SessionId
 
 #: The one account of any failure to reach a next hop (no detail of what the dial found).
 UNREACHABLE = NEXT_HOP_UNREACHABLE
+
+
+def check_route(route: list[PushHop], self_id: str) -> None:
+    """Raise BadRequestError unless ``route`` (the hops after this one) is usable: no peer twice,
+    not this peer again, no session id twice. Its length was bounded by the decoder
+    (``MAX_PUSH_HOPS``), which also refused any hop carrying addresses."""
+    peers = [h.peer_id for h in route]
+    if len(set(peers)) != len(peers) or self_id in peers:
+        raise BadRequestError("a push route names a peer twice (or this peer again)")
+    if len({h.session_id for h in route}) != len(route):
+        raise BadRequestError("a push route names a session twice")
 
 
 def unreachable(peer_id: PeerId, session_id: SessionId, step: int) -> ErrorReply:

@@ -145,6 +145,27 @@ def test_ringed_greedy_output_equals_client_driven(swarm):
     assert pipeline.forwarding.ring_steps == 9  # every token after the first came round the ring
 
 
+def test_peers_that_cannot_find_each_other_refuse_the_ring_and_the_route_is_driven(model):
+    """Peers named by a fixed list, each in a DHT of its own, hold no record of each other: each
+    refuses a ring grant naming a peer it cannot find, and the client drives the same route
+    from the first step, with nobody banned or set aside and no step lost."""
+    s = Swarm(model, {A: (0, 1), B: (1, 2), C: (2, 3)}, announced=False)
+    try:
+        route = [s.hops[A], s.hops[B], s.hops[C]]
+
+        async def main():
+            driven, _ = await _generate(s, ChainListRoutes([route]), PushConfig(), [1, 2, 3], 8)
+            ringed, p = await _generate(s, ChainListRoutes([route]), RING, [1, 2, 3], 8)
+            return driven, ringed, p
+
+        driven, ringed, pipeline = asyncio.run(main())
+        assert ringed == driven and not pipeline.failures and pipeline.forwarding.refused
+        assert pipeline.forwarding.ring_steps == 0 and len(pipeline.route_log) == 1
+        assert not pipeline.state.bans.active() and not pipeline.state.unlinked.active()
+    finally:
+        s.stop()
+
+
 def test_a_two_hop_ring_equals_client_driven(model):
     s = Swarm(model, {A: (0, 2), C: (2, 3)})
     try:
