@@ -34,9 +34,9 @@ from p2pserve.client.generation import Generation
 from p2pserve.client.model_info import LocalModelInfo
 from p2pserve.client.params import GenerationParams
 from p2pserve.client.pipeline import Pipeline
-from p2pserve.config import PushConfig
 from p2pserve.client.route_providers import ChainListRoutes
-from p2pserve.config import ClientConfig
+from p2pserve.config import ClientConfig, PushConfig
+from p2pserve.errors import BadRequestError
 from p2pserve.peer.next_hop import UNREACHABLE
 from p2pserve.protocol import (
     FRAME_PREFIX,
@@ -288,9 +288,11 @@ def test_a_ring_batch_cannot_step_another_clients_session(cluster):
     """Ring steps travel between peers in batches (``PushBatch``, one frame for every session a
     peer sends on at once). A batch is taken item by item, each against its own session's grant:
     an attacker's batch naming a victim's session on B, whose grant names A, gets that item
-    refused (``unknown_session``, as for an id never opened) while the attacker's own item in
-    the same batch is judged on its own; a batch whose items do not add up to its payload is
-    refused whole, typed; the stream goes on serving, and the victim's session is untouched."""
+    refused (``unknown_session``, as for an id never opened), and so does its own session's
+    item, whose grant B refused: the grant named the attacker's node, of which B holds no
+    record (a push source must be a peer announced in the swarm). Each item is answered on its
+    own. A batch whose items do not add up to its payload is refused whole, typed; the stream
+    goes on serving, and the victim's session is untouched."""
     path, peers = cluster
     model = LocalModelInfo.load(path)
     a, b = peers[:2]
@@ -302,7 +304,10 @@ def test_a_ring_batch_cannot_step_another_clients_session(cluster):
             await victim.call(AllowPush(session_id=victim.session_id, from_peer=a.peer_id))
             own = HopConnection(mallory, b.hop(), CONFIG.frame_limits, 30.0)
             await own.open(model.spec.model_id, None, 64, SamplingParams())
-            await own.call(AllowPush(session_id=own.session_id, from_peer=mallory.peer_id))
+            try:
+                refused = await own.call(AllowPush(session_id=own.session_id, from_peer=mallory.peer_id))
+            except BadRequestError as e:
+                refused = e
             hidden = torch.zeros(1, model.spec.hidden_size, dtype=torch.float32)
             meta, data = tensor_to_wire(hidden)
             items = [PushForward(forward=Forward(session_id=sid, step=1, position=0, tensor=meta), ring=True)
@@ -320,13 +325,13 @@ def test_a_ring_batch_cannot_step_another_clients_session(cluster):
             result, _ = await victim.call(Forward(session_id=victim.session_id, step=0, position=0, tensor=vmeta), vdata)
             for conn in (victim, own, link):
                 await conn.close()
-            return stolen, short, stats, result, ids.shape[0]
+            return refused, stolen, short, stats, result, ids.shape[0], (victim.session_id, own.session_id)
 
-    stolen, short, stats, result, n = asyncio.run(main())
+    refused, stolen, short, stats, result, n, sessions = asyncio.run(main())
+    assert isinstance(refused, BadRequestError), refused  # B holds no record of the attacker's node
     assert isinstance(stolen, PushBatchAck) and stolen.seq == 0
     codes = {r.session_id: r.code for r in stolen.failed}
-    assert len(codes) == 2 and "unknown_session" in codes.values(), stolen  # the victim's item
-    assert "bad_request" in codes.values(), stolen  # the attacker's own: no ring was granted it as first hop
+    assert codes == {sid: "unknown_session" for sid in sessions}, stolen  # each item on its own
     assert isinstance(short, ErrorReply) and short.code == "bad_request" and short.session_id is None
     assert short.step == 1  # a refused batch is named by its seq
     assert isinstance(stats, PeerStats)
