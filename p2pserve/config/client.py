@@ -141,10 +141,7 @@ class ClientConfig:
     # samples per peer) as a signed ServiceReports record; coordinators cap claims (trust.md). 0: off.
     report_period_s: float = 30.0
     report_window: int = 64
-    # when steps go peer to peer: rings by default, as in ``p2pserve chat`` and ``api`` (docs/wan.md;
-    # peers that hold no record of each other refuse a ring's grant, and that route is driven);
-    # PushConfig() drives every hop from the client
-    push: PushConfig = field(default_factory=lambda: PushConfig.from_mode("ring"))
+    push: PushConfig = field(default_factory=PushConfig)  # when steps go peer to peer (docs/wan.md)
     # What an AsyncClient joins and how it generates (client/api.py documents each). A swarm:
     # initial_peers (DHT multiaddrs) with swarm_id, trusted_coordinators and swarm_model (the
     # model's name in DHT keys; None: the checkpoint's model_id), or dht_config for all of it;
