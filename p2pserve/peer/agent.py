@@ -24,6 +24,7 @@ from p2pserve.dht.view import LinkProbes, SwarmView
 from p2pserve.peer.handover import OtherPeer, handover_step
 from p2pserve.peer.prefix_share import coarse_free
 from p2pserve.peer.profiler import Profile
+from p2pserve.model.shard import Shard
 from p2pserve.peer.server import Peer
 from p2pserve.types import LayerRange, PeerId
 
@@ -160,7 +161,7 @@ class SwarmAgent:
             shard = await self.peer.prepare_range(*target)
             self.loaded = True
             self.announcer.poke()
-            if await self._handover(target):
+            if await self._handover(target, shard):
                 self.peer.flip_to(shard)
                 log.info("now serving [%d, %d) after %.1f s", *target, self._monotonic() - t)
         finally:
@@ -168,10 +169,11 @@ class SwarmAgent:
             self.state = "serving" if self.peer.served else "joining"
             self.announcer.poke()
 
-    async def _handover(self, target: Span) -> bool:
+    async def _handover(self, target: Span, shard: Shard) -> bool:
         """Wait until dropping the old range leaves no layer unserved (within limits); False if
         the plan moved this peer elsewhere meanwhile (the loaded shard is then discarded), unless
-        layers of it are served by nobody else (a partner of a swap flipped counting on it)."""
+        layers of it are served by nobody else (a partner of a swap flipped counting on it).
+        In a swap, this peer may first serve its old and new ranges at once (a bridge)."""
         cfg = self.swarm.config
         period = max(0.1, min(cfg.peer_refresh, cfg.plan_refresh) / 2)
         t0 = self._monotonic()
@@ -181,13 +183,13 @@ class SwarmAgent:
             signed = await self.swarm.get_plan()
             targets = signed.plan.targets if signed is not None else {}
             # a loading peer still serves its old range; a draining one is about to stop
-            others = [OtherPeer(s.record.serving, s.record.loading, s.record.loaded, targets.get(pid))
+            others = [OtherPeer(s.record.serving, s.record.loading, s.record.loaded, targets.get(pid), s.record.tp)
                       for pid, s in peers.items() if pid != self.swarm.peer_id and s.record.state != "draining"]
             now_target = targets.get(self.swarm.peer_id)
             moved = now_target is not None and tuple(now_target) != target
             step, reason = handover_step(self.peer.served, target, others, moved, self._monotonic() - t0,
                                          grace_s=cfg.plan_refresh, settle_s=cfg.peer_refresh,
-                                         max_wait_s=cfg.handover_max_wait)
+                                         max_wait_s=cfg.handover_max_wait, can_bridge=self.peer.tp is None)
             if step == "drop":
                 log.info("%s; dropping [%d, %d)", reason, *target)
                 return False
@@ -196,6 +198,12 @@ class SwarmAgent:
                 last_reason = reason
             if step == "flip":
                 return True
+            if step == "bridge":
+                both = await self.peer.bridge(shard)
+                if both is not None:  # None: a TP group, or the ranges leave a gap: keep waiting
+                    self.peer.flip_to(both)
+                    self.announcer.poke()
+                    continue
             await asyncio.sleep(period)
 
     async def _probe_loop(self) -> None:

@@ -20,6 +20,7 @@ from p2pserve.config import PeerConfig
 from p2pserve.errors import ConfigError
 from p2pserve.metrics import MetricsServer, PeerMetrics, serve_metrics
 from p2pserve.model.locate import ModelSource, open_model
+from p2pserve.model.joined_shard import joined
 from p2pserve.model.shard import Shard
 from p2pserve.model.spec import ModelSpec, load_spec
 from p2pserve.model.tensor_parallel import local_spec
@@ -150,6 +151,18 @@ class Peer:
         if self.config.compile_buckets and self.tp is None:  # compiled once, before the range serves
             await asyncio.to_thread(shard.enable_compile, self.config.compile_buckets)
         log.info("loaded layers [%d, %d) of %s in %.1f s", start, end, self.spec.model_id, time.perf_counter() - t0)
+        return shard
+
+    async def bridge(self, loaded: Shard) -> Shard | None:
+        """A shard serving both the current range and ``loaded``'s, built from the modules of the
+        two (no load, no copy; ``model/joined_shard.py``), or None where that cannot be: the
+        ranges leave a gap, or a tensor-parallel group holds them."""
+        current = self.worker.shard
+        if current is None or self.tp is not None or max(current.start, loaded.start) > min(current.end, loaded.end):
+            return None
+        shard = joined(current, loaded)
+        if self.config.compile_buckets:
+            await asyncio.to_thread(shard.enable_compile, self.config.compile_buckets)
         return shard
 
     @property
