@@ -35,12 +35,13 @@ from p2pserve.model.spec import ModelSpec
 from p2pserve.peer.admission import PayloadBudget, StreamQuota, payload_allowance
 from p2pserve.peer.forward_checks import check_forward, last_hop_ask
 from p2pserve.peer.prefix_share import coarse_free
+from p2pserve.peer.read_ahead import ReadAhead
 from p2pserve.peer.reply_signer import ReplySigner
 from p2pserve.peer.sampling import Choice
 from p2pserve.peer.sessions import SessionTable
 from p2pserve.peer.timing import RecentTimes
 from p2pserve.peer.worker import ComputeWorker, Job
-from p2pserve.peer.inbound import InboundStream, close_writer, error_for
+from p2pserve.peer.inbound import InboundStream, close_writer, error_for, refuse_stream
 from p2pserve.protocol import (
     FRAME_PREFIX,
     CloseSession,
@@ -64,13 +65,10 @@ from p2pserve.protocol import (
     error_reply,
     tokens_bytes,
 )
-from p2pserve.transport.frames import read_frame, tensor_from_wire, tensor_to_wire, write_frame
+from p2pserve.transport.frames import tensor_from_wire, tensor_to_wire, write_frame
 from p2pserve.types import SessionId
 
 log = logging.getLogger(__name__)
-
-# What a stream refused at arrival may send before its refusal: one request frame, no payload.
-_FIRST_FRAME_LIMITS = FrameLimits(max_header_bytes=64 * 1024, max_payload_bytes=0)
 
 
 #: A refused payload up to this size is read and dropped, keeping its stream in sync.
@@ -120,9 +118,9 @@ class SessionHandler:
         try:
             self.quota.enter(remote)
         except OverloadedError as e:
-            await self._refuse_stream(reader, writer, e)
+            await refuse_stream(reader, writer, e, self.admission.frame_read_timeout_s, self._reply_error)
             return
-        stream = InboundStream(remote, writer)
+        stream = InboundStream(remote, writer, ReadAhead(reader, self.limits))
         self.streams_open += 1
         try:
             while await self._serve_frame(reader, writer, stream):
@@ -137,30 +135,6 @@ class SessionHandler:
                 log.debug("stream closed; freed %d session(s)", closed)
             close_writer(writer)
 
-    async def _refuse_stream(self, reader, writer, error: OverloadedError) -> None:
-        """Answer a stream over quota with ``error`` once its first request is in, then close it.
-
-        Why wait for the request, and then for the client to hang up: a reply written and closed
-        before the client's request arrived, or closed right after it was written, could be lost
-        when the transport reset the stream (the client saw a bare "closed the stream" or a reset
-        instead of the typed refusal). Each wait is bounded (the frame read timeout, then at most
-        2 s), a first frame carrying a payload is not read beyond its header, and what arrives
-        after the reply is discarded as it comes.
-        """
-        try:
-            async with asyncio.timeout(self.admission.frame_read_timeout_s):
-                await read_frame(reader, _FIRST_FRAME_LIMITS)
-        except (P2PServeError, ConnectionError, asyncio.IncompleteReadError, TimeoutError):
-            pass
-        try:
-            await self._reply_error(writer, error)
-            async with asyncio.timeout(min(2.0, self.admission.frame_read_timeout_s)):
-                while await reader.read(64 * 1024):
-                    pass
-        except (ConnectionError, TimeoutError):
-            pass
-        close_writer(writer)
-
     def _read_deadline(self, nbytes: int) -> float:
         """Seconds the rest of a frame of ``nbytes`` may take once its first byte arrived."""
         return self.admission.frame_read_timeout_s + nbytes / self.admission.min_read_rate_bytes_s
@@ -170,8 +144,12 @@ class SessionHandler:
         idle = self.admission.stream_idle_timeout_s
         if stream.opened:  # its sessions expire first; then the stream may go too
             idle = max(idle, self.table.idle_timeout_s + 10)
-        async with asyncio.timeout(idle):
-            prefix = await reader.readexactly(FRAME_PREFIX.size)
+        if stream.ahead.hung_up:  # seen while a request waited: what it sent after is moot
+            return False
+        prefix, header = stream.ahead.take()  # read while an earlier request waited (peer/read_ahead.py)
+        if prefix is None:
+            async with asyncio.timeout(idle):
+                prefix = await reader.readexactly(FRAME_PREFIX.size)
         try:
             header_len, payload_len = check_prefix(prefix, self.limits)
         except PayloadTooLargeError as e:
@@ -179,7 +157,7 @@ class SessionHandler:
             return False  # the header was not read: the stream is out of sync
         t0 = time.perf_counter()
         async with asyncio.timeout(self._read_deadline(header_len + payload_len)):
-            header = await reader.readexactly(header_len)
+            header = header if header is not None else await reader.readexactly(header_len)
             msg, refusal = self._admit(header, payload_len, stream)
             if refusal is not None:
                 if payload_len > DISCARD_BYTES:
@@ -261,8 +239,8 @@ class SessionHandler:
                 return await self.forwarder.push(msg, payload, stream, stream.remote, self._forward)
             if isinstance(msg, PushBatch):
                 return await self.forwarder.push_batch(msg, payload, stream, stream.remote, self._forward)
-            if isinstance(msg, AwaitResult):
-                return await self.forwarder.await_result(msg, stream)
+            if isinstance(msg, AwaitResult):  # a long wait: the stream reads on, to see a hang-up
+                return await stream.ahead.race(self.forwarder.await_result(msg, stream)) or (None, b"")
             if isinstance(msg, OpenDirect):
                 return (self.direct.offer(stream.remote) if self.direct else DirectOffer(port=0)), b""
             if isinstance(msg, CloseSession):

@@ -413,3 +413,29 @@ def test_a_ring_window_is_bounded():
     with pytest.raises(ConfigError):
         PushConfig(window=MAX_RING_AHEAD + 1)
     assert PushConfig(enabled=True, ring=True).use_push(1, verified=False)  # a loop, whatever the RTT
+
+
+def test_a_ring_refused_at_its_first_hop_leaves_no_session_at_the_last(model):
+    """The first hop refuses the ring's start (its KV is too small: ``overloaded``) while the
+    client's wait for that step is already posted to the last hop. The client gives up and
+    closes its sessions; the last hop, whose stream was blocked in that wait, sees the client
+    hang up (``peer/read_ahead.py``) and frees its session then, not when the wait times out."""
+    small = dataclasses.replace(PEER, kv_budget_token_layers=64)
+    s = Swarm(model, {A: (0, 1), B: (1, 2), C: (2, 3)}, configs={A: small})
+    try:
+        route = [s.hops[A], s.hops[B], s.hops[C]]
+
+        async def main():
+            with pytest.raises(Exception) as refused:
+                await _generate(s, ChainListRoutes([route]), RING, list(range(1, 41)), 2)
+            for _ in range(100):  # the last hop notices the hang-up as the stream ends
+                if not any(len(h.table) for h in s.handlers.values()):
+                    break
+                await asyncio.sleep(0.05)
+            return refused.value, {pid: len(h.table) for pid, h in s.handlers.items()}
+
+        error, held = asyncio.run(main())
+        assert "overloaded" in str(error).lower() or "kv" in str(error).lower(), error
+        assert held == {A: 0, B: 0, C: 0}
+    finally:
+        s.stop()
