@@ -22,12 +22,14 @@ PUSH_MODES = ("off", "auto", "on", "ring")
 class PushConfig:
     """When a pipeline pushes its steps peer to peer instead of driving every hop.
 
-    ``enabled`` False (the default) keeps client-driven hops everywhere: push is not measured to
-    win on every link (docs/wan.md, "Push mode"), and needs peers that can find each other in the
-    swarm's records. With it on, a route is pushed when it has at least ``min_hops`` hops and the
-    median round trip the client measured opening its sessions (no compute behind it: the link)
-    is at least ``min_rtt_ms``, unless outputs are verified (the verifier re-executes each hop's
-    recorded exchange, which push does not show the client).
+    ``PushConfig()`` keeps client-driven hops on routes of two or more hops (``--push off``);
+    ``ClientConfig`` runs them as rings by default (``from_mode("ring")``). A chain push (``on``,
+    ``auto``) is not measured to win on every link (docs/wan.md, "Push mode"), and every push
+    needs peers that can find each other in the swarm's records. With ``enabled``, a route is
+    pushed when it has at least ``min_hops`` hops and the median round trip the client measured
+    opening its sessions (no compute behind it: the link) is at least ``min_rtt_ms``, unless
+    outputs are verified (the verifier re-executes each hop's recorded exchange, which a chain
+    push does not show the client).
 
     ``ring``: a pushed route runs as a ring (``client/ring.py``: the last hop pushes each next
     token to the first itself) for its one-token steps; speculative verification steps, and
@@ -141,7 +143,8 @@ class ClientConfig:
     # samples per peer) as a signed ServiceReports record; coordinators cap claims (trust.md). 0: off.
     report_period_s: float = 30.0
     report_window: int = 64
-    push: PushConfig = field(default_factory=PushConfig)  # when steps go peer to peer (docs/wan.md)
+    # when steps go peer to peer (docs/wan.md): rings on routes of two or more hops, loops on one
+    push: PushConfig = field(default_factory=lambda: PushConfig.from_mode("ring"))
     # What an AsyncClient joins and how it generates (client/api.py documents each). A swarm:
     # initial_peers (DHT multiaddrs) with swarm_id, trusted_coordinators and swarm_model (the
     # model's name in DHT keys; None: the checkpoint's model_id), or dht_config for all of it;

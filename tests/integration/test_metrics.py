@@ -189,7 +189,8 @@ def test_metrics_of_a_small_swarm(swarm):
     assert get(api, "p2pserve_client_requests_total") == 4
     assert get(api, "p2pserve_client_time_to_first_token_seconds_count") == 3  # the refused one had none
     assert get(api, "p2pserve_client_hop_seconds_count", kind="decode") > 0
-    assert get(api, "p2pserve_client_hop_seconds_count", kind="prefill") >= 3 * 2
+    # a ring's step counts once for its whole route: each request's prompt, and the failover's replay
+    assert get(api, "p2pserve_client_hop_seconds_count", kind="prefill") >= 3 + 1
     assert get(api, "p2pserve_client_failovers_total") == 1
     assert get(api, "p2pserve_client_hop_errors_total", code="overloaded") == 1
     assert total(api, "p2pserve_client_hop_errors_total") == 2  # and the killed peer's hop
