@@ -155,7 +155,7 @@ class PushHop(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     session_id: SessionIdText
 
 
-class RingGrant(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+class RingGrant(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
     """The owner's bounds on a ring (``AllowPush.ring``; docs/wan.md, "Ring"): the ring's first
     step is ``start_step`` at ``start_position`` with ``start_tokens`` positions (the owner's own
     push); every later step is one token at the next position, up to ``max_position``. A peer
@@ -164,7 +164,10 @@ class RingGrant(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     ``stop_tokens``: the last hop does not go on after sampling one, and the first hop refuses
     one as a ring step's input. ``route`` (first hop only): where its ring steps go on, as in a
-    PushForward. ``successor`` (last hop only): the first hop, to which it pushes the next step."""
+    PushForward. ``successor`` (last hop only): the first hop, to which it pushes the next step.
+    ``context`` (last hop only, for a session whose penalties need its token history): the token
+    ids of the first step, as ``Forward.context`` carries them; each later step's is the token
+    the last hop sampled before it, which it keeps itself."""
 
     start_step: NonNegative
     start_position: NonNegative
@@ -173,3 +176,4 @@ class RingGrant(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     stop_tokens: Annotated[list[NonNegative], msgspec.Meta(max_length=MAX_RING_STOP_TOKENS)] = []
     route: Annotated[list[PushHop], msgspec.Meta(max_length=MAX_PUSH_HOPS)] = []
     successor: PushHop | None = None
+    context: list[NonNegative] | None = None

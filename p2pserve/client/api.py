@@ -231,7 +231,9 @@ class AsyncClient:
         # the pipeline holds the prompt and every generated token but the last
         max_length = min(self.max_length, len(prompt_ids) + params.max_new_tokens)
         spec = self.info.spec
-        extras = params.extras or sampling.logprobs  # the last hop needs the history, a mask or log-probabilities
+        # the last hop needs the history or a mask each step: the client drives (log-probabilities
+        # alone come back with each step's reply on every path, rings included)
+        extras = params.extras
         pipeline = Pipeline(self._transport, self._routes_for(max_length), spec.model_id, spec.num_layers,
                             max_length, sampling, self.config, self.failover, vocab_size=spec.vocab_size,
                             observer=self.observer, trust=self.verifier and self.verifier.session(), metrics=self.metrics,
@@ -242,7 +244,8 @@ class AsyncClient:
         self.metrics.requests.inc()
         return Generation(pipeline, prompt_ids, params, self.info.eos_ids, self.info.tokenizer,
                           recompute_past=spec.recompute_past, metrics=self.metrics,
-                          drafter=self.drafter.session() if self.drafter is not None and not extras else None,
+                          drafter=self.drafter.session() if self.drafter is not None and not (extras or sampling.logprobs)
+                          else None,
                           speculative=self.speculative_config)
 
     def _routes_for(self, max_length: int) -> RouteProvider:

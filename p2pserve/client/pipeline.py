@@ -81,9 +81,9 @@ class Pipeline:
         self.verified: list[int] = []  # the last hop's tokens of the latest step with outputs > 1
         # when and how steps go peer to peer (client/push.py, client/ring.py)
         self.forwarding = RouteForwarding(config.push, max_length)
-        # the last hop gets each step's token ids (``Forward.context``: penalties, prompt
-        # log-probabilities) and maybe a grammar mask: such steps go client-driven (no push or
-        # ring), and the tape keeps them for a witness's replay
+        # the last hop gets each driven step's token ids (``Forward.context``: penalties, prompt
+        # log-probabilities) and maybe a grammar mask, which go client-driven; penalties also ring
+        # (``RingGrant.context``); the tape keeps the context for a witness's replay
         self.extras = extras
         self.last_reply = None  # the last hop's reply of the latest step (its log-probabilities)
         self._stepping = asyncio.Lock()  # held through a step: a fork of this pipeline waits for it
@@ -136,12 +136,10 @@ class Pipeline:
         """Feed ``token_ids`` after the history; returns the next token, whatever fails below.
 
         The route first gets the history it does not hold: after a re-route that is all of it,
-        sent with ``token_ids`` as one prefill. This is the one hot path of a decode token, so it
-        drives the hops itself (no per-hop helper call between it and the connection).
-        ``outputs`` > 1 (speculative verification, :meth:`verify`) asks the last hop for the token
+        sent with ``token_ids`` as one prefill. ``outputs`` > 1 (speculative verification, :meth:`verify`) asks the last hop for the token
         after each of the last ``outputs`` of ``token_ids``; they are left in ``self.verified``.
-        ``allowed`` (a grammar's token bitmask) and ``prompt_logprobs`` go to the last hop
-        (:attr:`extras` must be on); its checked reply is left in ``self.last_reply``.
+        ``allowed`` (a grammar's token bitmask) and ``prompt_logprobs`` go to the last hop of a
+        driven step (:attr:`extras` must be on); its checked reply is left in ``self.last_reply``.
         """
         if not 1 <= outputs <= min(len(token_ids), MAX_VERIFY_OUTPUTS):
             raise BadRequestError(f"a step needs at least one token and {outputs} output(s), got {len(token_ids)} tokens")
@@ -156,7 +154,8 @@ class Pipeline:
                     await self._open_route()
                 sent = self.history[self._held:] + list(token_ids)
                 meta, data = tensor_to_wire(torch.tensor(sent, dtype=torch.int64))
-                pushed = (not self.extras and self.forwarding.use(self._links, self._taping(), outputs)
+                pushed = (allowed is None and not prompt_logprobs
+                          and self.forwarding.use(self._links, self._taping(), outputs, self.sampling.needs_history)
                           and not self.state.unlinked_in(c.hop for c in self._links))
                 if pushed:
                     try:
@@ -229,13 +228,14 @@ class Pipeline:
                       outputs=outputs)
         timed = None if self.metrics is None else (
             self.metrics.hop_decode if len(sent) == 1 else self.metrics.hop_prefill)
-        reply = await self.forwarding.step(self._links, msg, sent, data, self._held, self.vocab_size, timed)
+        history = self.sampling.needs_history
+        reply = await self.forwarding.step(self._links, msg, sent, data, self._held, self.vocab_size, timed, history)
+        try:  # log-probabilities come with the last hop's reply on every path
+            check_reply_logprobs(reply, self.sampling, len(sent), msg, self.vocab_size)
+        except Exception as e:
+            raise HopFailure(self._links[-1].hop, e) from e
         if self._taping():  # a ring: each hop's input and signed output, taped as a driven step's
-            inputs, dtype = data, meta.dtype
-            for i, (hop_reply, payload) in enumerate(self.forwarding.hop_replies()):
-                self.trust.record(i, self._held, len(sent), dtype, inputs, hop_reply, payload)
-                if hop_reply.tensor is not None:
-                    inputs, dtype = payload, hop_reply.tensor.dtype
+            self.forwarding.tape(self.trust, self._held, sent, meta.dtype, data, history)
         return reply
 
     async def verify(self, token_ids: Sequence[int], outputs: int) -> list[int]:

@@ -50,16 +50,19 @@ from p2pserve.protocol import (
 
 
 def ring_grants(links: Sequence[HopConnection], start: Forward, n: int, max_position: int,
-                stop_tokens: Sequence[int]) -> list[AllowPush]:
+                stop_tokens: Sequence[int], context: Optional[Sequence[int]] = None) -> list[AllowPush]:
     """One grant per hop for a ring starting with ``start`` (``n`` positions): the first hop
     takes ring steps from the last (and routes them on), each other from the hop before it,
-    and the last pushes to the first."""
+    and the last pushes to the first. ``context`` (the start's token ids) goes to the last hop
+    when the session's penalties need its history."""
     hops = [PushHop(peer_id=c.hop.peer_id, session_id=c.session_id) for c in links]
     base = dict(start_step=start.step, start_position=start.position, start_tokens=n, max_position=max_position,
                 stop_tokens=sorted(set(stop_tokens)))
     grants = []
     for i, hop in enumerate(hops):
-        ring = RingGrant(**base, route=hops[1:] if i == 0 else [], successor=hops[0] if i == len(hops) - 1 else None)
+        last = i == len(hops) - 1
+        ring = RingGrant(**base, route=hops[1:] if i == 0 else [], successor=hops[0] if last else None,
+                         context=list(context) if last and context is not None else None)
         grants.append(AllowPush(session_id=hop.session_id, from_peer=hops[i - 1].peer_id, ring=ring))
     return grants
 
@@ -87,12 +90,13 @@ class RingRoute:
         return self.active and len(sent) == 1 and (step, position, sent[0]) == self._next
 
     async def start(self, forward: Forward, payload, n: int, vocab_size: Optional[int], max_position: int,
-                    stop_tokens: Sequence[int]) -> ForwardResult:
-        """Grant the ring to every hop, push its first step, and return its result."""
+                    stop_tokens: Sequence[int], context: Optional[Sequence[int]] = None) -> ForwardResult:
+        """Grant the ring to every hop, push its first step, and return its result
+        (``context``: see :func:`ring_grants`)."""
         await self.drain()
         first, last = self.links[0], self.links[-1]
         self._max_position = max(max_position, forward.position + n - 1)
-        await grant_all(self.links, ring_grants(self.links, forward, n, self._max_position, stop_tokens))
+        await grant_all(self.links, ring_grants(self.links, forward, n, self._max_position, stop_tokens, context))
         self._asked.clear()
         self._credit = self._last_asked = -1  # step numbers are the pipeline's: a new ring may reuse old ones
         self.active = True

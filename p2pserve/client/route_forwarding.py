@@ -38,27 +38,29 @@ class RouteForwarding:
         """Bound the next steps' ring: (last input position, stop token ids), or None for none."""
         self.ring_limit = limit
 
-    def use(self, links: Sequence[HopConnection], verified: bool, outputs: int = 1) -> bool:
+    def use(self, links: Sequence[HopConnection], verified: bool, outputs: int = 1, history: bool = False) -> bool:
         """Whether a step over ``links`` is pushed (see ``PushConfig.use_push``). A lone hop
         takes only ring steps (its PushForward and AwaitResult share one stream): one output,
         and a ring allowed (``limit_ring``); so does a verified route (a ring shows the client
-        every hop's input and output, a plain push only the last hop's)."""
+        every hop's input and output, a plain push only the last hop's), and a session whose
+        last hop needs its token ``history`` (a ring's last hop keeps it: ``RingGrant.context``)."""
         if self.refused:
             return False
         ringed = outputs == 1 and self.ring_limit is not None and (self.config.ring or len(links) == 1)
-        if (len(links) == 1 or verified) and not ringed:  # only a ring shows a verified step's every hop
+        if (len(links) == 1 or verified or history) and not ringed:  # only a ring shows a verified step's every hop
             return False
         return self.config.use_push(len(links), verified, [c.open_rtt_s for c in links])
 
     async def step(self, links: Sequence[HopConnection], msg: Forward, sent: list[int], data, held: int,
-                   vocab_size: Optional[int], timed=None):
+                   vocab_size: Optional[int], timed=None, history: bool = False):
         """Push mode (:mod:`p2pserve.client.push`): one PushForward to the first hop, forwarded
         peer to peer; the hops are allowed to push into each other's sessions once per route.
-        As a ring (:mod:`p2pserve.client.ring`) when the config and the step allow it.
+        As a ring (:mod:`p2pserve.client.ring`) when the config and the step allow it; with
+        ``history``, a ring's start gives the last hop ``sent`` as its context.
         ``timed`` (a histogram) observes the step's time."""
         t0 = time.perf_counter()
         if (self.config.ring or len(links) == 1) and msg.outputs == 1 and self.ring_limit is not None:
-            reply = await self._ring_step(links, msg, sent, data, held, vocab_size)
+            reply = await self._ring_step(links, msg, sent, data, held, vocab_size, history)
         else:
             if self.ring is not None:  # the hops' grants admit only ring steps: grant afresh
                 await self.ring.drain()
@@ -71,7 +73,8 @@ class RouteForwarding:
             timed.observe(time.perf_counter() - t0)
         return reply
 
-    async def _ring_step(self, links, msg: Forward, sent: list[int], data, held: int, vocab_size: Optional[int]):
+    async def _ring_step(self, links, msg: Forward, sent: list[int], data, held: int, vocab_size: Optional[int],
+                         history: bool = False):
         """The ring's next token when ``sent`` is the token the ring already has; else (re)start
         the ring with this step, within ``ring_limit``."""
         if self.ring is None:
@@ -83,12 +86,24 @@ class RouteForwarding:
             self.ring_steps += 1
             return await self.ring.next(vocab_size)
         last_position, stop = self.ring_limit
-        return await self.ring.start(msg, data, len(sent), vocab_size, min(last_position, self.max_length - 1), stop)
+        return await self.ring.start(msg, data, len(sent), vocab_size, min(last_position, self.max_length - 1), stop,
+                                     sent if history else None)
 
     def hop_replies(self) -> list:
         """The latest ring step's (reply, payload) of every hop in route order; [] when the
         latest step was not a ring's (a plain push shows the client the last hop only)."""
         return self.ring.hop_replies if self.ring is not None and self.ring.active else []
+
+    def tape(self, trust, position: int, sent: list[int], dtype: str, inputs, history: bool) -> None:
+        """Record the latest ring step (``sent`` at ``position``, ``inputs`` as ``dtype`` bytes)
+        on ``trust``'s tapes as a driven step is: each hop's input and signed output, and the
+        last hop's context where it kept the session's ``history``."""
+        replies = self.hop_replies()
+        for i, (reply, payload) in enumerate(replies):
+            context = sent if history and i == len(replies) - 1 else None
+            trust.record(i, position, len(sent), dtype, inputs, reply, payload, context)
+            if reply.tensor is not None:
+                inputs, dtype = payload, reply.tensor.dtype
 
     def route_opened(self) -> None:
         """A new route: nothing pushed on it yet."""

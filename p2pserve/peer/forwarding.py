@@ -193,6 +193,8 @@ class Forwarder:
     async def _run_last(self, session, fwd: Forward, payload: bytes, run_local, ring: Optional[RingState]) -> None:
         """The last hop runs a pushed step, hands its outcome to the owner's AwaitResult, and
         (in a ring) pushes the next step to the first hop."""
+        if ring is not None:  # a ring step's last-hop fields are the owner's grant's, never a peer's
+            fwd = msgspec.structs.replace(fwd, context=ring.context_of(fwd), allowed=None, prompt_logprobs=False)
         try:
             # a loop's step is followed at once by its next one: the worker may hold its next
             # batch for it (``ComputeWorker``: looping sessions step together)
@@ -222,6 +224,7 @@ class Forwarder:
         """The last hop closes the ring: step ``step`` (``token`` at ``position``) to the first hop,
         or, when this peer is the whole ring, to itself."""
         meta, data = tensor_to_wire(torch.tensor([token], dtype=torch.int64))
+        ring.fed = (step, token)
         succ = ring.grant.successor
         if ring.loop:
             fwd = Forward(session_id=session.id, step=step, position=position, tensor=meta)

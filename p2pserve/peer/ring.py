@@ -29,6 +29,8 @@ def check_grant(grant: RingGrant, from_peer: str, self_id: str) -> None:
     g = grant
     if g.max_position < g.start_position + g.start_tokens - 1:
         raise BadRequestError("a ring's max_position is before the end of its first step")
+    if g.context is not None and (g.successor is None or len(g.context) != g.start_tokens):
+        raise BadRequestError("a ring's context is the last hop's, and holds its first step's token ids")
     if is_loop(g, self_id):
         if from_peer != self_id:
             raise BadRequestError("a ring of one hop is granted to that hop itself")
@@ -72,6 +74,18 @@ class RingState:
     stop: frozenset = field(default_factory=frozenset)
     loop: bool = False  # this peer is the whole ring: it runs each next step itself
     runner: object = None  # a loop: the peer's own Forward path, which runs its next steps
+    fed: Optional[tuple[int, int]] = None  # last hop: (step, token) it pushed as that step's input
+
+    def context_of(self, fwd: Forward) -> Optional[list[int]]:
+        """Last hop, where the grant carries a context (the session's penalties need its token
+        history): the token ids of ring step ``fwd`` (``Forward.context``): the first step's from
+        the grant, a later one's the token this hop sampled and pushed as its input. None where
+        none applies (the step then runs without, and a session that needs it is refused)."""
+        if self.grant.context is None:
+            return None
+        if fwd.step == self.grant.start_step:
+            return list(self.grant.context)
+        return [self.fed[1]] if self.fed is not None and self.fed[0] == fwd.step else None
 
     @classmethod
     def of(cls, grant: RingGrant, from_peer: str, self_id: str = "") -> "RingState":

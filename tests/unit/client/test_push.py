@@ -126,12 +126,12 @@ def test_the_push_flag_maps_to_the_rule():
     assert PushConfig.from_mode("on").use_push(2, False, [0.0, 0.0])
     with pytest.raises(ConfigError):
         PushConfig.from_mode("sometimes")
-    assert ClientConfig().push == PushConfig() and ClientConfig(push=PUSH, verify_share=0).push is PUSH
+    assert ClientConfig().push == PushConfig.from_mode("ring") and ClientConfig(push=PUSH, verify_share=0).push is PUSH
     with pytest.raises(ConfigError):  # a verified route is never pushed: refused, not silently client-driven
         ClientConfig(push=PushConfig(enabled=True))
     for command in ("chat", "api"):
         fixed = (command, "--initial-peers", "/ip4/127.0.0.1/tcp/1/p2p/QmA")
-        # the commands run rings by default (verified or not); the Python client drives
+        # the commands run rings by default (verified or not), as the Python client does
         assert client_from_args(build_parser(command).parse_args(fixed)).config.push == PushConfig.from_mode("ring")
         auto = build_parser(command).parse_args([*fixed, "--push", "auto", "--verify-share", "0"])
         assert client_from_args(auto).config.push == PushConfig(enabled=True)

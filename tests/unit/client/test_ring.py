@@ -21,6 +21,7 @@ import torch
 
 from p2pserve.cli import build_parser
 from p2pserve.cli.api import client_from_args
+from p2pserve.client.failover import FailoverState
 from p2pserve.client.generation import Generation
 from p2pserve.client.params import GenerationParams
 from p2pserve.client.pipeline import Pipeline
@@ -437,5 +438,75 @@ def test_a_ring_refused_at_its_first_hop_leaves_no_session_at_the_last(model):
         error, held = asyncio.run(main())
         assert "overloaded" in str(error).lower() or "kv" in str(error).lower(), error
         assert held == {A: 0, B: 0, C: 0}
+    finally:
+        s.stop()
+
+
+def test_log_probabilities_come_round_the_ring_as_they_come_back_driven(swarm):
+    """A session that asks for each token's log-probability needs no per-step input from the
+    client: it runs as a ring, and each step's reply carries the same log-probabilities as the
+    driven route's."""
+    route = [swarm.hops[A], swarm.hops[B], swarm.hops[C]]
+    sampling = SamplingParams(logprobs=True, top_logprobs=2)
+
+    async def run(push):
+        config = dataclasses.replace(CONFIG, push=push)
+        pipeline = Pipeline(swarm.net.transport("QmClient"), ChainListRoutes([route]), swarm.spec.model_id, 3, 64,
+                            sampling, config, FailoverState(config), vocab_size=swarm.spec.vocab_size)
+        tokens, logprobs, pending = [], [], [5, 6, 7, 8]
+        try:
+            for _ in range(8):
+                token = await pipeline.step(pending)
+                tokens.append(token)
+                logprobs.append(msgspec.to_builtins(pipeline.last_reply.logprobs))
+                pending = [token]
+            return tokens, logprobs, pipeline.forwarding.ring_steps
+        finally:
+            await pipeline.close()
+
+    async def main():
+        return await run(PushConfig()), await run(RING)
+
+    (driven, driven_lp, _), (ringed, ringed_lp, ring_steps) = asyncio.run(main())
+    assert ringed == driven and ring_steps == 7
+    assert ringed_lp == driven_lp and all(lp for lp in ringed_lp)
+
+
+async def _penalised(s, route, push, sampling, n=12, prompt=(5, 6, 5, 6, 5)):
+    """Greedy tokens of a pipeline whose last hop applies ``sampling``'s penalties (the
+    generation's ``extras``: driven steps carry their token ids), and its ring steps."""
+    config = dataclasses.replace(CONFIG, push=push)
+    pipeline = Pipeline(s.net.transport("QmClient"), ChainListRoutes([route]), s.spec.model_id, 3, 64, sampling,
+                        config, FailoverState(config), vocab_size=s.spec.vocab_size, extras=True)
+    out, pending = [], list(prompt)
+    try:
+        for _ in range(n):
+            token = await pipeline.step(pending)
+            out.append(token)
+            pending = [token]
+        return out, pipeline.forwarding.ring_steps
+    finally:
+        await pipeline.close()
+
+
+@pytest.mark.parametrize("spans", [{A: (0, 1), B: (1, 2), C: (2, 3)}, {A: (0, 3)}], ids=["ring", "loop"])
+def test_penalties_run_round_a_ring_with_the_history_the_last_hop_keeps(model, spans):
+    """Penalties need the session's token history at the last hop. A ring's last hop gets the
+    first step's token ids with its grant and keeps each token it samples, so a penalised
+    session runs as a ring (or a loop) and picks the tokens the driven route picks."""
+    s = Swarm(model, spans)
+    sampling = SamplingParams(repetition_penalty=1.5, frequency_penalty=0.8, presence_penalty=0.4)
+    try:
+        route = [s.hops[p] for p in spans]
+
+        async def main():
+            plain, _ = await _penalised(s, route, PushConfig(), SamplingParams())
+            driven, _ = await _penalised(s, route, PushConfig(loop=False), sampling)
+            ringed = await _penalised(s, route, RING, sampling)
+            return plain, driven, ringed
+
+        plain, driven, (ringed, ring_steps) = asyncio.run(main())
+        assert driven != plain  # the penalties change the tokens, so the history matters
+        assert ringed == driven and ring_steps == 11
     finally:
         s.stop()

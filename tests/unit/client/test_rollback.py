@@ -56,13 +56,14 @@ def _generate(withdraw: bool):
     from p2pserve.client.params import GenerationParams
     from p2pserve.client.pipeline import Pipeline
     from p2pserve.client.route_providers import ChainListRoutes
-    from p2pserve.config import ClientConfig
+    from p2pserve.config import ClientConfig, PushConfig
     from p2pserve.testing import FakePeerNetwork, ScriptedVerifier
 
     net = FakePeerNetwork(num_layers=8)
     a, liar, honest = net.add("a", 0, 4), net.add("liar", 4, 8), net.add("b", 4, 8)
     net.corrupt["liar"] = "wrong"
-    config = ClientConfig(verify_share=0.5)  # tapes are kept only while verifying
+    # tapes are kept only while verifying; the fake peers take driven steps only
+    config = ClientConfig(verify_share=0.5, push=PushConfig())
 
     async def go():
         p = Pipeline(net.client(), ChainListRoutes([[a, liar], [a, honest]]), "fake-model", 8, max_length=64,
