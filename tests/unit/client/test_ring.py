@@ -510,3 +510,17 @@ def test_penalties_run_round_a_ring_with_the_history_the_last_hop_keeps(model, s
         assert ringed == driven and ring_steps == 11
     finally:
         s.stop()
+
+
+def test_a_ring_context_is_the_last_hops_and_holds_the_first_steps_tokens():
+    last = dict(successor=PushHop("QmA", "sa"))
+    check_grant(_grant(context=[1, 2, 3, 4], **last), "QmB", "QmC")
+    for bad in (_grant(context=[1, 2, 3]), _grant(context=[1, 2], **last),  # not the last hop; not 4 tokens
+                _grant(context=[1, 2, 3, 4], route=[PushHop("QmB", "sb"), PushHop("QmC", "sc")])):
+        with pytest.raises(BadRequestError, match="context"):
+            check_grant(bad, "QmC", "QmX")
+    ring = RingState.of(_grant(context=[9, 8, 7, 6], **last), "QmB")
+    assert ring.context_of(_fwd(3, 10, n=4)) == [9, 8, 7, 6]
+    assert ring.context_of(_fwd(4, 14)) is None  # no token pushed for it yet: refused downstream
+    ring.fed = (4, 5)
+    assert ring.context_of(_fwd(4, 14)) == [5] and RingState.of(_grant(**last), "QmB").context_of(_fwd(3, 10)) is None
