@@ -304,16 +304,19 @@ class Forwarder:
         elif ring.upstream is not None:
             asyncio.ensure_future(tell(ring.upstream, ring.failure))
 
-    async def await_result(self, msg: AwaitResult, stream) -> tuple[object, bytes]:
+    async def await_result(self, msg: AwaitResult, stream) -> Optional[tuple[object, bytes]]:
         """The owner's wait for its pushed step ``msg.step`` to run here (the route's last hop, or
         any hop of a ring): that step's ForwardResult and payload, the ErrorReply it ended in, or
-        RingStopped (the ring ended before it). ``msg.ring_until`` raises the ring's credit."""
+        RingStopped (the ring ended before it); None when the owner hung up while it waited (the
+        stream reads on meanwhile: ``peer/read_ahead.py``). ``msg.ring_until`` raises the ring's
+        credit."""
         session = self.table.get(msg.session_id, stream)  # only the owner may wait
         self._prune()
         ring = self._ring_of(session)
         if ring is not None and ring.last and (go := ring.resume(msg.ring_until, msg.step)) is not None:
             await self._ring_push(session, ring, *go)
-        return await self._held.wait(session, msg.step, ring)
+        ahead = getattr(stream, "ahead", None)
+        return await self._held.wait(session, msg.step, ring, ahead.race if ahead is not None else None)
 
     def _ring_of(self, session) -> Optional[RingState]:
         """The ring granted on ``session`` here, if any."""

@@ -239,8 +239,8 @@ class SessionHandler:
                 return await self.forwarder.push(msg, payload, stream, stream.remote, self._forward)
             if isinstance(msg, PushBatch):
                 return await self.forwarder.push_batch(msg, payload, stream, stream.remote, self._forward)
-            if isinstance(msg, AwaitResult):  # a long wait: the stream reads on, to see a hang-up
-                return await stream.ahead.race(self.forwarder.await_result(msg, stream)) or (None, b"")
+            if isinstance(msg, AwaitResult):  # None: the owner hung up while it waited
+                return await self.forwarder.await_result(msg, stream) or (None, b"")
             if isinstance(msg, OpenDirect):
                 return (self.direct.offer(stream.remote) if self.direct else DirectOffer(port=0)), b""
             if isinstance(msg, CloseSession):

@@ -59,8 +59,10 @@ class HeldResults:
             waiter[2].set_result(answer)
             del self._waiters[session.id]
 
-    async def wait(self, session, step: int, ring) -> tuple[object, bytes]:
-        """``step``'s outcome, now or once it comes (P2PServeError after ``wait_timeout_s``)."""
+    async def wait(self, session, step: int, ring, watch=None) -> Optional[tuple[object, bytes]]:
+        """``step``'s outcome, now or once it comes (P2PServeError after ``wait_timeout_s``).
+        A wait that must suspend runs under ``watch`` (``ReadAhead.race``: None, the wait given
+        up, when the owner hung up meanwhile)."""
         early = self.answer_for(session, step, ring)
         if early is not None:
             return early
@@ -71,7 +73,7 @@ class HeldResults:
         self._waiters[session.id] = (session, step, future)
         try:
             async with asyncio.timeout(self.wait_timeout_s):
-                return await future
+                return await (future if watch is None else watch(future))
         except TimeoutError:
             raise P2PServeError(f"no pushed step {step} reached session {session.id} "
                                 f"in {self.wait_timeout_s:.0f} s") from None
