@@ -54,14 +54,13 @@ def add_client_arguments(parser: argparse.ArgumentParser) -> None:
     r.add_argument("--push", default="ring", choices=list(PUSH_MODES),
                    help="how peers drive a route's steps (docs/wan.md). ring (default): every route of two or more "
                         "hops runs as a ring, the last peer feeding each token back to the first itself (a token "
-                        "crosses one link per hop; with --speculative, steps push as on); off: the client drives "
-                        "every hop of every step; auto: chain pushes (the last peer returns the token to the "
-                        "client) on routes whose median session-open round trip is at least 10 ms; on: chain "
-                        "pushes on every route. Peers find each other in the swarm's records: where one cannot "
-                        "reach the next (two --peers with no swarm between them), the client drives that route "
-                        "itself and bans neither. auto and on need --verify-share 0 (a chain push does not show "
-                        "the client each hop's output to re-execute), ring does not (every hop answers the client "
-                        "too). A route of one peer loops on that peer whatever the mode (--no-loop)")
+                        "crosses one link per hop; every hop answers the client too, so verified routes ring; "
+                        "with --speculative, the steps that verify drafts go peer to peer as a chain, the last "
+                        "peer returning the tokens); off: the client drives every hop of every step. Peers find "
+                        "each other in the swarm's records: where one cannot reach the next (two --peers with no "
+                        "swarm between them), the client drives that route itself and bans neither. Steps that "
+                        "carry a grammar's mask are driven whatever the mode. A route of one peer loops on that "
+                        "peer whatever the mode (--no-loop)")
     r.add_argument("--no-loop", action="store_true",
                    help="drive a peer that holds every layer token by token from the client, instead of letting "
                         "it sample and run each next step itself (docs/engine.md, 'Peer-driven decode'); "

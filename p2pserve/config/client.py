@@ -12,10 +12,12 @@ from p2pserve.errors import ConfigError
 from p2pserve.protocol import MAX_PUSH_HOPS, MAX_RING_AHEAD, MAX_VERIFY_OUTPUTS, FrameLimits
 
 
-#: ``--push`` of ``p2pserve chat`` / ``api``: off (routes of two or more hops are client-driven),
-#: auto (the rule), on (always), ring (every route of two or more hops runs as a ring:
-#: ``client/ring.py``). A route of one hop loops on its peer whatever the mode (``--no-loop``).
-PUSH_MODES = ("off", "auto", "on", "ring")
+#: ``--push`` of ``p2pserve chat`` / ``api``: ring (every route of two or more hops runs as a
+#: ring: ``client/ring.py``), off (they are client-driven). A route of one hop loops on its peer
+#: whatever the mode (``--no-loop``). A chain push (``PushConfig(enabled=True)``) is no mode of
+#: the commands: a ring was faster wherever it was measured (docs/wan.md, "Push and ring,
+#: measured"); it carries a ring route's speculative steps.
+PUSH_MODES = ("ring", "off")
 
 
 @dataclass(frozen=True)
@@ -62,7 +64,7 @@ class PushConfig:
         """The config of a ``--push`` mode (``PUSH_MODES``)."""
         if mode not in PUSH_MODES:
             raise ConfigError(f"--push must be one of {', '.join(PUSH_MODES)}, not {mode!r}")
-        return cls(enabled=mode != "off", min_rtt_ms=0.0 if mode == "on" else cls.min_rtt_ms, ring=mode == "ring")
+        return cls(enabled=mode == "ring", ring=mode == "ring")
 
     def use_push(self, hops: int, verified: bool, rtts_s: Sequence[float | None] = ()) -> bool:
         """Whether a route of ``hops`` hops, whose sessions opened in ``rtts_s`` seconds (None:

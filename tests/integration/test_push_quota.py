@@ -53,7 +53,7 @@ pytestmark = pytest.mark.integration
 
 CAP = 4  # streams one remote peer id may keep open at each peer
 ATTACK_SESSIONS = 2 * CAP + 2  # more pushed sessions than B lets any one peer id hold streams
-CONFIG = ClientConfig(hop_timeout_s=60.0, max_retries=2, verify_share=0.0, push=PushConfig.from_mode("on"))
+CONFIG = ClientConfig(hop_timeout_s=60.0, max_retries=2, verify_share=0.0, push=PushConfig(enabled=True, min_rtt_ms=0))
 GREEDY = GenerationParams(max_new_tokens=6, ignore_eos=True)
 HONEST_LINKS = 10  # new links from A to B under the burst (before: several refused in every run)
 
