@@ -185,8 +185,8 @@ class ClientConfig:
                               "(0 turns verification off)")
         if self.push.enabled and not self.push.ring and self.verify_share > 0:
             # a verified route is never pushed as a chain (PushConfig.use_push): refuse rather than never push
-            raise ConfigError("push (--push auto|on) needs verify_share 0 (--verify-share 0): verified routes are "
-                              "never pushed as a chain; --push ring shows the client every hop and is verified "
+            raise ConfigError("a chain push (PushConfig(enabled=True) without ring) needs verify_share 0: verified "
+                              "routes are never pushed as a chain; a ring shows the client every hop and is verified "
                               "(docs/wan.md)")
 
 
