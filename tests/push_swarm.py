@@ -90,15 +90,20 @@ def swarm(model):
     s.stop()
 
 
-async def _generate(swarm, routes, push: PushConfig, prompt, n, kill_after=None, sampling=SamplingParams()):
+async def _generate(swarm, routes, push: PushConfig, prompt, n, kill_after=None, sampling=SamplingParams(),
+                    extras: bool = False, replies: list | None = None):
+    """``n`` greedy tokens after ``prompt`` and the (closed) pipeline; ``extras``: the pipeline's
+    (driven steps carry their token ids); ``replies`` gets each step's last-hop reply."""
     config = dataclasses.replace(CONFIG, push=push)
     pipeline = Pipeline(swarm.net.transport("QmClient"), routes, swarm.spec.model_id, 3, 64, sampling,
-                        config, FailoverState(config), vocab_size=swarm.spec.vocab_size)
+                        config, FailoverState(config), vocab_size=swarm.spec.vocab_size, extras=extras)
     out, pending = [], list(prompt)
     try:
         for i in range(n):
             tok = await pipeline.step(pending)
             out.append(tok)
+            if replies is not None:
+                replies.append(pipeline.last_reply)
             pending = [tok]
             if kill_after is not None and i + 1 == kill_after[0]:
                 if callable(kill_after[1]):

@@ -21,7 +21,6 @@ import torch
 
 from p2pserve.cli import build_parser
 from p2pserve.cli.api import client_from_args
-from p2pserve.client.failover import FailoverState
 from p2pserve.client.generation import Generation
 from p2pserve.client.params import GenerationParams
 from p2pserve.client.pipeline import Pipeline
@@ -446,47 +445,27 @@ def test_log_probabilities_come_round_the_ring_as_they_come_back_driven(swarm):
     """A session that asks for each token's log-probability needs no per-step input from the
     client: it runs as a ring, and each step's reply carries the same log-probabilities as the
     driven route's."""
-    route = [swarm.hops[A], swarm.hops[B], swarm.hops[C]]
+    routes = ChainListRoutes([[swarm.hops[A], swarm.hops[B], swarm.hops[C]]])
     sampling = SamplingParams(logprobs=True, top_logprobs=2)
-
-    async def run(push):
-        config = dataclasses.replace(CONFIG, push=push)
-        pipeline = Pipeline(swarm.net.transport("QmClient"), ChainListRoutes([route]), swarm.spec.model_id, 3, 64,
-                            sampling, config, FailoverState(config), vocab_size=swarm.spec.vocab_size)
-        tokens, logprobs, pending = [], [], [5, 6, 7, 8]
-        try:
-            for _ in range(8):
-                token = await pipeline.step(pending)
-                tokens.append(token)
-                logprobs.append(msgspec.to_builtins(pipeline.last_reply.logprobs))
-                pending = [token]
-            return tokens, logprobs, pipeline.forwarding.ring_steps
-        finally:
-            await pipeline.close()
+    driven_replies, ringed_replies = [], []
 
     async def main():
-        return await run(PushConfig()), await run(RING)
+        driven, _ = await _generate(swarm, routes, PushConfig(), [5, 6, 7, 8], 8, sampling=sampling,
+                                    replies=driven_replies)
+        ringed, p = await _generate(swarm, routes, RING, [5, 6, 7, 8], 8, sampling=sampling, replies=ringed_replies)
+        return driven, ringed, p.forwarding.ring_steps
 
-    (driven, driven_lp, _), (ringed, ringed_lp, ring_steps) = asyncio.run(main())
+    driven, ringed, ring_steps = asyncio.run(main())
     assert ringed == driven and ring_steps == 7
-    assert ringed_lp == driven_lp and all(lp for lp in ringed_lp)
+    logprobs = [[msgspec.to_builtins(r.logprobs) for r in replies] for replies in (driven_replies, ringed_replies)]
+    assert logprobs[1] == logprobs[0] and all(logprobs[1])
 
 
-async def _penalised(s, route, push, sampling, n=12, prompt=(5, 6, 5, 6, 5)):
-    """Greedy tokens of a pipeline whose last hop applies ``sampling``'s penalties (the
-    generation's ``extras``: driven steps carry their token ids), and its ring steps."""
-    config = dataclasses.replace(CONFIG, push=push)
-    pipeline = Pipeline(s.net.transport("QmClient"), ChainListRoutes([route]), s.spec.model_id, 3, 64, sampling,
-                        config, FailoverState(config), vocab_size=s.spec.vocab_size, extras=True)
-    out, pending = [], list(prompt)
-    try:
-        for _ in range(n):
-            token = await pipeline.step(pending)
-            out.append(token)
-            pending = [token]
-        return out, pipeline.forwarding.ring_steps
-    finally:
-        await pipeline.close()
+async def _penalised(s, route, push, sampling, prompt=(5, 6, 5, 6, 5)):
+    """12 greedy tokens of a pipeline whose last hop applies ``sampling``'s penalties (driven
+    steps carry their token ids), and its ring steps."""
+    out, pipeline = await _generate(s, ChainListRoutes([route]), push, prompt, 12, sampling=sampling, extras=True)
+    return out, pipeline.forwarding.ring_steps
 
 
 @pytest.mark.parametrize("spans", [{A: (0, 1), B: (1, 2), C: (2, 3)}, {A: (0, 3)}], ids=["ring", "loop"])
