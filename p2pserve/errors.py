@@ -195,6 +195,12 @@ def error_from_reply(code: str, message: str, peer: Optional[str] = None) -> _Wi
     return ERROR_CLASSES[ec](message, peer=peer)
 
 
+class SilentRingError(P2PServeError, TimeoutError):
+    """A ring's last hop gave the client no answer in time. Every hop of a ring waits on the one
+    before it, so the silent hop may be any of them: the client does not blame the last hop, it
+    drives the route, whose per-hop calls find the silent one."""
+
+
 class RoutingError(P2PServeError):
     """No pipeline from source to sink can be built over the peers currently usable."""
 

@@ -91,10 +91,10 @@ def swarm(model):
 
 
 async def _generate(swarm, routes, push: PushConfig, prompt, n, kill_after=None, sampling=SamplingParams(),
-                    extras: bool = False, replies: list | None = None):
+                    extras: bool = False, replies: list | None = None, config: ClientConfig = CONFIG):
     """``n`` greedy tokens after ``prompt`` and the (closed) pipeline; ``extras``: the pipeline's
     (driven steps carry their token ids); ``replies`` gets each step's last-hop reply."""
-    config = dataclasses.replace(CONFIG, push=push)
+    config = dataclasses.replace(config, push=push)
     pipeline = Pipeline(swarm.net.transport("QmClient"), routes, swarm.spec.model_id, 3, 64, sampling,
                         config, FailoverState(config), vocab_size=swarm.spec.vocab_size, extras=extras)
     out, pending = [], list(prompt)

@@ -39,6 +39,8 @@ from p2pserve.errors import (
     OverloadedError,
     RangeMovedError,
     RoutingError,
+    SilentRingError,
+    is_next_hop_unreachable,
 )
 
 
@@ -173,6 +175,12 @@ def routes_exhausted(exc: RoutingError, failures: Sequence[FailureRecord], attem
 MAX_UNLINKS = 4
 
 
+def no_hop_at_fault(exc: BaseException) -> bool:
+    """Whether a failed push names no hop the client can blame: a hop reports its next hop
+    unreachable peer to peer, or a ring went silent (any of its hops may be the silent one)."""
+    return is_next_hop_unreachable(exc) or isinstance(exc, SilentRingError)
+
+
 @dataclass
 class FailoverState:
     """Bans and failure log of one client, shared by its pipelines (a client learns once)."""
@@ -198,6 +206,21 @@ class FailoverState:
         ``receiver``'s own failure). Returns (that predecessor, seconds)."""
         sender = peer_ids[peer_ids.index(receiver) - 1] if receiver in peer_ids else receiver
         return sender, self.unlinked.ban(f"{sender}>{receiver}")
+
+    def unlink_ring(self, peer_ids: list[str]) -> float:
+        """A ring over ``peer_ids`` went silent, at a hop the client cannot tell: every link of it
+        (the last hop's to the first included) is set aside, so its routes are driven and the
+        client's own call finds the silent hop. Returns the seconds."""
+        return max(self.unlinked.ban(f"{a}>{b}") for a, b in zip(peer_ids, peer_ids[1:] + peer_ids[:1]))
+
+    def set_aside(self, peer_ids: list[str], failure: HopFailure) -> str:
+        """A push over the route ``peer_ids`` failed at no hop the client can blame
+        (:func:`no_hop_at_fault`): set aside the link it names (a silent ring: every link), and
+        say so (for the log)."""
+        if isinstance(failure.cause, SilentRingError):
+            return f"{failure.cause}: its routes are driven for {self.unlink_ring(peer_ids):g}s"
+        sender, seconds = self.unlink(peer_ids, failure.hop.peer_id)
+        return f"{sender} could not reach {failure.hop.peer_id} peer to peer: that link's routes are driven for {seconds:g}s"
 
     def unlinked_in(self, hops: Iterable[Hop]) -> bool:
         """Whether a route over ``hops`` (in order, and the last back to the first: a ring)

@@ -26,7 +26,7 @@ import torch
 
 from p2pserve.client.connection import HopConnection
 from p2pserve.client.failover import (MAX_UNLINKS, FailoverState, FailureRecord, HopFailure, failure_message,
-                                      next_move, route_pause, routes_exhausted)
+                                      next_move, no_hop_at_fault, route_pause, routes_exhausted)
 from p2pserve.client.fork import open_forks
 from p2pserve.client.hop import Hop, check_chain
 from p2pserve.client.push import PushRefused
@@ -36,7 +36,7 @@ from p2pserve.client.logprobs import check_reply_logprobs
 from p2pserve.client.route_providers import ChainListRoutes, RouteProvider
 from p2pserve.client.trust.protocol import HopObserver, StepTrust
 from p2pserve.config import ClientConfig
-from p2pserve.errors import BadRequestError, GenerationFailedError, RoutingError, is_next_hop_unreachable
+from p2pserve.errors import BadRequestError, GenerationFailedError, RoutingError
 from p2pserve.metrics import ClientMetrics, error_code
 from p2pserve.protocol import MAX_VERIFY_OUTPUTS, Forward, SamplingParams
 from p2pserve.transport import Transport
@@ -166,7 +166,7 @@ class Pipeline:
                     last = dict(context=sent, allowed=allowed, prompt_logprobs=prompt_logprobs) if self.extras else {}
                     reply = await self._drive(sent, meta, data, outputs, last)
             except HopFailure as f:
-                if pushed and is_next_hop_unreachable(f.cause) and self._unlinks < MAX_UNLINKS:
+                if pushed and no_hop_at_fault(f.cause) and self._unlinks < MAX_UNLINKS:
                     await self._unlink(f)
                 else:
                     await self._recover(f, attempts)
@@ -328,12 +328,11 @@ class Pipeline:
         return True
 
     async def _unlink(self, failure: HopFailure) -> None:
-        """A hop could not push to ``failure.hop``: a failure of neither. The link is set aside and
-        the route dropped; the retry is driven by the client, whose own dial finds a gone peer."""
+        """A hop could not push to ``failure.hop``, or a ring went silent: a failure of no hop the
+        client can name. The link (a silent ring's every link) is set aside and the route dropped;
+        the retry is driven by the client, whose own calls find a gone or silent peer."""
         self._unlinks += 1
-        receiver = failure.hop.peer_id
-        sender, seconds = self.state.unlink([c.hop.peer_id for c in self._links or ()], receiver)
-        log.warning("%s could not reach %s peer to peer: that link's routes are driven for %gs", sender, receiver, seconds)
+        log.warning("%s", self.state.set_aside([c.hop.peer_id for c in self._links or ()], failure))
         await self._drop_route(settle_s=0.0)
 
     async def _recover(self, failure: HopFailure, attempts: int) -> None:

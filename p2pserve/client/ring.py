@@ -34,7 +34,7 @@ from p2pserve.blame import blamed_hop
 from p2pserve.client.connection import HopConnection
 from p2pserve.client.failover import HopFailure
 from p2pserve.client.push import grant_all, peer_of, read_reply, write_to
-from p2pserve.errors import MalformedFrameError, error_from_reply
+from p2pserve.errors import MalformedFrameError, SilentRingError, error_from_reply
 from p2pserve.protocol import (
     AllowPush,
     AwaitResult,
@@ -191,6 +191,9 @@ class RingRoute:
             try:
                 async with asyncio.timeout(last.timeout_s * len(self.links)):  # a silent ring
                     reply, body = await read_reply(last)
+            except TimeoutError:  # any hop may be the silent one: the route is driven to find it
+                raise HopFailure(last.hop, SilentRingError(f"no answer from the ring of {len(self.links)} hops "
+                                                           f"ending at {last.hop} in time")) from None
             except Exception as e:
                 raise HopFailure(last.hop, e) from e
             if isinstance(reply, ErrorReply):

@@ -503,3 +503,35 @@ def test_a_ring_context_is_the_last_hops_and_holds_the_first_steps_tokens():
     assert ring.context_of(_fwd(4, 14)) is None  # no token pushed for it yet: refused downstream
     ring.fed = (4, 5)
     assert ring.context_of(_fwd(4, 14)) == [5] and RingState.of(_grant(**last), "QmB").context_of(_fwd(3, 10)) is None
+
+
+def test_a_silent_middle_hop_is_found_by_driving_the_route_not_blamed_on_the_last(model):
+    """B freezes mid-generation (it answers nothing, as a stopped process). The ring goes silent
+    and the client cannot tell which hop stopped, so it blames nobody: it sets the ring's links
+    aside and drives the route, whose call to B times out and names B. B is banned, the
+    request goes on over B2 and the output is unchanged; C, the last hop, is not blamed."""
+    B2 = "QmPeerE"
+    s = Swarm(model, {A: (0, 1), B: (1, 2), B2: (1, 2), C: (2, 3)})
+    frozen = asyncio.Event()
+    try:
+        honest = s.handlers[B]._dispatch
+
+        async def freezable(msg, payload, stream):
+            if frozen.is_set():
+                await asyncio.sleep(3600)
+            return await honest(msg, payload, stream)
+
+        s.handlers[B]._dispatch = freezable
+        routes = ChainListRoutes([[s.hops[A], s.hops[B], s.hops[C]], [s.hops[A], s.hops[B2], s.hops[C]]])
+        fast = dataclasses.replace(CONFIG, hop_timeout_s=1.0)
+
+        async def main():
+            ref, _ = await _generate(s, ChainListRoutes([routes.chains[1]]), PushConfig(), [1, 2, 3], 8)
+            got, p = await _generate(s, routes, RING, [1, 2, 3], 8, kill_after=(3, frozen.set), config=fast)
+            return ref, got, p
+
+        ref, got, pipeline = asyncio.run(main())
+        assert got == ref and [f.hop.peer_id for f in pipeline.failures] == [B]
+        assert pipeline.route[1].peer_id == B2
+    finally:
+        s.stop()
