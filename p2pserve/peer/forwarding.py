@@ -382,7 +382,7 @@ class Forwarder:
         for table in (self._grants, self._rings):
             for sid in [s for s, entry in table.items() if not self._open(entry[0])]:
                 del table[sid]
-        self._held.prune(self._open)
+        self._held.prune(self._open, self.table.closed_error)
         for sid in [s for s, link in self._links.items() if not self._open(link.session)]:
             self._drop_link(sid)
         self._batch_links.prune(self._open)

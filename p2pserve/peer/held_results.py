@@ -81,11 +81,13 @@ class HeldResults:
             if self._waiters.get(session.id, (None, None, None))[2] is future:
                 del self._waiters[session.id]
 
-    def prune(self, is_open: Callable[[object], bool]) -> None:
-        """Forget what is held for, and fail the waits of, sessions no longer open."""
+    def prune(self, is_open: Callable[[object], bool], why: Optional[Callable[[object], Exception]] = None) -> None:
+        """Forget what is held for, and fail the waits of, sessions no longer open (each with
+        ``why(session)``: what its owner is told, such as "range moved", which it retries)."""
         for sid in [s for s, (session, _) in self._results.items() if not is_open(session)]:
             del self._results[sid]
         for sid in [s for s, entry in self._waiters.items() if not is_open(entry[0])]:
-            _, _, future = self._waiters.pop(sid)
+            session, _, future = self._waiters.pop(sid)
             if not future.done():
-                future.set_exception(BadRequestError(f"session {sid} closed while its owner waited"))
+                future.set_exception(why(session) if why is not None else
+                                     BadRequestError(f"session {sid} closed while its owner waited"))

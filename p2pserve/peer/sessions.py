@@ -18,7 +18,7 @@ from typing import Callable
 
 from p2pserve.config import AdmissionConfig
 from p2pserve.dht.evidence import InputChain
-from p2pserve.errors import BadRequestError, OverloadedError, RangeMovedError, SessionNotFoundError
+from p2pserve.errors import BadRequestError, OverloadedError, P2PServeError, RangeMovedError, SessionNotFoundError
 from p2pserve.model.spec import ModelSpec
 from p2pserve.peer.admission import check_kv_share, check_session_quota
 from p2pserve.peer.kv_cache import KVBudget, PagedCache
@@ -208,6 +208,15 @@ class SessionTable:
             raise SessionNotFoundError(f"unknown session {session_id!r}; open it first")
         session.last_used = self.clock()
         return session
+
+    def closed_error(self, session: Session) -> P2PServeError:
+        """What ``session``'s owner is told of it once it is no longer open here (range moved,
+        expired, or closed), as :meth:`get` would tell it."""
+        try:
+            self.get(session.id, session.owner)
+        except (RangeMovedError, SessionNotFoundError) as e:
+            return e
+        return SessionNotFoundError(f"session {session.id!r} was closed")
 
     def close(self, session_id: SessionId, owner: object) -> None:
         """Close ``owner``'s session and free its KV reservation; SessionNotFoundError as :meth:`get`."""
