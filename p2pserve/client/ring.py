@@ -19,9 +19,9 @@ hop samples exactly as for a pushed or client-driven step (seeded per absolute p
 
 Failures: every hop reports a ring step it cannot send on, or a next hop's error, timeout or
 lost stream, up the ring to the last hop, which answers the client's wait with an ErrorReply
-whose ``failed_peer`` names the hop at fault; the client's own timeout covers a silent ring
-(blamed on the last hop, the one it waits on). Either becomes a HopFailure, and the pipeline
-bans, re-routes and replays as in every mode.
+whose ``failed_peer`` names the hop at fault, and the pipeline bans, re-routes and replays as in
+every mode. The client's own timeout covers a silent ring (``SilentRingError``): any hop may be
+the silent one, so the pipeline blames nobody and drives the route, whose calls name it.
 """
 
 from __future__ import annotations
