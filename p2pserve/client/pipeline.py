@@ -136,10 +136,10 @@ class Pipeline:
         """Feed ``token_ids`` after the history; returns the next token, whatever fails below.
 
         The route first gets the history it does not hold: after a re-route that is all of it,
-        sent with ``token_ids`` as one prefill. ``outputs`` > 1 (speculative verification, :meth:`verify`) asks the last hop for the token
-        after each of the last ``outputs`` of ``token_ids``; they are left in ``self.verified``.
-        ``allowed`` (a grammar's token bitmask) and ``prompt_logprobs`` go to the last hop of a
-        driven step (:attr:`extras` must be on); its checked reply is left in ``self.last_reply``.
+        sent with ``token_ids`` as one prefill. ``outputs`` > 1 (speculative verification, :meth:`verify`)
+        asks the last hop for the token after each of the last ``outputs`` of ``token_ids`` (left in
+        ``self.verified``); ``allowed`` (a grammar's mask) and ``prompt_logprobs`` go to a driven
+        step's last hop (:attr:`extras` must be on); its checked reply is left in ``self.last_reply``.
         """
         if not 1 <= outputs <= min(len(token_ids), MAX_VERIFY_OUTPUTS):
             raise BadRequestError(f"a step needs at least one token and {outputs} output(s), got {len(token_ids)} tokens")

@@ -25,13 +25,13 @@ class PushConfig:
     """When a pipeline pushes its steps peer to peer instead of driving every hop.
 
     ``PushConfig()`` keeps client-driven hops on routes of two or more hops (``--push off``);
-    ``ClientConfig`` runs them as rings by default (``from_mode("ring")``). A chain push (``on``,
-    ``auto``) is not measured to win on every link (docs/wan.md, "Push mode"), and every push
-    needs peers that can find each other in the swarm's records. With ``enabled``, a route is
-    pushed when it has at least ``min_hops`` hops and the median round trip the client measured
-    opening its sessions (no compute behind it: the link) is at least ``min_rtt_ms``, unless
-    outputs are verified (the verifier re-executes each hop's recorded exchange, which a chain
-    push does not show the client).
+    ``ClientConfig`` runs them as rings by default (``from_mode("ring")``). A chain push (the
+    last hop returns the token) is not measured to win on every link (docs/wan.md, "Push mode"),
+    and every push needs peers that can find each other in the swarm's records. With
+    ``enabled``, a route is pushed when it has at least ``min_hops`` hops and the median round
+    trip the client measured opening its sessions (no compute behind it: the link) is at least
+    ``min_rtt_ms``, unless outputs are verified (the verifier re-executes each hop's recorded
+    exchange, which a chain push does not show the client).
 
     ``ring``: a pushed route runs as a ring (``client/ring.py``: the last hop pushes each next
     token to the first itself) for its one-token steps; speculative verification steps, and

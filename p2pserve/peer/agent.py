@@ -21,10 +21,10 @@ from p2pserve.dht.announcer import Announcer
 from p2pserve.dht.probe_set import probe_round
 from p2pserve.dht.records import MAX_ADDRS, MAX_STR, LatencyPoints, LinkInfo, PeerInfo, Plan
 from p2pserve.dht.view import LinkProbes, SwarmView
+from p2pserve.model.shard import Shard
 from p2pserve.peer.handover import OtherPeer, handover_step
 from p2pserve.peer.prefix_share import coarse_free
 from p2pserve.peer.profiler import Profile
-from p2pserve.model.shard import Shard
 from p2pserve.peer.server import Peer
 from p2pserve.types import LayerRange, PeerId
 

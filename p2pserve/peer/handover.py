@@ -59,6 +59,11 @@ def _layers(span: Optional[Span]) -> set[int]:
     return set(range(span[0], span[1])) if span else set()
 
 
+def _loading(peers: Iterable[OtherPeer]) -> set[int]:
+    """The layers ``peers`` are loading."""
+    return set().union(*(_layers(o.loading) for o in peers))
+
+
 Step = Literal["flip", "wait", "bridge", "drop"]
 
 
@@ -92,13 +97,13 @@ def flip_decision(
     if waited_s >= max_wait_s:
         return "flip", f"waited {waited_s:.0f} s for layers {_fmt(missing)}; flipping anyway"
     partners = [o for o in others if o.loaded and o.serving]
-    if not (missing - set().union(*(_layers(o.loading) for o in partners))) and waited_s >= settle_s:
+    if not (missing - _loading(partners)) and waited_s >= settle_s:
         both = hull(serving, target)
         if can_bridge and both is not None and both != serving:
             return "bridge", f"the peers taking layers {_fmt(missing)} are loaded too: serving both ranges first"
         # a partner that can bridge will: wait to see it serve them (never flip together with it)
         fixed = [o for o in partners if not _bridges(o)]
-        if both != serving and not (missing - set().union(*(_layers(o.loading) for o in fixed))):
+        if both != serving and not (missing - _loading(fixed)):
             return "flip", "the peers taking the dropped layers are loaded too and cannot bridge: flipping together"
     coming = set().union(*(_layers(o.loading) | _layers(o.target) for o in others))
     if not (missing - coming):

@@ -24,6 +24,7 @@ from p2pserve.model.joined_shard import joined
 from p2pserve.model.shard import Shard
 from p2pserve.model.spec import ModelSpec, load_spec
 from p2pserve.model.tensor_parallel import local_spec
+from p2pserve.peer.handover import hull
 from p2pserve.peer.link_dialer import Resolver
 from p2pserve.peer.handlers import SessionHandler
 from p2pserve.peer.runtime import build_runtime
@@ -158,7 +159,7 @@ class Peer:
         two (no load, no copy; ``model/joined_shard.py``), or None where that cannot be: the
         ranges leave a gap, or a tensor-parallel group holds them."""
         current = self.worker.shard
-        if current is None or self.tp is not None or max(current.start, loaded.start) > min(current.end, loaded.end):
+        if current is None or self.tp is not None or hull((current.start, current.end), (loaded.start, loaded.end)) is None:
             return None
         shard = joined(current, loaded)
         if self.config.compile_buckets:
