@@ -11,6 +11,15 @@ from p2pserve.model import decode_attention
 from p2pserve.model.attention import attention_mask, sdpa
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """The kernel serves one-thread steps (`decode_attention.applies`)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def _pool(rows: int, nkv: int, d: int, gen: torch.Generator):
     k = (torch.randn(rows, nkv, d, generator=gen) * 0.5).bfloat16()
     v = (torch.randn(rows, nkv, d, generator=gen) * 0.5).bfloat16()
@@ -44,12 +53,16 @@ def test_compiled_decodes_agree_with_per_sequence_attention_to_rounding(window):
     assert torch.equal(got, again)  # deterministic
 
 
-def test_fp32_and_gpu_pools_keep_their_own_paths():
+def test_fp32_gpu_and_multi_thread_steps_keep_their_own_paths():
     gen = torch.Generator().manual_seed(1)
     pool = _pool(8, 1, 4, gen)
     fp32 = types.SimpleNamespace(k=pool.k.float(), v=pool.v.float())
     assert not decode_attention.applies(fp32, torch.device("cpu"))
     assert not decode_attention.applies(pool, torch.device("cuda"))
+    assert decode_attention.applies(pool, torch.device("cpu"))
+    torch.set_num_threads(2)  # several threads split the eager path's SDPA better
+    assert not decode_attention.applies(pool, torch.device("cpu"))
+    torch.set_num_threads(1)
     pool.fused = False  # a pool may keep the eager path (benchmarks/step.py compares the two)
     assert not decode_attention.applies(pool, torch.device("cpu"))
 
