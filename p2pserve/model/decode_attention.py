@@ -12,9 +12,9 @@ masked softmax, weighted sum) is written as plain tensor ops and compiled once b
 ``torch.compile`` (inductor's C++ backend) with dynamic batch and key lengths. Inductor fuses the
 up-casts into the loops of the two reductions, so no fp32 copy is made. A first version fused
 the gather into those loops too; it read the pool row by row inside every reduction (three heads
-of a group, two halves of a head: six passes over each value row), and cold rows made it slower
-than the eager path inside a real step (2 cores, 32 sequences of 144 keys, 30 layers:
-20 ms against 19 eager and 13.5 for gather-then-compile; ``benchmarks/step.py --ab``).
+of a group, two halves of a head: six passes over each value row), and on cold rows it was slower
+than the eager path (2 cores, 32 sequences of 144 keys, 30 layers' rows out of cache: 20 ms
+against 19 eager and 13.5 for gather-then-compile; docs/engine.md has the figures inside steps).
 
 Scores, softmax and the weighted sum accumulate in fp32, as SDPA's own kernel does, and the
 output is rounded once to the pool's dtype; the result agrees with the eager path to that
