@@ -319,11 +319,8 @@ class _Padded:
             if o is not None:
                 return o
         g, nH, D = read.shape[0], q.shape[1], q.shape[2]
-        # index_select on [S, nKV * D] rows: several times faster than advanced indexing on CPU.
-        keys = pool.k.view(pool.k.shape[0], -1).index_select(0, read.view(-1))
-        values = pool.v.view(pool.v.shape[0], -1).index_select(0, read.view(-1))
-        keys, values = _expanded(keys.view(g, self.mk, *pool.k.shape[1:]).transpose(1, 2),
-                                 values.view(g, self.mk, *pool.v.shape[1:]).transpose(1, 2), expand)
+        keys, values = _expanded(decode_attention.gather_rows(pool.k, read).transpose(1, 2),
+                                 decode_attention.gather_rows(pool.v, read).transpose(1, 2), expand)
         if self.dense:
             qp = q[:, :, None]  # [g, nH, 1, D]
         else:

@@ -56,9 +56,10 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lo: torch.Tensor,
     return o.reshape(b, nKV * G * D).to(q.dtype)
 
 
-def _gather(rows: torch.Tensor, read: torch.Tensor) -> torch.Tensor:
+def gather_rows(rows: torch.Tensor, read: torch.Tensor) -> torch.Tensor:
     """Pool rows [S, nKV, D] at ``read`` [b, mk] -> [b, mk, nKV, D] (``index_select`` over flat
-    rows: several times faster than advanced indexing on CPU)."""
+    rows: several times faster than advanced indexing on CPU); the eager padded path gathers
+    with it too."""
     return rows.view(rows.shape[0], -1).index_select(0, read.view(-1)).view(*read.shape, *rows.shape[1:])
 
 
@@ -70,9 +71,9 @@ def applies(pool, device: torch.device) -> bool:
 
     One thread only, by measurement: inside a step, with one thread the kernel beat the eager
     path's SDPA (21 against 24 ms of a 60 ms step, 32 sequences of 130 keys), and with two it
-    lost (16-17 against 13.5 ms of a 40 ms step), on two machines (``benchmarks/step.py --ab``
-    with ``--threads 1`` and ``2``). Several threads split SDPA's batch well; the kernel's five
-    reductions each end at a barrier."""
+    lost (16-17 against 13.5 ms of a 40 ms step): the attention's share, timed inside the steps
+    of ``benchmarks/step.py --ab`` (docs/engine.md). Several threads split SDPA's batch well;
+    the kernel's five reductions each end at a barrier."""
     return (device.type == "cpu" and pool.k.dtype in (torch.bfloat16, torch.float16) and not _failed
             and pool.k.shape[-1] == pool.v.shape[-1] and getattr(pool, "fused", True)
             and torch.get_num_threads() == 1)
@@ -88,7 +89,7 @@ def attend(q: torch.Tensor, pool, read: torch.Tensor, lo: torch.Tensor, hi: torc
             if _compiled is None and not _failed:
                 _compiled = torch.compile(_attend, dynamic=True)
     try:
-        return _compiled(q, _gather(pool.k, read), _gather(pool.v, read), lo, hi, scale)
+        return _compiled(q, gather_rows(pool.k, read), gather_rows(pool.v, read), lo, hi, scale)
     except Exception as e:  # noqa: BLE001 - a missing toolchain must not take the peer down
         _failed = True
         log.warning("compiled decode attention unavailable (%s: %s); using the eager path", type(e).__name__, e)
