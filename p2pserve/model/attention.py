@@ -22,8 +22,8 @@ casts, 1 thread); up-casting is exact (every bf16 value is an fp32 value) and th
 accumulates in fp32 as the bf16 one does internally, so the outputs agree to the output's rounding.
 Every path (lone, grouped, padded) runs the same function, so one process and a swarm give the
 same bits. On GPUs the native half-precision kernels are the fast ones and run unchanged. A CPU
-half-precision step's decodes (two or more) instead run one compiled kernel that reads the pool
-rows in place (`decode_attention`): no gathered or up-cast copy.
+half-precision step's decodes (two or more) instead run a kernel of `decode_attention`: in bf16
+a C kernel that reads the pool rows in place, with no gathered or up-cast copy.
 """
 
 from __future__ import annotations
@@ -286,8 +286,8 @@ class _Padded:
         self.total = torch.tensor([spans[j][1] for j in members], device=device)[:, None, None]
         self.dense = self.mq == 1  # decode only: no query padding
         self._masks: dict[int | None, torch.Tensor] = {}
-        # Decodes in CPU half precision: one compiled kernel reads the pool rows in place
-        # (model/decode_attention.py); key bounds [lo, hi) per member, by window.
+        # Decodes in CPU half precision: a kernel of model/decode_attention.py (in bf16 a C kernel
+        # reading the pool rows in place); key bounds [lo, hi) per member, by window.
         self.fused = self.dense and len(members) > 1 and decode_attention.applies(pool, device)
         self._bounds: dict[int | None, tuple[torch.Tensor, torch.Tensor]] = {}
 

@@ -1,4 +1,5 @@
-"""Decode attention over the paged KV pool: one gather, then one compiled kernel (CPU half precision).
+"""Decode attention over the paged KV pool on CPU in half precision: a C kernel, else one gather
+and a compiled kernel.
 
 A batched decode step attends b queries (one token each) to their sequences' cached keys and
 values, which live in scattered rows of the pool. The eager path (`attention.PagedBatch`) gathers
@@ -6,20 +7,24 @@ those rows into padded [b, nKV, mk, D] copies, up-casts the copies to fp32 and c
 2-core CPU, 32 SmolLM2 sequences of about 200 tokens, the gather, the up-cast and the kernel were
 each about a third of the attention's time, and attention about half of the whole step.
 
-Here the rows are gathered once, in the pool's dtype (``index_select``: a streaming copy of whole
-rows, the fastest gather measured), and the arithmetic on the dense copy (fp32 dot products,
-masked softmax, weighted sum) is written as plain tensor ops and compiled once by
-``torch.compile`` (inductor's C++ backend) with dynamic batch and key lengths. Inductor fuses the
-up-casts into the loops of the two reductions, so no fp32 copy is made. A first version fused
-the gather into those loops too; it read the pool row by row inside every reduction (three heads
-of a group, two halves of a head: six passes over each value row), and on cold rows it was slower
-than the eager path (2 cores, 32 sequences of 144 keys, 30 layers' rows out of cache: 20 ms
-against 19 eager and 13.5 for gather-then-compile; docs/engine.md has the figures inside steps).
+Two kernels do better, both in fp32 with one rounding of the output to the pool's dtype, so they
+agree with the eager path to that rounding:
 
-Scores, softmax and the weighted sum accumulate in fp32, as SDPA's own kernel does, and the
-output is rounded once to the pool's dtype; the result agrees with the eager path to that
-rounding. The compiled kernel is deterministic and its row count is the batch's in one process
-and in a swarm alike, so the same step gives the same bits anywhere.
+* **The C kernel** (bf16 pools; ``kernels/decode_attention.c``, built for the host by
+  `c_kernel`): one task per sequence reads each of its pool rows once, in place, every head of
+  the row while it is in cache, with rows a few positions ahead prefetched. No gathered copy,
+  and a sequence's result depends on its own rows only: not on the batch or the thread count.
+  Timed alone over 30 layers' cold rows (32 sequences of 144 keys, SmolLM2's heads): 7.5 ms at
+  2 threads against 19 for the eager path and 20 for the compiled one; 15 ms at 1 thread against
+  28-30 compiled (docs/engine.md).
+* **The compiled kernel** (fp16 pools, or no C compiler): the rows are gathered once in the
+  pool's dtype (``index_select``), and the arithmetic on the dense copy is written as plain tensor
+  ops compiled once by ``torch.compile`` (inductor's C++ backend) with dynamic batch and key
+  lengths; inductor fuses the up-casts into the reductions. It serves one-thread steps only:
+  with two threads it lost to the eager path's SDPA inside steps (16-17 against 13.5 ms).
+
+Both are deterministic and run the same rows in one process and in a swarm, so the same step
+gives the same bits anywhere.
 
 Shapes: b sequences, mk = longest key length in the step, nH / nKV query / key-value heads,
 G = nH / nKV, D = head dim, S = pool rows.
@@ -27,17 +32,22 @@ G = nH / nKV, D = head dim, S = pool rows.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import threading
 import types
 
 import torch
 
+from p2pserve.model import c_kernel
+
 log = logging.getLogger(__name__)
 
 _lock = threading.Lock()
 _compiled = None  # the compiled kernel, made on first use in this process
 _failed = False  # compiling failed once (no C++ toolchain, say): the eager path serves from then on
+_native: ctypes.CDLL | None = None  # the C kernel's library, once looked for (``_looked``)
+_looked = False
 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor,
@@ -63,37 +73,84 @@ def gather_rows(rows: torch.Tensor, read: torch.Tensor) -> torch.Tensor:
     return rows.view(rows.shape[0], -1).index_select(0, read.view(-1)).view(*read.shape, *rows.shape[1:])
 
 
-def applies(pool, device: torch.device) -> bool:
-    """Whether decodes over ``pool`` run the compiled kernel: a CPU pool in half precision
-    (fp32 keeps the exact grouped path; GPUs keep their native half-precision SDPA) stepped by
-    one torch thread, unless the pool says otherwise (``pool.fused = False``, as ``pool.exact``
-    picks the padded mode).
+def _library():
+    """The C kernel's library, built and loaded on first use; None where it cannot be."""
+    global _native, _looked
+    if not _looked:
+        lib = c_kernel.load("decode_attention")
+        if lib is not None:
+            lib.p2p_decode_attend_bf16.restype = ctypes.c_int
+            lib.p2p_decode_attend_bf16.argtypes = [ctypes.c_void_p] * 7 + [ctypes.c_int64] * 5 + [ctypes.c_float]
+        _native, _looked = lib, True
+    return _native
 
-    One thread only, by measurement: inside a step, with one thread the kernel beat the eager
-    path's SDPA (21 against 24 ms of a 60 ms step, 32 sequences of 130 keys), and with two it
-    lost (16-17 against 13.5 ms of a 40 ms step): the attention's share, timed inside the steps
-    of ``benchmarks/step.py --ab`` (docs/engine.md). Several threads split SDPA's batch well;
-    the kernel's five reductions each end at a barrier."""
-    return (device.type == "cpu" and pool.k.dtype in (torch.bfloat16, torch.float16) and not _failed
-            and pool.k.shape[-1] == pool.v.shape[-1] and getattr(pool, "fused", True)
-            and torch.get_num_threads() == 1)
+
+def native(pool) -> bool:
+    """Whether decodes over ``pool`` run the C kernel: a CPU bf16 pool of contiguous rows, keys and
+    values of one shape, where the kernel could be built."""
+    k, v = pool.k, pool.v
+    if k.dtype != torch.bfloat16 or v.dtype != k.dtype or k.shape != v.shape or k.device.type != "cpu":
+        return False
+    return k.is_contiguous() and v.is_contiguous() and _library() is not None
+
+
+def applies(pool, device: torch.device) -> bool:
+    """Whether decodes over ``pool`` run a kernel of this module: a CPU pool in half precision
+    (fp32 keeps the exact grouped path; GPUs keep their native half-precision SDPA), unless the
+    pool says otherwise (``pool.fused = False``, as ``pool.exact`` picks the padded mode); the C
+    kernel at any thread count, the compiled one in one-thread steps only.
+
+    The compiled kernel's one-thread rule is by measurement: inside a step, with one thread it
+    beat the eager path's SDPA (21 against 24 ms of a 60 ms step, 32 sequences of 130 keys), and
+    with two it lost (16-17 against 13.5 ms of a 40 ms step), timed inside the steps of
+    ``benchmarks/step.py --ab`` (docs/engine.md)."""
+    if device.type != "cpu" or pool.k.dtype not in (torch.bfloat16, torch.float16) or not getattr(pool, "fused", True):
+        return False
+    if pool.k.shape[-1] != pool.v.shape[-1]:
+        return False
+    return native(pool) or (not _failed and torch.get_num_threads() == 1)
 
 
 def attend(q: torch.Tensor, pool, read: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor,
            scale: float) -> torch.Tensor | None:
-    """The compiled kernel's [b, nH * D] for decode queries q [b, nH, D] (see `_attend`), or
-    None when it cannot be compiled here (then the caller's eager path runs)."""
+    """[b, nH * D] for decode queries q [b, nH, D] (see `_attend`): the C kernel's where it serves
+    ``pool`` (`native`), else the compiled kernel's; None when neither can run here (then the
+    caller's eager path runs)."""
     global _compiled, _failed
+    if native(pool) and read.stride(-1) == 1:
+        return _native_attend(q, pool, read, lo, hi, scale)
     if _compiled is None:
         with _lock:
             if _compiled is None and not _failed:
                 _compiled = torch.compile(_attend, dynamic=True)
+    if _compiled is None:
+        return None
     try:
         return _compiled(q, gather_rows(pool.k, read), gather_rows(pool.v, read), lo, hi, scale)
     except Exception as e:  # noqa: BLE001 - a missing toolchain must not take the peer down
         _failed = True
         log.warning("compiled decode attention unavailable (%s: %s); using the eager path", type(e).__name__, e)
         return None
+
+
+def _native_attend(q: torch.Tensor, pool, read: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor,
+                   scale: float) -> torch.Tensor:
+    """The C kernel over the pool rows in place (``read`` [b, mk] may be a view with any row stride)."""
+    b, nH, D = q.shape
+    q = q.contiguous()
+    lo, hi = lo.to(torch.int64).contiguous(), hi.to(torch.int64).contiguous()
+    read = read.to(torch.int64)
+    out = torch.empty(b, nH * D, dtype=q.dtype, device=q.device)
+    if b == 0:
+        return out
+    lib = _library()
+    assert lib is not None, "native(pool) said the kernel is loaded"
+    failed = lib.p2p_decode_attend_bf16(
+        q.data_ptr(), pool.k.data_ptr(), pool.v.data_ptr(), read.data_ptr(), lo.data_ptr(), hi.data_ptr(),
+        out.data_ptr(), b, nH, pool.k.shape[1], D, read.stride(0), scale)
+    if failed:
+        raise MemoryError("the decode attention kernel could not allocate its scratch memory")
+    return out
 
 
 def warm(dtype: torch.dtype, num_heads: int, kv_layout: tuple[int, int, int], device: torch.device) -> None:
