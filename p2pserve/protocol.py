@@ -139,9 +139,11 @@ class OpenDirect(msgspec.Struct, frozen=True, tag_field="t", tag="open_direct"):
 
 
 class AttachDirect(msgspec.Struct, frozen=True, tag_field="t", tag="attach_direct"):
-    """First frame on a direct TCP connection: the token a ``DirectOffer`` gave."""
+    """First frame on a direct TCP connection: the token a ``DirectOffer`` gave. ``mux``: the
+    client would carry many streams on this connection (``transport/mux.py``)."""
 
     token: str
+    mux: bool = False
 
 
 class DirectOffer(msgspec.Struct, frozen=True, tag_field="t", tag="direct_offer"):
@@ -158,9 +160,12 @@ class DirectOffer(msgspec.Struct, frozen=True, tag_field="t", tag="direct_offer"
 
 class DirectAttached(msgspec.Struct, frozen=True, tag_field="t", tag="direct_attached"):
     """The direct connection is accepted (its token redeemed). ``peer_id`` is an echo, checked
-    for consistency only: what proves whom the client reached is the pinned TLS certificate."""
+    for consistency only: what proves whom the client reached is the pinned TLS certificate.
+    ``mux``: the connection carries many streams from now on (the client asked, and this peer
+    can), else it is the one stream it was opened for."""
 
     peer_id: PeerId
+    mux: bool = False
 
 
 class SessionOpened(msgspec.Struct, frozen=True, tag_field="t", tag="opened"):

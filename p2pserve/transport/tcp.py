@@ -58,6 +58,7 @@ from p2pserve.protocol import (
 )
 from p2pserve.transport import Stream, StreamHandler, Transport
 from p2pserve.transport.frames import read_frame, write_frame
+from p2pserve.transport.mux import MuxConnection
 from p2pserve.transport.tls import DirectTLS, check_pin, client_context, is_fingerprint
 from p2pserve.types import PeerId
 
@@ -111,17 +112,25 @@ class DirectTransport:
     """A transport whose session streams move to the peer's direct TCP path when it offers one.
 
     Dials and serves through ``inner`` (libp2p); only streams of the session protocol are
-    upgraded, since that is the one protocol a peer's direct port answers.
+    upgraded, since that is the one protocol a peer's direct port answers. With ``mux`` (the
+    default), the session streams to one peer share one direct connection as channels
+    (``transport/mux.py``): the first stream attaches it, every later one opens a channel on it
+    (no libp2p stream, no handshake), until it ends; a peer that does not multiplex keeps a
+    connection per stream.
     """
 
-    def __init__(self, inner: Transport, limits: FrameLimits = FrameLimits(), attach_timeout_s: float = 2.0):
+    def __init__(self, inner: Transport, limits: FrameLimits = FrameLimits(), attach_timeout_s: float = 2.0,
+                 mux: bool = True):
         self.inner = inner
         self.limits = limits
         self.attach_timeout_s = attach_timeout_s
+        self.mux = mux
         self._tls = client_context()
         # Direct streams still open: ``close`` ends them too (the inner transport knows nothing
         # of them, and a peer would otherwise keep serving a client that said goodbye).
         self._direct: weakref.WeakSet = weakref.WeakSet()
+        self._muxed: dict[PeerId, MuxConnection] = {}  # peer id -> its shared connection
+        self._attaching: dict[PeerId, asyncio.Lock] = {}  # one attach at a time per peer
 
     @property
     def peer_id(self) -> str:
@@ -129,10 +138,22 @@ class DirectTransport:
         return self.inner.peer_id
 
     async def open_stream(self, peer_id: PeerId, maddrs: Sequence[str], protocol: str, timeout_s: float) -> Stream:
-        """Open the libp2p stream, then try to move it to the direct path."""
-        stream = await self.inner.open_stream(peer_id, maddrs, protocol, timeout_s)
+        """A channel of the peer's shared connection when there is one; else open the libp2p
+        stream, then try to move it to the direct path."""
         if protocol != SESSION_PROTOCOL:
-            return stream
+            return await self.inner.open_stream(peer_id, maddrs, protocol, timeout_s)
+        if not self.mux:
+            return await self._open_direct(peer_id, maddrs, timeout_s)
+        lock = self._attaching.setdefault(peer_id, asyncio.Lock())
+        async with lock:  # streams opened at once to a peer share the one connection attached first
+            conn = self._muxed.get(peer_id)
+            if conn is not None and not conn.closed:
+                return conn.open()
+            return await self._open_direct(peer_id, maddrs, timeout_s)
+
+    async def _open_direct(self, peer_id: PeerId, maddrs: Sequence[str], timeout_s: float) -> Stream:
+        """Open the libp2p stream, then try to move it to the direct path."""
+        stream = await self.inner.open_stream(peer_id, maddrs, SESSION_PROTOCOL, timeout_s)
         try:
             async with asyncio.timeout(timeout_s):
                 await write_frame(stream.writer, OpenDirect())
@@ -177,7 +198,7 @@ class DirectTransport:
                 # The handshake is done; nothing of ours has been written yet. Check, then write.
                 check_pin(writer.get_extra_info("ssl_object"), offer.tls_sha256, where)
                 set_nodelay(writer)
-                await write_frame(writer, AttachDirect(token=offer.token))
+                await write_frame(writer, AttachDirect(token=offer.token, mux=self.mux))
                 header, _ = await read_frame(reader, self.limits)
             ack = decode_reply(header)
             if not isinstance(ack, DirectAttached) or ack.peer_id != peer_id:
@@ -188,6 +209,9 @@ class DirectTransport:
             if writer is not None:
                 writer.close()
             return None
+        if self.mux and ack.mux:
+            conn = self._muxed[peer_id] = MuxConnection(reader, writer, client=True).start()
+            return conn.open()
         stream = Stream(reader, writer, "direct")
         self._direct.add(stream)
         return stream
@@ -201,9 +225,12 @@ class DirectTransport:
         await self.inner.stop_serving(protocol)
 
     async def close(self) -> None:
-        """Close every direct stream this transport opened, then the inner transport."""
+        """Close every direct stream and connection this transport opened, then the inner transport."""
         for stream in list(self._direct):
             stream.close()
+        for conn in list(self._muxed.values()):
+            conn.close()
+        self._muxed.clear()
         await self.inner.close()
 
 
@@ -252,8 +279,9 @@ class DirectListener:
 
     def __init__(self, handler: StreamHandler | None, peer_id: PeerId, hosts: list[str], port: int = 0,
                  token_ttl_s: float = 30.0, attach_timeout_s: float = 10.0, tls: Optional[DirectTLS] = None,
-                 announce_port: Optional[int] = None):
+                 announce_port: Optional[int] = None, mux: bool = True):
         self.handler = handler
+        self.mux = mux  # a client may carry many streams on one connection (transport/mux.py)
         self.tls = tls
         self.peer_id = peer_id
         self.hosts = hosts
@@ -305,7 +333,9 @@ class DirectListener:
         self._servers.clear()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """One connection, its TLS handshake done: redeem its first frame's token, then serve it."""
+        """One connection, its TLS handshake done: redeem its first frame's token, then serve it
+        (as one stream, or as the client's channels when it multiplexes)."""
+        mux = False
         try:
             set_nodelay(writer)
             async with asyncio.timeout(self.attach_timeout_s):
@@ -316,15 +346,20 @@ class DirectListener:
                 log.info("refused a direct connection from %s: no valid token", writer.get_extra_info("peername"))
                 writer.close()
                 return
-            await write_frame(writer, DirectAttached(peer_id=self.peer_id))
+            mux = isinstance(msg, AttachDirect) and msg.mux and self.mux
+            await write_frame(writer, DirectAttached(peer_id=self.peer_id, mux=mux))
         except (P2PServeError, asyncio.IncompleteReadError, OSError, TimeoutError) as e:
             # OSError: ConnectionError, and ssl.SSLError from a broken TLS record
             log.info("direct connection dropped before attaching: %s", e)
             writer.close()
             return
-        assert self.handler is not None, "start() made sure of a handler"
+        handler = self.handler
+        assert handler is not None, "start() made sure of a handler"
+        if mux:  # every channel is a stream of this client's, served by the same handler
+            await MuxConnection(reader, writer, client=False, accept=lambda r, w: handler(r, w, holder)).serve()
+            return
         try:
-            await self.handler(reader, writer, holder)
+            await handler(reader, writer, holder)
         except OSError as e:  # a TLS record that fails to decrypt ends the connection, nothing more
             log.info("direct connection from %s ended: %s", holder, e)
             writer.close()

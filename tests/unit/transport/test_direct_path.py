@@ -51,14 +51,14 @@ def test_session_streams_move_to_the_direct_path_when_offered():
         name of the writer it answers on (which stream carried the frame)."""
         return answer_direct_session(reader, writer, listener, remote, name_writer=True)
 
-    async def carried_by(listener_peer_id):
+    async def carried_by(listener_peer_id, mux=True):
         net = MemoryNetwork()
         listener = None
         if listener_peer_id is not None:
             listener = DirectListener(lambda r, w, remote: answer(r, w, None, remote), listener_peer_id, ["127.0.0.1"])
             await listener.start()
         net.serve("peerX", SESSION_PROTOCOL, lambda r, w, remote: answer(r, w, listener, remote))
-        transport = DirectTransport(net.transport("client"))
+        transport = DirectTransport(net.transport("client"), mux=mux)
         try:
             stream = await transport.open_stream("peerX", ["/ip4/127.0.0.1/tcp/1/p2p/peerX"], SESSION_PROTOCOL, 5.0)
             await write_frame(stream.writer, GetStats())
@@ -70,6 +70,7 @@ def test_session_streams_move_to_the_direct_path_when_offered():
                 await listener.stop()
             await transport.close()
 
-    assert asyncio.run(carried_by("peerX")) == ("direct", "StreamWriter")
+    assert asyncio.run(carried_by("peerX")) == ("direct", "ChannelWriter")  # a channel of the shared connection
+    assert asyncio.run(carried_by("peerX", mux=False)) == ("direct", "StreamWriter")
     assert asyncio.run(carried_by(None)) == ("memory", "PipeWriter")  # no port offered: the inner stream
     assert asyncio.run(carried_by("impostor")) == ("memory", "PipeWriter")  # the TCP side is not peerX
