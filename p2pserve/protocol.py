@@ -161,8 +161,7 @@ class DirectOffer(msgspec.Struct, frozen=True, tag_field="t", tag="direct_offer"
 class DirectAttached(msgspec.Struct, frozen=True, tag_field="t", tag="direct_attached"):
     """The direct connection is accepted (its token redeemed). ``peer_id`` is an echo, checked
     for consistency only: what proves whom the client reached is the pinned TLS certificate.
-    ``mux``: the connection carries many streams from now on (the client asked, and this peer
-    can), else it is the one stream it was opened for."""
+    ``mux``: the connection carries many streams from now on, else the one it was opened for."""
 
     peer_id: PeerId
     mux: bool = False
