@@ -259,6 +259,48 @@ def test_direct_path_refuses_bad_attach_and_keeps_serving(peer):
     run(with_transport(main, direct=False))  # the client keeps to libp2p: the test attaches by hand
 
 
+def test_a_multiplexed_connection_out_of_protocol_is_closed_and_the_peer_keeps_serving(peer):
+    """A client that attached with ``mux`` and then breaks the channel protocol (a channel id
+    only the peer may use, a chunk past the size limit) loses that connection, nothing more."""
+    from p2pserve.protocol import AttachDirect, DirectAttached, OpenDirect
+    from p2pserve.transport.mux import CHUNK, DATA, MAX_CHUNK, OPEN
+    from p2pserve.transport.tls import check_pin, client_context
+
+    path, p = peer
+    model = LocalModelInfo.load(path)
+
+    async def attached(transport):
+        conn = HopConnection(transport, p.hop(), LIMITS, 30)
+        await conn.connect()
+        offer, _ = await conn.call(OpenDirect())
+        reader, writer = await asyncio.open_connection("127.0.0.1", offer.port, ssl=client_context())
+        check_pin(writer.get_extra_info("ssl_object"), offer.tls_sha256, "the peer's direct port")
+        body = msgspec.msgpack.encode(AttachDirect(token=offer.token, mux=True))
+        writer.write(FRAME_PREFIX.pack(len(body), 0) + body)
+        header, _ = await asyncio.wait_for(read_frame(reader, LIMITS), 10)
+        ack = decode_reply(header)
+        assert isinstance(ack, DirectAttached) and ack.mux
+        await conn.close()
+        return reader, writer
+
+    async def closed_after(transport, raw: bytes) -> bool:
+        reader, writer = await attached(transport)
+        writer.write(raw)
+        await writer.drain()
+        try:
+            async with asyncio.timeout(10):
+                return await reader.read() == b""
+        finally:
+            writer.close()
+
+    async def main(transport):
+        assert await closed_after(transport, CHUNK.pack(2, OPEN, 0))  # even ids are the peer's
+        assert await closed_after(transport, CHUNK.pack(1, OPEN, 0) + CHUNK.pack(1, DATA, MAX_CHUNK + 1))
+        assert await healthy(transport, p, model)
+
+    run(with_transport(main, direct=False))  # the client keeps to libp2p: the test attaches by hand
+
+
 def test_another_client_cannot_drive_or_close_a_session(peer):
     """Knowing a session id is not enough to use it; only its own stream can."""
     from p2pserve.protocol import CloseSession
