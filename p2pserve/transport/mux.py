@@ -22,7 +22,8 @@ connection (it is out of sync or abusive). ``DATA`` or ``CLOSE`` for a channel n
 dropped (a race with a close). A channel whose unread bytes pass twice ``channel_limit`` pauses
 the connection's reading until its reader takes them (the bound a socket's window gave a
 connection per stream), so what one side buffers for the other is bounded by channels times that
-limit.
+limit. The accepting side closes a connection that has had no channel open for
+``idle_timeout_s`` (the peer's listener: 300 s), as a stream's idle timeout closed its connection.
 """
 
 from __future__ import annotations
@@ -116,13 +117,16 @@ class MuxConnection:
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, client: bool,
                  accept: Optional[ChannelHandler] = None, channel_limit: int = 64 * 1024,
-                 max_channels: int = 1024):
+                 max_channels: int = 1024, idle_timeout_s: Optional[float] = None):
         self.reader = reader
         self.writer = writer
         self.client = client
         self.accept = accept
         self.channel_limit = channel_limit
         self.max_channels = max_channels
+        # the accepting side closes a connection with no channel open for this long (a client
+        # gone without a word would otherwise hold it for good, as its streams' own timeouts did)
+        self.idle_timeout_s = idle_timeout_s
         self.closed = False
         self._readers: dict[int, asyncio.StreamReader] = {}
         self._writers: dict[int, ChannelWriter] = {}
@@ -239,7 +243,10 @@ class MuxConnection:
                 if self._paused:
                     await self._resumed.wait()
                     continue
-                channel, kind, length = CHUNK.unpack(await self.reader.readexactly(CHUNK.size))
+                idle = self.idle_timeout_s if not self._readers else None
+                async with asyncio.timeout(idle):
+                    head = await self.reader.readexactly(CHUNK.size)
+                channel, kind, length = CHUNK.unpack(head)
                 if length > MAX_CHUNK or kind not in (OPEN, DATA, CLOSE):
                     raise MuxError(f"bad chunk (kind {kind}, {length} bytes)")
                 data = await self.reader.readexactly(length) if length else b""
@@ -251,8 +258,8 @@ class MuxConnection:
                         reader.feed_data(data)
                 elif channel in self._readers:
                     self._end(channel, tell=False)
-        except (asyncio.IncompleteReadError, ConnectionError, OSError) as e:
-            log.debug("mux connection ended: %s", e)
+        except (asyncio.IncompleteReadError, ConnectionError, OSError, TimeoutError) as e:
+            log.debug("mux connection ended: %r", e)
         finally:
             self.close()
 

@@ -279,9 +279,10 @@ class DirectListener:
 
     def __init__(self, handler: StreamHandler | None, peer_id: PeerId, hosts: list[str], port: int = 0,
                  token_ttl_s: float = 30.0, attach_timeout_s: float = 10.0, tls: Optional[DirectTLS] = None,
-                 announce_port: Optional[int] = None, mux: bool = True):
+                 announce_port: Optional[int] = None, mux: bool = True, mux_idle_timeout_s: float = 300.0):
         self.handler = handler
         self.mux = mux  # a client may carry many streams on one connection (transport/mux.py)
+        self.mux_idle_timeout_s = mux_idle_timeout_s  # such a connection with no stream open ends
         self.tls = tls
         self.peer_id = peer_id
         self.hosts = hosts
@@ -356,7 +357,8 @@ class DirectListener:
         handler = self.handler
         assert handler is not None, "start() made sure of a handler"
         if mux:  # every channel is a stream of this client's, served by the same handler
-            await MuxConnection(reader, writer, client=False, accept=lambda r, w: handler(r, w, holder)).serve()
+            await MuxConnection(reader, writer, client=False, accept=lambda r, w: handler(r, w, holder),
+                                idle_timeout_s=self.mux_idle_timeout_s).serve()
             return
         try:
             await handler(reader, writer, holder)

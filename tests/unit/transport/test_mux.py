@@ -179,3 +179,18 @@ def test_a_channel_nobody_reads_pauses_the_connection_instead_of_filling_memory(
             client.close()
 
     asyncio.run(go())
+
+
+def test_the_accepting_side_closes_a_connection_left_without_channels():
+    async def go():
+        async with _server(idle_timeout_s=0.3) as ((host, port), conns):
+            reader, writer = await asyncio.open_connection(host, port)
+            client = MuxConnection(reader, writer, client=True).start()
+            s = client.open()
+            await asyncio.sleep(0.6)  # a channel is open: the connection stays, however quiet
+            assert not conns[0].closed
+            s.close()
+            await asyncio.sleep(0.6)
+            assert conns[0].closed and client.closed
+
+    asyncio.run(go())
