@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
+import threading
 from typing import Awaitable, Callable, Optional
 
 from p2pserve.transport import Stream
@@ -89,7 +90,11 @@ class ChannelWriter:
             await self.conn.writer.drain()
 
     def close(self) -> None:
-        """End the channel: the other side reads its end."""
+        """End the channel: the other side reads its end. Callable from any thread (a stream is
+        closed from wherever its owner lets it go), the rest on the connection's loop only."""
+        if threading.get_ident() != self.conn._thread:
+            self.conn._loop.call_soon_threadsafe(self.close)
+            return
         if not self.closed:
             self.closed = True
             self.conn._end(self.channel, tell=True)
@@ -140,6 +145,8 @@ class MuxConnection:
         self._resumed.set()
         self._tasks: set[asyncio.Task] = set()
         self._reading: Optional[asyncio.Task] = None
+        self._loop = asyncio.get_running_loop()  # built on the loop that serves it
+        self._thread = threading.get_ident()
 
     @property
     def channels(self) -> int:
@@ -204,7 +211,7 @@ class MuxConnection:
             self._pending += CHUNK.size + len(part)
         if not self._flush_scheduled:
             self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush)
+            self._loop.call_soon(self._flush)
 
     def _flush(self) -> None:
         """Write everything queued as one write (one TLS record run, one send)."""

@@ -194,3 +194,24 @@ def test_the_accepting_side_closes_a_connection_left_without_channels():
             assert conns[0].closed and client.closed
 
     asyncio.run(go())
+
+
+def test_a_channel_closed_from_another_thread_ends_and_the_rest_go_on():
+    import threading
+
+    async def go():
+        async with _server() as ((host, port), conns):
+            reader, writer = await asyncio.open_connection(host, port)
+            client = MuxConnection(reader, writer, client=True).start()
+            gone, kept = client.open(), client.open()
+            closer = threading.Thread(target=gone.close)  # as a test's or a library's thread does
+            closer.start()
+            closer.join()
+            await write_frame(kept.writer, GetStats())
+            async with asyncio.timeout(5.0):
+                await read_frame(kept.reader, FrameLimits())
+            await asyncio.sleep(0.05)
+            assert conns[0].channels == 1
+            client.close()
+
+    asyncio.run(go())
