@@ -54,9 +54,15 @@ static inline float exp_nonpositive(float x) {
     return p * s;
 }
 
-static inline void prefetch_row(const uint16_t *row, int64_t W) {
-    const char *p = (const char *)row;
-    for (int64_t c = 0; c < W * 2; c += 64) __builtin_prefetch(p + c);
+/* Pool row rows[j] [W] as fp32 into out, with row rows[j + PREFETCH] asked into cache meanwhile. */
+static inline void load_row(float *out, const uint16_t *pool, const int64_t *rows, int64_t j, int64_t n, int64_t W) {
+    if (j + PREFETCH < n) {
+        const char *ahead = (const char *)(pool + rows[j + PREFETCH] * W);
+        for (int64_t c = 0; c < W * 2; c += 64) __builtin_prefetch(ahead + c);
+    }
+    const uint16_t *r = pool + rows[j] * W;
+#pragma omp simd
+    for (int64_t x = 0; x < W; x++) out[x] = bf16_to_float(r[x]);
 }
 
 /* q [b, nH, D] bf16; k, v [S, nKV, D] bf16 pools; read [b, mk] int64 pool rows by position;
@@ -101,10 +107,7 @@ int p2p_decode_attend_bf16(const uint16_t *q, const uint16_t *k, const uint16_t 
             for (int64_t x = 0; x < nH * D; x++) qf[x] = bf16_to_float(q[i * nH * D + x]) * scale;
             for (int64_t h = 0; h < nH; h++) top[h] = -INFINITY;
             for (int64_t j = 0; j < n; j++) {
-                if (j + PREFETCH < n) prefetch_row(k + rows[j + PREFETCH] * W, W);
-                const uint16_t *kr = k + rows[j] * W;
-#pragma omp simd
-                for (int64_t x = 0; x < W; x++) row[x] = bf16_to_float(kr[x]);
+                load_row(row, k, rows, j, n, W);
                 for (int64_t h = 0; h < nH; h++) {
                     const float *kh = row + (h / G) * D, *qh = qf + h * D;
                     float t = 0.f;
@@ -127,10 +130,7 @@ int p2p_decode_attend_bf16(const uint16_t *q, const uint16_t *k, const uint16_t 
             }
             memset(acc, 0, sizeof(float) * nH * D);
             for (int64_t j = 0; j < n; j++) {
-                if (j + PREFETCH < n) prefetch_row(v + rows[j + PREFETCH] * W, W);
-                const uint16_t *vr = v + rows[j] * W;
-#pragma omp simd
-                for (int64_t x = 0; x < W; x++) row[x] = bf16_to_float(vr[x]);
+                load_row(row, v, rows, j, n, W);
                 for (int64_t h = 0; h < nH; h++) {
                     const float p = s[h * n + j], *vh = row + (h / G) * D;
                     float *ah = acc + h * D;
