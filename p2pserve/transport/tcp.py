@@ -131,6 +131,9 @@ class DirectTransport:
         self._direct: weakref.WeakSet = weakref.WeakSet()
         self._muxed: dict[PeerId, MuxConnection] = {}  # peer id -> its shared connection
         self._attaching: dict[PeerId, asyncio.Lock] = {}  # one attach at a time per peer
+        # peers whose last stream got no shared connection: their opens go on at once, each trying
+        # the direct path again (a later shared connection takes them out)
+        self._single: set[PeerId] = set()
 
     @property
     def peer_id(self) -> str:
@@ -142,14 +145,20 @@ class DirectTransport:
         stream, then try to move it to the direct path."""
         if protocol != SESSION_PROTOCOL:
             return await self.inner.open_stream(peer_id, maddrs, protocol, timeout_s)
-        if not self.mux:
+        conn = self._muxed.get(peer_id)
+        if conn is not None and not conn.closed:
+            return conn.open()
+        if not self.mux or peer_id in self._single:  # nothing to share: opens need not wait in line
             return await self._open_direct(peer_id, maddrs, timeout_s)
         lock = self._attaching.setdefault(peer_id, asyncio.Lock())
         async with lock:  # streams opened at once to a peer share the one connection attached first
             conn = self._muxed.get(peer_id)
             if conn is not None and not conn.closed:
                 return conn.open()
-            return await self._open_direct(peer_id, maddrs, timeout_s)
+            stream = await self._open_direct(peer_id, maddrs, timeout_s)
+            if peer_id not in self._muxed or self._muxed[peer_id].closed:
+                self._single.add(peer_id)  # libp2p only, or a peer that does not multiplex
+            return stream
 
     async def _open_direct(self, peer_id: PeerId, maddrs: Sequence[str], timeout_s: float) -> Stream:
         """Open the libp2p stream, then try to move it to the direct path."""
@@ -211,6 +220,7 @@ class DirectTransport:
             return None
         if self.mux and ack.mux:
             conn = self._muxed[peer_id] = MuxConnection(reader, writer, client=True).start()
+            self._single.discard(peer_id)
             return conn.open()
         stream = Stream(reader, writer, "direct")
         self._direct.add(stream)
