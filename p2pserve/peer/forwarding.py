@@ -93,6 +93,7 @@ class Forwarder:
         self._rings: dict[str, tuple[object, RingState]] = {}  # session id -> (session, its granted ring)
         self._links: dict[str, PushLink] = {}  # our session id -> stream to its next hop
         self._held = HeldResults(config.wait_timeout_s)  # steps' outcomes until the owner asks
+        self._pruned_at = -1  # the table's ``closes`` when this last forgot closed sessions
         # ring steps' links, one per next peer, dialled where that peer announced itself
         self._batch_links = BatchLinks(lambda peer: self.dialer.dial_announced(peer, self.resolve), limits,
                                        config.call_timeout_s)
@@ -378,7 +379,11 @@ class Forwarder:
             link.close()
 
     def _prune(self) -> None:
-        """Forget grants, rings, links, held results and waits of sessions no longer open."""
+        """Forget grants, rings, links, held results and waits of sessions no longer open: only
+        once some session closed since the last time (it runs on every request, and scans all)."""
+        if self._pruned_at == self.table.closes:
+            return
+        self._pruned_at = self.table.closes
         for table in (self._grants, self._rings):
             for sid in [s for s, entry in table.items() if not self._open(entry[0])]:
                 del table[sid]

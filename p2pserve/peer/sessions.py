@@ -84,6 +84,9 @@ class SessionTable:
     # owner's id() (not the stream itself, which may be gone by then).
     _expired: OrderedDict = field(default_factory=OrderedDict)  # recently expired: id -> (time, owner id)
     _moved: OrderedDict = field(default_factory=OrderedDict)  # closed because the range moved: id -> owner id
+    #: Sessions closed so far, for any reason: whoever keeps state per open session looks for
+    #: closed ones only when this moved (``Forwarder``: each request would otherwise scan all).
+    closes: int = 0
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -231,6 +234,7 @@ class SessionTable:
         """
         session = self._sessions.pop(session_id, None)
         if session is not None:
+            self.closes += 1
             session.closed = True
             if session.job is None:
                 session.cache.release()
