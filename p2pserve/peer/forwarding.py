@@ -379,8 +379,7 @@ class Forwarder:
             link.close()
 
     def _prune(self) -> None:
-        """Forget grants, rings, links, held results and waits of sessions no longer open: only
-        once some session closed since the last time (it runs on every request, and scans all)."""
+        """Forget grants, rings, links, held results and waits of sessions closed since the last look."""
         if self._pruned_at == self.table.closes:
             return
         self._pruned_at = self.table.closes
