@@ -167,7 +167,9 @@ class RingGrant(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_de
     PushForward. ``successor`` (last hop only): the first hop, to which it pushes the next step.
     ``context`` (last hop only, for a session whose penalties need its token history): the token
     ids of the first step, as ``Forward.context`` carries them; each later step's is the token
-    the last hop sampled before it, which it keeps itself."""
+    the last hop sampled before it, which it keeps itself. ``report`` (every hop but the last):
+    send the owner each ring step's signed reply unasked, on the owner's stream, once the step
+    ran here (the last hop's are asked for: ``AwaitResult`` carries the owner's credit)."""
 
     start_step: NonNegative
     start_position: NonNegative
@@ -177,3 +179,4 @@ class RingGrant(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_de
     route: Annotated[list[PushHop], msgspec.Meta(max_length=MAX_PUSH_HOPS)] = []
     successor: PushHop | None = None
     context: list[NonNegative] | None = None
+    report: bool = False

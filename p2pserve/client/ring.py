@@ -17,6 +17,11 @@ Positions the ring computed past the stop are rewound by the next step's positio
 speculative step's rejected ones are. Greedy output stays identical to ``generate``: the last
 hop samples exactly as for a pushed or client-driven step (seeded per absolute position).
 
+Every hop before the last sends the client its signed reply of each ring step unasked
+(``RingGrant.report``), in the same write as the step's batch to the next peer; the client reads
+them once the last hop's token of that step is in, before the token goes on, so each token comes
+with every hop's signed claim, and the hops see the same messages whether the client verifies.
+
 Failures: every hop reports a ring step it cannot send on, or a next hop's error, timeout or
 lost stream, up the ring to the last hop, which answers the client's wait with an ErrorReply
 whose ``failed_peer`` names the hop at fault, and the pipeline bans, re-routes and replays as in
@@ -36,6 +41,7 @@ from p2pserve.client.failover import HopFailure
 from p2pserve.client.push import grant_all, peer_of, read_reply, write_to
 from p2pserve.errors import MalformedFrameError, SilentRingError, error_from_reply
 from p2pserve.protocol import (
+    MAX_RING_AHEAD,
     AllowPush,
     AwaitResult,
     ErrorReply,
@@ -62,7 +68,7 @@ def ring_grants(links: Sequence[HopConnection], start: Forward, n: int, max_posi
     for i, hop in enumerate(hops):
         last = i == len(hops) - 1
         ring = RingGrant(**base, route=hops[1:] if i == 0 else [], successor=hops[0] if last else None,
-                         context=list(context) if last and context is not None else None)
+                         context=list(context) if last and context is not None else None, report=not last)
         grants.append(AllowPush(session_id=hop.session_id, from_peer=hops[i - 1].peer_id, ring=ring))
     return grants
 
@@ -84,6 +90,10 @@ class RingRoute:
         # the latest step's (reply, payload) of every hop, in route order: what each hop returned
         # (and, for the one after it, consumed), read from each hop as in a driven step
         self.hop_replies: list[tuple[ForwardResult, bytes]] = []
+        # every hop before the last sends each ring step's reply unasked (``RingGrant.report``):
+        # those read ahead of their step, per hop, by step; and the latest step read from all
+        self._reports: list[dict[int, tuple[ForwardResult, bytes]]] = [{} for _ in self.links[:-1]]
+        self._consumed = -1
 
     def continues(self, sent: Sequence[int], position: int, step: int) -> bool:
         """Whether step ``step`` of ``sent`` at ``position`` is the ring's next step."""
@@ -99,6 +109,7 @@ class RingRoute:
         await grant_all(self.links, ring_grants(self.links, forward, n, self._max_position, stop_tokens, context))
         self._asked.clear()
         self._credit = self._last_asked = -1  # step numbers are the pipeline's: a new ring may reuse old ones
+        self._reports, self._consumed = [{} for _ in self.links[:-1]], -1
         self.active = True
         msg = PushForward(forward=forward, route=[PushHop(peer_id=c.hop.peer_id, session_id=c.session_id)
                                                   for c in self.links[1:]], ring=True)
@@ -139,33 +150,54 @@ class RingRoute:
         except Exception as e:  # a bad answer, from the last hop itself
             raise HopFailure(last.hop, e) from e
         self.hop_replies = [*await self._earlier_hops(step, position, n), (reply, body)]
+        self._consumed = step
         self._next = (step + 1, position + n, int(reply.token))
         await self._ask(step + 1, position + n + 1)
         return reply
 
     async def _earlier_hops(self, step: int, position: int, n: int) -> list[tuple[ForwardResult, bytes]]:
         """Every hop before the last one's signed reply of ``step``, which has run through the
-        whole ring (so each holds it): asked of all at once, read in route order. Any answer
-        but that hop's checked reply is that hop's failure."""
+        whole ring (so each sent it, unasked), read in route order. Any answer but that hop's
+        checked reply is that hop's failure."""
         earlier = self.links[:-1]
-        if earlier and self._start_ack is not None:  # the first hop answers the ring's start first
-            ack = self._start_ack
-            async with asyncio.timeout(earlier[0].timeout_s * len(self.links)):
-                await ack
-        for link in earlier:
-            await write_to(link, AwaitResult(session_id=link.session_id, step=step))
+        await self._started()
         out = []
-        for link in earlier:
+        for i, link in enumerate(earlier):
             try:
-                async with asyncio.timeout(link.timeout_s):
-                    reply, body = await read_reply(link)
-                if isinstance(reply, ErrorReply):
-                    raise error_from_reply(reply.code, reply.message, peer=link.hop.peer_id)
+                reply, body = await self._report(i, step)
                 link.check_forward(reply, body, n, step, position, False, None, 1)
             except Exception as e:
                 raise HopFailure(link.hop, e) from e
             out.append((reply, body))
         return out
+
+    async def _started(self) -> None:
+        """Wait for the first hop's answer to the ring's start: its stream carries it first."""
+        if len(self.links) > 1 and self._start_ack is not None:
+            async with asyncio.timeout(self.links[0].timeout_s * len(self.links)):
+                await self._start_ack
+
+    async def _report(self, hop: int, step: int) -> tuple[ForwardResult, bytes]:
+        """Earlier hop ``hop``'s reply of ring step ``step``: read ahead already, or read now
+        (replies of earlier steps, which the pipeline did not wait for, are passed over)."""
+        link, ahead = self.links[hop], self._reports[hop]
+        while step not in ahead:
+            for old in [s for s in ahead if s < step]:
+                del ahead[old]
+            async with asyncio.timeout(link.timeout_s):
+                reply, body = await read_reply(link)
+            self._keep(hop, reply, body)
+        return ahead.pop(step)
+
+    def _keep(self, hop: int, reply, body: bytes) -> None:
+        """Keep a reply earlier hop ``hop`` sent unasked until its step is read; its ErrorReply,
+        anything else, or more than the ring can run ahead, is that hop's error."""
+        link, ahead = self.links[hop], self._reports[hop]
+        if isinstance(reply, ErrorReply):
+            raise error_from_reply(reply.code, reply.message, peer=link.hop.peer_id)
+        if not isinstance(reply, ForwardResult) or len(ahead) > MAX_RING_AHEAD:
+            raise MalformedFrameError(f"{link.hop} sent {reply!r:.80} where a ring step's reply was due")
+        ahead[reply.step] = (reply, body)
 
     async def _unless_start_failed(self, read):
         """Await ``read``, unless the first hop reports first that the ring's start failed (a
@@ -209,7 +241,10 @@ class RingRoute:
         an ErrorReply naming the hop at fault."""
         first = self.links[0]
         try:
-            reply, _ = await read_reply(first)
+            reply, body = await read_reply(first)
+            while isinstance(reply, ForwardResult):  # its own reply of the start comes first
+                self._keep(0, reply, body)
+                reply, body = await read_reply(first)
         except Exception as e:
             raise HopFailure(first.hop, e) from e
         if isinstance(reply, ErrorReply):
@@ -228,11 +263,18 @@ class RingRoute:
         if not self._asked or self._asked[-1] < self._credit:  # the ring may run to the credit: ask for it
             self._asked.append(self._credit)
             await write_to(last, AwaitResult(session_id=last.session_id, step=self._credit, ring_until=self._credit))
-        await self._unless_start_failed(self._read_until(self._asked[-1]))
-        if self._start_ack is not None:
-            ack, self._start_ack = self._start_ack, None
-            async with asyncio.timeout(self.links[0].timeout_s * len(self.links)):
-                await ack
+        final = self._asked[-1]
+        reply, _ = await self._unless_start_failed(self._read_until(final))
+        await self._started()
+        self._start_ack = None
+        ran_to = final if isinstance(reply, ForwardResult) else reply.step  # else RingStopped
+        if ran_to > self._consumed:  # the earlier hops sent their replies of the steps run past
+            for i, link in enumerate(self.links[:-1]):
+                try:
+                    await self._report(i, ran_to)
+                except Exception as e:
+                    raise HopFailure(link.hop, e) from e
+        self._consumed = ran_to
 
     def cancel(self) -> None:
         """The route is being dropped: stop reading."""

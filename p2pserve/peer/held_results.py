@@ -1,6 +1,7 @@
 """``HeldResults``: pushed steps' outcomes held at a peer until the session's owner asks for them.
 
-A peer that a pushed step ends at (the last hop), or any hop of a ring, keeps each step's
+A peer that a pushed step ends at (the last hop), or any hop of a ring (unless its grant says
+``report``: it sends them unasked), keeps each step's
 ForwardResult and payload (or the ErrorReply it ended in) for the owner's ``AwaitResult``; an
 owner that asks before the step ran waits here, one wait per session at a time (its stream
 serves one frame at a time). A ring runs at most ``MAX_RING_AHEAD`` steps past the owner's
@@ -16,6 +17,7 @@ import msgspec
 
 from p2pserve.errors import BadRequestError, P2PServeError
 from p2pserve.protocol import MAX_RING_AHEAD, RingStopped
+from p2pserve.transport.frames import write_frame_now
 
 
 class HeldResults:
@@ -32,7 +34,13 @@ class HeldResults:
         self._results.pop(session_id, None)
 
     def deliver(self, session, step: int, reply, payload: bytes, ring) -> None:
-        """Hand ``step``'s outcome to the owner's waiting AwaitResult, or hold it for it."""
+        """Hand ``step``'s outcome to the owner's waiting AwaitResult, or hold it for it; a ring
+        hop before the last whose grant says ``report`` sends it to the owner at once instead
+        (the ring's credit bounds how many: the owner reads them with the last hop's)."""
+        if ring is not None and ring.grant.report and not ring.last:
+            writer = getattr(session.owner, "writer", None)
+            if writer is not None and write_frame_now(writer, reply, payload):
+                return
         held = self._results.setdefault(session.id, (session, {}))[1]
         held[step] = (reply, payload)
         while len(held) > self.cap:

@@ -54,6 +54,16 @@ async def write_frame(writer: asyncio.StreamWriter, message: msgspec.Struct, pay
     await writer.drain()
 
 
+def write_frame_now(writer, message: msgspec.Struct, payload: bytes | memoryview = b"") -> bool:
+    """Write one frame without waiting for the transport (what is sent this way is bounded by
+    the caller); False, and nothing written, when ``writer`` is closing."""
+    if writer.is_closing():
+        return False
+    prefix, header, body = encode_frame(message, payload)
+    writer.write(b"".join((prefix, header, body)))
+    return True
+
+
 async def read_frame(reader: asyncio.StreamReader, limits: FrameLimits) -> tuple[bytes, bytes]:
     """Read one frame's header and payload bytes, enforcing limits before reading the body.
 

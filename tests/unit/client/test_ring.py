@@ -36,6 +36,7 @@ from p2pserve.protocol import (
     AllowPush,
     ErrorReply,
     Forward,
+    ForwardResult,
     PushAck,
     PushForward,
     PushHop,
@@ -535,3 +536,30 @@ def test_a_silent_middle_hop_is_found_by_driving_the_route_not_blamed_on_the_las
         assert pipeline.route[1].peer_id == B2
     finally:
         s.stop()
+
+
+def test_an_earlier_hops_unasked_replies_are_kept_by_step_and_anything_else_is_its_failure():
+    """What an earlier hop sends on its stream during a ring: its replies, kept by step until
+    the client reads them; an ErrorReply, another message, or more replies than a ring can run
+    ahead of the client are that hop's error."""
+    from types import SimpleNamespace
+
+    from p2pserve.client.ring import RingRoute
+    from p2pserve.errors import P2PServeError
+
+    links = [SimpleNamespace(hop=SimpleNamespace(peer_id=p)) for p in ("A", "B", "C")]
+    ring = RingRoute(links)  # type: ignore[arg-type]
+    result = lambda step: msgspec.structs.replace(_RESULT, step=step)  # noqa: E731
+    ring._keep(1, result(4), b"x")
+    ring._keep(1, result(5), b"y")
+    assert ring._reports[1] == {4: (result(4), b"x"), 5: (result(5), b"y")} and ring._reports[0] == {}
+    with pytest.raises(MalformedFrameError):
+        ring._keep(0, PushAck(session_id="s", step=3), b"")
+    with pytest.raises(P2PServeError):
+        ring._keep(0, ErrorReply(code="internal", message="no"), b"")
+    with pytest.raises(MalformedFrameError):
+        for step in range(MAX_RING_AHEAD + 2):
+            ring._keep(0, result(step), b"")
+
+
+_RESULT = ForwardResult(session_id="s", step=0, position=1, token=3)
