@@ -184,8 +184,11 @@ class RingRoute:
         while step not in ahead:
             for old in [s for s in ahead if s < step]:
                 del ahead[old]
-            async with asyncio.timeout(link.timeout_s):
-                reply, body = await read_reply(link)
+            try:
+                async with asyncio.timeout(link.timeout_s):
+                    reply, body = await read_reply(link)
+            except TimeoutError:  # it, or the last hop that said the step ran, is at fault: blame nobody
+                raise SilentRingError(f"no reply of ring step {step} from {link.hop} in time") from None
             self._keep(hop, reply, body)
         return ahead.pop(step)
 
@@ -267,7 +270,10 @@ class RingRoute:
         reply, _ = await self._unless_start_failed(self._read_until(final))
         await self._started()
         self._start_ack = None
-        ran_to = final if isinstance(reply, ForwardResult) else reply.step  # else RingStopped
+        stopped = isinstance(reply, RingStopped)
+        if not (stopped or isinstance(reply, ForwardResult)) or (stopped and reply.step > final):
+            raise HopFailure(last.hop, MalformedFrameError(f"{last.hop} answered a wait with {reply!r:.80}"))
+        ran_to = reply.step if stopped else final
         if ran_to > self._consumed:  # the earlier hops sent their replies of the steps run past
             for i, link in enumerate(self.links[:-1]):
                 try:
