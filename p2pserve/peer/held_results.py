@@ -23,9 +23,10 @@ from p2pserve.transport.frames import write_frame_now
 class HeldResults:
     """Outcomes held per session and the owners waiting for theirs (``wait_timeout_s`` at most)."""
 
-    def __init__(self, wait_timeout_s: float, cap: int = MAX_RING_AHEAD + 4):
+    def __init__(self, wait_timeout_s: float, cap: int = MAX_RING_AHEAD + 4, max_report_backlog: int = 64 << 20):
         self.wait_timeout_s = wait_timeout_s
         self.cap = cap
+        self.max_report_backlog = max_report_backlog  # bytes an owner's stream may hold unread
         self._results: dict[str, tuple[object, dict]] = {}  # sid -> (session, {step: (reply, payload)})
         self._waiters: dict[str, tuple[object, int, asyncio.Future]] = {}  # sid -> (session, step, future)
 
@@ -35,11 +36,11 @@ class HeldResults:
 
     def deliver(self, session, step: int, reply, payload: bytes, ring) -> None:
         """Hand ``step``'s outcome to the owner's waiting AwaitResult, or hold it for it; a ring
-        hop before the last whose grant says ``report`` sends it to the owner at once instead
-        (the ring's credit bounds how many: the owner reads them with the last hop's)."""
+        hop before the last whose grant says ``report`` sends it to the owner at once instead (to
+        an owner that stops reading, only until its stream's backlog is full; then held, capped)."""
         if ring is not None and ring.grant.report and not ring.last:
             writer = getattr(session.owner, "writer", None)
-            if writer is not None and write_frame_now(writer, reply, payload):
+            if writer is not None and write_frame_now(writer, reply, payload, self.max_report_backlog):
                 return
         held = self._results.setdefault(session.id, (session, {}))[1]
         held[step] = (reply, payload)

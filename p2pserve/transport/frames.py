@@ -54,10 +54,21 @@ async def write_frame(writer: asyncio.StreamWriter, message: msgspec.Struct, pay
     await writer.drain()
 
 
-def write_frame_now(writer, message: msgspec.Struct, payload: bytes | memoryview = b"") -> bool:
-    """Write one frame without waiting for the transport (what is sent this way is bounded by
-    the caller); False, and nothing written, when ``writer`` is closing."""
-    if writer.is_closing():
+def unsent_bytes(writer) -> int:
+    """Bytes written to ``writer`` that its socket has not taken yet (0 where it cannot tell)."""
+    own = getattr(writer, "unsent_bytes", None)
+    if own is not None:
+        return own()
+    transport = getattr(writer, "transport", None)
+    return transport.get_write_buffer_size() if transport is not None else 0
+
+
+def write_frame_now(writer, message: msgspec.Struct, payload: bytes | memoryview = b"",
+                    max_unsent: int = 64 << 20) -> bool:
+    """Write one frame without waiting for the transport; False, and nothing written, when
+    ``writer`` is closing or already holds ``max_unsent`` bytes its reader has not taken (a
+    reader that stops reading cannot make the writer buffer without bound)."""
+    if writer.is_closing() or unsent_bytes(writer) >= max_unsent:
         return False
     prefix, header, body = encode_frame(message, payload)
     writer.write(b"".join((prefix, header, body)))

@@ -99,6 +99,11 @@ class ChannelWriter:
             self.closed = True
             self.conn._end(self.channel, tell=True)
 
+    def unsent_bytes(self) -> int:
+        """Bytes queued on the connection (any channel's) that its socket has not taken yet."""
+        transport = getattr(self.conn.writer, "transport", None)
+        return self.conn._pending + (transport.get_write_buffer_size() if transport is not None else 0)
+
     def is_closing(self) -> bool:
         """Whether the channel or its connection is closed."""
         return self.closed or self.conn.closed

@@ -42,3 +42,36 @@ def test_a_wait_on_a_session_that_closes_fails_with_why(why, raised):
             await wait
 
     asyncio.run(main())
+
+
+def test_ring_replies_sent_unasked_stop_at_the_backlog_of_an_owner_that_does_not_read():
+    """A ring hop before the last sends each step's reply to the owner unasked; an owner that
+    never reads its stream gets them held (capped) once the stream holds the backlog's worth, so
+    it cannot make the peer buffer without bound."""
+    import socket
+    from types import SimpleNamespace
+
+    from p2pserve.protocol import ForwardResult, RingGrant
+    from p2pserve.peer.ring import RingState
+    from p2pserve.transport.frames import unsent_bytes
+
+    async def main():
+        mine, theirs = socket.socketpair()  # the owner's end is never read
+        _, writer = await asyncio.open_connection(sock=mine)
+        try:
+            owner = SimpleNamespace(writer=writer)
+            table = _table()
+            session = _open(table, "s", owner=owner)
+            ring = RingState.of(RingGrant(start_step=0, start_position=0, start_tokens=1, max_position=4096,
+                                          report=True), "prev")
+            held = HeldResults(5.0, max_report_backlog=1 << 20)
+            payload = bytes(256 << 10)
+            for step in range(40):
+                held.deliver(session, step, ForwardResult(session_id="s", step=step, position=step + 1), payload, ring)
+            assert unsent_bytes(writer) < (1 << 20) + 2 * len(payload)
+            assert held.answer_for(session, 39, ring) is not None  # held once the backlog was full
+        finally:
+            writer.close()
+            theirs.close()
+
+    asyncio.run(main())
