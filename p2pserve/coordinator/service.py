@@ -32,7 +32,7 @@ from p2pserve.dht.election import elect_leader, next_epoch
 from p2pserve.dht.machine_info import MachineInfo
 from p2pserve.dht.evidence import Evidence
 from p2pserve.dht.keys import RecordKind
-from p2pserve.dht.records import CoordinatorCandidate, Plan
+from p2pserve.dht.records import CoordinatorCandidate, PeerInfo, Plan
 from p2pserve.dht.reports import ServiceReports
 from p2pserve.dht.view import SwarmView
 from p2pserve.metrics import CoordinatorMetrics
@@ -92,6 +92,7 @@ class CoordinatorService:
         self._last_candidacy_at: Optional[float] = None
         self._latest_seen: Optional[Plan] = None  # highest-epoch trusted plan ever read
         self._peers = LivePeers()
+        self._peers_read_at: Optional[float] = None  # when the peers were last read (leader or not)
         self.exclusions = ExclusionBook(config.exclusion_s)
         self.verdicts: dict[str, claims.Verdict] = {}  # of the last round, by peer id
         self.prober = prober  # the leader's own compute probes (coordinator/compute_probe.py), if any
@@ -147,10 +148,21 @@ class CoordinatorService:
             if self._latest_seen is None or sp.plan.epoch > self._latest_seen.epoch:
                 self._latest_seen = sp.plan
 
+    async def _live_peers(self, now: float) -> dict[str, PeerInfo]:
+        """One read of the peers, merged into what the reads before saw (``LivePeers``)."""
+        fresh = await self.swarm.get_peers()
+        self._peers_read_at = now
+        return self._peers.update(fresh, self.swarm.withdrawn.get(RecordKind.PEERS, set()), now)
+
+    async def _follow_peers(self, now: float) -> None:
+        """A follower reads the peers too (once per ``peer_refresh``): taking the lead, it plans from
+        a merged view, not one first read that may miss a serving peer (and route around it)."""
+        if self._peers_read_at is None or now - self._peers_read_at >= self.swarm.config.peer_refresh:
+            await self._live_peers(now)
+
     async def _snapshot(self, now: float) -> Snapshot:
         # both reads at once: at a few hundred peers each is a DHT get of hundreds of records
-        fresh, links = await asyncio.gather(self.swarm.get_peers(), self.swarm.get_links())
-        peers = self._peers.update(fresh, self.swarm.withdrawn.get(RecordKind.PEERS, set()), now)
+        peers, links = await asyncio.gather(self._live_peers(now), self.swarm.get_links())
         peers = await self._without_excluded(self._with_shape(peers), now)
         self._probe_targets = peers
         link_infos = [s.record for s in links.values()]
@@ -220,6 +232,7 @@ class CoordinatorService:
             if was_leader:
                 logger.info(f"stepping down: {leader.coordinator_id if leader else 'nobody'} leads now")
             self._state = replace(self._state, summary=None)  # take fresh decisions if leadership comes back
+            await self._follow_peers(now)
             return None
         snap = await self._snapshot(now)
         # the solve may take seconds: run it off the event loop so that the candidacy keeps

@@ -77,6 +77,40 @@ def test_coordinator_failover_with_fake_clock():
     run(go())
 
 
+class MissingReads(FakeSwarm):
+    """A node whose peer reads miss the peers in ``miss`` (a slow replica, a timed-out get)."""
+
+    miss: set = set()
+
+    async def get_peers(self):
+        return {pid: s for pid, s in (await super().get_peers()).items() if pid not in self.miss}
+
+
+def test_a_takeover_does_not_plan_from_one_read_that_missed_a_serving_peer():
+    store, clock = FakeSwarmStore(), FakeClock()
+    cfg = DHTConfig(model="m", candidate_refresh=1.0, plan_refresh=2.0, peer_refresh=1.0, max_clock_skew=0.0)
+    sa, sb = FakeSwarm(store, "a", cfg), MissingReads(store, "b", cfg)
+    a = CoordinatorService(sa, CoordinatorConfig(num_layers=4, priority=2, solve_time_limit=0.2), clock=clock)
+    b = CoordinatorService(sb, CoordinatorConfig(num_layers=4, priority=1, solve_time_limit=0.2), clock=clock)
+    for name, span in (("x", (0, 2)), ("y", (2, 4))):
+        asyncio.run(FakeSwarm(store, name, DHTConfig(model="m")).announce_peer(PeerInfo(
+            model="m", peer_id=name, max_layers=2, throughput_decode=[4.0, 3.0], serving=span, state="serving")))
+
+    async def go():
+        await a.step(), await b.step()
+        clock.advance(2.5)
+        assert (await a.step()).startswith("published") and await b.step() is None
+        assert store.get(RecordKind.PLAN, sa.public_key).max_flow > 0
+        # a dies; b's first read as the leader misses y, whose record is alive: y still serves
+        store.drop(RecordKind.COORDINATORS, sa.public_key)
+        sb.miss = {"y"}
+        assert (await b.step()).startswith("published")
+        pb = store.get(RecordKind.PLAN, sb.public_key)
+        assert pb.leader_id == "b" and set(pb.spans) == {"x", "y"} and pb.max_flow > 0
+
+    run(go())
+
+
 def test_probe_sizing_covers_slow_and_fast_links():
     cfg = ProberConfig(target_transfer_s=0.1)
     # 10 Mbit/s: 64 KiB takes 52 ms -> one more, bigger transfer lasts past the target
