@@ -80,7 +80,9 @@ def test_an_inflated_claim_is_capped_by_the_coordinators_probes_alone(model_dir,
                 break
             time.sleep(1.0)
         loop.close()
-        assert share is not None and share < 0.8, f"the liar still gets {share} of the flow"
+        assert share is not None and share < 0.8, (
+            f"the liar still gets {share} of the flow; the coordinator's log ends:\n"
+            + "\n".join(_log(tmp_path / "coord.log").splitlines()[-40:]))
         assert "compute probe saw" in _log(tmp_path / "coord.log")
         # no client reported anything: the only report is the coordinator's own
         out = subprocess.run([sys.executable, "-m", "p2pserve.cli", "status", "--config", str(cfg), "--json"],
