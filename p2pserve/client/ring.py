@@ -176,6 +176,7 @@ class RingRoute:
         if len(self.links) > 1 and self._start_ack is not None:
             async with asyncio.timeout(self.links[0].timeout_s * len(self.links)):
                 await self._start_ack
+        self._start_ack = None  # answered: later steps need not wait for it, nor race it
 
     async def _report(self, hop: int, step: int) -> tuple[ForwardResult, bytes]:
         """Earlier hop ``hop``'s reply of ring step ``step``: read ahead already, or read now
@@ -269,7 +270,6 @@ class RingRoute:
         final = self._asked[-1]
         reply, _ = await self._unless_start_failed(self._read_until(final))
         await self._started()
-        self._start_ack = None
         stopped = isinstance(reply, RingStopped)
         if not (stopped or isinstance(reply, ForwardResult)) or (stopped and reply.step > final):
             raise HopFailure(last.hop, MalformedFrameError(f"{last.hop} answered a wait with {reply!r:.80}"))

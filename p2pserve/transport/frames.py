@@ -41,8 +41,8 @@ def tensor_from_wire(meta: TensorMeta, payload: bytes | bytearray) -> torch.Tens
     return torch.frombuffer(buf, dtype=dtype).reshape(meta.shape)
 
 
-async def write_frame(writer: asyncio.StreamWriter, message: msgspec.Struct, payload: bytes | memoryview = b"") -> None:
-    """Write one frame and wait until the transport accepted it."""
+def _put_frame(writer, message: msgspec.Struct, payload: bytes | memoryview) -> None:
+    """Encode one frame and hand it to ``writer`` whole, in this call."""
     prefix, header, body = encode_frame(message, payload)
     if len(body) <= _COALESCE_BYTES:
         # One write per small frame: the libp2p daemon forwards each write as its own
@@ -51,6 +51,11 @@ async def write_frame(writer: asyncio.StreamWriter, message: msgspec.Struct, pay
     else:
         writer.write(prefix + header)
         writer.write(body)  # large payloads are not copied
+
+
+async def write_frame(writer: asyncio.StreamWriter, message: msgspec.Struct, payload: bytes | memoryview = b"") -> None:
+    """Write one frame and wait until the transport accepted it."""
+    _put_frame(writer, message, payload)
     await writer.drain()
 
 
@@ -70,8 +75,7 @@ def write_frame_now(writer, message: msgspec.Struct, payload: bytes | memoryview
     reader that stops reading cannot make the writer buffer without bound)."""
     if writer.is_closing() or unsent_bytes(writer) >= max_unsent:
         return False
-    prefix, header, body = encode_frame(message, payload)
-    writer.write(b"".join((prefix, header, body)))
+    _put_frame(writer, message, payload)
     return True
 
 
