@@ -62,26 +62,29 @@ def test_an_inflated_claim_is_capped_by_the_coordinators_probes_alone(model_dir,
                                         host_maddrs=("/ip4/127.0.0.1/tcp/0",), client_mode=True, **TIMING))
         loop = asyncio.new_event_loop()
 
-        def liar_share():
+        def liar_flow():
+            """The plan's flow through the liar against the 8-layer rate it claims, or None."""
             sp = loop.run_until_complete(reader.get_plan())
-            if sp is None or liar.peer_id not in sp.plan.spans or len(sp.plan.spans) < 2:
+            peers = loop.run_until_complete(reader.get_peers())
+            if sp is None or liar.peer_id not in sp.plan.spans or len(sp.plan.spans) < 2 or liar.peer_id not in peers:
                 return None
-            inflow: dict[str, float] = {}
-            for f in sp.plan.flows:
-                inflow[f.dst] = inflow.get(f.dst, 0.0) + f.rate
-            total = sum(v for k, v in inflow.items() if k not in ("source", "sink"))
-            return inflow.get(liar.peer_id, 0.0) / total if total > 0 else None
+            inflow = sum(f.rate for f in sp.plan.flows if f.dst == liar.peer_id)
+            return inflow, peers[liar.peer_id].record.throughput_decode[7]
 
-        share = None
+        # What the probe buys is a cap on the flow the plan routes through the liar, far below its
+        # claim. Its share against the honest peer is not the measure: the probe's one-row rate
+        # over the liar's own start-up profile varied 10x-20x between loaded runs, and at 0.02
+        # of the claim the capped liar still outran the honest peer's under-measured profile.
+        flow = None
         end = time.monotonic() + DEADLINE
         while time.monotonic() < end:
-            share = liar_share()
-            if share is not None and share < 0.8 and "compute probe" in _log(tmp_path / "coord.log"):
+            flow = liar_flow()
+            if flow is not None and flow[0] < flow[1] / 10 and "compute probe" in _log(tmp_path / "coord.log"):
                 break
             time.sleep(1.0)
         loop.close()
-        assert share is not None and share < 0.8, (
-            f"the liar still gets {share} of the flow; the coordinator's log ends:\n"
+        assert flow is not None and flow[0] < flow[1] / 10, (
+            f"the plan routes {flow} (flow, claimed rate) through the liar; the coordinator's log ends:\n"
             + "\n".join(_log(tmp_path / "coord.log").splitlines()[-40:]))
         assert "compute probe saw" in _log(tmp_path / "coord.log")
         # no client reported anything: the only report is the coordinator's own
