@@ -12,10 +12,10 @@ DEADLINE = 60.0  # generous: seconds on a loaded 2-core machine, not a performan
 
 
 def wait_for(check: Callable[[], Any], what: str, timeout: float = DEADLINE, interval: float = 0.3,
-             children: Optional[Any] = None) -> Any:
+             children: Optional[Any] = None, explain: Optional[Callable[[], str]] = None) -> Any:
     """Poll ``check()`` (sync, may return a value) until it is truthy and return that value; fail
-    the test naming ``what`` after ``timeout`` seconds. ``children`` (a ``launch.Children``):
-    one that exited fails the wait at once, with its output."""
+    the test naming ``what`` after ``timeout`` seconds, with ``explain()`` appended when given.
+    ``children`` (a ``launch.Children``): one that exited fails the wait at once, with its output."""
     end = time.monotonic() + timeout
     last = None
     while time.monotonic() < end:
@@ -25,4 +25,5 @@ def wait_for(check: Callable[[], Any], what: str, timeout: float = DEADLINE, int
         if last:
             return last
         time.sleep(interval)
-    pytest.fail(f"timed out waiting for {what} (last: {last!r})")
+    detail = f"; {explain()}" if explain is not None else ""
+    pytest.fail(f"timed out waiting for {what} (last: {last!r}){detail}")
