@@ -1,9 +1,8 @@
 """The coordinator service: election candidate; when leader, plans and publishes.
 
-A thin async shell over the swarm (a :class:`~p2pserve.dht.view.SwarmView`): each round it
-refreshes its candidacy, reads candidacies, plans and peers, and hands a
-:class:`~p2pserve.coordinator.snapshot.Snapshot` to the pure
-:func:`~p2pserve.coordinator.replan.replan`, then publishes what that decided. Who leads is
+A thin async shell over the swarm (a :class:`~p2pserve.dht.view.SwarmView`): each round it refreshes
+its candidacy, reads candidacies, plans and peers, and hands a :class:`~p2pserve.coordinator.snapshot.Snapshot`
+to the pure :func:`~p2pserve.coordinator.replan.replan`, then publishes what that decided. Who leads is
 :func:`p2pserve.dht.election.elect_leader`; what the plan holds is ``replan``'s business.
 """
 
@@ -26,7 +25,8 @@ from p2pserve.coordinator.compute_probe import ComputeProber
 from p2pserve.coordinator.retrial import Retrials
 from p2pserve.coordinator.replan import Decision, LeaderState, replan
 from p2pserve.coordinator.shape import Shape, agree, mismatched
-from p2pserve.coordinator.snapshot import LivePeers, Snapshot
+from p2pserve.coordinator.snapshot import Snapshot
+from p2pserve.dht.live_peers import LivePeers
 from p2pserve.coordinator.groupings import GroupingPolicy, choose_groupings
 from p2pserve.dht.election import elect_leader, next_epoch
 from p2pserve.dht.machine_info import MachineInfo

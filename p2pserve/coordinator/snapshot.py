@@ -1,8 +1,8 @@
 """What the coordinator plans from: the swarm's live records at one instant (pure, no I/O).
 
 :class:`Snapshot` holds validated peers and links; :class:`Summary` is the part of it that the
-re-plan decision compares between rounds; :class:`LivePeers` keeps peers across reads that
-miss them until their record expires or is withdrawn.
+re-plan decision compares between rounds. The peers it is built from come through
+:class:`~p2pserve.dht.live_peers.LivePeers`, which keeps peers across reads that miss them.
 """
 
 from __future__ import annotations
@@ -11,8 +11,7 @@ from dataclasses import dataclass, field
 from typing import Mapping, Optional, Sequence
 
 from p2pserve.dht.records import LinkInfo, LinkStat, PeerInfo
-from p2pserve.dht.view import Signed
-from p2pserve.types import LayerRange, PeerId
+from p2pserve.types import LayerRange
 
 
 @dataclass(frozen=True)
@@ -70,24 +69,3 @@ class Summary:
             {k: v.bandwidth for k, v in s.links.items()},
             ceiling,
         )
-
-
-class LivePeers:
-    """Fresh reads merged with peers seen before whose records have not expired yet.
-
-    One DHT read can miss an entry (a slow replica, a timeout); treating that as a departure
-    would move layers back and forth. A peer leaves the plan when its record expires or it
-    withdraws (tombstone), not when one read misses it.
-    """
-
-    def __init__(self) -> None:
-        self._seen: dict[PeerId, Signed[PeerInfo]] = {}
-
-    def update(self, fresh: Mapping[PeerId, Signed[PeerInfo]], withdrawn: set[str], now: float) -> dict[str, PeerInfo]:
-        """Merge one read (``withdrawn``: signers that left on purpose); returns the live peers."""
-        self._seen.update(fresh)
-        for pid in list(self._seen):
-            s = self._seen[pid]
-            if s.expiration < now or (pid not in fresh and s.signer in withdrawn):
-                del self._seen[pid]
-        return {pid: s.record for pid, s in self._seen.items()}

@@ -307,10 +307,10 @@ class LinkProber:
             try:
                 stat = await self.probe(peer_id, addrs)
             except (ProtocolError, ConnectionError, OSError, asyncio.TimeoutError, asyncio.IncompleteReadError) as e:
-                logger.info(f"probe to {peer_id} failed: {e!r}")
+                logger.warning(f"probe to {peer_id} failed: {e!r}")
                 continue
             except Exception as e:  # p2pd control errors have no common base class
-                logger.info(f"probe to {peer_id} failed: {e!r}")
+                logger.warning(f"probe to {peer_id} failed: {e!r}")
                 continue
             if stat is None:
                 self._last_probe.pop(peer_id, None)  # busy: retry next round

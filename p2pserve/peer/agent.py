@@ -18,7 +18,7 @@ from p2pserve import __version__
 from p2pserve import clock as clocks
 from p2pserve.clock import Clock
 from p2pserve.dht.announcer import Announcer
-from p2pserve.dht.probe_set import probe_round
+from p2pserve.dht.probe_rounds import ProbeRounds
 from p2pserve.dht.records import MAX_ADDRS, MAX_STR, LatencyPoints, LinkInfo, PeerInfo, Plan
 from p2pserve.dht.view import LinkProbes, SwarmView
 from p2pserve.model.shard import Shard
@@ -208,18 +208,10 @@ class SwarmAgent:
 
     async def _probe_loop(self) -> None:
         period = max(0.5, min(self.swarm.config.link_refresh, self.prober.config.min_interval_s) / 2)
-        round_no = 0
+        rounds = ProbeRounds(self.swarm, self.prober, wall=self._wall)
         while True:
             try:
-                peers = await self.swarm.get_peers()
-                live = {pid: list(s.record.addrs) for pid, s in peers.items() if pid != self.swarm.peer_id}
-                # bounded probing: the region and a rotating sample, not every peer (dht/probe_set.py)
-                rtt = {pid: stat.rtt for pid, stat in self.prober.results.items()}
-                targets, keep = probe_round(self.swarm.peer_id, live, rtt, round_no)
-                round_no += 1
-                self.prober.forget(keep)
-                fresh = await self.prober.probe_many(targets)
-                if fresh:  # probe() already recorded them in prober.results
+                if await rounds.step():  # the prober's results hold them: announce now
                     self.announcer.poke_links()
             except asyncio.CancelledError:
                 raise

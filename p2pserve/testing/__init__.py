@@ -5,8 +5,9 @@ stand in only around the decision logic:
 
 * :class:`FakeClock` — a clock moved by hand (``p2pserve.clock``'s seam);
 * :class:`FakeSwarm` on a :class:`FakeSwarmStore` — the swarm protocol (``dht.view.SwarmView``)
-  in memory, several nodes sharing one store; :class:`FakeDHT` — hivemind's store/get in memory,
-  under the real ``Swarm``;
+  in memory, several nodes sharing one store; :class:`MissingReads` — one whose peer reads miss
+  chosen peers; :class:`FakeDHT` — hivemind's store/get in memory, under the real ``Swarm``;
+* :class:`~p2pserve.testing.probes.FakeLinkProbes` — a link prober that measures nothing;
 * :class:`MemoryTransport` on a :class:`MemoryNetwork` — the transport protocol in memory;
   :class:`FakePeerNetwork` — fake peers on it, for the real client pipeline;
 * :class:`FakeClient` — a finished-reply client for the OpenAI server;
@@ -31,11 +32,13 @@ from p2pserve.testing.peers import (
     MemoryTransport,
     fake_next_token,
 )
-from p2pserve.testing.swarm import FakeDHT, FakeSwarm, FakeSwarmStore, StoredRecord
+from p2pserve.testing.probes import FakeLinkProbes
+from p2pserve.testing.swarm import FakeDHT, FakeSwarm, FakeSwarmStore, MissingReads, StoredRecord
 from p2pserve.testing.verdicts import ScriptedVerifier
 
 __all__ = [
-    "FAKE_MODEL_ID", "ByteTokenizer", "FakeClient", "FakeClock", "FakeDHT", "FakePeerNetwork", "FakeReplyStream",
-    "FakeSwarm", "FakeSwarmStore", "FixedRoutes", "InstantClient", "InstantPipeline", "MemoryNetwork", "MemoryTransport",
-    "ScriptedVerifier", "StoredRecord", "fake_next_token", "fake_reply",
+    "FAKE_MODEL_ID", "ByteTokenizer", "FakeClient", "FakeClock", "FakeDHT", "FakeLinkProbes", "FakePeerNetwork",
+    "FakeReplyStream", "FakeSwarm", "FakeSwarmStore", "FixedRoutes", "InstantClient", "InstantPipeline",
+    "MemoryNetwork", "MemoryTransport", "MissingReads", "ScriptedVerifier", "StoredRecord", "fake_next_token",
+    "fake_reply",
 ]

@@ -178,6 +178,19 @@ class FakeSwarm:
         return choose_plan(await self.get_plans())
 
 
+class MissingReads(FakeSwarm):
+    """A node whose reads of the peers miss those in ``miss`` (a slow replica, a timed-out get),
+    while their records stay live in the store."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.miss: set[str] = set()
+
+    async def get_peers(self):
+        """The peers' records less the missed ones."""
+        return {pid: s for pid, s in (await super().get_peers()).items() if pid not in self.miss}
+
+
 class FakeDHT:
     """An in-memory stand-in for ``hivemind.DHT``'s dictionary ``store`` / ``get``, enough to
     test the real :class:`~p2pserve.dht.swarm.Swarm`'s writes and validated reads.

@@ -29,6 +29,7 @@ from p2pserve.dht.evidence import reply_key_text
 from p2pserve.dht.receipts import sign_receipt
 from p2pserve.dht.keys import RecordKind
 from p2pserve.dht.prober import LinkProber
+from p2pserve.dht.probe_rounds import ProbeRounds
 from p2pserve.dht.records import PeerInfo, encode_record
 from p2pserve.dht.swarm import Swarm
 from p2pserve.types import LayerRange, PeerId
@@ -118,14 +119,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="sign a service receipt for each client-<peer id> file in DIR (a served client)")
 
 
-async def _probe_round(swarm: Swarm, prober: LinkProber, announcer: Announcer, me: str) -> None:
-    peers = await swarm.get_peers()
-    targets = {pid: s.record.addrs for pid, s in peers.items() if pid != me}
-    prober.forget(list(targets) + [me])
-    if await prober.probe_many(targets):
-        announcer.poke_links()
-
-
 async def amain(args: argparse.Namespace) -> int:
     """Run until SIGTERM/SIGINT; withdraws its records on the way out."""
     dcfg, _ = dht_config_from_args(args)
@@ -137,6 +130,7 @@ async def amain(args: argparse.Namespace) -> int:
             prober = LinkProber(await swarm.replicate_p2p(),
                                 ProberConfig(min_interval_s=dcfg.link_refresh, max_probe_bytes=16 << 20))
             await prober.start()
+        rounds = ProbeRounds(swarm, prober) if prober else None
         announcer = Announcer(swarm, st.peer_info, (lambda: prober.link_info(dcfg.model, st.peer_id)) if prober else None)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -152,9 +146,10 @@ async def amain(args: argparse.Namespace) -> int:
                     announcer.poke()
                 if args.receipts:
                     st.write_receipts(Path(args.receipts))
-                if prober and monotonic() - last_probe >= min(dcfg.link_refresh, 2.0):
+                if rounds and monotonic() - last_probe >= min(dcfg.link_refresh, 2.0):
                     last_probe = monotonic()
-                    await _probe_round(swarm, prober, announcer, st.peer_id)
+                    if await rounds.step():
+                        announcer.poke_links()
             except (asyncio.TimeoutError, OSError) as e:
                 logger.warning(f"synthetic peer round failed: {e!r}")
             try:

@@ -12,7 +12,7 @@ from p2pserve.dht.election import choose_plan
 from p2pserve.dht.keys import RecordKind
 from p2pserve.dht.prober import LinkProber, TokenBucket, bandwidth_from, next_probe_size
 from p2pserve.dht.records import LinkInfo, LinkStat, PeerInfo
-from p2pserve.testing import FakeClock, FakeSwarm, FakeSwarmStore
+from p2pserve.testing import FakeClock, FakeSwarm, FakeSwarmStore, MissingReads
 
 
 def run(coro):
@@ -75,15 +75,6 @@ def test_coordinator_failover_with_fake_clock():
         assert plan_of(sb).epoch == 2
 
     run(go())
-
-
-class MissingReads(FakeSwarm):
-    """A node whose peer reads miss the peers in ``miss`` (a slow replica, a timed-out get)."""
-
-    miss: set = set()
-
-    async def get_peers(self):
-        return {pid: s for pid, s in (await super().get_peers()).items() if pid not in self.miss}
 
 
 def test_a_takeover_does_not_plan_from_one_read_that_missed_a_serving_peer():
