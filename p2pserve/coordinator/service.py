@@ -150,9 +150,9 @@ class CoordinatorService:
 
     async def _live_peers(self, now: float) -> dict[str, PeerInfo]:
         """One read of the peers, merged into what the reads before saw (``LivePeers``)."""
-        fresh = await self.swarm.get_peers()
+        live = await self._peers.read(self.swarm, now)
         self._peers_read_at = now
-        return self._peers.update(fresh, self.swarm.withdrawn.get(RecordKind.PEERS, set()), now)
+        return live
 
     async def _follow_peers(self, now: float) -> None:
         """A follower reads the peers too (once per ``peer_refresh``): taking the lead, it plans from

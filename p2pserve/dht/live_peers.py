@@ -1,15 +1,17 @@
-"""The live peers across DHT reads: every read merged with the peers seen before (pure, no I/O).
+"""The live peers across DHT reads: every read merged with the peers seen before.
 
-The coordinator plans from them and a peer's link prober chooses its targets and keeps its
-measurements by them (``peer/agent.py``).
+A thin read (``read``) over the pure merge (``update``). The coordinator plans from the live
+peers, and a peer's probing rounds (``dht/probe_rounds.py``) choose their targets and keep their
+measurements by them.
 """
 
 from __future__ import annotations
 
 from typing import Mapping
 
+from p2pserve.dht.keys import RecordKind
 from p2pserve.dht.records import PeerInfo
-from p2pserve.dht.view import Signed
+from p2pserve.dht.view import Signed, SwarmView
 from p2pserve.types import PeerId
 
 
@@ -23,6 +25,11 @@ class LivePeers:
 
     def __init__(self) -> None:
         self._seen: dict[PeerId, Signed[PeerInfo]] = {}
+
+    async def read(self, swarm: SwarmView, now: float) -> dict[str, PeerInfo]:
+        """Read the peers through ``swarm`` and merge the read (``now``: DHT time)."""
+        fresh = await swarm.get_peers()
+        return self.update(fresh, swarm.withdrawn.get(RecordKind.PEERS, set()), now)
 
     def update(self, fresh: Mapping[PeerId, Signed[PeerInfo]], withdrawn: set[str], now: float) -> dict[str, PeerInfo]:
         """Merge one read (``withdrawn``: signers that left on purpose); returns the live peers."""

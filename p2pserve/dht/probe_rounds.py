@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from p2pserve import clock as clocks
 from p2pserve.clock import Clock
-from p2pserve.dht.keys import RecordKind
 from p2pserve.dht.live_peers import LivePeers
 from p2pserve.dht.probe_set import ProbeSetConfig, probe_round
 from p2pserve.dht.records import LinkStat
@@ -32,10 +31,9 @@ class ProbeRounds:
 
     async def step(self) -> dict[str, LinkStat]:
         """One round; returns the fresh measurements (the prober's ``results`` hold them too)."""
-        read = await self.swarm.get_peers()
-        peers = self._live.update(read, self.swarm.withdrawn.get(RecordKind.PEERS, set()), self._wall())
+        peers = await self._live.read(self.swarm, self._wall())
         me = self.swarm.peer_id
-        live = {pid: list(info.addrs) for pid, info in peers.items() if pid != me}
+        live = {pid: info.addrs for pid, info in peers.items() if pid != me}
         rtt = {pid: stat.rtt for pid, stat in self.prober.results.items()}
         targets, keep = probe_round(me, live, rtt, self._round, self._bounds)
         self._round += 1
